@@ -1,0 +1,20 @@
+"""loadr: a deterministic, resumable, multiprocess data loader.
+
+Example::
+
+    import loadr
+    reader = loadr.open('data/train')                 # gulp, FFRecord or bag
+    with loadr.Loader(reader, batch=64, seed=0, workers=4) as loader:
+        for batch in loader:
+            ...
+"""
+
+from . import errors, readers, writers
+from .check import Report, check
+from .errors import LoadrError
+from .readers import open
+
+__version__ = '0.1.0'
+
+__all__ = ['open', 'check', 'Report', 'readers', 'writers', 'errors', 'LoadrError',
+           '__version__']

@@ -1,0 +1,25 @@
+"""Writers for the on-disk formats; each lives beside its reader in ``loadr.readers``.
+
+Every writer writes under a temporary name and renames on success, so an
+interrupted write never leaves a file that opens as a complete dataset.
+
+Example::
+
+    with loadr.writers.FFRecordWriter('out.ffr', n=2) as w:
+        w.write_one(b'first')
+        w.write_one(b'second')
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_CLASSES = {'GulpWriter': 'gulp', 'FFRecordWriter': 'ffrecord', 'BagWriter': 'bag'}
+
+__all__ = list(_CLASSES)
+
+
+def __getattr__(name):
+    if name in _CLASSES:
+        return getattr(importlib.import_module(f'loadr.readers.{_CLASSES[name]}'), name)
+    raise AttributeError(name)
