@@ -1,0 +1,834 @@
+"""Gulp chunk directories (GulpIO / gulpio2): reader, writer, checker, detector.
+
+A gulp directory holds chunk pairs ``data_<k>.gulp`` (JPEG frames, each
+NUL-padded to a multiple of 4 bytes) and ``meta_<k>.gmeta`` (JSON
+``{id: {"frame_info": [[offset, pad, total_length], ...], "meta_data": [meta]}}``),
+plus an optional ``label2idx.json``. See ``FORMATS.md`` §1 for the bytes.
+
+Datapoint ``i`` is the i-th video, counting chunks in NUMERIC order of ``k``
+(``data_2`` before ``data_10``) and videos in ``.gmeta`` key order. gulpio2's
+``GulpDirectory`` sorts the file names as strings instead (``data_10`` before
+``data_2``), so with ten or more chunks its iteration order differs from
+ours; ids are the same either way, so look videos up by id (``r.get(id)``)
+when the order of another tool matters. Chunks must be numbered ``0..n-1``
+with no gaps.
+
+A datapoint is ``{'id': str, 'frames': [...], 'meta': meta_data[0]}``; frames
+decode with Pillow to uint8 H×W×3 (RGB) or H×W (grayscale) arrays, or stay
+JPEG bytes (padding removed) with ``decode_images=False``. A pickled
+``.gmeta`` (gulpio2's ``pickle_serializer``) is refused unless the reader is
+built with ``allow_pickle=True``, and even then only the two classes
+gulpio2 pickles (``collections.OrderedDict``, ``gulpio2.fileio.ImgInfo``)
+are allowed.
+
+Example::
+
+    r = GulpReader('../shared/fixtures/gulp')
+    video = r.get('vid_a', frames=slice(0, 4, 2))     # frames 0 and 2
+    part = r[1, {'frames': range(2, 6)}]             # 4 frames, one read
+
+    with GulpWriter('out/gulp', videos_per_chunk=100) as w:
+        w.append('clip1', {'label': 'running'}, [frame0, frame1])
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import fnmatch
+import io
+import json
+import os
+import pickle
+import re
+import secrets
+import shutil
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from ..codecs import JPEG_QUALITY, decode_image, encode_image
+from ..errors import (ConfigError, DecodeError, FormatError, LoadrError, UnsafeFormatError,
+                      WriterError)
+from .base import Files, Format, Problem, Reader, _read_error, check_index
+
+__all__ = ['GulpReader', 'GulpWriter', 'check', 'detect', 'FORMAT']
+
+DATA_NAME = re.compile(r'data_(\d+)\.gulp')
+META_NAME = re.compile(r'meta_(\d+)\.gmeta')
+LABEL2IDX_NAME = 'label2idx.json'
+PAD_MULTIPLE_BYTES = 4
+JPEG_SOI = b'\xff\xd8'
+PICKLE_PROTO_BYTE = b'\x80'      # every pickle of protocol 2+ starts with PROTO
+SPEC = {'id': 'utf8', 'frames': 'jpg[]', 'meta': 'json'}
+
+# gulpio2 pickles its frame triples as this namedtuple; gulpio2 is not a
+# dependency, so the restricted unpickler maps its name to this local twin.
+ImgInfo = collections.namedtuple('ImgInfo', ['loc', 'pad', 'length'])
+_PICKLE_ALLOWED = {
+    ('collections', 'OrderedDict'): collections.OrderedDict,
+    ('gulpio2.fileio', 'ImgInfo'): ImgInfo,
+    ('gulpio.fileio', 'ImgInfo'): ImgInfo,       # the same triple, as gulpio 1 named it
+}
+
+
+# ----------------------------------------------------------------------------- layout
+
+class _Chunk:
+    __slots__ = ('k', 'data_path', 'meta_path')
+
+    def __init__(self, k: int, data_path: str, meta_path: str):
+        self.k, self.data_path, self.meta_path = k, data_path, meta_path
+
+
+class _Video:
+    __slots__ = ('id', 'chunk', 'frames', 'meta')
+
+    def __init__(self, id_: str, chunk: _Chunk, frames: tuple, meta: Any):
+        self.id, self.chunk, self.frames, self.meta = id_, chunk, frames, meta
+
+
+def _list_chunks(path: str) -> tuple[list[_Chunk], list[tuple[str, str]]]:
+    """The chunks of a gulp directory in numeric order, and (file, problem) pairs.
+
+    Every pair that does not match, every gap and every unparseable chunk
+    name is a problem; the chunks returned are the complete pairs.
+    """
+    if not os.path.isdir(path):
+        return [], [(path, 'not a directory (a gulp dataset is a directory of chunk files)')]
+    try:
+        names = os.listdir(path)
+    except OSError as exc:
+        return [], [(path, f'cannot list the directory: {exc.strerror or exc}')]
+    problems: list[tuple[str, str]] = []
+    data: dict[int, str] = {}
+    meta: dict[int, str] = {}
+    for name in sorted(names):
+        for pattern, glob, found in ((DATA_NAME, 'data_*.gulp', data),
+                                     (META_NAME, 'meta_*.gmeta', meta)):
+            if not fnmatch.fnmatchcase(name, glob):
+                continue
+            full = os.path.join(path, name)
+            m = pattern.fullmatch(name)
+            if m is None:
+                problems.append((full, f'{name} is not a chunk file name '
+                                       f'({glob} with a decimal number)'))
+            elif int(m.group(1)) in found:
+                problems.append((full, f'{name} and {os.path.basename(found[int(m.group(1))])} '
+                                       f'are both chunk {int(m.group(1))}'))
+            else:
+                found[int(m.group(1))] = full
+    if not data and not meta and not problems:
+        return [], [(path, 'no gulp chunks (data_<k>.gulp and meta_<k>.gmeta files) here')]
+    chunks = []
+    for k in sorted(set(data) | set(meta)):
+        if k not in meta:
+            problems.append((data[k], f'data_{k}.gulp has no meta_{k}.gmeta beside it'))
+        elif k not in data:
+            problems.append((meta[k], f'meta_{k}.gmeta has no data_{k}.gulp beside it'))
+        else:
+            chunks.append(_Chunk(k, data[k], meta[k]))
+    present = set(data) | set(meta)
+    for k in range(max(present, default=-1) + 1):
+        if k not in present:
+            problems.append((os.path.join(path, f'data_{k}.gulp'),
+                             f'chunk {k} is missing (chunks must be numbered 0..'
+                             f'{max(present)} without gaps)'))
+    return chunks, problems
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_pairs(pairs):
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return result
+
+
+class _GulpUnpickler(pickle.Unpickler):
+    """Unpickles only what gulpio2's pickle serializer writes."""
+
+    def __init__(self, file, meta_path: str):
+        super().__init__(file)
+        self._meta_path = meta_path
+
+    def find_class(self, module, name):
+        try:
+            return _PICKLE_ALLOWED[(module, name)]
+        except KeyError:
+            raise UnsafeFormatError(
+                f'pickled .gmeta refers to {module}.{name}; only what gulpio2 writes '
+                f'(collections.OrderedDict, gulpio2.fileio.ImgInfo) is unpickled',
+                self._meta_path) from None
+
+
+def _load_gmeta(meta_path: str, allow_pickle: bool) -> dict:
+    """The ``{id: entry}`` mapping of one ``.gmeta`` file, in file order."""
+    try:
+        with open(meta_path, 'rb') as f:
+            raw = f.read()
+    except OSError as exc:
+        raise _read_error(exc, meta_path, None) from exc
+    if not raw:
+        raise FormatError('.gmeta file is empty', meta_path)
+    if raw[:1] == PICKLE_PROTO_BYTE:
+        if not allow_pickle:
+            raise UnsafeFormatError(
+                'this .gmeta is a pickle (gulpio2 pickle_serializer), which can run '
+                'arbitrary code when loaded; refusing it. If you trust the file, pass '
+                'allow_pickle=True to read it with a restricted unpickler', meta_path)
+        try:
+            table = _GulpUnpickler(io.BytesIO(raw), meta_path).load()
+        except LoadrError:
+            raise
+        except Exception as exc:  # untrusted bytes can raise anything from the unpickler
+            raise FormatError(f'cannot unpickle .gmeta: {type(exc).__name__}: {exc}',
+                              meta_path) from exc
+    else:
+        try:
+            table = json.loads(raw.decode('utf-8'), object_pairs_hook=_unique_pairs)
+        except UnicodeDecodeError as exc:
+            raise FormatError(f'.gmeta is not UTF-8 JSON: {exc}', meta_path) from exc
+        except json.JSONDecodeError as exc:
+            raise FormatError(f'.gmeta is not valid JSON: {exc}', meta_path) from exc
+        except _DuplicateKey as exc:
+            raise FormatError(f'.gmeta has the key {exc.args[0]!r} twice in one object',
+                              meta_path) from None
+        except RecursionError as exc:
+            raise FormatError('.gmeta JSON is nested too deeply', meta_path) from exc
+    if not isinstance(table, dict):
+        raise FormatError(f'.gmeta holds a {type(table).__name__}, not an object of videos',
+                          meta_path)
+    out = {}
+    for key, entry in table.items():
+        if isinstance(key, int) and not isinstance(key, bool):
+            key = str(key)      # gulpio2 stringifies ids; an old pickle may not have
+        if not isinstance(key, str):
+            raise FormatError(f'.gmeta has a video id of type {type(key).__name__}: {key!r:.60}',
+                              meta_path)
+        if key in out:
+            raise FormatError(f'.gmeta has the video id {key!r} twice', meta_path)
+        out[key] = entry
+    return out
+
+
+def _is_count(x) -> bool:
+    return type(x) is int and x >= 0
+
+
+def _video_problems(id_: str, entry: Any, chunk: _Chunk, gulp_size: int
+                    ) -> Iterator[tuple[str, str]]:
+    """(file, problem) for everything wrong with one video's ``.gmeta`` entry."""
+    what = f'video {id_!r}'
+    if not isinstance(entry, dict):
+        yield chunk.meta_path, f'{what}: entry is a {type(entry).__name__}, not an object'
+        return
+    info = entry.get('frame_info')
+    if not isinstance(info, (list, tuple)):
+        yield chunk.meta_path, f'{what}: frame_info is missing or not a list'
+    else:
+        for j, triple in enumerate(info):
+            if not (isinstance(triple, (list, tuple)) and len(triple) == 3
+                    and all(_is_count(x) for x in triple)):
+                yield chunk.meta_path, (f'{what} frame {j}: frame_info entry {triple!r:.80} '
+                                        f'is not three non-negative integers')
+                continue
+            offset, pad, length = triple
+            if pad >= PAD_MULTIPLE_BYTES:
+                yield chunk.meta_path, f'{what} frame {j}: pad {pad} is not below 4'
+            elif pad > length:
+                yield chunk.meta_path, (f'{what} frame {j}: pad {pad} is larger than '
+                                        f'the frame length {length}')
+            elif offset + length > gulp_size:
+                yield chunk.data_path, (
+                    f'{what} frame {j}: frame_info says bytes {offset}..{offset + length}, '
+                    f'past the end of the file ({gulp_size} bytes)')
+    meta = entry.get('meta_data')
+    if not isinstance(meta, (list, tuple)) or not meta:
+        yield chunk.meta_path, f'{what}: meta_data is missing or not a non-empty list'
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError as exc:
+        raise _read_error(exc, path, None) from exc
+
+
+def _load_index(path: str, allow_pickle: bool) -> tuple[list[_Video], dict[str, int]]:
+    """Every video of the directory in datapoint order, validated; raises on the first problem."""
+    chunks, problems = _list_chunks(path)
+    if problems:
+        raise FormatError(problems[0][1], problems[0][0])
+    videos: list[_Video] = []
+    where: dict[str, int] = {}
+    for chunk in chunks:
+        table = _load_gmeta(chunk.meta_path, allow_pickle)
+        gulp_size = _file_size(chunk.data_path)
+        for id_, entry in table.items():
+            index = len(videos)
+            for file, message in _video_problems(id_, entry, chunk, gulp_size):
+                raise FormatError(message, file, index)
+            if id_ in where:
+                first = videos[where[id_]].chunk.meta_path
+                raise FormatError(f'video id {id_!r} is also in {first} '
+                                  f'(index {where[id_]}); ids must be unique',
+                                  chunk.meta_path, index)
+            where[id_] = index
+            frames = tuple(tuple(t) for t in entry['frame_info'])
+            videos.append(_Video(id_, chunk, frames, entry['meta_data'][0]))
+    return videos, where
+
+
+def _read_plan(frames: Sequence[tuple[int, int, int]], positions: Sequence[int]
+               ) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """Group the wanted frames into reads: ``[(offset, length, [(start, end), ...])]``.
+
+    Consecutive requested frames that lie back to back on disk share one
+    read; ``start:end`` slices each frame's JPEG bytes (padding dropped) out
+    of its read's buffer.
+
+    >>> _read_plan([(0, 1, 8), (8, 0, 4), (12, 2, 8)], [0, 1, 2])
+    [(0, 20, [(0, 7), (8, 12), (12, 18)])]
+    """
+    plan: list[tuple[int, int, list[tuple[int, int]]]] = []
+    for p in positions:
+        offset, pad, length = frames[p]
+        if plan and plan[-1][0] + plan[-1][1] == offset:
+            start, size, cuts = plan[-1]
+            cuts.append((size, size + length - pad))
+            plan[-1] = (start, size + length, cuts)
+        else:
+            plan.append((offset, length, [(0, length - pad)]))
+    return plan
+
+
+def _positions(value, n: int, index: int) -> Sequence[int]:
+    """Frame positions a mask value or ``get(frames=...)`` asks for, checked against ``n``."""
+    if value is True:
+        return range(n)
+    if isinstance(value, slice):
+        return range(*value.indices(n))
+    if isinstance(value, range):
+        if len(value) and not (0 <= value[0] < n and 0 <= value[-1] < n):
+            raise IndexError(f'frames {value} out of range for {n} frames at datapoint {index}')
+        return value
+    if isinstance(value, (str, bytes, dict)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise TypeError(f'frames must be True, a range, a slice or a list of frame '
+                        f'positions, not {type(value).__name__}')
+    out = []
+    for p in value:
+        if isinstance(p, (bool, np.bool_)) or not hasattr(p, '__index__'):
+            raise TypeError(f'frame position must be an integer, not {type(p).__name__}')
+        p = p.__index__()
+        if not 0 <= p < n:
+            raise IndexError(f'frame {p} out of range for {n} frames at datapoint {index}')
+        out.append(p)
+    return out
+
+
+# ----------------------------------------------------------------------------- reader
+
+class GulpReader(Reader):
+    """Random access to the videos of a gulp directory.
+
+    ``decode_images=False`` returns each frame as its JPEG bytes;
+    ``allow_pickle=True`` accepts a pickled ``.gmeta`` (restricted to what
+    gulpio2 writes). The ``.gmeta`` files are parsed once per process:
+    here when the reader is built (so bad metadata fails at open), and in
+    another process on first use after unpickling.
+
+    Example::
+
+        r = GulpReader('../shared/fixtures/gulp')
+        r[0]['meta']                        # {'label': 'café au lait', 'label_idx': 0}
+        r.get('10', frames=[0, 2])['frames']
+        r.available(0)['frames']            # range(0, 5)
+    """
+
+    def __init__(self, path: str | os.PathLike, decode_images: bool = True,
+                 allow_pickle: bool = False):
+        self.path = os.fspath(path)
+        self.decode_images = decode_images
+        self.allow_pickle = allow_pickle
+        self._files = Files()
+        self._videos: list[_Video] | None = None
+        self._where: dict[str, int] | None = None
+        self._label2idx: Any = _UNSET
+        self._index()
+
+    def __getstate__(self):
+        # The index is rebuilt by each process from the files; only the options travel.
+        return {'path': self.path, 'decode_images': self.decode_images,
+                'allow_pickle': self.allow_pickle}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._files = Files()
+        self._videos = self._where = None
+        self._label2idx = _UNSET
+
+    def _index(self) -> list[_Video]:
+        if self._videos is None:
+            self._videos, self._where = _load_index(self.path, self.allow_pickle)
+        return self._videos
+
+    def __len__(self) -> int:
+        return len(self._index())
+
+    @property
+    def spec(self) -> dict:
+        """What each key holds: ``{'id': 'utf8', 'frames': 'jpg[]', 'meta': 'json'}``."""
+        return dict(SPEC)
+
+    @property
+    def ids(self) -> list[str]:
+        """Video ids in datapoint order. Example: ``r.ids[:2] == ['vid_a', 'vid_b']``."""
+        return [v.id for v in self._index()]
+
+    def index_of(self, id_: str) -> int:
+        """Datapoint index of a video id; KeyError naming the id and path if absent.
+
+        >>> GulpReader('../shared/fixtures/gulp').index_of('10')
+        3
+        """
+        self._index()
+        key = str(id_) if isinstance(id_, int) and not isinstance(id_, bool) else id_
+        try:
+            return self._where[key]
+        except (KeyError, TypeError):
+            raise KeyError(f'no video with id {id_!r} in {self.path}') from None
+
+    def get(self, id_: str, frames: None | slice | range | Sequence[int] = None) -> dict:
+        """The datapoint of video ``id_``, with only the frames asked for (read from disk).
+
+        ``frames`` is None (all), a slice, a range or a list of positions
+        (negative positions count from the end, as in gulpio2).
+
+        Example: ``r.get('vid_b', frames=slice(1, 10, 2))``.
+        """
+        index = self.index_of(id_)
+        if isinstance(frames, (list, tuple, np.ndarray)):
+            frames = _from_end(frames, len(self._videos[index].frames))
+        return self._get(index, {'id': True, 'frames': True if frames is None else frames,
+                                 'meta': True})
+
+    def frame_info(self, index: int) -> list[tuple[int, int, int]]:
+        """The ``(offset, pad, total_length)`` of each frame of datapoint ``index``, as stored.
+
+        >>> GulpReader('../shared/fixtures/gulp').frame_info(0)[1]
+        (2536, 3, 1364)
+        """
+        return list(self._index()[check_index(index, len(self))].frames)
+
+    @property
+    def label2idx(self) -> dict | None:
+        """The ``label2idx.json`` mapping, or None when the directory has none."""
+        if self._label2idx is _UNSET:
+            self._label2idx = _load_label2idx(self.path)
+        return self._label2idx
+
+    def available(self, index: int) -> dict:
+        video = self._index()[check_index(index, len(self))]
+        return {'id': True, 'meta': True, 'frames': range(len(video.frames))}
+
+    def _get(self, index: int, mask: dict | None) -> dict:
+        video = self._index()[index]
+        if mask is None:
+            mask = dict.fromkeys(SPEC, True)
+        out = {}
+        for key, value in mask.items():
+            if key not in SPEC:
+                raise ConfigError(f'mask key {key!r} is not one of {sorted(SPEC)}')
+            if value is False:
+                continue
+            if key != 'frames' and value is not True:
+                raise TypeError(f'mask value for {key!r} must be True or False, not {value!r:.40}')
+            if key == 'id':
+                out['id'] = video.id
+            elif key == 'meta':
+                # A copy, so a caller who edits it cannot change what the next read returns.
+                out['meta'] = copy.deepcopy(video.meta)
+            else:
+                out['frames'] = self._frames(index, video,
+                                             _positions(value, len(video.frames), index))
+        return out
+
+    def _frames(self, index: int, video: _Video, positions: Sequence[int]) -> list:
+        path = video.chunk.data_path
+        jpegs = []
+        for offset, length, cuts in _read_plan(video.frames, positions):
+            buf = self._files.read(path, offset, length, index)
+            jpegs.extend(buf[a:b] for a, b in cuts)
+        out = []
+        for p, jpeg in zip(positions, jpegs):
+            if jpeg[:2] != JPEG_SOI:
+                raise DecodeError(f'frame {p} of video {video.id!r} is not a JPEG '
+                                  f'(starts with {jpeg[:4].hex() or "nothing"})', path, index)
+            if self.decode_images:
+                try:
+                    out.append(decode_image(jpeg))
+                except DecodeError as exc:
+                    raise DecodeError(f'frame {p} of video {video.id!r}: {exc.message}',
+                                      path, index) from exc
+            else:
+                out.append(jpeg)
+        return out
+
+
+_UNSET = object()
+
+
+def _from_end(positions, n: int) -> list:
+    """Negative positions counted from the end (``-1`` is the last frame), as gulpio2 allows."""
+    return [p + n if isinstance(p, (int, np.integer)) and not isinstance(p, bool)
+            and -n <= p < 0 else p for p in positions]
+
+
+def _load_label2idx(path: str) -> dict | None:
+    file = os.path.join(path, LABEL2IDX_NAME)
+    if not os.path.exists(file):
+        return None
+    try:
+        with open(file, 'rb') as f:
+            raw = f.read()
+    except OSError as exc:
+        raise _read_error(exc, file, None) from exc
+    try:
+        table = json.loads(raw.decode('utf-8'))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise FormatError(f'label2idx.json is not valid JSON: {exc}', file) from exc
+    if not isinstance(table, dict):
+        raise FormatError(f'label2idx.json holds a {type(table).__name__}, not an object', file)
+    return table
+
+
+# ----------------------------------------------------------------------------- writer
+
+class GulpWriter:
+    """Writes a gulp directory that gulpio2 reads, byte for byte as gulpio2 writes it.
+
+    Frames are uint8 arrays (H×W×3 or H×W, JPEG-encoded with Pillow at
+    quality 90) or JPEG bytes (stored as they are). Every ``videos_per_chunk``
+    videos start a new chunk. Output goes to a hidden sibling directory
+    that is renamed to ``path`` on a clean close; an exception inside the
+    ``with`` removes it.
+
+    Example::
+
+        with GulpWriter('out/gulp', videos_per_chunk=2, label2idx={'run': 0}) as w:
+            w.append('clip1', {'label': 'run'}, [np.zeros((8, 8, 3), np.uint8)])
+            w.append('clip2', {'label': 'run'}, [jpeg_bytes])
+    """
+
+    def __init__(self, path: str | os.PathLike, videos_per_chunk: int = 100,
+                 label2idx: dict | None = None):
+        if isinstance(videos_per_chunk, bool) or not isinstance(videos_per_chunk, int) \
+                or videos_per_chunk < 1:
+            raise WriterError(f'videos_per_chunk must be a positive int, not {videos_per_chunk!r}')
+        self.path = os.path.abspath(os.fspath(path))
+        _refuse_existing(self.path)
+        self.videos_per_chunk = videos_per_chunk
+        self._label2idx_json = None
+        if label2idx is not None:
+            if not isinstance(label2idx, dict):
+                raise WriterError(f'label2idx must be a dict, not {type(label2idx).__name__}',
+                                  self.path)
+            self._label2idx_json = _json_bytes(label2idx, 'label2idx', self.path)
+        parent, name = os.path.split(self.path)
+        while True:
+            self._tmp = os.path.join(parent, f'.{name}.tmp-{secrets.token_hex(6)}')
+            try:
+                os.mkdir(self._tmp)
+                break
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise WriterError(f'cannot create the temporary directory {self._tmp}: '
+                                  f'{exc.strerror or exc}', self.path) from exc
+        self._ids: set[str] = set()
+        self._chunk = -1          # chunk being written; its data file is open in _data
+        self._data = None
+        self._offset = 0          # bytes written to the current data file
+        self._meta: list[str] = []   # '"id": {entry}' JSON of each video in the chunk
+        self._closed = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def append(self, id_: str, meta: dict, frames: Sequence) -> None:
+        """Add one video: its id (str, or an int that is stored as str), meta dict, frames."""
+        if self._closed:
+            raise WriterError('append() after close()', self.path)
+        if isinstance(id_, int) and not isinstance(id_, bool):
+            id_ = str(id_)
+        if not isinstance(id_, str):
+            raise WriterError(f'video id must be a str, not {type(id_).__name__}', self.path)
+        if id_ in self._ids:
+            raise WriterError(f'video id {id_!r} was already appended', self.path)
+        if not isinstance(meta, dict):
+            raise WriterError(f'meta of video {id_!r} must be a dict, not {type(meta).__name__}',
+                              self.path)
+        meta_json = _json_bytes(meta, f'meta of video {id_!r}', self.path).decode('ascii')
+        if isinstance(frames, (str, bytes, np.ndarray)) or not isinstance(frames, Iterable):
+            raise WriterError(f'frames of video {id_!r} must be a list of images or JPEG '
+                              f'bytes, not {type(frames).__name__}', self.path)
+        # Encode everything before writing a byte, so a bad frame leaves the writer as it was.
+        records = [_frame_record(f, id_, j, self.path) for j, f in enumerate(frames)]
+        if not records:
+            raise WriterError(f'video {id_!r} has no frames', self.path)
+        if self._data is None or len(self._meta) == self.videos_per_chunk:
+            self._next_chunk()
+        info = []
+        for record, pad in records:
+            self._data.write(record)
+            info.append([self._offset, pad, len(record)])
+            self._offset += len(record)
+        # Serialized now, so a meta dict the caller changes later cannot change the file.
+        # Keys and separators are exactly what json.dump of gulpio2's dict gives.
+        self._meta.append(f'{json.dumps(id_)}: {{"frame_info": {json.dumps(info)}, '
+                          f'"meta_data": [{meta_json}]}}')
+        self._ids.add(id_)
+
+    def _next_chunk(self) -> None:
+        if self._data is not None:
+            self._finish_chunk()
+        self._chunk += 1
+        self._data = open(os.path.join(self._tmp, f'data_{self._chunk}.gulp'), 'wb')
+        self._offset = 0
+        self._meta = []
+
+    def _finish_chunk(self) -> None:
+        self._data.flush()
+        os.fsync(self._data.fileno())
+        self._data.close()
+        # json.dump defaults (', ' and ': ', ensure_ascii) are what gulpio2 writes.
+        _write_file(os.path.join(self._tmp, f'meta_{self._chunk}.gmeta'),
+                    ('{' + ', '.join(self._meta) + '}').encode('ascii'))
+
+    def close(self) -> None:
+        """Finish the last chunk and move the directory into place. Idempotent."""
+        if self._closed:
+            return
+        if self._data is None:
+            self.abort()
+            raise WriterError('no videos were appended; nothing written', self.path)
+        try:
+            self._finish_chunk()
+            self._data = None
+            if self._label2idx_json is not None:
+                _write_file(os.path.join(self._tmp, LABEL2IDX_NAME), self._label2idx_json)
+            _refuse_existing(self.path)
+            os.rename(self._tmp, self.path)
+        except WriterError:
+            self.abort()
+            raise
+        except OSError as exc:
+            self.abort()
+            raise WriterError(f'cannot finish the gulp directory: {exc.strerror or exc}',
+                              self.path) from exc
+        self._closed = True
+        _fsync_dir(os.path.dirname(self.path))
+
+    def abort(self) -> None:
+        """Drop everything written so far; nothing is left at ``path``."""
+        if self._data is not None:
+            self._data.close()
+            self._data = None
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._closed = True
+
+    def __del__(self):
+        try:
+            if not self._closed:
+                self.abort()
+        except Exception:
+            pass
+
+
+def _refuse_existing(path: str) -> None:
+    if os.path.isdir(path):
+        if os.listdir(path):
+            raise WriterError('refusing to overwrite a non-empty directory', path)
+    elif os.path.lexists(path):
+        raise WriterError('refusing to overwrite an existing file', path)
+
+
+def _json_bytes(value, what: str, path: str) -> bytes:
+    try:
+        return json.dumps(value).encode('ascii')
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise WriterError(f'{what} is not JSON-serializable: {exc}', path) from exc
+
+
+def _frame_record(frame, id_: str, j: int, path: str) -> tuple[bytes, int]:
+    """A frame's padded record and its pad: JPEG bytes + NULs to a multiple of 4."""
+    if isinstance(frame, (bytes, bytearray, memoryview)):
+        jpeg = bytes(frame)
+        if jpeg[:2] != JPEG_SOI:
+            raise WriterError(f'frame {j} of video {id_!r} is bytes but not a JPEG '
+                              f'(starts with {jpeg[:4].hex() or "nothing"})', path)
+    else:
+        try:
+            jpeg = encode_image(np.asarray(frame), 'JPEG', JPEG_QUALITY)
+        except (ValueError, TypeError, OSError, KeyError) as exc:
+            raise WriterError(f'frame {j} of video {id_!r} cannot be JPEG-encoded: {exc}',
+                              path) from exc
+    pad = (PAD_MULTIPLE_BYTES - len(jpeg) % PAD_MULTIPLE_BYTES) % PAD_MULTIPLE_BYTES
+    return jpeg + b'\0' * pad, pad
+
+
+def _write_file(path: str, data: bytes) -> None:
+    with open(path, 'wb') as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------- check, detect
+
+def check(path: str | os.PathLike) -> list[Problem]:
+    """Every problem in a gulp directory; an empty list when it is sound. Never raises for bad data.
+
+    Checks what gulpio2's sanity check does (empty files, a ``.gulp`` whose
+    size is not the end of its last frame, an id in two chunks) and also
+    unreadable or malformed metadata, frames past the end of the file, pads
+    that are not NUL, frames that do not start with a JPEG SOI marker, and
+    missing or misnumbered chunk files.
+
+    >>> check('../shared/fixtures/gulp')
+    []
+    """
+    path = os.fspath(path)
+    chunks, listed = _list_chunks(path)
+    problems = [Problem(file, None, message) for file, message in listed]
+    files = Files()
+    first_seen: dict[str, tuple[str, int | None]] = {}
+    index: int | None = 0          # global datapoint index; None once a chunk is unreadable
+    try:
+        for chunk in chunks:
+            gulp_size, meta_size = _check_sizes(chunk, problems)
+            if not meta_size:       # empty or unreadable: already reported
+                index = None
+                continue
+            try:
+                table = _load_gmeta(chunk.meta_path, allow_pickle=False)
+            except LoadrError as exc:
+                problems.append(Problem(exc.path or chunk.meta_path, None, exc.message))
+                index = None
+                continue
+            if gulp_size is None:
+                index = None if index is None else index + len(table)
+                continue
+            end = None        # where the last video's last frame ends, if it is sound
+            for id_, entry in table.items():
+                bad = list(_video_problems(id_, entry, chunk, gulp_size))
+                problems += [Problem(file, index, message) for file, message in bad]
+                if id_ in first_seen:
+                    other, other_index = first_seen[id_]
+                    problems.append(Problem(chunk.meta_path, index,
+                                            f'video id {id_!r} is also in {other} '
+                                            f'(index {other_index})'))
+                else:
+                    first_seen[id_] = (chunk.meta_path, index)
+                end = None
+                if not bad:
+                    problems += _frame_problems(files, chunk, id_, entry['frame_info'], index)
+                    if entry['frame_info']:
+                        offset, _, length = entry['frame_info'][-1]
+                        end = offset + length
+                index = None if index is None else index + 1
+            if end is not None and end != gulp_size:
+                problems.append(Problem(chunk.data_path, None,
+                                        f'file is {gulp_size} bytes but its .gmeta says the '
+                                        f'last frame ends at byte {end}'))
+        if os.path.isdir(path):
+            try:
+                _load_label2idx(path)
+            except LoadrError as exc:
+                problems.append(Problem(exc.path or path, None, exc.message))
+    finally:
+        files.close()
+    return problems
+
+
+def _check_sizes(chunk: _Chunk, problems: list[Problem]) -> tuple[int | None, int | None]:
+    """Sizes of the .gulp and .gmeta files (None if unreadable); empty files are problems."""
+    sizes = {}
+    for file in (chunk.data_path, chunk.meta_path):
+        try:
+            sizes[file] = os.stat(file).st_size
+        except OSError as exc:
+            problems.append(Problem(file, None, f'cannot stat: {exc.strerror or exc}'))
+            continue
+        if sizes[file] == 0:
+            problems.append(Problem(file, None, 'file is empty'))
+    return sizes.get(chunk.data_path), sizes.get(chunk.meta_path)
+
+
+def _frame_problems(files: Files, chunk: _Chunk, id_: str, info: list, index: int | None
+                    ) -> list[Problem]:
+    """Frames of one video that do not start with a JPEG SOI or whose pad is not NUL."""
+    problems = []
+    for j, (offset, pad, length) in enumerate(info):
+        try:
+            head = files.read(chunk.data_path, offset, min(2, length - pad), index)
+            tail = files.read(chunk.data_path, offset + length - pad, pad, index)
+        except LoadrError as exc:
+            problems.append(Problem(chunk.data_path, index, f'video {id_!r} frame {j}: '
+                                                            f'{exc.message}'))
+            continue
+        if head != JPEG_SOI:
+            problems.append(Problem(chunk.data_path, index,
+                                    f'video {id_!r} frame {j} does not start with a JPEG '
+                                    f'SOI marker (ff d8) but with {head.hex() or "nothing"}'))
+        if tail.strip(b'\0'):
+            problems.append(Problem(chunk.data_path, index,
+                                    f'video {id_!r} frame {j}: padding is {tail.hex()}, '
+                                    f'not NUL bytes'))
+    return problems
+
+
+def detect(path: str | os.PathLike) -> bool:
+    """True for a directory holding ``data_*.gulp`` or ``meta_*.gmeta`` files. Never raises.
+
+    >>> detect('../shared/fixtures/gulp')
+    True
+    """
+    try:
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            return False
+        return any(fnmatch.fnmatchcase(n, 'data_*.gulp') or fnmatch.fnmatchcase(n, 'meta_*.gmeta')
+                   for n in os.listdir(path))
+    except Exception:
+        return False
+
+
+FORMAT = Format('gulp', detect, GulpReader, GulpWriter, check)
