@@ -129,11 +129,13 @@ def _list_chunks(path: str) -> tuple[list[_Chunk], list[tuple[str, str]]]:
         else:
             chunks.append(_Chunk(k, data[k], meta[k]))
     present = set(data) | set(meta)
-    for k in range(max(present, default=-1) + 1):
-        if k not in present:
-            problems.append((os.path.join(path, f'data_{k}.gulp'),
-                             f'chunk {k} is missing (chunks must be numbered 0..'
-                             f'{max(present)} without gaps)'))
+    if present and len(present) != max(present) + 1:
+        # One problem for all gaps: a name like data_99999999999.gulp must not make a loop.
+        first = next(k for k in range(len(present) + 1) if k not in present)
+        missing = max(present) + 1 - len(present)
+        problems.append((os.path.join(path, f'data_{first}.gulp'),
+                         f'chunk {first} is missing ({missing} missing in all; chunks '
+                         f'must be numbered 0..{max(present)} without gaps)'))
     return chunks, problems
 
 
@@ -590,13 +592,19 @@ class GulpWriter:
         records = [_frame_record(f, id_, j, self.path) for j, f in enumerate(frames)]
         if not records:
             raise WriterError(f'video {id_!r} has no frames', self.path)
-        if self._data is None or len(self._meta) == self.videos_per_chunk:
-            self._next_chunk()
         info = []
-        for record, pad in records:
-            self._data.write(record)
-            info.append([self._offset, pad, len(record)])
-            self._offset += len(record)
+        try:
+            if self._data is None or len(self._meta) == self.videos_per_chunk:
+                self._next_chunk()
+            for record, pad in records:
+                self._data.write(record)
+                info.append([self._offset, pad, len(record)])
+                self._offset += len(record)
+        except OSError as exc:
+            # A half-written video (disk full, I/O error) cannot be taken back: give up.
+            self.abort()
+            raise WriterError(f'cannot write video {id_!r}: {exc.strerror or exc}; '
+                              f'nothing was kept', self.path) from exc
         # Serialized now, so a meta dict the caller changes later cannot change the file.
         # Keys and separators are exactly what json.dump of gulpio2's dict gives.
         self._meta.append(f'{json.dumps(id_)}: {{"frame_info": {json.dumps(info)}, '
