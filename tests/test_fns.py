@@ -232,6 +232,9 @@ def test_flip_exact_and_probability():
     assert_equal(F.flip(p=1.0)({'image': img}, seed=0)['image'], img[:, ::-1].copy())
     assert F.flip(p=0.0)({'image': img}, seed=0)['image'] is img
     assert_equal(F.flip(p=1)({'image': img[:, :, 0]}, seed=0)['image'], img[:, ::-1, 0].copy())
+    assert_equal(F.flip(p=1)({'image': img[:, 1:]}, seed=0)['image'], img[:, :0:-1].copy())
+    fl = arange_image(3, 4, c=2, dtype=np.float32)
+    assert_equal(F.flip(p=1)({'image': fl}, seed=0)['image'], fl[:, ::-1].copy())
     fn = F.flip(p=0.3)
     flips = [not np.array_equal(fn({'image': img}, seed=s)['image'], img) for s in range(2000)]
     assert 0.26 < np.mean(flips) < 0.34
@@ -279,10 +282,10 @@ def test_normalize_exact_values_and_layouts():
     expected = (img.astype(np.float32) / np.float32(255) - mean) / std
     out = F.normalize(mean='imagenet', std='imagenet')({'image': img})['image']
     assert out.dtype == np.float32 and out.shape == (2, 3, 3)
-    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
     chw = F.normalize(layout='CHW')({'image': img})['image']
     assert chw.shape == (3, 2, 3) and chw.flags.c_contiguous
-    np.testing.assert_allclose(chw, expected.transpose(2, 0, 1), rtol=1e-6)
+    np.testing.assert_allclose(chw, expected.transpose(2, 0, 1), rtol=1e-6, atol=1e-6)
     # Float input is taken as already on the 0..1 scale.
     fl = img.astype(np.float32) / 255
     np.testing.assert_allclose(F.normalize(mean=[0.5], std=[0.25])({'image': fl})['image'],
