@@ -272,7 +272,8 @@ def test_image_bytes_are_stored_as_they_are_and_checked():
         encode('jpg', png)
     with pytest.raises(ValueError, match='not a PNG'):
         encode('png', b'hello')
-    assert_equal(decode('png', encode('png', np.ones((3, 4, 1), np.uint8))), np.ones((3, 4), np.uint8))
+    assert_equal(decode('png', encode('png', np.ones((3, 4, 1), np.uint8))),
+                 np.ones((3, 4), np.uint8))
     with pytest.raises(ValueError, match='cannot encode'):
         encode('jpg', np.zeros((4, 4), np.float64))
     with pytest.raises(TypeError):

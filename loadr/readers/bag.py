@@ -1,0 +1,930 @@
+"""Bag datasets (granular 0.20.x): bag files, datasets, sharded datasets.
+
+Three small layers, as granular has them (byte layout: FORMATS.md §3):
+
+- :class:`Bag` is one bag file: non-empty records, then a table of uint64
+  little-endian offsets; the last 8 bytes say where the table starts.
+  Version 2 stores the end of each record; version 1 stores the start of
+  each record and then the end of the last, so its first entry is 0. A
+  zero-byte file is an empty bag. A contiguous range of records is one read.
+- A dataset is a directory: ``spec.json`` (``{"key": "type"}``, sorted),
+  ``refs.bag`` (one msgpack record per datapoint, a list aligned with the
+  spec keys: an int for a plain key, ``[start, length]`` or ``[]`` for a
+  sequence key ``"type[]"``), and ``<key>.bag`` per key.
+- A sharded dataset is a directory of datasets ``000000/``, ``000001/``, …;
+  datapoint indices run through the shards in order.
+
+:class:`BagReader` reads a dataset or a sharded dataset, :class:`BagWriter`
+writes one (byte-identical to granular's ``DatasetWriter`` and
+``ShardedDatasetWriter`` for the same datapoints), :func:`check` finds every
+problem, :func:`detect` recognises the layout. Values are decoded with
+:mod:`loadr.codecs`.
+
+Everything read from disk is checked before it is used: a table must start
+inside the file, be a whole number of entries, and its offsets must not
+decrease or run past the data; refs must have the spec's shape and point
+inside their bags. A bad file raises FormatError (a bad value DecodeError)
+naming the file and the datapoint index; sizes always come from the file
+size, so a lying table never makes us allocate for it.
+
+Example::
+
+    with BagWriter('data/train', {'image': 'jpg', 'label': 'int'}) as w:
+        w.append({'image': pixels, 'label': 3})
+    r = BagReader('data/train')
+    r[0]['label']                                   # 3
+    r[0, {'label': True}]                           # reads only label.bag
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+import json
+import os
+import re
+import shutil
+import struct
+import sys
+import tempfile
+from collections.abc import Mapping
+from typing import Sequence
+
+import msgpack
+import numpy as np
+
+from .. import codecs
+from ..errors import ConfigError, DecodeError, FormatError, LoadrError, WriterError
+from .base import Files, Format, Problem, Reader, check_index
+
+__all__ = ['Bag', 'BagFileWriter', 'BagReader', 'BagWriter', 'FORMAT', 'check', 'detect',
+           'parse_type']
+
+ENTRY_BYTES = 8                 # one uint64 table entry
+SPEC_NAME = 'spec.json'
+REFS_KEY = 'refs'
+SPEC_MAX_BYTES = 1 << 20        # a spec.json larger than this is not a spec
+SHARD_NAME = re.compile(r'[0-9]{6,}\Z')
+IMAGE_TYPES = ('jpg', 'png')
+# Keys become file names: nothing that leaves the directory or hides the file.
+_KEY_FORBIDDEN = re.compile(r'[/\\\x00]')
+# granular's DatasetWriter asks that keys and types start with [a-z_].
+_GRANULAR_NAME = re.compile(r'[a-z_]')
+
+_u64 = struct.Struct('<Q')
+
+
+def parse_type(type_name: str) -> tuple[str, bool]:
+    """Split a spec type into (base type, is a sequence).
+
+    >>> parse_type('jpg[]')
+    ('jpg', True)
+    """
+    if type_name.endswith('[]'):
+        return type_name[:-2], True
+    return type_name, False
+
+
+def _spec_problem(spec) -> str | None:
+    """Why ``spec`` is not a valid spec (a dict of key -> known type), or None."""
+    if not isinstance(spec, dict):
+        return f'the spec must be a JSON object of key -> type, not {type(spec).__name__}'
+    for key, type_name in spec.items():
+        if (not isinstance(key, str) or not key or key.startswith('.')
+                or _KEY_FORBIDDEN.search(key)):
+            return f'bad key {key!r}: keys name files, so no "/", "\\\\", NUL or leading "."'
+        if key == REFS_KEY:
+            return f'key {REFS_KEY!r} is reserved: it would share refs.bag'
+        if not isinstance(type_name, str):
+            return f'type of key {key!r} must be a string, not {type(type_name).__name__}'
+        base, _ = parse_type(type_name)
+        if base not in codecs.TYPES and base not in codecs.UNSUPPORTED_TYPES:
+            known = ', '.join(codecs.TYPES + codecs.UNSUPPORTED_TYPES)
+            return f'key {key!r} has unknown type {type_name!r} (known: {known}, each with [])'
+    return None
+
+
+# ---------------------------------------------------------------------------
+# One bag file
+
+
+class Bag:
+    """One bag file (version 1 or 2), read with ``pread`` through :class:`Files`.
+
+    ``len(bag)`` records; ``bag[i]`` is record i's bytes; ``read_range(a, b)``
+    reads records ``a .. b-1`` with one read. ``version``, ``index_offset``
+    (where the table starts, as the last 8 bytes say) and ``size`` (file
+    bytes) describe the file; ``limits`` is the table as stored.
+    ``cache_index`` keeps the table in memory and ``cache_data`` the whole
+    file, each loaded on first use, once per process, never pickled.
+
+    Example::
+
+        bag = Bag('data/train/label.bag')
+        first, rest = bag[0], bag.read_range(1, len(bag))
+    """
+
+    def __init__(self, path: str | os.PathLike, files: Files | None = None,
+                 cache_index: bool = False, cache_data: bool = False):
+        self.path = os.fspath(path)
+        self._files = files if files is not None else Files()
+        self.cache_index = cache_index
+        self.cache_data = cache_data
+        self._table = None       # per-process caches, filled lazily
+        self._data = None
+        self._read_header()
+
+    def _read_header(self) -> None:
+        size = self._files.size(self.path)
+        self.size = size
+        if size == 0:            # an empty bag, as granular writes it
+            self.version, self.index_offset, self._ends_at, self._len = 2, 0, 0, 0
+            return
+        if size < ENTRY_BYTES:
+            raise FormatError(f'a bag file holds 0 or at least {ENTRY_BYTES} bytes, '
+                              f'this one {size}', self.path)
+        start = _u64.unpack(self._files.read(self.path, size - ENTRY_BYTES, ENTRY_BYTES))[0]
+        if start > size - ENTRY_BYTES:
+            raise FormatError(f'index table start {start} (the last 8 bytes) is past the '
+                              f'end of the {size}-byte file', self.path)
+        if (size - start) % ENTRY_BYTES:
+            raise FormatError(f'index table of {size - start} bytes (from offset {start}) is '
+                              f'not a whole number of {ENTRY_BYTES}-byte entries', self.path)
+        first = _u64.unpack(self._files.read(self.path, start, ENTRY_BYTES))[0]
+        self.index_offset = start
+        entries = (size - start) // ENTRY_BYTES
+        if first == 0:           # version 1: a leading 0, then starts and the last end
+            self.version, self._ends_at, self._len = 1, start + ENTRY_BYTES, entries - 1
+        else:
+            self.version, self._ends_at, self._len = 2, start, entries
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state['_table'] = state['_data'] = None   # caches stay in their process
+        return state
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i) -> bytes:
+        i = check_index(i, self._len)
+        return self.read_range(i, i + 1)[0]
+
+    def __repr__(self) -> str:
+        return f'Bag({self.path!r}, version {self.version}, {self._len} records)'
+
+    # -- reading ------------------------------------------------------------
+
+    def _pread(self, offset: int, length: int, index: int | None) -> bytes:
+        if self.cache_data:
+            if self._data is None:
+                self._data = self._files.read(self.path, 0, self.size, index)
+            return self._data[offset:offset + length]
+        return self._files.read(self.path, offset, length, index)
+
+    def _load_table(self, index: int | None) -> np.ndarray:
+        """All record ends as uint64, checked; cached when ``cache_index``."""
+        if self._table is not None:
+            return self._table
+        raw = self._pread(self._ends_at, ENTRY_BYTES * self._len, index)
+        ends = np.frombuffer(raw, '<u8')
+        bad = np.flatnonzero(ends[1:] < ends[:-1])
+        if bad.size:
+            j = int(bad[0]) + 1
+            raise FormatError(f'index table: record {j} ends at {int(ends[j])}, before it '
+                              f'starts at {int(ends[j - 1])}', self.path,
+                              j if index is None else index)
+        if self._len and int(ends[-1]) > self.index_offset:
+            raise FormatError(f'index table: last record ends at {int(ends[-1])}, past the '
+                              f'data end {self.index_offset}', self.path, index)
+        if self.cache_index or self.cache_data:
+            self._table = ends
+        return ends
+
+    def _bounds(self, start: int, stop: int, index: int | None) -> list[int]:
+        """Offsets ``[begin of start, end of start, …, end of stop-1]``, checked."""
+        lo = start - 1 if start else 0
+        if self.cache_index or self.cache_data:
+            bounds = self._load_table(index)[lo:stop].tolist()
+        else:
+            raw = self._pread(self._ends_at + ENTRY_BYTES * lo, ENTRY_BYTES * (stop - lo), index)
+            bounds = list(struct.unpack(f'<{stop - lo}Q', raw))
+        if not start:
+            bounds.insert(0, 0)
+        previous = 0
+        for j, end in enumerate(bounds):
+            if end < previous:
+                raise FormatError(f'index table: record {start + j - 1} ends at {end}, before '
+                                  f'it starts at {previous}', self.path,
+                                  start + j - 1 if index is None else index)
+            previous = end
+        if bounds[-1] > self.index_offset:
+            raise FormatError(f'index table: record {stop - 1} ends at {bounds[-1]}, past the '
+                              f'data end {self.index_offset}', self.path,
+                              stop - 1 if index is None else index)
+        return bounds
+
+    def read_range(self, start: int, stop: int, index: int | None = None) -> list[bytes]:
+        """Records ``start .. stop-1`` with one data read; ``index`` goes into errors.
+
+        >>> Bag('../shared/fixtures/bag_raw/v1.bag').read_range(0, 2)[0]
+        b'\\xa2'
+        """
+        if not 0 <= start <= stop <= self._len:
+            raise IndexError(f'records {start}..{stop} out of range for {self._len} records')
+        if start == stop:
+            return []
+        bounds = self._bounds(start, stop, index)
+        first = bounds[0]
+        data = self._pread(first, bounds[-1] - first, start if index is None else index)
+        return [data[a - first:b - first] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    @property
+    def limits(self) -> list[int]:
+        """The index table as stored (version 1 with its leading 0)."""
+        ends = self._load_table(None).tolist()
+        return [0, *ends] if self.version == 1 else ends
+
+    def validate(self) -> None:
+        """Check the whole table; raises FormatError naming the first bad record."""
+        self._load_table(None)
+
+
+class BagFileWriter:
+    """Write one bag file, version 2 (granular's default) or 1.
+
+    Records go to a temporary sibling that is renamed into place on a clean
+    ``close()``; an existing file is refused. Zero-byte records are refused,
+    as granular refuses them: in version 2 a leading empty record would read
+    back as a version-1 file.
+
+    Example::
+
+        with BagFileWriter('labels.bag') as w:
+            w.append(b'\\x01')
+    """
+
+    def __init__(self, path: str | os.PathLike, version: int = 2, atomic: bool = True):
+        if version not in (1, 2):
+            raise WriterError(f'bag version must be 1 or 2, not {version!r}', path)
+        self.path = os.fspath(path)
+        self.version = version
+        if os.path.lexists(self.path):
+            raise WriterError('refusing to overwrite an existing file', self.path)
+        self._atomic = atomic
+        if atomic:
+            fd, self._tmp = tempfile.mkstemp(
+                prefix=f'.{os.path.basename(self.path)}.', suffix='.tmp',
+                dir=os.path.dirname(self.path) or '.')
+            self._file = os.fdopen(fd, 'wb')
+        else:
+            self._tmp = self.path
+            self._file = open(self.path, 'xb')
+        self._ends = array.array('Q')
+        self._offset = 0
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @property
+    def size(self) -> int:
+        """Bytes the file will have once closed."""
+        return self._offset + ENTRY_BYTES * (len(self._ends) + (self.version == 1))
+
+    def append(self, record: bytes) -> int:
+        """Append one non-empty record; returns its index."""
+        if self.closed:
+            raise WriterError('append to a closed bag writer', self.path)
+        if not isinstance(record, (bytes, bytearray, memoryview)):
+            raise WriterError(f'a record must be bytes, not {type(record).__name__}',
+                              self.path, len(self._ends))
+        if not len(record):
+            raise WriterError('zero-byte records cannot be stored in a bag', self.path,
+                              len(self._ends))
+        self._file.write(record)
+        self._offset += len(record)
+        self._ends.append(self._offset)
+        return len(self._ends) - 1
+
+    def close(self) -> None:
+        """Write the table and put the file in place."""
+        if self.closed:
+            return
+        table = array.array('Q', [0]) + self._ends if self.version == 1 else self._ends
+        if sys.byteorder == 'big':
+            table.byteswap()
+        self._file.write(table.tobytes())
+        self._file.close()
+        self.closed = True
+        if self._atomic:
+            if os.path.lexists(self.path):
+                os.unlink(self._tmp)
+                raise WriterError('the file appeared while it was being written', self.path)
+            os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        """Stop and remove what was written."""
+        if not self.closed:
+            self._file.close()
+            self.closed = True
+        try:
+            os.unlink(self._tmp)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+# ---------------------------------------------------------------------------
+# Datasets and shards on disk
+
+
+def _read_spec(directory: str) -> list[tuple[str, str]]:
+    """The (key, type) pairs of ``directory/spec.json`` in file order, validated."""
+    path = os.path.join(directory, SPEC_NAME)
+    try:
+        with open(path, 'rb') as f:
+            raw = f.read(SPEC_MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise FormatError('missing spec.json: not a bag dataset', path) from None
+    except OSError as exc:
+        raise FormatError(f'cannot read spec.json: {exc}', path) from exc
+    if len(raw) > SPEC_MAX_BYTES:
+        raise FormatError(f'spec.json is larger than {SPEC_MAX_BYTES} bytes', path)
+
+    def pairs(items):
+        keys = [k for k, _ in items]
+        if len(set(keys)) != len(keys):
+            dup = next(k for k in keys if keys.count(k) > 1)
+            raise FormatError(f'spec.json names key {dup!r} twice', path)
+        return dict(items)
+    try:
+        spec = json.loads(raw.decode('utf-8'), object_pairs_hook=pairs)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(f'spec.json is not valid JSON: {exc}', path) from exc
+    problem = _spec_problem(spec)
+    if problem:
+        raise FormatError(f'spec.json: {problem}', path)
+    return list(spec.items())
+
+
+def _list_shards(path: str) -> tuple[list[str], list[Problem], list[Problem]]:
+    """The dataset directories under ``path`` in order, what makes the layout unreadable,
+    and what else is odd about it (entries that are not shards)."""
+    if not os.path.isdir(path):
+        return [], [Problem(path, None, 'not a directory')], []
+    if os.path.isfile(os.path.join(path, SPEC_NAME)):
+        return [path], [], []
+    shards, fatal, odd = {}, [], []
+    for name in sorted(os.listdir(path)):
+        full = os.path.join(path, name)
+        if SHARD_NAME.match(name) and name == f'{int(name):06}' and os.path.isdir(full):
+            shards[int(name)] = full
+        elif not name.startswith('.'):
+            # granular's ShardedDatasetReader takes every entry for a shard number.
+            odd.append(Problem(full, None, 'not a shard directory (000000, 000001, …); '
+                                           "granular's reader would fail on it"))
+    if not shards:
+        if any(name.endswith('.bag') for name in os.listdir(path)):
+            fatal.append(Problem(os.path.join(path, SPEC_NAME), None,
+                                 'missing spec.json: bag files without their spec (an '
+                                 'interrupted write?)'))
+        else:
+            fatal.append(Problem(path, None, 'not a bag dataset: no spec.json and no shard '
+                                             'directories 000000/, 000001/, …'))
+    else:
+        for number in range(max(shards) + 1):
+            if number not in shards:
+                fatal.append(Problem(os.path.join(path, f'{number:06}'), None,
+                                     f'shard {number:06} is missing: shards must be numbered '
+                                     f'without gaps up to {max(shards):06}'))
+    return [shards[k] for k in sorted(shards)], fatal, odd if shards else []
+
+
+class _Dataset:
+    """One dataset directory: its spec, its bags, and how to read a datapoint."""
+
+    def __init__(self, path: str, spec: list[tuple[str, str]], bags: dict, start: int):
+        self.path = path
+        self.spec = spec                  # (key, type) in spec.json order = refs order
+        self.bags = bags                  # 'refs' and every key -> Bag (None: unusable)
+        self.start = start                # global index of datapoint 0
+        self._types = {k: parse_type(t) for k, t in spec}
+        self._last_refs = None            # (local index, refs), per process
+
+    @classmethod
+    def open(cls, path: str, files: Files, cache_index: bool, cache_keys: Sequence[str],
+             start: int) -> _Dataset:
+        spec = _read_spec(path)
+        bags = {}
+        for key in (REFS_KEY, *(k for k, _ in spec)):
+            bag_path = os.path.join(path, f'{key}.bag')
+            if not os.path.isfile(bag_path):
+                raise FormatError(f'missing bag file for key {key!r}', bag_path)
+            bags[key] = Bag(bag_path, files, cache_index, key in cache_keys)
+        return cls(path, spec, bags, start)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state['_last_refs'] = None
+        return state
+
+    def __len__(self) -> int:
+        return len(self.bags[REFS_KEY])
+
+    @property
+    def spec_dict(self) -> dict:
+        return dict(sorted(self.spec))
+
+    def refs(self, local: int) -> list:
+        """The refs entry of datapoint ``local``, checked against the spec and the bags."""
+        if self._last_refs is not None and self._last_refs[0] == local:
+            return self._last_refs[1]
+        index = self.start + local
+        refs_bag = self.bags[REFS_KEY]
+        raw = refs_bag.read_range(local, local + 1, index)[0]
+        try:
+            refs = msgpack.unpackb(raw)
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise FormatError(f'refs record is not msgpack: {exc}', refs_bag.path, index) from exc
+        if not isinstance(refs, list) or len(refs) != len(self.spec):
+            raise FormatError(f'refs record must be a list of {len(self.spec)} entries (one '
+                              f'per spec key), not {refs!r:.80}', refs_bag.path, index)
+        for (key, type_name), ref in zip(self.spec, refs):
+            bag = self.bags.get(key)
+            problem = _ref_problem(ref, self._types[key][1], None if bag is None else len(bag))
+            if problem:
+                raise FormatError(f'refs entry for {key!r} ({type_name}): {problem}',
+                                  refs_bag.path, index)
+        self._last_refs = (local, refs)
+        return refs
+
+    def available(self, local: int) -> dict:
+        refs = self.refs(local)
+        return {key: range(ref[1] if ref else 0) if self._types[key][1] else True
+                for (key, _), ref in zip(self.spec, refs)}
+
+    def read(self, local: int, mask: dict | None, decode_images: bool) -> dict:
+        """Datapoint ``local``: the keys the mask asks for, sequences as lists."""
+        index = self.start + local
+        if mask is not None:
+            unknown = [k for k in mask if k not in self._types]
+            if unknown:
+                raise ConfigError(f'mask names key {unknown[0]!r}, which is not in the spec '
+                                  f'{sorted(self._types)}')
+        refs = self.refs(local)
+        out = {}
+        for (key, type_name), ref in zip(self.spec, refs):
+            want = True if mask is None else mask.get(key, False)
+            base, is_seq = self._types[key]
+            bag = self.bags[key]
+            if not is_seq:
+                if not isinstance(want, (bool, np.bool_)):
+                    raise TypeError(f'mask value for plain key {key!r} must be True or False, '
+                                    f'not {want!r}')
+                if want:
+                    raw = bag.read_range(ref, ref + 1, index)[0]
+                    out[key] = _decode(base, raw, decode_images, bag.path, index, key, ref)
+                continue
+            start, length = ref if ref else (0, 0)
+            positions = _positions(key, want, length)
+            if positions is None:
+                continue
+            if not positions:
+                out[key] = []
+                continue
+            lo, hi = min(positions), max(positions) + 1
+            records = bag.read_range(start + lo, start + hi, index)  # one read, then pick
+            out[key] = [_decode(base, records[p - lo], decode_images, bag.path, index,
+                                f'{key}[{p}]', start + p) for p in positions]
+        return out
+
+
+def _ref_problem(ref, is_seq: bool, bag_len: int | None) -> str | None:
+    def is_int(x):
+        return type(x) is int
+    if not is_seq:
+        if not is_int(ref):
+            return f'must be an int, not {ref!r:.40}'
+        if bag_len is not None and not 0 <= ref < bag_len:
+            return f'record {ref} is out of range for a bag of {bag_len} records'
+        return None
+    if not isinstance(ref, list) or len(ref) not in (0, 2) or not all(map(is_int, ref)):
+        return f'must be [] or [start, length], not {ref!r:.40}'
+    if ref:
+        start, length = ref
+        if start < 0 or length < 0:
+            return f'negative start or length {ref}'
+        if bag_len is not None and start + length > bag_len:
+            return f'records {start}..{start + length} run past a bag of {bag_len} records'
+    return None
+
+
+def _positions(key: str, want, length: int) -> list[int] | None:
+    """Element positions a sequence mask value asks for (None: the key is not wanted)."""
+    if want is True or (isinstance(want, np.bool_) and want):
+        return list(range(length))
+    if want is False or isinstance(want, np.bool_):
+        return None
+    if isinstance(want, (range, slice)):
+        if any(x is not None and x < 0 for x in (want.start, want.stop)):
+            raise IndexError(f'mask range {want} for {key!r} must not be negative')
+        return list(range(length)[slice(want.start, want.stop, want.step)])
+    if isinstance(want, np.ndarray):
+        want = want.tolist()
+    if isinstance(want, (list, tuple)):
+        positions = []
+        for p in want:
+            if isinstance(p, bool) or not hasattr(p, '__index__'):
+                raise TypeError(f'mask positions for {key!r} must be ints, not {p!r}')
+            p = p.__index__()
+            if not 0 <= p < length:
+                raise IndexError(f'position {p} out of range for {key!r} with {length} '
+                                 f'elements')
+            positions.append(p)
+        return positions
+    raise TypeError(f'mask value for sequence key {key!r} must be True, False, a range or '
+                    f'a list of positions, not {type(want).__name__}')
+
+
+def _decode(base: str, raw: bytes, decode_images: bool, path: str, index: int, where: str,
+            record: int):
+    if base in IMAGE_TYPES and not decode_images:
+        return raw
+    try:
+        return codecs.decode(base, raw)
+    except DecodeError as exc:
+        raise DecodeError(f'value of {where!r} (record {record}, {base}): {exc.message}',
+                          path, index) from exc
+
+
+# ---------------------------------------------------------------------------
+# The reader
+
+
+class BagReader(Reader):
+    """A granular dataset directory, or a sharded directory of them, as a Reader.
+
+    ``cache_index`` keeps every bag's index table in memory (8 bytes per
+    record), ``cache_keys`` keeps the named bags (``'refs'`` included)
+    whole in memory; both fill lazily, once per process, and are never
+    pickled. ``decode_images=False`` leaves ``jpg``/``png`` values (and
+    their sequence elements) as their encoded bytes. ``size`` is the bytes
+    of every bag and spec.json. Subclasses may set ``files_class`` to a
+    :class:`Files` subclass (for example one that counts reads).
+
+    Example::
+
+        r = BagReader('../shared/fixtures/bag', cache_keys=('refs', 'idx'))
+        r.available(1)                               # {'feat': True, 'frames': range(4), …}
+        r[1, {'frames': [0, 3], 'idx': True}]        # frames 0..3 in one read, picks 0 and 3
+    """
+
+    files_class = Files
+
+    def __init__(self, path: str | os.PathLike, cache_index: bool = True,
+                 cache_keys: Sequence[str] = (), decode_images: bool = True):
+        self.path = os.fspath(path)
+        if isinstance(cache_keys, str) or not all(isinstance(k, str) for k in cache_keys):
+            raise ConfigError(f'cache_keys must be a list of key names, not {cache_keys!r}')
+        self.cache_index = bool(cache_index)
+        self.cache_keys = tuple(cache_keys)
+        self.decode_images = bool(decode_images)
+        self._files = self.files_class()
+        dirs, fatal, _ = _list_shards(self.path)
+        if fatal:
+            raise FormatError(fatal[0].message, fatal[0].path)
+        self._shards: list[_Dataset] = []
+        start = 0
+        for directory in dirs:
+            shard = _Dataset.open(directory, self._files, self.cache_index, self.cache_keys,
+                                  start)
+            if self._shards and shard.spec_dict != self._shards[0].spec_dict:
+                raise FormatError(f'spec differs from the first shard\'s '
+                                  f'{self._shards[0].spec_dict}', os.path.join(directory,
+                                                                               SPEC_NAME))
+            self._shards.append(shard)
+            start += len(shard)
+        self._length = start
+        self._stops = [s.start + len(s) for s in self._shards]
+        unknown = [k for k in self.cache_keys if k != REFS_KEY and k not in self.spec]
+        if unknown:
+            raise ConfigError(f'cache_keys names {unknown[0]!r}, which is not in the spec '
+                              f'{sorted(self.spec)} (or "refs")')
+        self.size = sum(os.path.getsize(os.path.join(s.path, SPEC_NAME))
+                        + sum(b.size for b in s.bags.values()) for s in self._shards)
+
+    @property
+    def spec(self) -> dict:
+        """``{key: type}`` with sorted keys, as spec.json."""
+        return self._shards[0].spec_dict
+
+    @property
+    def shards(self) -> int:
+        """How many dataset directories this reader spans (1 when not sharded)."""
+        return len(self._shards)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _locate(self, index: int) -> tuple[_Dataset, int]:
+        shard = self._shards[bisect.bisect_right(self._stops, index)]
+        return shard, index - shard.start
+
+    def _get(self, index: int, mask: dict | None) -> dict:
+        shard, local = self._locate(index)
+        return shard.read(local, mask, self.decode_images)
+
+    def available(self, index: int) -> dict:
+        """``{key: True | range(n)}`` for datapoint ``index``, from refs.bag alone."""
+        shard, local = self._locate(check_index(index, self._length))
+        return shard.available(local)
+
+
+# ---------------------------------------------------------------------------
+# The writer
+
+
+class BagWriter:
+    """Write a dataset (or, with ``shardlen``, a sharded one) that granular reads.
+
+    Bags are version 2, ``spec.json`` and refs are written exactly as
+    granular 0.20.3 writes them, so the same datapoints give the same bytes.
+    Output goes to a temporary sibling directory that is renamed into place
+    on a clean close; an existing non-empty ``directory`` is refused, an
+    exception inside ``with`` removes the temporary output, and spec.json is
+    written last, so an interrupted write never opens as a dataset.
+
+    Values are checked as they come: a missing or extra key, or a value its
+    type cannot encode, raises WriterError naming the datapoint number and
+    key, and nothing of that datapoint is written. Empty ``bytes``/``utf8``
+    values are refused: bag records must be non-empty (granular refuses
+    them too, and an empty first record would make a bag unreadable).
+    Without any datapoint, a sharded writer still writes one empty shard.
+
+    Example::
+
+        with BagWriter('out', {'frames': 'jpg[]', 'label': 'int'}, shardlen=1000) as w:
+            w.append({'frames': [img0, img1], 'label': 7})
+    """
+
+    def __init__(self, directory: str | os.PathLike, spec: Mapping[str, str],
+                 shardlen: int | None = None):
+        self.path = os.fspath(directory)
+        problem = _spec_problem(dict(spec) if isinstance(spec, Mapping) else spec)
+        if problem is None:
+            for key, type_name in spec.items():
+                base, _ = parse_type(type_name)
+                if not _GRANULAR_NAME.match(key):
+                    problem = f'key {key!r} must start with a-z or _ (granular requires it)'
+                elif base in codecs.UNSUPPORTED_TYPES:
+                    problem = f'type {type_name!r} of key {key!r} is not supported by loadr'
+        if problem:
+            raise WriterError(f'bad spec: {problem}', self.path)
+        if shardlen is not None and (isinstance(shardlen, bool) or not isinstance(shardlen, int)
+                                     or shardlen < 1):
+            raise WriterError(f'shardlen must be a positive int or None, not {shardlen!r}',
+                              self.path)
+        self.spec = dict(sorted(spec.items()))
+        self._types = {k: parse_type(t) for k, t in self.spec.items()}
+        self.shardlen = shardlen
+        if os.path.lexists(self.path) and (not os.path.isdir(self.path)
+                                           or os.listdir(self.path)):
+            raise WriterError('refusing to write into an existing non-empty path', self.path)
+        parent = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(parent, exist_ok=True)
+        self._tmp = tempfile.mkdtemp(prefix=f'.{os.path.basename(self.path)}.',
+                                     suffix='.loadr-tmp', dir=parent)
+        self._dataset_dirs: list[str] = []
+        self._bags: dict[str, BagFileWriter] | None = None
+        self._shard_count = 0          # datapoints in the open shard
+        self._length = 0
+        self.closed = False
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _open_shard(self) -> None:
+        if self.shardlen is None:
+            directory = self._tmp
+        else:
+            directory = os.path.join(self._tmp, f'{len(self._dataset_dirs):06}')
+            os.mkdir(directory)
+        self._dataset_dirs.append(directory)
+        self._bags = {key: BagFileWriter(os.path.join(directory, f'{key}.bag'), atomic=False)
+                      for key in (REFS_KEY, *self.spec)}
+        self._shard_count = 0
+
+    def _close_shard(self) -> None:
+        for bag in self._bags.values():
+            bag.close()
+        self._bags = None
+
+    def _encode(self, number: int, key: str, base: str, value, position=None) -> bytes:
+        where = key if position is None else f'{key}[{position}]'
+        try:
+            data = codecs.encode(base, value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise WriterError(f'datapoint {number}, key {where!r} ({base}): {exc}', self.path,
+                              number) from exc
+        if not data:
+            raise WriterError(f'datapoint {number}, key {where!r}: an empty value cannot be '
+                              f'stored (bag records must be non-empty, as in granular)',
+                              self.path, number)
+        return data
+
+    def append(self, datapoint: Mapping) -> int:
+        """Check, encode and write one datapoint; returns its index."""
+        if self.closed:
+            raise WriterError('append to a closed writer', self.path)
+        number = self._length
+        if not isinstance(datapoint, Mapping):
+            raise WriterError(f'datapoint {number} must be a dict, not '
+                              f'{type(datapoint).__name__}', self.path, number)
+        missing = [k for k in self.spec if k not in datapoint]
+        if missing:
+            raise WriterError(f'datapoint {number} misses key {missing[0]!r} (spec keys: '
+                              f'{list(self.spec)})', self.path, number)
+        extra = [k for k in datapoint if k not in self.spec]
+        if extra:
+            raise WriterError(f'datapoint {number} has key {extra[0]!r}, which is not in the '
+                              f'spec {list(self.spec)}', self.path, number)
+        encoded = {}
+        for key, (base, is_seq) in self._types.items():
+            value = datapoint[key]
+            if not is_seq:
+                encoded[key] = self._encode(number, key, base, value)
+                continue
+            if not isinstance(value, (list, tuple)) and not (
+                    isinstance(value, np.ndarray) and value.ndim >= 1):
+                raise WriterError(f'datapoint {number}, key {key!r} is a sequence '
+                                  f'({self.spec[key]}), so its value must be a list, not '
+                                  f'{type(value).__name__}', self.path, number)
+            encoded[key] = [self._encode(number, key, base, v, p) for p, v in enumerate(value)]
+        if self._bags is None:
+            self._open_shard()
+        refs = []
+        for key, (_, is_seq) in self._types.items():
+            bag = self._bags[key]
+            if is_seq:
+                indices = [bag.append(data) for data in encoded[key]]
+                refs.append([indices[0], len(indices)] if indices else [])
+            else:
+                refs.append(bag.append(encoded[key]))
+        self._bags[REFS_KEY].append(msgpack.packb(refs))
+        self._length += 1
+        self._shard_count += 1
+        if self.shardlen is not None and self._shard_count >= self.shardlen:
+            self._close_shard()
+        return number
+
+    def close(self) -> None:
+        """Finish every bag, write spec.json, and rename the output into place."""
+        if self.closed:
+            return
+        try:
+            if self._bags is None and not self._dataset_dirs:
+                self._open_shard()          # no datapoints: still a valid, empty dataset
+            if self._bags is not None:
+                self._close_shard()
+            spec_json = json.dumps(self.spec).encode('utf-8')   # granular's exact bytes
+            for directory in self._dataset_dirs:
+                with open(os.path.join(directory, SPEC_NAME), 'wb') as f:
+                    f.write(spec_json)
+            if os.path.lexists(self.path):
+                if not os.path.isdir(self.path) or os.listdir(self.path):
+                    raise WriterError('the target appeared, non-empty, while writing',
+                                      self.path)
+                os.rmdir(self.path)
+            os.rename(self._tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        self.closed = True
+
+    def abort(self) -> None:
+        """Stop and remove the temporary output."""
+        if self._bags is not None:
+            for bag in self._bags.values():
+                bag.abort()
+            self._bags = None
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+# ---------------------------------------------------------------------------
+# check and detect
+
+
+def detect(path: str) -> bool:
+    """True for a directory with spec.json, or with shard directories holding one."""
+    try:
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            return False
+        if os.path.isfile(os.path.join(path, SPEC_NAME)):
+            return True
+        return any(SHARD_NAME.match(name) and os.path.isfile(os.path.join(path, name, SPEC_NAME))
+                   for name in os.listdir(path))
+    except Exception:       # detection never raises, whatever the path is
+        return False
+
+
+def _problem(exc: LoadrError, path: str, index: int | None = None) -> Problem:
+    return Problem(exc.path or path, exc.index if exc.index is not None else index, exc.message)
+
+
+def _check_dataset(directory: str, start: int, first_spec: dict | None,
+                   problems: list[Problem]) -> tuple[int, dict | None]:
+    """Append the problems of one dataset directory; returns (datapoints, spec)."""
+    try:
+        spec = _read_spec(directory)
+    except FormatError as exc:
+        problems.append(_problem(exc, directory))
+        return 0, first_spec
+    spec_dict = dict(sorted(spec))
+    if first_spec is not None and spec_dict != first_spec:
+        problems.append(Problem(os.path.join(directory, SPEC_NAME), None,
+                                f'spec differs from the first shard\'s {first_spec}'))
+    files = Files()
+    bags = {}
+    for key in (REFS_KEY, *spec_dict):
+        bag_path = os.path.join(directory, f'{key}.bag')
+        bags[key] = None
+        if not os.path.isfile(bag_path):
+            problems.append(Problem(bag_path, None, f'missing bag file for key {key!r}'))
+            continue
+        try:
+            bag = Bag(bag_path, files)
+            bag.validate()
+            bags[key] = bag
+        except LoadrError as exc:
+            problems.append(_problem(exc, bag_path))
+    for name in sorted(os.listdir(directory)):
+        if name.endswith('.bag') and name[:-4] not in bags:
+            problems.append(Problem(os.path.join(directory, name), None,
+                                    'bag file of a key that is not in spec.json'))
+    if bags[REFS_KEY] is None:
+        return 0, first_spec or spec_dict
+    dataset = _Dataset(directory, spec, bags, start)
+    readable = [k for k, t in spec
+                if bags[k] is not None and parse_type(t)[0] not in codecs.UNSUPPORTED_TYPES]
+    for local in range(len(dataset)):
+        try:
+            dataset.refs(local)
+        except LoadrError as exc:
+            problems.append(_problem(exc, directory, start + local))
+            continue
+        for key in readable:        # key by key: one bad value must not hide the others
+            try:
+                dataset.read(local, {key: True}, decode_images=True)
+            except LoadrError as exc:
+                problems.append(_problem(exc, directory, start + local))
+    files.close()
+    return len(dataset), first_spec or spec_dict
+
+
+def check(path: str | os.PathLike) -> list[Problem]:
+    """Every problem of a bag dataset or sharded dataset, each naming file and index.
+
+    Checks the shard numbering, each spec.json, that every key has its bag
+    (and no bag lacks a key), every bag's whole index table, every refs
+    record against the spec and the bag lengths, and that every value
+    decodes (images fully). Values of unsupported video types are not
+    decoded. The index is the datapoint's for refs and values, the record's
+    for a bag's table.
+
+    >>> check('../shared/fixtures/bag_sharded')
+    []
+    """
+    path = os.fspath(path)
+    dirs, fatal, odd = _list_shards(path)
+    problems = fatal + odd
+    start, spec = 0, None
+    for directory in dirs:
+        count, spec = _check_dataset(directory, start, spec, problems)
+        start += count
+    return problems
+
+
+FORMAT = Format('bag', detect, BagReader, BagWriter, check)
+
