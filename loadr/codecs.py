@@ -67,7 +67,7 @@ def decode_image(data: bytes, mode: str | None = None, draft: tuple[int, int] | 
     >>> decode_image(encode_image(np.zeros((4, 4, 3), np.uint8))).shape
     (4, 4, 3)
     """
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
     try:
         with Image.open(io.BytesIO(data)) as img:
             if draft is not None and img.format == 'JPEG':
@@ -75,6 +75,9 @@ def decode_image(data: bytes, mode: str | None = None, draft: tuple[int, int] | 
             if mode is not None and img.mode != mode:
                 img = img.convert(mode)
             return np.asarray(img)
+    except UnidentifiedImageError as exc:   # its message carries a BytesIO address: drop it
+        raise DecodeError(f'cannot decode image: not an image file Pillow knows '
+                          f'({len(data)} bytes starting {bytes(data[:4])!r})') from exc
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise DecodeError(f'cannot decode image: {exc}') from exc
 
@@ -203,7 +206,11 @@ def array_from_parts(dtype, shape, data) -> np.ndarray:
 
 
 def encode_array(value) -> bytes:
-    """msgpack of ``(dtype.str, shape, C-order bytes)``, as granular writes it."""
+    """msgpack of ``(dtype.str, shape, C-order bytes)``, as granular writes it.
+
+    >>> encode_array(np.zeros(2, np.uint8))
+    b'\\x93\\xa3|u1\\x91\\x02\\xc4\\x02\\x00\\x00'
+    """
     if isinstance(value, np.generic):
         value = np.asarray(value)
     if not isinstance(value, np.ndarray):
@@ -213,7 +220,11 @@ def encode_array(value) -> bytes:
 
 
 def decode_array(data: bytes) -> np.ndarray:
-    """Inverse of :func:`encode_array`; a read-only array (as granular's)."""
+    """Inverse of :func:`encode_array`; a read-only array (as granular's).
+
+    >>> decode_array(encode_array(np.arange(3))).tolist()
+    [0, 1, 2]
+    """
     parts = _unpack(data)
     if not isinstance(parts, list) or len(parts) != 3:
         raise DecodeError('an array is a msgpack list [dtype, shape, bytes]')
@@ -247,7 +258,11 @@ def _tree_unpack(value):
 
 
 def encode_tree(value) -> bytes:
-    """msgpack of nested lists/dicts; arrays become ``('_', dtype.str, shape, bytes)``."""
+    """msgpack of nested lists/dicts; arrays become ``('_', dtype.str, shape, bytes)``.
+
+    >>> encode_tree({'a': (1, None)})
+    b'\\x81\\xa1a\\x92\\x01\\xc0'
+    """
     try:
         return msgpack.packb(_tree_pack(value))
     except RecursionError:
@@ -255,7 +270,11 @@ def encode_tree(value) -> bytes:
 
 
 def decode_tree(data: bytes):
-    """Inverse of :func:`encode_tree`; tuples come back as lists, leaves as arrays."""
+    """Inverse of :func:`encode_tree`; tuples come back as lists, leaves as arrays.
+
+    >>> decode_tree(encode_tree({'a': (1, np.ones(2))}))['a'][1].tolist()
+    [1.0, 1.0]
+    """
     tree = _unpack(data)
     try:
         return _tree_unpack(tree)

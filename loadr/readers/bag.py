@@ -64,6 +64,7 @@ ENTRY_BYTES = 8                 # one uint64 table entry
 SPEC_NAME = 'spec.json'
 REFS_KEY = 'refs'
 SPEC_MAX_BYTES = 1 << 20        # a spec.json larger than this is not a spec
+VALIDATE_CHUNK_ENTRIES = 1 << 20  # check() reads a table 8 MiB at a time
 SHARD_NAME = re.compile(r'[0-9]{6,}\Z')
 IMAGE_TYPES = ('jpg', 'png')
 # Keys become file names: nothing that leaves the directory or hides the file.
@@ -246,8 +247,21 @@ class Bag:
         return [0, *ends] if self.version == 1 else ends
 
     def validate(self) -> None:
-        """Check the whole table; raises FormatError naming the first bad record."""
-        self._load_table(None)
+        """Check the whole table, a chunk at a time; FormatError names the first bad record."""
+        previous = 0
+        for lo in range(0, self._len, VALIDATE_CHUNK_ENTRIES):
+            n = min(VALIDATE_CHUNK_ENTRIES, self._len - lo)
+            ends = np.frombuffer(self._pread(self._ends_at + ENTRY_BYTES * lo,
+                                             ENTRY_BYTES * n, lo), '<u8')
+            starts = np.concatenate([np.array([previous], '<u8'), ends[:-1]])
+            bad = np.flatnonzero(ends < starts)
+            if bad.size:
+                j = lo + int(bad[0])
+                raise FormatError(f'index table: record {j} ends at {int(ends[j - lo])}, '
+                                  f'before it starts at {int(starts[j - lo])}', self.path, j)
+            previous = int(ends[-1])
+        # The last end is the table start itself (the last 8 bytes), so a table that never
+        # decreases also never runs past the data.
 
 
 class BagFileWriter:
@@ -836,7 +850,11 @@ class BagWriter:
 
 
 def detect(path: str) -> bool:
-    """True for a directory with spec.json, or with shard directories holding one."""
+    """True for a directory with spec.json, or with shard directories holding one.
+
+    >>> detect('../shared/fixtures/bag_sharded'), detect('../shared/fixtures/bag_raw')
+    (True, False)
+    """
     try:
         path = os.fspath(path)
         if not os.path.isdir(path):

@@ -770,3 +770,19 @@ def test_check_reports_layout_problems_of_sharded_datasets(fixtures, tmp_path):
         ('000001', None), ('README', None), ('000002/label.bag', None)]
     assert 'missing' in problems[0].message and 'granular' in problems[1].message
     assert check(tmp_path / 'nowhere')[0].message == 'not a directory'
+
+
+@pytest.mark.parametrize('chunk', [1, 2, 3, 1 << 20])
+def test_check_validates_tables_across_chunks(tmp_path, monkeypatch, chunk):
+    from loadr.readers import bag as bag_module
+    monkeypatch.setattr(bag_module, 'VALIDATE_CHUNK_ENTRIES', chunk)   # small chunks, same code
+    path = tmp_path / 'x.bag'
+    with BagFileWriter(path) as w:
+        for i in range(7):
+            w.append(bytes([i]) * (i + 1))
+    Bag(path).validate()
+    table = Bag(path).index_offset
+    patch(path, table + 8 * 3, u64(2))                # record 3 ends before it starts (at 6)
+    with pytest.raises(FormatError, match='record 3 ends at 2, before it starts at 6') as info:
+        Bag(path).validate()
+    assert (info.value.path, info.value.index) == (str(path), 3)
