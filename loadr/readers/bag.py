@@ -375,10 +375,11 @@ def _read_spec(directory: str) -> list[tuple[str, str]]:
         raise FormatError(f'spec.json is larger than {SPEC_MAX_BYTES} bytes', path)
 
     def pairs(items):
-        keys = [k for k, _ in items]
-        if len(set(keys)) != len(keys):
-            dup = next(k for k in keys if keys.count(k) > 1)
-            raise FormatError(f'spec.json names key {dup!r} twice', path)
+        seen = set()
+        for key, _ in items:
+            if key in seen:
+                raise FormatError(f'spec.json names key {key!r} twice', path)
+            seen.add(key)
         return dict(items)
     try:
         spec = json.loads(raw.decode('utf-8'), object_pairs_hook=pairs)
@@ -417,11 +418,14 @@ def _list_shards(path: str) -> tuple[list[str], list[Problem], list[Problem]]:
             fatal.append(Problem(path, None, 'not a bag dataset: no spec.json and no shard '
                                              'directories 000000/, 000001/, …'))
     else:
-        for number in range(max(shards) + 1):
-            if number not in shards:
-                fatal.append(Problem(os.path.join(path, f'{number:06}'), None,
-                                     f'shard {number:06} is missing: shards must be numbered '
-                                     f'without gaps up to {max(shards):06}'))
+        expected = 0        # one problem per gap, named by its first missing shard
+        for number in sorted(shards):
+            if number != expected:
+                gap = (f'shard {expected:06} is missing' if number == expected + 1 else
+                       f'shards {expected:06} to {number - 1:06} are missing')
+                fatal.append(Problem(os.path.join(path, f'{expected:06}'), None,
+                                     f'{gap}: shards must be numbered without gaps'))
+            expected = number + 1
     return [shards[k] for k in sorted(shards)], fatal, odd if shards else []
 
 

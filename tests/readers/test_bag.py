@@ -762,13 +762,16 @@ def test_check_finds_every_planted_problem(fixtures, manifest, tmp_path):
 def test_check_reports_layout_problems_of_sharded_datasets(fixtures, tmp_path):
     data = copy(fixtures, 'bag_sharded', tmp_path)
     (data / '000001').rename(data / '000003')
+    (data / '9999999999').mkdir()                     # a far-away number: no slow scan
     (data / 'README').write_text('not a shard')
     (data / '.hidden').write_text('ignored, as granular ignores it')
     os.truncate(data / '000002' / 'label.bag', 3)
     problems = check(data)
     assert [(os.path.relpath(p.path, data), p.index) for p in problems] == [
-        ('000001', None), ('README', None), ('000002/label.bag', None)]
-    assert 'missing' in problems[0].message and 'granular' in problems[1].message
+        ('000001', None), ('000004', None), ('README', None), ('000002/label.bag', None),
+        ('9999999999/spec.json', None)]
+    assert problems[1].message.startswith('shards 000004 to 9999999998 are missing')
+    assert 'missing' in problems[0].message and 'granular' in problems[2].message
     assert check(tmp_path / 'nowhere')[0].message == 'not a directory'
 
 
