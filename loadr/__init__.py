@@ -12,9 +12,10 @@ Example::
 from . import errors, readers, writers
 from .check import Report, check
 from .errors import LoadrError
+from .loader import Loader
 from .readers import open
 
 __version__ = '0.1.0'
 
-__all__ = ['open', 'check', 'Report', 'readers', 'writers', 'errors', 'LoadrError',
+__all__ = ['Loader', 'open', 'check', 'Report', 'readers', 'writers', 'errors', 'LoadrError',
            '__version__']

@@ -1,0 +1,184 @@
+"""Turning stream positions into a filled batch: read, transform, check, write.
+
+The same code runs in worker processes and, with ``workers=0``, in the
+calling process, which is why both give the very same bytes.
+
+A datapoint becomes arrays key by key: a value that numpy sees as numbers or
+booleans (an ndarray, a Python or numpy scalar, a list of equal-shape
+frames) is an *array key*, stacked into a ``(batch, *shape)`` array; any
+other value (str, bytes, dict, ragged lists) is a *list key*, handed over as
+a Python list. The spec, ``{key: (dtype, shape)}``, says which is which
+(``dtype == object`` for list keys) and every datapoint must match it.
+
+Example::
+
+    asm = Assembler(reader, fns, spec=infer_spec(first_datapoint))
+    extras, replaced = asm.fill(order, start=0, count=64, arrays=views)
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+import traceback
+
+import numpy as np
+
+from .errors import LoadrError, SpecError
+
+__all__ = ['Assembler', 'infer_spec', 'value_spec', 'SampleFailure', 'READ_RETRY_DELAYS_S']
+
+log = logging.getLogger('loadr')
+
+OBJECT = np.dtype(object)
+# Transient read errors (EIO, a network filesystem hiccup) are retried after
+# these pauses; an error that persists is raised with the index.
+READ_RETRY_DELAYS_S = (0.05, 0.25)
+_TRANSIENT_ERRNOS = {errno.EIO, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE}
+
+
+def value_spec(value) -> tuple[np.dtype, tuple]:
+    """``(dtype, shape)`` of one value; dtype is object for a list key.
+
+    >>> value_spec(3)
+    (dtype('int64'), ())
+    >>> value_spec('cat')
+    (dtype('O'), ())
+    """
+    if isinstance(value, np.ndarray):
+        arr = value
+    elif isinstance(value, (bool, int, float, complex, np.generic)):
+        arr = np.asarray(value)
+    elif isinstance(value, (list, tuple)) and value and isinstance(value[0], (np.ndarray, np.generic, bool, int, float)):
+        try:
+            arr = np.asarray(value)
+        except ValueError:
+            return OBJECT, ()
+    else:
+        return OBJECT, ()
+    if arr.dtype.kind not in 'biufc':
+        return OBJECT, ()
+    return arr.dtype, arr.shape
+
+
+def infer_spec(datapoint: dict) -> dict:
+    """The spec of one datapoint, keys in the datapoint's order."""
+    if not isinstance(datapoint, dict):
+        raise SpecError(f'a datapoint must be a dict, got {type(datapoint).__name__}')
+    return {key: value_spec(value) for key, value in datapoint.items()}
+
+
+class SampleFailure(Exception):
+    """Raised by :meth:`Assembler.fill` when one sample fails; carries where and why."""
+
+    def __init__(self, exc: BaseException, index: int, position: int):
+        super().__init__(f'sample at index {index}, position {position} failed: {exc!r}')
+        self.exc, self.index, self.position = exc, index, position
+        self.traceback = ''.join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, OSError) and getattr(exc, 'errno', None) in _TRANSIENT_ERRNOS:
+        return True
+    cause = exc.__cause__
+    return isinstance(cause, OSError) and cause.errno in _TRANSIENT_ERRNOS
+
+
+class Assembler:
+    """Reads, transforms and writes the datapoints of one batch.
+
+    ``progress``, when given, is a writable int64 array of 2 entries that
+    gets ``[position, index]`` of the sample in hand, so the main process can
+    name the index that killed a worker.
+    """
+
+    def __init__(self, reader, fns, spec: dict | None, on_error: str = 'raise'):
+        self.reader = reader
+        self.fns = list(fns)
+        self.read_fn = self.fns[0] if self.fns and getattr(self.fns[0], 'reads', False) else None
+        self.after = self.fns[1:] if self.read_fn is not None else self.fns
+        self.on_error = on_error
+        self.spec = spec
+        if spec is not None:
+            self.array_keys = [k for k, (d, _) in spec.items() if d != OBJECT]
+            self.list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
+
+    def _read(self, index: int, seed: int) -> dict:
+        for delay in (*READ_RETRY_DELAYS_S, None):
+            try:
+                if self.read_fn is not None:
+                    return self.read_fn.read(self.reader, index, seed=seed)
+                return self.reader[index]
+            except Exception as exc:
+                if delay is None or not _transient(exc):
+                    raise
+                log.warning('loadr: transient read error at index %d (%s); retrying', index, exc)
+                time.sleep(delay)
+        raise AssertionError('unreachable')
+
+    def datapoint(self, index: int, seed: int) -> dict:
+        """The datapoint at ``index`` after every fn, called with ``seed``."""
+        dp = self._read(index, seed)
+        if not isinstance(dp, dict):
+            raise SpecError(f'the reader returned {type(dp).__name__}, not a dict', index=index)
+        dp = dict(dp)  # fns may mutate; never let them touch the reader's own objects
+        for fn in self.after:
+            dp = fn(dp, seed=seed)
+            if not isinstance(dp, dict):
+                raise SpecError(f'fn {fn!r} returned {type(dp).__name__}, not a dict',
+                                index=index)
+        return dp
+
+    def _substitute(self, index: int, seed: int, order_n: int) -> dict:
+        # The replacement is a pure function of the failed index, so every run
+        # (any worker count, any resume) substitutes the same datapoint.
+        for k in range(1, 17):
+            alt = (index + k * 0x9E3779B1) % order_n
+            try:
+                return self.datapoint(alt, seed)
+            except Exception:
+                continue
+        raise LoadrError(f'no readable datapoint found to replace index {index}', index=index)
+
+    def fill(self, order, start: int, count: int, arrays: dict, progress=None):
+        """Fill rows ``0 .. count-1`` of ``arrays`` for positions ``start ..``.
+
+        Returns ``(extras, replaced)``: the list keys' values, and the
+        indices replaced under ``on_error='skip'``.
+        """
+        indices = order.indices(start, count).tolist()
+        seeds = order.seeds(start, count)
+        extras = {k: [] for k in self.list_keys}
+        replaced = []
+        for row, (index, seed) in enumerate(zip(indices, seeds)):
+            if progress is not None:
+                progress[0] = start + row
+                progress[1] = index
+            try:
+                self._write(self.datapoint(index, seed), row, index, arrays, extras)
+            except Exception as exc:
+                if self.on_error != 'skip':
+                    raise SampleFailure(exc, index, start + row) from exc
+                log.warning('loadr: replacing datapoint %d (position %d): %r',
+                            index, start + row, exc)
+                replaced.append(index)
+                self._write(self._substitute(index, seed, order.n), row, index, arrays, extras)
+        return extras, replaced
+
+    def _write(self, dp: dict, row: int, index: int, arrays: dict, extras: dict) -> None:
+        if len(dp) != len(self.spec) or any(k not in dp for k in self.spec):
+            missing = sorted(set(self.spec) - set(dp))
+            extra = sorted(set(dp) - set(self.spec))
+            raise SpecError(f'keys differ from the spec: missing {missing}, unexpected {extra}',
+                            index=index)
+        for key in self.array_keys:
+            value = dp[key]
+            dtype, shape = self.spec[key]
+            arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+            if arr.dtype != dtype or arr.shape != shape:
+                raise SpecError(f'key {key!r} is {arr.dtype}{list(arr.shape)}, the spec says '
+                                f'{dtype}{list(shape)}', index=index)
+            arrays[key][row] = arr
+        for key in self.list_keys:
+            extras[key].append(dp[key])

@@ -1,0 +1,1 @@
+"""Worker processes: the pool, the worker loop, the messages, the shared memory."""

@@ -1,0 +1,298 @@
+"""Start, watch, restart and stop the worker processes.
+
+The pool owns the ZeroMQ ROUTER socket (bound in a private 0700 directory),
+the shared-memory slots and the processes. It hands each task to one named
+worker, so it always knows which tasks a worker holds: when a worker dies
+(SIGKILL, segfault, out of memory) or misses its deadline (a hang), the pool
+starts a replacement and reports the worker's tasks as *lost*, for the loader
+to send again. A task whose sample kills workers ``MAX_DEATHS_PER_POSITION``
+times is reported as failed, naming the dataset index.
+
+Example::
+
+    pool = WorkerPool(reader, fns, spec, layout, workers=2, slots=4, n=len(reader),
+                      shuffle=True, on_error='raise')
+    pool.submit(task_id=0, slot=0, seed=0, start=0, count=64)
+    for event in pool.poll(100):
+        ...                                   # ('done', 0, extras, replaced)
+    pool.close()
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import tempfile
+import time
+
+import numpy as np
+import zmq
+
+from . import protocol
+from .shm import Segment, check_space, reclaim_stale, segment_name
+from .worker import WorkerArgs, run
+
+__all__ = ['WorkerPool', 'MAX_TASKS_PER_WORKER', 'MAX_DEATHS_PER_POSITION', 'JOIN_TIMEOUT_S']
+
+MAX_TASKS_PER_WORKER = 2          # one in hand, one queued: no idle gap between tasks
+MAX_DEATHS_PER_POSITION = 3
+MAX_STARTUP_FAILURES = 3          # workers dying before they say hello: give up, say why
+JOIN_TIMEOUT_S = 2.0
+
+
+class _Worker:
+    def __init__(self, wid: int, incarnation: int, process, identity: bytes):
+        self.wid, self.incarnation, self.process, self.identity = wid, incarnation, process, identity
+        self.ready = False
+        self.tasks: list[int] = []          # task ids in the order sent
+        self.head_since = None              # when the first task in hand was started
+
+
+class WorkerPool:
+    """Worker processes, their socket and their shared memory (see module docstring)."""
+
+    def __init__(self, reader, fns, spec, layout, workers: int, slots: int, n: int,
+                 shuffle: bool, on_error: str, start_method: str = 'spawn',
+                 task_timeout_s: float | None = None):
+        import multiprocess
+
+        self.closed = False
+        self._segments: list[Segment] = []
+        self._dir = None
+        self._ctx = self._sock = None
+        self.workers: list[_Worker | None] = [None] * workers
+        try:
+            reclaim_stale()
+            check_space(layout.nbytes * slots + 16 * workers)
+            self._mp = multiprocess.get_context(start_method)
+            self._dir = tempfile.mkdtemp(prefix='loadr-')      # mode 0700: ours alone
+            self.endpoint = f'ipc://{self._dir}/tasks'
+            self._ctx = zmq.Context(1)
+            self._sock = self._ctx.socket(zmq.ROUTER)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            self._sock.bind(self.endpoint)
+            token = secrets.token_hex(4)
+            self._segments = [Segment.create(segment_name(f'slot{i}', token), layout.nbytes)
+                              for i in range(slots)]
+            self._status = Segment.create(segment_name('status', token), 16 * workers)
+            self._segments.append(self._status)
+            self.progress = np.ndarray((workers, 2), dtype=np.int64, buffer=self._status.buf)
+            self.views = [layout.views(seg.buf) for seg in self._segments[:slots]]
+            self._template = dict(
+                reader=reader, fns=list(fns), spec=spec, layout=layout,
+                slot_names=[s.name for s in self._segments[:slots]],
+                status_name=self._status.name, parent_pid=os.getpid(), n=n,
+                shuffle=shuffle, on_error=on_error, endpoint=self.endpoint)
+            self.task_timeout_s = task_timeout_s
+            self.tasks: dict[int, tuple] = {}      # task id -> (worker id, message frames)
+            self.deaths: dict[int, int] = {}       # stream position -> workers it killed
+            self.restarts = 0
+            self.startup_failures = 0
+            self._incarnations = 0
+            for wid in range(workers):
+                self._start(wid)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- processes ---------------------------------------------------------
+
+    def _start(self, wid: int) -> None:
+        self._incarnations += 1
+        identity = b'w%d.%d' % (wid, self._incarnations)
+        args = WorkerArgs(wid=wid, identity=identity, **self._template)
+        proc = self._mp.Process(target=run, args=(args,), name=f'loadr-worker-{wid}', daemon=True)
+        proc.start()
+        self.workers[wid] = _Worker(wid, self._incarnations, proc, identity)
+
+    def _by_identity(self, identity: bytes) -> _Worker | None:
+        for w in self.workers:
+            if w is not None and w.identity == identity:
+                return w
+        return None
+
+    def _bury(self, w: _Worker, why: str) -> list:
+        """Reap a dead (or killed) worker, start its replacement, return events."""
+        events = []
+        w.process.join(0.5)
+        if not w.ready:
+            self.startup_failures += 1
+            if self.startup_failures >= MAX_STARTUP_FAILURES:
+                hint = ''
+                if self._mp.get_start_method() != 'fork':
+                    hint = (" (with start_method='spawn' the main module is imported again in "
+                            "each worker: guard the script with if __name__ == '__main__':)")
+                self.workers[w.wid] = None
+                return [('fatal', None, protocol.Failure(
+                    'loadr.errors.WorkerError',
+                    f'{self.startup_failures} workers died before starting; last: {why}{hint}',
+                    '', None, None, w.wid))]
+        row = self.progress[w.wid]
+        position, index = int(row[0]), int(row[1])
+        for n, task_id in enumerate(w.tasks):
+            frames = self.tasks.pop(task_id)[1]
+            _, (_, _, _, start, count) = protocol.parse(frames[0])
+            if n == 0 and start <= position < start + count:
+                # The sample in hand when it died is the prime suspect.
+                self.deaths[position] = self.deaths.get(position, 0) + 1
+                if self.deaths[position] >= MAX_DEATHS_PER_POSITION:
+                    failure = protocol.Failure(
+                        'loadr.errors.WorkerError',
+                        f'dataset index {index} (stream position {position}) killed a worker '
+                        f'{self.deaths[position]} times; last: {why}',
+                        '', index, position, w.wid)
+                    events.append(('fail', task_id, failure))
+                    continue
+            events.append(('lost', task_id))
+        self.restarts += 1
+        self._start(w.wid)
+        return events
+
+    def _check_workers(self) -> list:
+        events = []
+        now = time.monotonic()
+        for w in list(self.workers):
+            if w is None:
+                continue
+            code = w.process.exitcode
+            if code is not None:
+                how = f'killed by signal {-code}' if code < 0 else f'exited with code {code}'
+                events += self._bury(w, f'worker {w.wid} {how}')
+            elif (self.task_timeout_s is not None and w.head_since is not None
+                  and now - w.head_since > self.task_timeout_s):
+                # A hung worker (stuck filesystem, SIGSTOP) cannot be asked to
+                # stop; SIGKILL works on stopped processes too.
+                os.kill(w.process.pid, signal.SIGKILL)
+                events += self._bury(
+                    w, f'worker {w.wid} missed its {self.task_timeout_s:g} s deadline')
+        return events
+
+    # -- tasks -------------------------------------------------------------
+
+    def can_submit(self) -> bool:
+        return any(w is not None and w.ready and len(w.tasks) < MAX_TASKS_PER_WORKER
+                   for w in self.workers)
+
+    def submit(self, task_id: int, slot: int, seed: int, start: int, count: int) -> bool:
+        """Send a task to the least busy ready worker; False if none can take it."""
+        candidates = [w for w in self.workers
+                      if w is not None and w.ready and len(w.tasks) < MAX_TASKS_PER_WORKER]
+        if not candidates:
+            return False
+        w = min(candidates, key=lambda w: len(w.tasks))
+        frames = protocol.task(task_id, slot, seed, start, count)
+        try:
+            self._sock.send_multipart([w.identity, *frames])
+        except zmq.ZMQError:
+            # Its connection is gone: it is dying; _check_workers will bury it.
+            w.ready = False
+            return False
+        if not w.tasks:
+            w.head_since = time.monotonic()
+        w.tasks.append(task_id)
+        self.tasks[task_id] = (w.wid, frames)
+        return True
+
+    def poll(self, timeout_ms: int) -> list:
+        """Wait up to ``timeout_ms`` for replies or deaths; return the events.
+
+        Events: ``('done', task_id, extras, replaced)``, ``('fail', task_id,
+        Failure)``, ``('lost', task_id)`` (its worker died; send it again),
+        ``('fatal', None, Failure)`` (workers cannot start at all).
+        """
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        for w in self.workers:
+            if w is not None:
+                poller.register(w.process.sentinel, zmq.POLLIN)
+        events = []
+        if any(fd is self._sock for fd, _ in poller.poll(timeout_ms)):
+            while True:
+                try:
+                    msg = self._sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                events += self._receive(msg)
+        events += self._check_workers()
+        return events
+
+    def _receive(self, msg: list) -> list:
+        w = self._by_identity(msg[0])
+        if w is None or len(msg) < 2:
+            return []
+        try:
+            kind, fields = protocol.parse(msg[1])
+        except ValueError:
+            return []
+        if kind == protocol.HELLO:
+            w.ready = True
+            self.startup_failures = 0
+            return []
+        task_id = fields[0]
+        if task_id not in w.tasks:
+            return []
+        w.tasks.remove(task_id)
+        w.head_since = time.monotonic() if w.tasks else None
+        self.tasks.pop(task_id, None)
+        if kind == protocol.DONE:
+            extras, replaced = ({}, []) if len(msg) < 3 else protocol.pickle.loads(msg[2])
+            return [('done', task_id, extras, replaced)]
+        if kind == protocol.FAIL:
+            return [('fail', task_id, protocol.pickle.loads(msg[2]))]
+        return []
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self.workers if w is not None]
+
+    # -- shutdown ----------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop everything and free everything; safe to call twice.
+
+        The shutdown order, written down once:
+        1. ask every worker to STOP (non-blocking), so idle ones exit between tasks;
+        2. give them JOIN_TIMEOUT_S together, then SIGKILL whatever is left and reap
+           it: a hung or stopped worker cannot be asked;
+        3. close the socket with linger 0 and end the context, so nothing waits on
+           messages nobody will read;
+        4. only now, with no process mapping them, unlink the shared memory and
+           remove the socket directory.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        live = [w for w in self.workers if w is not None]
+        if self._sock is not None:
+            for w in live:
+                try:
+                    self._sock.send_multipart([w.identity, *protocol.stop()], zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        for w in live:
+            w.process.join(max(0.0, deadline - time.monotonic()))
+        for w in live:
+            if w.process.exitcode is None:
+                try:
+                    os.kill(w.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                w.process.join(JOIN_TIMEOUT_S)
+        self.workers = [None] * len(self.workers)
+        if self._sock is not None:
+            self._sock.close(0)
+        if self._ctx is not None:
+            self._ctx.term()
+        self.views = []
+        self.progress = None
+        for seg in self._segments:
+            seg.close()
+            seg.unlink()
+        self._segments = []
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+

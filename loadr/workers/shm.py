@@ -1,0 +1,194 @@
+"""Shared-memory batch slots: allocate, map, release, never leak.
+
+A slot is one file in ``/dev/shm`` holding every array of one batch at
+fixed offsets (the :class:`Layout`). Ownership, written down once:
+
+- The **main process** creates every segment (``Segment.create``) and is the
+  one that unlinks them, in ``Loader.close()`` or its finaliser.
+- **Workers** only map segments by name. A worker that finds its parent gone
+  unlinks them too, so a SIGKILLed main process leaves nothing behind.
+- Names are ``loadr-<owner pid>-<token>-<what>``; :func:`reclaim_stale`
+  removes the segments of owners that no longer run, the next time any
+  loader starts.
+
+The space is reserved with ``posix_fallocate`` when the segment is made, so
+a /dev/shm too small for the batches asked for is a clear
+:class:`~loadr.errors.ResourceError` before the first batch, not a SIGBUS
+in the middle of a write.
+
+Example::
+
+    layout = Layout({'image': (np.dtype('uint8'), (224, 224, 3))}, batch=64)
+    seg = Segment.create(segment_name('slot0'), layout.nbytes)
+    views = layout.views(seg.buf)         # {'image': array of shape (64, 224, 224, 3)}
+    seg.close(); seg.unlink()
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import re
+import secrets
+
+import numpy as np
+
+from ..errors import ResourceError
+
+__all__ = ['SHM_DIR', 'PREFIX', 'Layout', 'Segment', 'segment_name', 'reclaim_stale',
+           'check_space']
+
+SHM_DIR = '/dev/shm'
+PREFIX = 'loadr-'
+ALIGN_BYTES = 64
+_NAME = re.compile(r'^loadr-(\d+)-[0-9a-f]+-')
+
+
+def segment_name(what: str, token: str | None = None) -> str:
+    """A fresh segment name carrying our prefix and pid: ``loadr-<pid>-<token>-<what>``."""
+    return f'{PREFIX}{os.getpid()}-{token or secrets.token_hex(4)}-{what}'
+
+
+class Layout:
+    """Where each array of a batch lives inside a slot.
+
+    ``fields`` maps key -> (dtype, shape of one datapoint's value); the slot
+    holds ``batch`` rows of each.
+    """
+
+    def __init__(self, fields: dict, batch: int):
+        self.batch = int(batch)
+        self.fields = {}
+        offset = 0
+        for key, (dtype, shape) in fields.items():
+            dtype, shape = np.dtype(dtype), tuple(int(s) for s in shape)
+            size = self.batch * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            self.fields[key] = (dtype, shape, offset)
+            offset += -(-size // ALIGN_BYTES) * ALIGN_BYTES
+        self.nbytes = max(offset, ALIGN_BYTES)
+
+    def views(self, buf) -> dict[str, np.ndarray]:
+        """Arrays of shape ``(batch, *shape)`` over ``buf``, one per key."""
+        return {key: np.ndarray((self.batch, *shape), dtype=dtype, buffer=buf, offset=offset)
+                for key, (dtype, shape, offset) in self.fields.items()}
+
+    def __getstate__(self):
+        return {'batch': self.batch,
+                'fields': {k: (d.str, s) for k, (d, s, _) in self.fields.items()}}
+
+    def __setstate__(self, state):
+        self.__init__(state['fields'], state['batch'])
+
+
+class Segment:
+    """One mapped file in /dev/shm."""
+
+    def __init__(self, name: str, size: int, buf: mmap.mmap):
+        self.name, self.size, self.buf = name, size, buf
+
+    @property
+    def path(self) -> str:
+        return os.path.join(SHM_DIR, self.name)
+
+    @classmethod
+    def create(cls, name: str, size: int) -> 'Segment':
+        """Make, reserve and map a new segment of ``size`` bytes."""
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise ResourceError(f'cannot create shared memory: {exc.strerror}', path) from exc
+        try:
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
+                    raise
+                raise ResourceError(
+                    f'{SHM_DIR} has no room for a {_mib(size)} batch slot '
+                    f'({_mib(free_bytes())} free); enlarge it, or lower batch or prefetch',
+                    path) from exc
+            buf = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            _unlink(path)
+            raise
+        os.close(fd)
+        return cls(name, size, buf)
+
+    @classmethod
+    def attach(cls, name: str) -> 'Segment':
+        """Map an existing segment (in a worker)."""
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            buf = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        return cls(name, size, buf)
+
+    def close(self) -> None:
+        try:
+            self.buf.close()
+        except BufferError:
+            # A user still holds a view (ring mode); the mapping goes when they drop it.
+            pass
+
+    def unlink(self) -> None:
+        _unlink(self.path)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _mib(n: int) -> str:
+    return f'{n / 2**20:.1f} MiB'
+
+
+def free_bytes() -> int:
+    st = os.statvfs(SHM_DIR)
+    return st.f_bavail * st.f_frsize
+
+
+def check_space(nbytes: int) -> None:
+    """Raise ResourceError now if /dev/shm cannot hold ``nbytes`` more."""
+    if not os.path.isdir(SHM_DIR):
+        raise ResourceError(f'{SHM_DIR} does not exist; loadr needs POSIX shared memory '
+                            'for workers > 0 (or use workers=0)', SHM_DIR)
+    free = free_bytes()
+    if nbytes > free:
+        raise ResourceError(
+            f'the batches need {_mib(nbytes)} of shared memory but {SHM_DIR} has '
+            f'{_mib(free)} free; enlarge it (docker: --shm-size), or lower batch or prefetch',
+            SHM_DIR)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reclaim_stale() -> list[str]:
+    """Unlink loadr segments whose owner process is gone; return their names."""
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return removed
+    for name in names:
+        match = _NAME.match(name)
+        if match and not _alive(int(match.group(1))):
+            _unlink(os.path.join(SHM_DIR, name))
+            removed.append(name)
+    return removed

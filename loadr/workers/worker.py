@@ -1,0 +1,119 @@
+"""The worker loop: receive a task, read, decode, run the fns, fill the slot, reply.
+
+A worker is a ``multiprocess`` process started by :class:`~loadr.workers.pool.WorkerPool`.
+It maps the shared-memory slots by name, connects one DEALER socket to the
+main process and serves tasks until told to stop. A watchdog thread ends it
+(after unlinking the shared memory) within ``PARENT_CHECK_S`` of its parent
+dying, however busy the loop is.
+
+Example (what the pool runs in each new process)::
+
+    run(WorkerArgs(...))
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ['WorkerArgs', 'run', 'PARENT_CHECK_S']
+
+PARENT_CHECK_S = 0.2
+RECV_POLL_MS = 500
+
+
+@dataclass
+class WorkerArgs:
+    """Everything a worker needs; pickled (by dill) into the new process."""
+
+    wid: int
+    endpoint: str
+    identity: bytes
+    reader: object
+    fns: list
+    spec: dict
+    layout: object
+    slot_names: list
+    status_name: str
+    parent_pid: int
+    n: int
+    shuffle: bool
+    on_error: str
+
+
+def _watch_parent(parent_pid: int, names: list) -> None:
+    from .shm import SHM_DIR
+
+    def watch():
+        while True:
+            time.sleep(PARENT_CHECK_S)
+            if os.getppid() != parent_pid:
+                # The main process died without closing us: nobody else will
+                # unlink the segments it made, so we do, then leave at once.
+                for name in names:
+                    try:
+                        os.unlink(os.path.join(SHM_DIR, name))
+                    except OSError:
+                        pass
+                os._exit(0)
+
+    threading.Thread(target=watch, name='loadr-parent-watch', daemon=True).start()
+
+
+def run(args: WorkerArgs) -> None:
+    """Serve tasks until STOP; never lets an exception escape unreported."""
+    import zmq
+
+    from ..assemble import Assembler, SampleFailure
+    from ..order import Order
+    from . import protocol
+    from .shm import Segment
+
+    # Ctrl-C belongs to the main process; it stops us in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watch_parent(args.parent_pid, [*args.slot_names, args.status_name])
+    if os.getppid() != args.parent_pid:
+        return
+    segments = [Segment.attach(name) for name in args.slot_names]
+    views = [args.layout.views(seg.buf) for seg in segments]
+    status = Segment.attach(args.status_name)
+    progress = np.ndarray((2,), dtype=np.int64, buffer=status.buf, offset=16 * args.wid)
+    asm = Assembler(args.reader, args.fns, args.spec, args.on_error)
+    orders: dict[int, Order] = {}
+
+    ctx = zmq.Context(1)
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, args.identity)
+    sock.connect(args.endpoint)
+    sock.send_multipart(protocol.hello(os.getpid()))
+    try:
+        while True:
+            if not sock.poll(RECV_POLL_MS):
+                continue
+            frames = sock.recv_multipart()
+            kind, fields = protocol.parse(frames[0])
+            if kind == protocol.STOP:
+                break
+            task_id, slot, seed, start, count = fields
+            order = orders.get(seed)
+            if order is None:
+                order = orders[seed] = Order(args.n, seed, args.shuffle)
+            try:
+                extras, replaced = asm.fill(order, start, count, views[slot], progress)
+                reply = protocol.done(task_id, extras, replaced)
+            except SampleFailure as f:
+                failure = protocol.Failure.capture(f.exc, f.index, f.position, args.wid, f.traceback)
+                reply = protocol.fail(task_id, failure)
+            except Exception as exc:
+                failure = protocol.Failure.capture(exc, int(progress[1]), int(progress[0]), args.wid)
+                reply = protocol.fail(task_id, failure)
+            sock.send_multipart(reply)
+    finally:
+        sock.close(0)
+        ctx.term()
