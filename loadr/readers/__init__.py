@@ -1,7 +1,7 @@
 """Readers for the on-disk formats, and ``open(path)`` that picks one.
 
 A fourth format is one new module here that defines ``FORMAT`` (a
-:class:`~loadr.readers.base.Format`) and one line in ``FORMAT_MODULES``.
+:class:`~loadr.readers.base.Format`) and one entry in ``FORMATS``.
 
 Example::
 
@@ -11,26 +11,25 @@ Example::
 
 from __future__ import annotations
 
-import importlib
 import os
 
 from ..errors import FormatError
+from . import bag, ffrecord, gulp
+from .bag import BagReader
 from .base import Files, Format, Problem, Reader, check_index
+from .ffrecord import FFRecordReader
+from .gulp import GulpReader
 
 # The detection table: tried in this order, first match wins.
-FORMAT_MODULES = ('gulp', 'ffrecord', 'bag')
-
-_CLASSES = {
-    'GulpReader': 'gulp', 'FFRecordReader': 'ffrecord', 'BagReader': 'bag',
-}
+FORMATS: tuple[Format, ...] = (gulp.FORMAT, ffrecord.FORMAT, bag.FORMAT)
 
 __all__ = ['open', 'formats', 'detect', 'Reader', 'Files', 'Format', 'Problem',
-           'check_index', *_CLASSES]
+           'check_index', 'GulpReader', 'FFRecordReader', 'BagReader', 'FORMATS']
 
 
 def formats() -> list[Format]:
     """Every known format, in detection order."""
-    return [importlib.import_module(f'{__name__}.{m}').FORMAT for m in FORMAT_MODULES]
+    return list(FORMATS)
 
 
 def detect(path: str | os.PathLike) -> Format:
@@ -57,11 +56,3 @@ def open(path: str | os.PathLike, **options) -> Reader:  # noqa: A001 - mirrors 
     20
     """
     return detect(path).reader(os.fspath(path), **options)
-
-
-def __getattr__(name):
-    # Reader classes load on first use so one broken or slow format never
-    # slows down `import loadr` in every worker.
-    if name in _CLASSES:
-        return getattr(importlib.import_module(f'{__name__}.{_CLASSES[name]}'), name)
-    raise AttributeError(name)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import FormatError, ReadError
 
-__all__ = ['Reader', 'Files', 'Format', 'Problem', 'check_index']
+__all__ = ['Reader', 'Files', 'Format', 'Problem', 'check_index', 'read_error']
 
 
 def check_index(i: Any, n: int) -> int:
@@ -82,7 +82,7 @@ class Files:
             try:
                 fd = os.open(path, os.O_RDONLY | getattr(os, 'O_CLOEXEC', 0))
             except OSError as exc:
-                raise _read_error(exc, path, None) from exc
+                raise read_error(exc, path, None) from exc
             self._fds[path] = fd
         return fd
 
@@ -90,7 +90,7 @@ class Files:
         try:
             return os.fstat(self.fd(path)).st_size
         except OSError as exc:
-            raise _read_error(exc, path, None) from exc
+            raise read_error(exc, path, None) from exc
 
     def read(self, path: str, offset: int, length: int, index: int | None = None) -> bytes:
         """Read exactly ``length`` bytes at ``offset``; a short read is a FormatError."""
@@ -105,7 +105,7 @@ class Files:
                     break
                 data += more
         except OSError as exc:
-            raise _read_error(exc, path, index) from exc
+            raise read_error(exc, path, index) from exc
         if len(data) != length:
             raise FormatError(
                 f'file is truncated: wanted {length} bytes at offset {offset}, '
@@ -128,7 +128,8 @@ class Files:
             pass
 
 
-def _read_error(exc: OSError, path: str, index: int | None) -> ReadError:
+def read_error(exc: OSError, path: str, index: int | None) -> ReadError:
+    """A ReadError for an OSError, naming the file, the index and the errno."""
     name = errno.errorcode.get(exc.errno or 0, 'error')
     err = ReadError(f'cannot read ({name}): {exc.strerror or exc}', path, index)
     err.errno = exc.errno

@@ -50,7 +50,7 @@ import numpy as np
 from ..codecs import JPEG_QUALITY, decode_image, encode_image
 from ..errors import (ConfigError, DecodeError, FormatError, LoadrError, UnsafeFormatError,
                       WriterError)
-from .base import Files, Format, Problem, Reader, _read_error, check_index
+from .base import Files, Format, Problem, Reader, read_error, check_index
 
 __all__ = ['GulpReader', 'GulpWriter', 'check', 'detect', 'FORMAT']
 
@@ -177,7 +177,7 @@ def _load_gmeta(meta_path: str, allow_pickle: bool) -> dict:
         with open(meta_path, 'rb') as f:
             raw = f.read()
     except OSError as exc:
-        raise _read_error(exc, meta_path, None) from exc
+        raise read_error(exc, meta_path, None) from exc
     if not raw:
         raise FormatError('.gmeta file is empty', meta_path)
     if raw[:1] == PICKLE_PROTO_BYTE:
@@ -261,7 +261,7 @@ def _file_size(path: str) -> int:
     try:
         return os.stat(path).st_size
     except OSError as exc:
-        raise _read_error(exc, path, None) from exc
+        raise read_error(exc, path, None) from exc
 
 
 def _load_index(path: str, allow_pickle: bool) -> tuple[list[_Video], dict[str, int]]:
@@ -502,7 +502,7 @@ def _load_label2idx(path: str) -> dict | None:
         with open(file, 'rb') as f:
             raw = f.read()
     except OSError as exc:
-        raise _read_error(exc, file, None) from exc
+        raise read_error(exc, file, None) from exc
     try:
         table = json.loads(raw.decode('utf-8'))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:

@@ -12,14 +12,8 @@ Example::
 
 from __future__ import annotations
 
-import importlib
+from ..readers.bag import BagWriter
+from ..readers.ffrecord import FFRecordWriter
+from ..readers.gulp import GulpWriter
 
-_CLASSES = {'GulpWriter': 'gulp', 'FFRecordWriter': 'ffrecord', 'BagWriter': 'bag'}
-
-__all__ = list(_CLASSES)
-
-
-def __getattr__(name):
-    if name in _CLASSES:
-        return getattr(importlib.import_module(f'loadr.readers.{_CLASSES[name]}'), name)
-    raise AttributeError(name)
+__all__ = ['GulpWriter', 'FFRecordWriter', 'BagWriter']

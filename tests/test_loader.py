@@ -1,0 +1,313 @@
+import gc
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import loadr
+from loadr.errors import ConfigError, SpecError, StateError, WorkerError
+from loadr.order import Order
+
+from .loader_helpers import alive, batch_digest, noisy, our_segments, stream_digests, trivial
+
+
+def test_batches_follow_the_stream_contract():
+    data = trivial(50)
+    with loadr.Loader(data, batch=16, seed=7, workers=0) as loader:
+        it = iter(loader)
+        order = Order(50, 7)
+        for k in range(10):                       # crosses several epoch boundaries
+            batch = next(it)
+            assert batch['label'].tolist() == order.indices(16 * k, 16).tolist()
+            assert batch['vec'].shape == (16, 16) and batch['vec'].dtype == np.float32
+
+
+def test_spec_and_list_keys():
+    data = [{'x': i, 'name': f'item{i}', 'img': np.zeros((2, 3), np.uint8)} for i in range(10)]
+    with loadr.Loader(data, batch=4, workers=2, shuffle=False) as loader:
+        spec = loader.spec
+        assert spec['x'] == (np.dtype('int64'), ())
+        assert spec['img'] == (np.dtype('uint8'), (2, 3))
+        assert spec['name'][0] == np.dtype(object)
+        batch = next(iter(loader))
+        assert batch['name'] == ['item0', 'item1', 'item2', 'item3']
+        assert batch['img'].shape == (4, 2, 3)
+
+
+def test_fns_get_a_seed_from_seed_and_position():
+    seen = []
+    data = trivial(10)
+    with loadr.Loader(data, batch=5, fns=[noisy], seed=3, workers=0) as loader:
+        first = next(iter(loader))
+    assert first['seed'].tolist() == Order(10, 3).seeds(0, 5)
+    del seen
+
+
+@pytest.mark.parametrize('workers,prefetch', [(1, None), (2, None), (2, 1), (2, 7), (8, 3)])
+def test_same_bytes_for_any_worker_count_and_prefetch(workers, prefetch):
+    data = trivial(300)
+    with loadr.Loader(data, batch=32, fns=[noisy], seed=5, workers=0) as ref:
+        expected = stream_digests(ref, 60)
+    with loadr.Loader(data, batch=32, fns=[noisy], seed=5, workers=workers,
+                      prefetch=prefetch) as loader:
+        assert stream_digests(loader, 60) == expected
+
+
+def test_spawn_workers_take_lambdas_and_give_the_same_bytes():
+    data = trivial(100)
+    fns = [lambda dp, seed: {**dp, 'double': dp['label'] * 2}]
+    with loadr.Loader(data, batch=10, fns=fns, seed=1, workers=0) as ref:
+        expected = stream_digests(ref, 25)
+    with loadr.Loader(data, batch=10, fns=fns, seed=1, workers=2, start_method='spawn') as lo:
+        assert stream_digests(lo, 25) == expected
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_save_and_load_at_any_step(workers):
+    data = trivial(97)
+    with loadr.Loader(data, batch=10, fns=[noisy], seed=2, workers=workers) as loader:
+        expected = stream_digests(loader, 40)
+    for stop in (0, 1, 9, 10, 23):
+        with loadr.Loader(data, batch=10, fns=[noisy], seed=2, workers=workers) as loader:
+            it = iter(loader)
+            for _ in range(stop):
+                next(it)
+            state = json.loads(json.dumps(loader.save()))
+        assert state['step'] == stop * 10 and state['seed'] == 2
+        with loadr.Loader(data, batch=10, fns=[noisy], seed=99, workers=workers) as resumed:
+            resumed.load(state)
+            assert stream_digests(resumed, 40 - stop) == expected[stop:]
+
+
+def test_load_after_iteration_has_started():
+    data = trivial(64)
+    with loadr.Loader(data, batch=8, seed=4, workers=2) as loader:
+        expected = stream_digests(loader, 30)
+    with loadr.Loader(data, batch=8, seed=4, workers=2) as loader:
+        it = iter(loader)
+        for _ in range(5):
+            next(it)
+        state = loader.save()
+        for _ in range(12):
+            next(it)
+        loader.load(state)                         # rewind while batches are in flight
+        assert [batch_digest(next(it)) for _ in range(10)] == expected[5:15]
+        loader.load({'step': 8 * 20, 'seed': 4})   # and jump ahead
+        assert [batch_digest(next(it)) for _ in range(5)] == expected[20:25]
+
+
+def test_shards_split_the_global_batch_and_resume_on_fewer_hosts():
+    data = trivial(200)
+    with loadr.Loader(data, batch=48, fns=[noisy], seed=8, workers=0) as one:
+        whole = [next(it) for it in [iter(one)] for _ in range(12)]
+    shards = [loadr.Loader(data, batch=12, fns=[noisy], seed=8, workers=w, shard_id=s,
+                           num_shards=4) for s, w in zip(range(4), (0, 1, 0, 2))]
+    its = [iter(s) for s in shards]
+    for k in range(6):
+        parts = [next(it) for it in its]
+        for key in ('label', 'vec', 'seed'):
+            assert np.array_equal(np.concatenate([p[key] for p in parts]), whole[k][key])
+    states = [s.save() for s in shards]
+    assert all(st == states[0] for st in states)
+    for s in shards:
+        s.close()
+    halves = [loadr.Loader(data, batch=24, fns=[noisy], seed=0, workers=0, shard_id=s,
+                           num_shards=2) for s in range(2)]
+    for h in halves:
+        h.load(states[0])
+    its = [iter(h) for h in halves]
+    for k in range(6, 12):
+        parts = [next(it) for it in its]
+        assert np.array_equal(np.concatenate([p['vec'] for p in parts]), whole[k]['vec'])
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_epochs(workers):
+    data = trivial(23)
+    with loadr.Loader(data, batch=5, seed=1, workers=workers) as loader:
+        batches = list(loader.epoch(0))
+        assert [len(b['label']) for b in batches] == [5, 5, 5, 5, 3]
+        assert sorted(np.concatenate([b['label'] for b in batches]).tolist()) == list(range(23))
+        assert loader.save()['step'] == 23
+        second = list(loader.epoch(1, drop_last=True))
+        assert [len(b['label']) for b in second] == [5, 5, 5, 5]
+        assert np.concatenate([b['label'] for b in second]).tolist() == \
+            Order(23, 1).indices(23, 20).tolist()
+
+
+def test_epoch_resumes_inside_the_epoch():
+    data = trivial(30)
+    with loadr.Loader(data, batch=4, seed=6, workers=0) as loader:
+        full = [b['label'].tolist() for b in loader.epoch(2)]
+    with loadr.Loader(data, batch=4, seed=6, workers=0) as loader:
+        loader.load({'step': 60 + 12, 'seed': 6})
+        assert [b['label'].tolist() for b in loader.epoch(2)] == full[3:]
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_failing_fn_raises_the_original_type_with_index_and_position(workers):
+    data = trivial(40)
+
+    def explode(dp, seed):
+        if dp['label'] == 17:
+            raise KeyError('no such thing')
+        return dp
+
+    with loadr.Loader(data, batch=8, fns=[explode], seed=0, shuffle=False,
+                      workers=workers) as loader:
+        it = iter(loader)
+        next(it)
+        with pytest.raises(KeyError) as info:
+            next(it)
+            next(it)
+        cause = info.value.__cause__
+        assert isinstance(cause, WorkerError)
+        assert cause.index == 17 and cause.position == 17
+        assert 'dataset index 17' in str(cause) and 'stream position 17' in str(cause)
+        assert 'explode' in cause.worker_traceback
+        # The loader is still usable after the error: skip past it.
+        loader.load({'step': 24, 'seed': 0})
+        assert next(iter(loader))['label'].tolist() == list(range(24, 32))
+
+
+def test_spec_mismatch_names_index_and_key():
+    data = [{'x': np.zeros(3)} for _ in range(10)]
+    data[6] = {'x': np.zeros(4)}
+    with loadr.Loader(data, batch=5, shuffle=False, workers=2) as loader:
+        it = iter(loader)
+        next(it)
+        with pytest.raises(SpecError) as info:
+            next(it)
+        assert "'x'" in str(info.value) and info.value.index == 6
+
+
+def test_a_killed_worker_is_replaced_and_its_batch_redone():
+    data = trivial(500)
+
+    def slow(dp, seed):
+        time.sleep(0.0005)
+        return noisy(dp, seed)
+
+    with loadr.Loader(data, batch=20, fns=[slow], seed=3, workers=0) as ref:
+        expected = stream_digests(ref, 40)
+    with loadr.Loader(data, batch=20, fns=[slow], seed=3, workers=2) as loader:
+        it = iter(loader)
+        got = []
+        for k in range(40):
+            if k in (3, 11, 25):
+                os.kill(loader.worker_pids[k % 2], signal.SIGKILL)
+            got.append(batch_digest(next(it)))
+        assert got == expected
+        assert loader._pool.restarts >= 3
+
+
+def test_a_sample_that_always_kills_its_worker_is_named():
+    data = trivial(30)
+
+    def crash(dp, seed):
+        if dp['label'] == 13:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return dp
+
+    with loadr.Loader(data, batch=10, fns=[crash], shuffle=False, workers=2) as loader:
+        it = iter(loader)
+        next(it)
+        with pytest.raises(WorkerError) as info:
+            next(it)
+        assert info.value.index == 13 and 'killed a worker 3 times' in str(info.value)
+
+
+def test_close_leaves_no_process_and_no_shared_memory():
+    loader = loadr.Loader(trivial(100), batch=10, workers=2)
+    next(iter(loader))
+    pids = loader.worker_pids
+    assert len(pids) == 2 and our_segments()
+    loader.close()
+    loader.close()
+    assert not our_segments()
+    assert not any(alive(p) for p in pids)
+    with pytest.raises(loadr.LoadrError):
+        next(iter(loader))
+
+
+def test_garbage_collection_cleans_up():
+    loader = loadr.Loader(trivial(100), batch=10, workers=2)
+    it = iter(loader)
+    next(it)
+    pids = loader.worker_pids
+    del loader, it
+    gc.collect()
+    deadline = time.time() + 5
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(p) for p in pids)
+    assert not our_segments()
+
+
+def test_batches_stay_valid_and_ring_mode_reuses_memory():
+    data = trivial(64)
+    with loadr.Loader(data, batch=8, seed=1, workers=2, prefetch=2) as loader:
+        it = iter(loader)
+        kept = [next(it) for _ in range(6)]
+        digests = [batch_digest(b) for b in kept]
+    with loadr.Loader(data, batch=8, seed=1, workers=0) as ref:
+        assert stream_digests(ref, 6) == digests
+    with loadr.Loader(data, batch=8, seed=1, workers=2, prefetch=2, ring=True) as loader:
+        it = iter(loader)
+        for expected in digests:
+            batch = next(it)
+            assert batch_digest(batch) == expected
+            assert not batch['vec'].flags.owndata
+
+
+def test_skip_policy_replaces_deterministically_and_gives_up_past_the_fraction():
+    data = trivial(200)
+
+    def flaky(dp, seed):
+        if dp['label'] % 50 == 7:
+            raise ValueError('bad sample')
+        return dp
+
+    runs = []
+    for workers in (0, 2):
+        with loadr.Loader(data, batch=20, fns=[flaky], seed=1, workers=workers,
+                          on_error='skip', max_error_fraction=0.05) as loader:
+            runs.append(stream_digests(loader, 10))
+            assert loader.errors == 4 and loader.samples == 200
+    assert runs[0] == runs[1]
+    with loadr.Loader(data, batch=20, fns=[flaky], seed=1, workers=0, on_error='skip',
+                      max_error_fraction=0.001) as loader:
+        with pytest.raises(loadr.LoadrError, match='max_error_fraction'):
+            stream_digests(loader, 10)
+
+
+def test_resume_far_away_in_a_huge_dataset():
+    class Huge:
+        def __len__(self):
+            return 10**9
+
+        def __getitem__(self, i):
+            return {'i': i}
+
+    with loadr.Loader(Huge(), batch=4, seed=0, workers=0) as loader:
+        loader.load({'step': 10**12, 'seed': 0})
+        batch = next(iter(loader))
+        assert batch['i'].tolist() == Order(10**9, 0).indices(10**12, 4).tolist()
+
+
+def test_bad_arguments_and_states():
+    data = trivial(10)
+    for kwargs in ({'batch': 0}, {'batch': 2, 'workers': -1}, {'batch': 2, 'shard_id': 2,
+                   'num_shards': 2}, {'batch': 2, 'seed': -3}, {'batch': 2, 'on_error': 'x'}):
+        with pytest.raises(ConfigError):
+            loadr.Loader(data, **kwargs)
+    with pytest.raises(ConfigError):
+        loadr.Loader([], batch=2)
+    loader = loadr.Loader(data, batch=2, workers=0)
+    for state in ({'seed': 0}, {'step': -1, 'seed': 0}, {'step': 0, 'seed': 0, 'n': 11},
+                  {'step': 0, 'seed': 0, 'shuffle': False}, {'step': 0, 'seed': 0, 'version': 99}):
+        with pytest.raises(StateError):
+            loader.load(state)
