@@ -117,9 +117,12 @@ class Assembler:
                 time.sleep(delay)
         raise AssertionError('unreachable')
 
-    def datapoint(self, index: int, seed: int) -> dict:
-        """The datapoint at ``index`` after every fn, called with ``seed``."""
-        dp = self._read(index, seed)
+    def datapoint(self, index: int, seed: int, raw: dict | None = None) -> dict:
+        """The datapoint at ``index`` after every fn, called with ``seed``.
+
+        ``raw`` is the datapoint as already read (by a batch read), if it was.
+        """
+        dp = self._read(index, seed) if raw is None else raw
         if not isinstance(dp, dict):
             raise SpecError(f'the reader returned {type(dp).__name__}, not a dict', index=index)
         dp = dict(dp)  # fns may mutate; never let them touch the reader's own objects
@@ -129,6 +132,20 @@ class Assembler:
                 raise SpecError(f'fn {fn!r} returned {type(dp).__name__}, not a dict',
                                 index=index)
         return dp
+
+    def _read_batch(self, indices: list) -> list:
+        """The reader's own batch read where it has one, else Nones (read one by one)."""
+        read_batch = getattr(self.reader, 'read_batch', None)
+        if self.read_fn is None and read_batch is not None:
+            try:
+                raws = read_batch(indices)
+                if len(raws) == len(indices):
+                    return raws
+            except Exception:
+                # Read them one by one instead: that names the failing index and
+                # applies the retry policy.
+                pass
+        return [None] * len(indices)
 
     def _substitute(self, index: int, seed: int, order_n: int) -> dict:
         # The replacement is a pure function of the failed index, so every run
@@ -151,12 +168,13 @@ class Assembler:
         seeds = order.seeds(start, count)
         extras = {k: [] for k in self.list_keys}
         replaced = []
+        raws = self._read_batch(indices)
         for row, (index, seed) in enumerate(zip(indices, seeds)):
             if progress is not None:
                 progress[0] = start + row
                 progress[1] = index
             try:
-                self._write(self.datapoint(index, seed), row, index, arrays, extras)
+                self._write(self.datapoint(index, seed, raws[row]), row, index, arrays, extras)
             except Exception as exc:
                 if self.on_error != 'skip':
                     raise SampleFailure(exc, index, start + row) from exc
