@@ -30,7 +30,7 @@ import weakref
 import numpy as np
 
 from .assemble import OBJECT, Assembler, SampleFailure, infer_spec
-from .errors import ConfigError, LoadrError, SpecError, StateError, WorkerError
+from .errors import ConfigError, LoadrError, StateError, WorkerError
 from .order import Order, check_seed
 from .workers import protocol
 
