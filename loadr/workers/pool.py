@@ -80,6 +80,7 @@ class WorkerPool:
             self._status = Segment.create(segment_name('status', token), 16 * workers)
             self._segments.append(self._status)
             self.progress = np.ndarray((workers, 2), dtype=np.int64, buffer=self._status.buf)
+            self.progress[:] = -1           # [position, index] in hand; -1: none yet
             self.views = [layout.views(seg.buf) for seg in self._segments[:slots]]
             self._template = dict(
                 reader=reader, fns=list(fns), spec=spec, layout=layout,
@@ -132,6 +133,9 @@ class WorkerPool:
                     '', None, None, w.wid))]
         row = self.progress[w.wid]
         position, index = int(row[0]), int(row[1])
+        # The replacement shares this row: clear it, or a replacement killed
+        # before its first sample would be blamed on its predecessor's sample.
+        row[:] = -1
         for n, task_id in enumerate(w.tasks):
             frames = self.tasks.pop(task_id)[1]
             _, (_, _, _, start, count) = protocol.parse(frames[0])
