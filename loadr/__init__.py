@@ -13,9 +13,10 @@ from . import errors, readers, writers
 from .check import Report, check
 from .errors import LoadrError
 from .loader import Loader
+from .config import pipeline
 from .readers import open
 
 __version__ = '0.1.0'
 
 __all__ = ['Loader', 'open', 'check', 'Report', 'readers', 'writers', 'errors', 'LoadrError',
-           '__version__']
+           'pipeline', '__version__']
