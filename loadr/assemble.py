@@ -158,17 +158,24 @@ class Assembler:
                 continue
         raise LoadrError(f'no readable datapoint found to replace index {index}', index=index)
 
-    def fill(self, order, start: int, count: int, arrays: dict, progress=None):
+    def fill(self, order, start: int, count: int, arrays: dict, progress=None,
+             batch_read: bool = True):
         """Fill rows ``0 .. count-1`` of ``arrays`` for positions ``start ..``.
 
         Returns ``(extras, replaced)``: the list keys' values, and the
-        indices replaced under ``on_error='skip'``.
+        indices replaced under ``on_error='skip'``. ``batch_read=False``
+        reads sample by sample even where the reader has a batch read.
         """
         indices = order.indices(start, count).tolist()
         seeds = order.seeds(start, count)
         extras = {k: [] for k in self.list_keys}
         replaced = []
-        raws = self._read_batch(indices)
+        if progress is not None:
+            # Index -1 at the batch's first position: "inside the batch read",
+            # so a death here makes the pool ask for a one-by-one read.
+            progress[0] = start
+            progress[1] = -1
+        raws = self._read_batch(indices) if batch_read else [None] * len(indices)
         for row, (index, seed) in enumerate(zip(indices, seeds)):
             if progress is not None:
                 progress[0] = start + row

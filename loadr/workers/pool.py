@@ -90,6 +90,7 @@ class WorkerPool:
             self.task_timeout_s = task_timeout_s
             self.tasks: dict[int, tuple] = {}      # task id -> (worker id, message frames)
             self.deaths: dict[int, int] = {}       # stream position -> workers it killed
+            self.read_one_by_one: set[int] = set()  # task starts to read sample by sample
             self.restarts = 0
             self.startup_failures = 0
             self._incarnations = 0
@@ -138,8 +139,13 @@ class WorkerPool:
         row[:] = -1
         for n, task_id in enumerate(w.tasks):
             frames = self.tasks.pop(task_id)[1]
-            _, (_, _, _, start, count) = protocol.parse(frames[0])
-            if n == 0 and start <= position < start + count:
+            _, (_, _, _, start, count, _) = protocol.parse(frames[0])
+            if n == 0 and position == start and index < 0:
+                # It died inside the reader's batch read, where no sample is in
+                # hand: redo the batch one sample at a time, so that if a sample
+                # kills workers it is found and named below.
+                self.read_one_by_one.add(start)
+            elif n == 0 and start <= position < start + count:
                 # The sample in hand when it died is the prime suspect.
                 self.deaths[position] = self.deaths.get(position, 0) + 1
                 if self.deaths[position] >= MAX_DEATHS_PER_POSITION:
@@ -187,7 +193,8 @@ class WorkerPool:
         if not candidates:
             return False
         w = min(candidates, key=lambda w: len(w.tasks))
-        frames = protocol.task(task_id, slot, seed, start, count)
+        flags = protocol.READ_ONE_BY_ONE if start in self.read_one_by_one else 0
+        frames = protocol.task(task_id, slot, seed, start, count, flags)
         try:
             self._sock.send_multipart([w.identity, *frames])
         except zmq.ZMQError:
@@ -240,7 +247,9 @@ class WorkerPool:
             return []
         w.tasks.remove(task_id)
         w.head_since = time.monotonic() if w.tasks else None
-        self.tasks.pop(task_id, None)
+        entry = self.tasks.pop(task_id, None)      # (worker id, frames)
+        if entry is not None and self.read_one_by_one:
+            self.read_one_by_one.discard(protocol.parse(entry[1][0])[1][3])
         if kind == protocol.DONE:
             extras, replaced = ({}, []) if len(msg) < 3 else protocol.pickle.loads(msg[2])
             return [('done', task_id, extras, replaced)]

@@ -100,18 +100,21 @@ def run(args: WorkerArgs) -> None:
             kind, fields = protocol.parse(frames[0])
             if kind == protocol.STOP:
                 break
-            task_id, slot, seed, start, count = fields
+            task_id, slot, seed, start, count, flags = fields
             order = orders.get(seed)
             if order is None:
                 order = orders[seed] = Order(args.n, seed, args.shuffle)
             try:
-                extras, replaced = asm.fill(order, start, count, views[slot], progress)
+                extras, replaced = asm.fill(order, start, count, views[slot], progress,
+                                            batch_read=not flags & protocol.READ_ONE_BY_ONE)
                 reply = protocol.done(task_id, extras, replaced)
             except SampleFailure as f:
                 failure = protocol.Failure.capture(f.exc, f.index, f.position, args.wid, f.traceback)
                 reply = protocol.fail(task_id, failure)
             except Exception as exc:
-                failure = protocol.Failure.capture(exc, int(progress[1]), int(progress[0]), args.wid)
+                index = int(progress[1])
+                failure = protocol.Failure.capture(exc, index if index >= 0 else None,
+                                                   int(progress[0]), args.wid)
                 reply = protocol.fail(task_id, failure)
             sock.send_multipart(reply)
     finally:
