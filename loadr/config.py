@@ -252,9 +252,13 @@ class Config:
         line = self._line(keys)
         return (None if line is None else f'line {line}'), line
 
-    def error(self, message: str, keys: tuple = (), hint: str | None = None) -> ConfigError:
-        """A ConfigError: ``'<message> (line N): <hint>'`` with ``.path`` and ``.line``."""
-        where, line = self._where(keys)
+    def error(self, message: str, keys: tuple | None = (), hint: str | None = None
+              ) -> ConfigError:
+        """A ConfigError: ``'<message> (line N): <hint>'`` with ``.path`` and ``.line``.
+
+        ``keys`` is the key path the mistake is at (None: nowhere in particular).
+        """
+        where, line = self._where(keys) if keys is not None else (None, None)
         if where is not None:
             message = f'{message} ({where})'
         err = ConfigError(message + (f': {hint}' if hint else ''), self.path)
@@ -358,11 +362,11 @@ class Config:
         value = self.data.get(name)
         if value is None:
             if required:
-                raise self.error(f'missing section {name!r}', ())
+                raise self.error(f'missing section {name!r}', None)
             return _Map()
         if not isinstance(value, dict):
             raise self.error(f'{name} must be a mapping (key: value lines), got '
-                             f'{type(value).__name__} {value!r}', (name,))
+                             f'{_kind(value)} {value!r}', (name,))
         return value
 
     def build(self):
@@ -370,7 +374,7 @@ class Config:
         from .loader import Loader
         if not isinstance(self.data, dict):
             raise self.error(f'a pipeline is a mapping with sections {", ".join(SECTIONS)}; got '
-                             f'{type(self.data).__name__}', ())
+                             f'{_kind(self.data)}', None)
         for key in self.data:
             if key not in SECTIONS:
                 raise self.error(f'unknown section {key!r}', (key,), _did_you_mean(key, SECTIONS))
@@ -448,7 +452,7 @@ class Config:
             return []
         if not isinstance(entries, list):
             raise self.error(f'fns must be a list (lines starting with "- "), got '
-                             f'{type(entries).__name__}', ('fns',))
+                             f'{_kind(entries)}', ('fns',))
         return [self._fn(i, entry) for i, entry in enumerate(entries)]
 
     def _fn(self, i: int, entry):
@@ -536,6 +540,15 @@ class Config:
             if key not in out:
                 raise self.error(f'loader needs {key}', ('loader',), f'add e.g. "{key}: 32"')
         return out
+
+
+def _kind(value) -> str:
+    """How a YAML value reads to its author: 'a list', 'a string', ..."""
+    for types, name in ((bool, 'a boolean'), (dict, 'a mapping'), (list, 'a list'),
+                        (str, 'a string'), (int, 'an int'), (float, 'a number')):
+        if isinstance(value, types):
+            return name
+    return 'null' if value is None else type(value).__name__
 
 
 def _is_kind(value, kind: str) -> bool:

@@ -1,0 +1,302 @@
+"""YAML pipelines: building, errors with file/line/hint, overrides, relative paths, configs/."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import loadr
+import loadr.fns as F
+from loadr.config import LOADER_TYPES, load_config, parse_override
+from loadr.errors import ConfigError
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / 'configs'
+
+
+def write(path: pathlib.Path, text: str) -> pathlib.Path:
+    path.write_text(textwrap.dedent(text).lstrip('\n'), encoding='utf-8')
+    return path
+
+
+def bag_yaml(tmp_path, fixtures, loader='{batch: 4, workers: 0, seed: 3}', extra_fns=''):
+    """A pipeline over the bag fixture; reader.path written relative to the YAML file."""
+    rel = os.path.relpath(fixtures / 'bag', tmp_path)
+    lines = ['# a comment line',
+             'reader:',
+             f'  path: {rel}',
+             '  decode_images: false',
+             'fns:',
+             '  - decode_jpeg: {key: image, size: [32, 32]}',
+             f'  - flip{extra_fns}',
+             '  - select: [image, idx]',
+             f'loader: {loader}']
+    path = tmp_path / 'p.yaml'
+    path.write_text('\n'.join(lines) + '\n', encoding='utf-8')
+    return path
+
+
+def first_batch(loader):
+    with loader:
+        return next(iter(loader))
+
+
+def test_pipeline_gives_what_the_same_loader_built_in_python_gives(tmp_path, fixtures):
+    path = bag_yaml(tmp_path, fixtures)
+    got = first_batch(loadr.pipeline(path))
+    reader = loadr.open(fixtures / 'bag', decode_images=False)
+    fns = [F.decode_jpeg(key='image', size=[32, 32]), F.flip(), F.select(['image', 'idx'])]
+    want = first_batch(loadr.Loader(reader, batch=4, fns=fns, workers=0, seed=3))
+    assert set(got) == {'image', 'idx'} and got['image'].shape == (4, 32, 32, 3)
+    assert np.array_equal(got['image'], want['image'])
+    assert np.array_equal(got['idx'], want['idx'])
+
+
+def test_dict_pipelines_and_python_overrides(fixtures):
+    source = {'reader': {'path': str(fixtures / 'bag'), 'decode_images': False},
+              'fns': [{'select': ['idx']}], 'loader': {'batch': 5, 'workers': 0}}
+    assert loadr.pipeline(source).batch == 5
+    assert loadr.pipeline(source, **{'loader.batch': 3}).batch == 3
+    assert loadr.pipeline(source, loader__batch=2).batch == 2
+    loader = loadr.pipeline(source, loader={'batch': 6, 'shuffle': False})
+    assert (loader.batch, loader.shuffle) == (6, False)
+    assert first_batch(loader)['idx'].tolist() == [loader.reader[i]['idx'] for i in range(6)]
+
+
+def test_paths_in_the_file_are_relative_to_the_file(tmp_path, fixtures, monkeypatch):
+    path = bag_yaml(tmp_path, fixtures)
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    loader = loadr.pipeline(os.path.relpath(path, elsewhere))
+    assert loader.reader.path == str(fixtures / 'bag')
+
+
+def test_override_paths_are_relative_to_the_current_directory(tmp_path, fixtures, monkeypatch):
+    path = bag_yaml(tmp_path, fixtures)
+    monkeypatch.chdir(fixtures)
+    loader = loadr.pipeline(path, **{'reader.path': 'bag_sharded'})
+    assert loader.reader.path == str(fixtures / 'bag_sharded')
+    assert len(loader.reader) == 13
+
+
+def test_the_typo_names_file_line_and_the_right_key(tmp_path, fixtures):
+    path = bag_yaml(tmp_path, fixtures, loader='\n  bach: 4\n  workers: 0')
+    with pytest.raises(ConfigError) as info:
+        loadr.pipeline(path)
+    err = info.value
+    assert err.message == "unknown key 'bach' in loader (line 10): did you mean 'batch'?"
+    assert err.path == str(path) and err.line == 10
+    assert str(err) == f"{path}: unknown key 'bach' in loader (line 10): did you mean 'batch'?"
+
+
+ERRORS = [
+    # (the YAML, the exact message expected, the line)
+    ("reader: {path: BAG}\nloadr: {batch: 2}\n",
+     "unknown section 'loadr' (line 2): did you mean 'loader'?", 2),
+    ("reader:\n  path: BAG\n  decode_imags: false\nloader: {batch: 2}\n",
+     "unknown key 'decode_imags' in reader (line 3): did you mean 'decode_images'?", 3),
+    ("reader: {path: BAG}\nfns:\n  - fllip\nloader: {batch: 2}\n",
+     "unknown fn 'fllip' (line 3): did you mean 'flip'? (or an import path "
+     "'package.module:function')", 3),
+    ("reader: {path: BAG}\nfns:\n  - flip\n  - mypkg.augment:jitter: {p: 1}\nloader: {batch: 2}\n",
+     "fn 'mypkg.augment:jitter' not found (line 4): cannot import 'mypkg.augment': "
+     "ModuleNotFoundError: No module named 'mypkg'", 4),
+    ("reader: {path: BAG}\nfns:\n  - decode_jpeg:\n      sze: 3\nloader: {batch: 2}\n",
+     "unknown argument 'sze' for fn 'decode_jpeg' (line 4): did you mean 'size'?", 4),
+    ("reader: {path: BAG}\nfns:\n  - flip: {p: 2}\nloader: {batch: 2}\n",
+     "fn 'flip' (line 3): p must be a probability between 0 and 1, got 2", 3),
+    ("reader: {path: BAG}\nloader:\n  batch: many\n",
+     "loader.batch must be an int, got 'many' (line 3)", 3),
+    ("reader: {path: BAG}\nloader:\n  batch: 2\n  shuffle: 3\n",
+     "loader.shuffle must be true or false, got 3 (line 4)", 4),
+    ("reader: {path: BAG}\nloader:\n  batch: 2\n  workers: -1\n",
+     "loader (line 2): workers must be an int >= 0, got -1", 2),
+    ("reader: {path: BAG, decode_images: 'yes please'}\nloader: {batch: 2}\n",
+     "reader.decode_images must be true or false, got 'yes please' (line 1)", 1),
+    ("reader: {path: BAG, format: bagg}\nloader: {batch: 2}\n",
+     "unknown reader format 'bagg' (line 1): did you mean 'bag'?", 1),
+    ("reader: {path: BAG}\nloader:\n  seed: 1\n",
+     'loader needs batch (line 2): add e.g. "batch: 32"', 2),
+    ("reader: {path: BAG}\nfns: flip\nloader: {batch: 2}\n",
+     'fns must be a list (lines starting with "- "), got a string (line 2)', 2),
+    ("reader: {path: BAG}\nfns:\n  - {flip: {}, select: [a]}\nloader: {batch: 2}\n",
+     "fn 0 must be a name or a one-key mapping {name: {args}}, got {'flip': {}, 'select': "
+     "['a']} (line 3)", 3),
+    ("reader: {path: BAG}\nloader:\n  batch: 2\n  seed: 1\n  batch: 3\n",
+     "key 'batch' appears twice (lines 3 and 5): keep one", 5),
+    ("reader: {path: BAG}\nloader: {batch: 2\n",
+     None, 3),     # a YAML syntax error: the parser's own words, with the line
+    ("- reader\n- loader\n",
+     'a pipeline is a mapping with sections reader, fns, loader; got a list', None),
+    ("loader: {batch: 2}\n", "missing section 'reader'", None),
+]
+
+
+@pytest.mark.parametrize('text,message,line', ERRORS)
+def test_every_mistake_is_reported_with_line_and_hint(tmp_path, fixtures, text, message, line):
+    path = tmp_path / 'bad.yaml'
+    path.write_text(text.replace('BAG', str(fixtures / 'bag')), encoding='utf-8')
+    with pytest.raises(ConfigError) as info:
+        loadr.pipeline(path)
+    err = info.value
+    assert err.path == str(path)
+    assert err.line == line
+    if message is None:
+        assert err.message.startswith(f'not valid YAML (line {line}, column ')
+    else:
+        assert err.message == message
+
+
+def test_reader_path_and_format_mistakes(tmp_path, fixtures):
+    path = write(tmp_path / 'p.yaml', 'reader:\n  path: nowhere\nloader: {batch: 1}\n')
+    with pytest.raises(ConfigError) as info:
+        loadr.pipeline(path)
+    assert info.value.message == (f"reader.path 'nowhere' does not exist (line 2): looked for "
+                                  f"{tmp_path / 'nowhere'}")
+    path = write(tmp_path / 'q.yaml', f'reader:\n  path: {fixtures / "bag"}\n  format: gulp\n'
+                                      f'loader: {{batch: 1}}\n')
+    with pytest.raises(ConfigError, match=r"is not a gulp dataset \(line 3\): it looks like bag"):
+        loadr.pipeline(path)
+    (tmp_path / 'empty').mkdir()
+    with pytest.raises(ConfigError, match=r"'empty' is not a dataset loadr knows \(line 2\)"):
+        loadr.pipeline(write(tmp_path / 'r.yaml', 'reader:\n  path: empty\nloader: {batch: 1}\n'))
+
+
+def test_parse_override_reads_values_as_yaml():
+    assert parse_override('loader.batch=128') == ('loader.batch', 128)
+    assert parse_override('loader.shuffle=false') == ('loader.shuffle', False)
+    assert parse_override('reader.path=data/x y') == ('reader.path', 'data/x y')
+    assert parse_override('fns.0.size=[64, 48]') == ('fns.0.size', [64, 48])
+    assert parse_override('loader.workers=') == ('loader.workers', None)
+    with pytest.raises(ConfigError, match='an override is key=value'):
+        parse_override('loader.batch')
+
+
+def test_overrides_change_fns_by_position_or_name(tmp_path, fixtures):
+    path = bag_yaml(tmp_path, fixtures)
+    loader = loadr.pipeline(path, **{'fns.0.size': [16, 24], 'fns.flip.p': 1.0})
+    assert loader.fns[0] == F.decode_jpeg(key='image', size=[16, 24])
+    assert loader.fns[1] == F.flip(p=1.0)
+    assert first_batch(loader)['image'].shape == (4, 16, 24, 3)
+    loader = loadr.pipeline(path, **{'fns.2': ['idx']})
+    assert loader.fns[2] == F.select(['idx'])
+
+
+@pytest.mark.parametrize('key,value,message', [
+    ('loader.bach', 3, "unknown key 'bach' in loader (from the override loader.bach): did you "
+                       "mean 'batch'?"),
+    ('loader.batch', 'x', "loader.batch must be an int, got 'x' (from the override "
+                          "loader.batch)"),
+    ('fns.0.sze', 3, "unknown argument 'sze' for fn 'decode_jpeg' (from the override "
+                     "fns.0.decode_jpeg.sze): did you mean 'size'?"),
+    ('fns.9.p', 1, "override 'fns.9.p': there are 3 fns, no fn 9"),
+    ('fns.flipp.p', 1, "override 'fns.flipp.p': no fn named 'flipp' in fns: did you mean "
+                       "'flip'?"),
+    ('loadr.batch', 1, "override 'loadr.batch': unknown section 'loadr': did you mean "
+                       "'loader'?"),
+])
+def test_override_mistakes(tmp_path, fixtures, key, value, message):
+    path = bag_yaml(tmp_path, fixtures)
+    with pytest.raises(ConfigError) as info:
+        loadr.pipeline(path, **{key: value})
+    assert info.value.message == message
+
+
+def test_import_path_fns_bare_factory_and_class(tmp_path, fixtures, monkeypatch):
+    write(tmp_path / 'myfns.py', """
+        def add_one(dp, seed):
+            return {**dp, 'idx': dp['idx'] + 1}
+
+        def times(k):
+            def fn(dp, seed):
+                return {**dp, 'idx': dp['idx'] * k}
+            return fn
+
+        class Negate:
+            def __call__(self, dp, seed):
+                return {**dp, 'idx': -dp['idx']}
+        """)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = {'reader': {'path': str(fixtures / 'bag')},
+              'fns': [{'select': ['idx']}, 'myfns:add_one', {'myfns:times': {'k': 10}},
+                      'myfns:Negate'],
+              'loader': {'batch': 3, 'workers': 0, 'shuffle': False}}
+    idx = [loadr.open(fixtures / 'bag')[i]['idx'] for i in range(3)]
+    assert first_batch(loadr.pipeline(source))['idx'].tolist() == [-(i + 1) * 10 for i in idx]
+    source['fns'][2] = {'myfns:times': {'kk': 10}}
+    with pytest.raises(ConfigError, match=r"unknown argument 'kk' for fn 'myfns:times': "
+                                          r"did you mean 'k'\?"):
+        loadr.pipeline(source)
+    source['fns'][2] = 'myfns:nothing'
+    with pytest.raises(ConfigError, match=r"fn 'myfns:nothing' not found: 'myfns' has no "
+                                          r"'nothing'"):
+        loadr.pipeline(source)
+
+
+def test_fn_file_arguments_are_relative_to_the_file(tmp_path):
+    (tmp_path / 'labels.json').write_text('{"cat": 0, "dog": 1}')
+    config = load_config(write(tmp_path / 'p.yaml', """
+        fns:
+          - label_to_index: {key: label, mapping: labels.json}
+        """))
+    (fn,) = config.build_fns()
+    assert fn({'label': 'dog'})['label'] == 1
+    assert fn.mapping == str(tmp_path / 'labels.json')
+
+
+def test_loader_keys_follow_the_loader_signature():
+    params = set(inspect.signature(loadr.Loader).parameters) - {'reader', 'fns'}
+    assert set(LOADER_TYPES) == params
+
+
+def test_configs_demo_yaml_is_the_demo_pipeline():
+    from loadr.demo import DEMO_YAML
+    assert (CONFIGS / 'demo.yaml').read_text(encoding='utf-8') == DEMO_YAML
+
+
+@pytest.fixture(scope='module')
+def image_bag(tmp_path_factory):
+    from loadr.demo import make_images
+    path = tmp_path_factory.mktemp('configs') / 'images'
+    make_images(str(path), n=8)
+    return path
+
+
+@pytest.mark.parametrize('name,data,shapes', [
+    ('demo.yaml', 'image_bag', {'image': (2, 3, 56, 56), 'label': (2,)}),
+    ('imagenet_bag.yaml', 'image_bag', {'image': (2, 3, 224, 224), 'label': (2,)}),
+    ('video_gulp.yaml', 'gulp', {'frames': (2, 8, 3, 112, 112), 'meta': None}),
+    ('ffrecord_msgpack.yaml', 'ffrecord/single.ffr', {'image': (2, 128, 128, 3), 'label': (2,)}),
+])
+def test_each_example_config_runs_on_small_data(request, fixtures, name, data, shapes):
+    path = request.getfixturevalue('image_bag') if data == 'image_bag' else fixtures / data
+    loader = loadr.pipeline(CONFIGS / name, **{'reader.path': str(path), 'loader.batch': 2,
+                                               'loader.workers': 0})
+    with loader:
+        it = iter(loader)
+        batches = [next(it) for _ in range(2)]
+    for batch in batches:
+        assert set(batch) == set(shapes)
+        for key, shape in shapes.items():
+            if shape is None:
+                assert isinstance(batch[key], list) and len(batch[key]) == 2
+            else:
+                assert batch[key].shape == shape
+    assert not np.array_equal(batches[0][next(iter(shapes))], batches[1][next(iter(shapes))])
+
+
+def test_the_command_prints_one_line_with_file_and_line(tmp_path, fixtures):
+    path = bag_yaml(tmp_path, fixtures, loader='\n  bach: 4')
+    done = subprocess.run([sys.executable, '-m', 'loadr.cli', 'run', str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr == (f"loadr: error: {path}: unknown key 'bach' in loader (line 10): "
+                           f"did you mean 'batch'?\n")
