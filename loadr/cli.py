@@ -1,0 +1,741 @@
+"""The ``loadr`` command: demo, run, inspect, check, convert, ingest, bench.
+
+Each command is one ``cmd_*`` function taking the parsed arguments and
+returning the exit code. Exit codes: 0 success; 1 bad data, failed checks
+or a run-time error (one line naming the file and index; ``-v`` adds the
+traceback); 2 a usage or pipeline mistake; 130 interrupted (Ctrl-C).
+Progress goes to stderr, results to stdout.
+
+Example::
+
+    loadr demo
+    loadr run configs/imagenet_bag.yaml --steps 100 -o loader.batch=128
+    loadr inspect data/train --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+
+from . import __version__
+from .errors import ConfigError, LoadrError, WorkerError
+from .progress import Progress, format_count
+
+__all__ = ['main', 'build_parser']
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+FIRST_VALUES = 8          # values shown per array by inspect
+DEMO_RESUME_AFTER = 20    # batches before the demo saves its state
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler pre-empting the job), handled like Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
+def _out(*parts, **kwargs) -> None:
+    print(*parts, **kwargs, flush=True)
+
+
+def _err(*parts) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (('GB', 1 << 30), ('MB', 1 << 20), ('kB', 1 << 10)):
+        if nbytes >= scale:
+            return f'{nbytes / scale:.1f} {unit}'
+    return f'{nbytes} B'
+
+
+def _disk_size(path: str) -> tuple[int, int]:
+    """(bytes, files) under ``path`` (a file or a directory)."""
+    if os.path.isfile(path):
+        return os.path.getsize(path), 1
+    total = files = 0
+    for dirpath, _, filenames in os.walk(path):
+        for name in filenames:
+            try:
+                total += os.path.getsize(os.path.join(dirpath, name))
+                files += 1
+            except OSError:
+                pass
+    return total, files
+
+
+def _batch_size(batch: dict) -> int:
+    for value in batch.values():
+        return len(value)
+    return 0
+
+
+def _describe_spec(spec: dict) -> str:
+    import numpy as np
+    parts = []
+    for key, (dtype, shape) in spec.items():
+        parts.append(f'{key} list' if dtype == np.dtype(object) else f'{key} {dtype}{list(shape)}')
+    return ', '.join(parts)
+
+
+def _load_pipeline(path: str, overrides: list, extra: dict | None = None):
+    from .config import load_config, parse_override
+    config = load_config(path)
+    for text in overrides or ():
+        config.override(*parse_override(text))
+    for key, value in (extra or {}).items():
+        config.override(key, value)
+    return config, config.build()
+
+
+# ---------------------------------------------------------------------------
+# demo
+
+
+def cmd_demo(args) -> int:
+    from .config import pipeline
+    from .demo import DATA_DIR_NAME, DEMO_YAML, IMAGE_HW, batch_digest, make_images
+    tmp = tempfile.mkdtemp(prefix='loadr-demo-')
+    try:
+        data = os.path.join(tmp, DATA_DIR_NAME)
+        t0 = time.perf_counter()
+        _out(f'1. Writing {args.images} synthetic {IMAGE_HW[0]}x{IMAGE_HW[1]} JPEG images '
+             f'(10 labels) as a bag dataset: {data}')
+        size = make_images(data, n=args.images)
+        _out(f'   {args.images} datapoints, {_size(size)}, in {time.perf_counter() - t0:.1f} s')
+        yaml_path = os.path.join(tmp, 'demo.yaml')
+        with open(yaml_path, 'w', encoding='utf-8') as f:
+            f.write(DEMO_YAML)
+        _out(f'2. The pipeline ({yaml_path}, the same as configs/demo.yaml):')
+        for line in DEMO_YAML.splitlines():
+            if line and not line.startswith('#'):
+                _out(f'     {line}')
+        overrides = {'loader.workers': args.workers}
+        with pipeline(yaml_path, **overrides) as loader:
+            steps = max(DEMO_RESUME_AFTER + 1, 2 * len(loader))
+            _out(f'3. Running {steps} batches of {loader.batch} ({steps * loader.batch} samples, '
+                 f'{steps * loader.batch / len(loader.reader):.0f} epochs) with '
+                 f'{loader.workers} worker processes:')
+            bar = Progress(total=steps, unit='batches', label='   demo')
+            it = iter(loader)
+            state = expected = first = None
+            for k in range(steps):
+                batch = next(it)
+                first = first or {key: (v.dtype, v.shape) for key, v in batch.items()}
+                if k == DEMO_RESUME_AFTER - 1:
+                    state = loader.save()
+                elif k == DEMO_RESUME_AFTER:
+                    expected = batch_digest(batch)
+                bar.update(1, samples=_batch_size(batch))
+            bar.close()
+            rate, sample_rate = bar.rates()
+        _out(f'   {bar.samples} samples in {bar.elapsed:.2f} s: {format_count(sample_rate)} '
+             f'samples/s, {rate:.1f} batches/s')
+        _out('   a batch: ' + ', '.join(f'{k} {d}{list(s)}' for k, (d, s) in first.items()))
+        other = 1 if args.workers != 1 else 0
+        _out(f'4. Resume: the state saved after batch {DEMO_RESUME_AFTER} is {json.dumps(state)}')
+        with pipeline(yaml_path, **{'loader.workers': other}) as fresh:
+            fresh.load(state)
+            got = batch_digest(next(iter(fresh)))
+        same = got == expected
+        workers = f'{other} worker' + ('' if other == 1 else 's')
+        _out(f'   a fresh loader ({workers}) that loads it gives batch '
+             f'{DEMO_RESUME_AFTER + 1}: sha256 {got[:16]}… vs {expected[:16]}… in the first '
+             f'run: {"the same batch" if same else "DIFFERENT (a bug: please report it)"}')
+        return EXIT_OK if same else EXIT_FAILED
+    finally:
+        if args.keep:
+            _out(f'5. Kept {tmp} (remove it when done)')
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+            _out(f'5. Removed {tmp}. Next: loadr run configs/demo.yaml -o reader.path=YOUR_BAG')
+
+
+# ---------------------------------------------------------------------------
+# run
+
+
+def _write_state(path: str, state: dict) -> None:
+    tmp = f'{path}.tmp-{os.getpid()}'
+    with open(tmp, 'w', encoding='utf-8') as f:
+        json.dump(state, f)
+        f.write('\n')
+    os.replace(tmp, path)
+
+
+def _read_state(path: str) -> dict:
+    try:
+        with open(path, encoding='utf-8') as f:
+            return json.load(f)
+    except OSError as exc:
+        raise ConfigError(f'cannot read the state file: {exc.strerror or exc}', path) from exc
+    except ValueError as exc:
+        raise ConfigError(f'the state file is not JSON: {exc}', path) from exc
+
+
+def cmd_run(args) -> int:
+    _, loader = _load_pipeline(args.pipeline, args.override)
+    with loader:
+        return _run(args, loader)
+
+
+def _run(args, loader) -> int:
+    from .demo import batch_digest
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    bar = processed = None
+    try:
+        if args.resume:
+            loader.load(_read_state(args.resume))
+        steps = args.steps if args.steps is not None else len(loader)
+        reader = loader.reader
+        _err(f'loadr run {args.pipeline}: {type(reader).__name__} '
+             f'{getattr(reader, "path", "")} ({len(reader)} datapoints), {len(loader.fns)} fns, '
+             f'batch {loader.batch}, {loader.workers} workers, from position {loader.step}, '
+             f'{steps} batches')
+        bar = Progress(total=steps, unit='batches', label='run')
+        it = iter(loader)
+        first = None
+        processed = loader.step      # the end of the last batch fully handled
+        for _ in range(steps):
+            batch = next(it)
+            if first is None:
+                first = batch
+            if args.digest:
+                _out(f'position {processed} {batch_digest(batch)}')
+            bar.update(1, samples=_batch_size(batch))
+            processed = loader.step
+        bar.close()
+    except KeyboardInterrupt as exc:
+        # A second Ctrl-C while the state is written must not cut it short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if bar is not None:
+            bar.close()
+        state = loader.save()
+        if processed is not None:
+            # A batch that arrived but was not handled yet is the first one to resume with.
+            state['step'] = processed
+        what = 'terminated' if isinstance(exc, _Terminated) else 'interrupted'
+        if args.save_state:
+            _write_state(args.save_state, state)
+            _err(f'loadr: {what} at position {state["step"]}; state saved to '
+                 f'{args.save_state}: go on with  loadr run {args.pipeline} --resume '
+                 f'{args.save_state}')
+        else:
+            _err(f'loadr: {what} at position {state["step"]} (pass --save-state FILE to be '
+                 f'able to resume)')
+        loader.close()
+        return EXIT_INTERRUPTED if not isinstance(exc, _Terminated) else 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    state = loader.save()
+    if args.save_state:
+        _write_state(args.save_state, state)
+    loader.close()
+    rate, sample_rate = bar.rates()
+    _out(f'batches: {bar.done}   samples: {bar.samples}   time: {bar.elapsed:.2f} s')
+    _out(f'throughput: {format_count(sample_rate)} samples/s, {rate:.2f} batches/s')
+    if first is not None:
+        _out('batch: ' + ', '.join(
+            f'{k} {v.dtype}{list(v.shape)}' if hasattr(v, 'dtype') else f'{k} list[{len(v)}]'
+            for k, v in first.items()))
+    if loader.on_error == 'skip':
+        _out(f'replaced datapoints (on_error=skip): {loader.errors} of {loader.samples}')
+    _out(f'state: position {state["step"]}' + (f', saved to {args.save_state}'
+                                                 if args.save_state else ''))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------
+# inspect and check
+
+
+def _summary(value) -> dict:
+    """A JSON-able description of one value: type, shape/dtype/len and the first values."""
+    import numpy as np
+    if isinstance(value, np.ndarray):
+        flat = value.reshape(-1)[:FIRST_VALUES]
+        if value.dtype == object:
+            first = [repr(v) for v in flat]
+        elif value.dtype.kind in 'fc':
+            first = [float(f'{v:.6g}') if value.dtype.kind == 'f' else str(v) for v in flat]
+        else:
+            first = flat.tolist()
+        return {'type': 'array', 'dtype': str(value.dtype), 'shape': list(value.shape),
+                'first': first}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        kind = ('jpeg' if data[:2] == b'\xff\xd8' else
+                'png' if data[:8] == b'\x89PNG\r\n\x1a\n' else None)
+        out = {'type': 'bytes', 'len': len(data), 'first': data[:16].hex()}
+        if kind:
+            out['looks_like'] = kind
+            out.update(_image_header(data))
+        return out
+    if isinstance(value, str):
+        return {'type': 'str', 'len': len(value), 'value': value[:80]}
+    if isinstance(value, (bool, int, float)) or value is None or isinstance(value, np.generic):
+        return {'type': type(value).__name__, 'value': value.item() if isinstance(
+            value, np.generic) else value}
+    if isinstance(value, (list, tuple)):
+        out = {'type': 'list', 'len': len(value)}
+        if value:
+            out['first'] = _summary(value[0])
+        return out
+    if isinstance(value, dict):
+        text = repr(value)
+        return {'type': 'dict', 'keys': [str(k) for k in value][:20],
+                'value': text if len(text) <= 120 else text[:117] + '...'}
+    return {'type': type(value).__name__, 'value': repr(value)[:80]}
+
+
+def _image_header(data: bytes) -> dict:
+    """The decoded shape of encoded image bytes, from the header alone."""
+    from PIL import Image
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            w, h = img.size
+            channels = len(img.getbands())
+    except Exception:  # noqa: BLE001 - a summary never fails on a bad image
+        return {}
+    return {'image_shape': [h, w] if channels == 1 else [h, w, channels]}
+
+
+def _summary_text(s: dict) -> str:
+    kind = s['type']
+    if kind == 'array':
+        return f"{s['dtype']} array {tuple(s['shape'])}, first values {s['first']}"
+    if kind == 'bytes':
+        shape = 'x'.join(map(str, s.get('image_shape', ())))
+        like = f" ({s['looks_like']} {shape})" if 'looks_like' in s else ''
+        return f"{s['len']} bytes{like}, starting {s['first']}"
+    if kind == 'str':
+        return f"str of {s['len']} chars: {s['value']!r}"
+    if kind == 'list':
+        first = f", first: {_summary_text(s['first'])}" if 'first' in s else ''
+        return f"list of {s['len']}{first}"
+    if kind == 'dict':
+        return f"dict {s['value']}"
+    return f"{kind} {s['value']!r}"
+
+
+def cmd_inspect(args) -> int:
+    from .convert import _ffrecord_decode
+    from .readers import FFRecordReader, detect
+    path = args.path
+    fmt = detect(path)
+    extra = {}
+    if fmt.name == 'ffrecord':
+        probe = FFRecordReader(path)
+        decode = _ffrecord_decode(probe, 'auto')
+        extra['files'] = len(probe.files)
+        probe.close()
+        reader = FFRecordReader(path, decode=decode)
+        extra['decode'] = decode or 'none (raw bytes)'
+    else:
+        reader = fmt.reader(path)
+    with reader:
+        n = len(reader)
+        if fmt.name == 'gulp':
+            extra['chunks'] = len({os.path.basename(p) for p in os.listdir(path)
+                                   if p.startswith('data_') and p.endswith('.gulp')})
+            extra['frames'] = sum(len(reader.frame_info(i)) for i in range(n))
+            extra['label2idx'] = (f'{len(reader.label2idx)} labels' if reader.label2idx
+                                  else 'none')
+        elif fmt.name == 'bag':
+            extra['shards'] = reader.shards
+        size, files = _disk_size(path)
+        info = {'path': path, 'format': fmt.name, 'datapoints': n,
+                'spec': {str(k): str(v) for k, v in reader.spec.items()},
+                'size_bytes': size, 'files': files, **extra}
+        if n:
+            index = args.index if args.index >= 0 else n + args.index
+            dp = reader[index]
+            info['datapoint'] = {'index': index,
+                                 'keys': {str(k): _summary(v) for k, v in dp.items()}}
+    if args.json:
+        _out(json.dumps(info, indent=2, default=str))
+        return EXIT_OK
+    _out(f"{info['path']}: {info['format']}, {n} datapoints, {_size(size)} in {files} file(s)")
+    for key in extra:
+        _out(f'  {key}: {extra[key]}')
+    _out('  spec: ' + ', '.join(f'{k}: {v}' for k, v in info['spec'].items()))
+    if n:
+        _out(f"  datapoint {info['datapoint']['index']}:")
+        width = max(len(k) for k in info['datapoint']['keys'])
+        for key, s in info['datapoint']['keys'].items():
+            _out(f'    {key:<{width}}  {_summary_text(s)}')
+    return EXIT_OK
+
+
+def cmd_check(args) -> int:
+    from .check import check
+    t0 = time.perf_counter()
+    report = check(args.path)
+    elapsed = time.perf_counter() - t0
+    if args.json:
+        _out(json.dumps({'path': report.path, 'format': report.format, 'ok': report.ok,
+                         'problems': [{'path': p.path, 'index': p.index, 'message': p.message}
+                                      for p in report.problems]}, indent=2))
+    elif report.ok:
+        _out(f'{report.path}: {report.format}, OK: no problems ({elapsed:.2f} s)')
+    else:
+        _out(str(report))
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+# ---------------------------------------------------------------------------
+# convert and ingest
+
+
+def _list_arg(text: str | None) -> list | None:
+    return [k.strip() for k in text.split(',') if k.strip()] if text else None
+
+
+def cmd_convert(args) -> int:
+    from .convert import convert, open_source, plan_conversion
+    source = open_source(args.src, args.decode)
+    plan = plan_conversion(source, args.dst, args.to, _list_arg(args.keys), args.frames)
+    _err(f'loadr convert: {plan.describe()}')
+    bar = Progress(total=len(source), unit='datapoints', label='convert')
+    convert(source, args.dst, args.to, keys=_list_arg(args.keys), frames=args.frames,
+            shardlen=args.shardlen, videos_per_chunk=args.videos_per_chunk, progress=bar)
+    bar.close()
+    size, files = _disk_size(args.dst)
+    _out(f'wrote {len(source)} datapoints to {args.dst} ({args.to}, {_size(size)} in '
+         f'{files} file(s)) in {bar.elapsed:.2f} s')
+    return EXIT_OK
+
+
+def _ingest_done(summary: dict, bar: Progress) -> int:
+    bar.close()
+    for line in summary['skipped']:
+        _err(f'loadr: skipped {line}')
+    size, files = _disk_size(summary['out'])
+    skipped = f", skipped {len(summary['skipped'])}" if summary['skipped'] else ''
+    _out(f"wrote {summary['written']} datapoints ({summary['labels']} labels{skipped}) to "
+         f"{summary['out']} ({summary['format']}, {_size(size)}) in {bar.elapsed:.2f} s")
+    return EXIT_OK
+
+
+def cmd_ingest_images(args) -> int:
+    from .ingest import ingest_images
+    bar = Progress(unit='images', label='ingest')
+    summary = ingest_images(args.dir, args.out, format=args.format, workers=args.workers,
+                            short_side=args.short_side, skip_bad=args.skip_bad, progress=bar,
+                            shardlen=args.shardlen, videos_per_chunk=args.videos_per_chunk)
+    return _ingest_done(summary, bar)
+
+
+def cmd_ingest_videos(args) -> int:
+    from .ingest import ingest_videos
+    bar = Progress(unit='videos', label='ingest')
+    summary = ingest_videos(args.dir, args.out, format=args.format, workers=args.workers,
+                            fps=args.fps, short_side=args.short_side, backend=args.backend,
+                            skip_bad=args.skip_bad, progress=bar, shardlen=args.shardlen,
+                            videos_per_chunk=args.videos_per_chunk)
+    return _ingest_done(summary, bar)
+
+
+def cmd_ingest_json(args) -> int:
+    from .ingest import ingest_json
+    bar = Progress(unit='videos', label='ingest')
+    summary = ingest_json(args.list, args.videos, args.out, format=args.format,
+                          workers=args.workers, labels=args.labels, label_field=args.label_field,
+                          fps=args.fps, short_side=args.short_side, backend=args.backend,
+                          skip_bad=args.skip_bad, progress=bar, shardlen=args.shardlen,
+                          videos_per_chunk=args.videos_per_chunk)
+    return _ingest_done(summary, bar)
+
+
+# ---------------------------------------------------------------------------
+# bench
+
+
+def _worker_counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(',') if x.strip()]
+    except ValueError:
+        raise ConfigError(f'--workers takes comma-separated ints, e.g. 1,2,4; got {text!r}'
+                          ) from None
+    if not counts or any(c < 0 for c in counts):
+        raise ConfigError(f'--workers takes ints >= 0, e.g. 0,1,2,4; got {text!r}')
+    return counts
+
+
+def cmd_bench(args) -> int:
+    counts = _worker_counts(args.workers)
+    if args.plot:
+        try:
+            import matplotlib
+        except ImportError:
+            raise ConfigError("--plot needs matplotlib, which is not installed: "
+                              "pip install matplotlib (or pip install 'loadr[bench]'); "
+                              "or leave out --plot for the table alone") from None
+    rows = []
+    for workers in counts:
+        _, loader = _load_pipeline(args.pipeline, args.override, {'loader.workers': workers})
+        with loader:
+            it = iter(loader)
+            for _ in range(args.warmup):          # starts the workers, fills the prefetch
+                next(it)
+            bar = Progress(total=args.steps, unit='batches', label=f'bench workers={workers}')
+            for _ in range(args.steps):
+                bar.update(1, samples=_batch_size(next(it)))
+            bar.close()
+        rate, sample_rate = bar.rates()
+        rows.append((workers, rate, sample_rate))
+    base = rows[0][2] or 1e-9
+    _out(f'{"workers":>7}  {"batches/s":>10}  {"samples/s":>10}  {"speedup":>7}')
+    for workers, rate, sample_rate in rows:
+        _out(f'{workers:>7}  {rate:>10.2f}  {sample_rate:>10.1f}  {sample_rate / base:>6.2f}x')
+    if args.plot:
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.plot([r[0] for r in rows], [r[2] for r in rows], marker='o')
+        ax.set_xlabel('workers')
+        ax.set_ylabel('samples/s')
+        ax.set_title(os.path.basename(args.pipeline))
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(args.plot)
+        plt.close(fig)
+        _out(f'plot written to {args.plot}')
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------
+# The parser
+
+
+def _command(sub, name: str, func, help_text: str, example: str, parents):
+    p = sub.add_parser(name, help=help_text, description=help_text, parents=parents,
+                       epilog='Example:\n  ' + example.replace('\n', '\n  '),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=func)
+    return p
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a positive int, got {text!r}') from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f'expected a positive int, got {text!r}')
+    return value
+
+
+def _ingest_options(p, default_format: str, video: bool) -> None:
+    p.add_argument('--format', choices=('bag', 'gulp'), default=default_format,
+                   help=f'output format (default: {default_format})')
+    p.add_argument('--workers', type=int, default=None,
+                   help='processes that read and encode (default: min(8, CPUs))')
+    p.add_argument('--short-side', type=_positive, default=None, metavar='PX',
+                   help='shrink larger images/frames to this short side (re-encoded as JPEG)')
+    if video:
+        p.add_argument('--fps', type=float, default=None,
+                       help='frames per second to keep from video files (default: all)')
+        p.add_argument('--backend', choices=('auto', 'pyav', 'ffmpeg'), default='auto',
+                       help='what decodes video files (default: PyAV, else ffmpeg)')
+    p.add_argument('--skip-bad', action='store_true',
+                   help='leave out unreadable files (listed at the end) instead of stopping')
+    p.add_argument('--shardlen', type=_positive, default=None,
+                   help='bag: datapoints per shard (default: one unsharded dataset)')
+    p.add_argument('--videos-per-chunk', type=_positive, default=100,
+                   help='gulp: videos per chunk file (default: 100)')
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of the ``loadr`` command."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument('-v', '--verbose', action='store_true',
+                        help='show full tracebacks and info logs')
+    parser = argparse.ArgumentParser(
+        prog='loadr', parents=[common],
+        description='loadr: a deterministic, resumable, multiprocess data loader.',
+        epilog='Example:\n  loadr demo\n  loadr run configs/demo.yaml -o reader.path=data/bag\n\n'
+               'Exit codes: 0 ok, 1 bad data or a failed run, 2 usage or pipeline mistake, '
+               '130 interrupted.\n"loadr COMMAND --help" shows each command\'s options.',
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--version', action='version', version=f'loadr {__version__}')
+    sub = parser.add_subparsers(dest='command', metavar='COMMAND')
+    parents = [common]
+
+    p = _command(sub, 'demo', cmd_demo,
+                 'Make a small synthetic JPEG dataset, run a real pipeline over it with '
+                 'workers, and show a save/load resume giving the same batch.',
+                 'loadr demo\n  loadr demo --images 256 --workers 1 --keep', parents)
+    p.add_argument('--images', type=_positive, default=512, help='images to make (default 512)')
+    p.add_argument('--workers', type=int, default=2, help='worker processes (default 2)')
+    p.add_argument('--keep', action='store_true', help='keep the temporary dataset and YAML')
+
+    p = _command(sub, 'run', cmd_run,
+                 'Iterate a YAML pipeline with a progress bar and print a summary. Ctrl-C '
+                 'stops cleanly (exit 130), saving the state when --save-state is given.',
+                 'loadr run configs/imagenet_bag.yaml --steps 1000 -o loader.batch=128 '
+                 '-o reader.path=/data/train --save-state state.json\n'
+                 'loadr run configs/imagenet_bag.yaml --resume state.json', parents)
+    p.add_argument('pipeline', help='the pipeline YAML file')
+    p.add_argument('--steps', type=_positive, default=None,
+                   help='batches to run (default: one epoch)')
+    p.add_argument('-o', '--override', action='append', default=[], metavar='KEY=VALUE',
+                   help='change one setting, e.g. loader.batch=128, reader.path=data/x, '
+                        'fns.0.size=[64,64] (value read as YAML; repeatable)')
+    p.add_argument('--save-state', metavar='FILE',
+                   help='write the loader state (JSON) here at the end or on Ctrl-C')
+    p.add_argument('--resume', metavar='FILE', help='start from a state saved with --save-state')
+    p.add_argument('--digest', action='store_true',
+                   help="print each batch's stream position and sha256 to stdout")
+
+    p = _command(sub, 'inspect', cmd_inspect,
+                 'Show a dataset: format, datapoints, spec, size on disk, and one datapoint '
+                 '(shapes, dtypes, first values).',
+                 'loadr inspect data/train\n  loadr inspect train.ffr --json --index 5', parents)
+    p.add_argument('path', help='a gulp directory, .ffr file or directory, or bag dataset')
+    p.add_argument('--json', action='store_true', help='print JSON instead of text')
+    p.add_argument('--index', type=int, default=0, help='the datapoint to show (default 0)')
+
+    p = _command(sub, 'check', cmd_check,
+                 'Check every file of a dataset (checksums, index tables, sizes, duplicate '
+                 'ids). Exit code 0 only when it is clean; each problem names the file and '
+                 'the index.',
+                 'loadr check data/train && echo clean', parents)
+    p.add_argument('path', help='a gulp directory, .ffr file or directory, or bag dataset')
+    p.add_argument('--json', action='store_true', help='print JSON instead of text')
+
+    p = _command(sub, 'convert', cmd_convert,
+                 'Copy a dataset into another format (images stay encoded: nothing is lost). '
+                 'Refuses, saying why, where the data does not fit; the output appears only '
+                 'when complete.',
+                 'loadr convert data/train train.ffr --to ffrecord --keys image,label\n'
+                 'loadr convert train.ffr data/train_bag --to bag --shardlen 10000', parents)
+    p.add_argument('src', help='the dataset to read (any format)')
+    p.add_argument('dst', help='the new dataset (must not exist; ffrecord: a .ffr file)')
+    p.add_argument('--to', required=True, choices=('bag', 'ffrecord', 'gulp'),
+                   help='the output format')
+    p.add_argument('--keys', help='copy only these keys (comma-separated)')
+    p.add_argument('--frames', help='gulp: the key holding the frames (default: the jpg[] key)')
+    p.add_argument('--decode', choices=('auto', 'msgpack', 'json', 'none'), default='auto',
+                   help='how FFRecord samples are read (default: auto-detect)')
+    p.add_argument('--shardlen', type=_positive, default=None,
+                   help='bag: datapoints per shard (default: one unsharded dataset)')
+    p.add_argument('--videos-per-chunk', type=_positive, default=100,
+                   help='gulp: videos per chunk file (default 100)')
+
+    p = _command(sub, 'ingest', None,
+                 'Make a dataset from folders of images or videos, or a 20BN JSON list '
+                 '(in parallel, with progress).',
+                 'loadr ingest images photos/ data/photos\n'
+                 'loadr ingest json train.json videos/ data/ssv2 --format gulp', parents)
+    ingest = p.add_subparsers(dest='what', metavar='WHAT')
+    p.set_defaults(func=lambda a: _usage(p))
+    q = _command(ingest, 'images', cmd_ingest_images,
+                 'Images in DIR/<label>/ (the folder is the label) into a bag (default) or gulp '
+                 'dataset. Bag spec: image jpg, label int, label_name utf8, path utf8.',
+                 'loadr ingest images photos/ data/photos --workers 4 --short-side 256',
+                 parents)
+    q.add_argument('dir', help='the folder with one subfolder per label')
+    q.add_argument('out', help='the new dataset (must not exist)')
+    _ingest_options(q, 'bag', video=False)
+    q = _command(ingest, 'videos', cmd_ingest_videos,
+                 'Videos in DIR/<label>/ (video files, or folders of frame JPEGs) into a gulp '
+                 '(default) or bag dataset. Video files need PyAV or an ffmpeg binary.',
+                 'loadr ingest videos clips/ data/clips --fps 8 --short-side 128', parents)
+    q.add_argument('dir', help='the folder with one subfolder per label')
+    q.add_argument('out', help='the new dataset (must not exist)')
+    _ingest_options(q, 'gulp', video=True)
+    q = _command(ingest, 'json', cmd_ingest_json,
+                 'The videos of a 20BN-style JSON list [{"id": ..., "label": ...}] into a gulp '
+                 '(default) or bag dataset; a video is VIDEOS/<id>/ (frame JPEGs) or '
+                 'VIDEOS/<id>.webm/.mp4/...',
+                 'loadr ingest json something-something-v2-train.json videos/ data/ssv2 '
+                 '--labels something-something-v2-labels.json --label-field template', parents)
+    q.add_argument('list', help='the JSON list of {"id", "label"} objects')
+    q.add_argument('videos', help='the folder holding the videos')
+    q.add_argument('out', help='the new dataset (must not exist)')
+    q.add_argument('--labels', help='a JSON {label: index} file (default: sorted labels)')
+    q.add_argument('--label-field', default='label',
+                   help='the entry field holding the label (default: label)')
+    _ingest_options(q, 'gulp', video=True)
+
+    p = _command(sub, 'bench', cmd_bench,
+                 'Measure a pipeline\'s throughput for each worker count; a table, and a '
+                 'plot with --plot (needs matplotlib).',
+                 'loadr bench configs/imagenet_bag.yaml --workers 1,2,4,8 --steps 50 '
+                 '--plot bench.png', parents)
+    p.add_argument('pipeline', help='the pipeline YAML file')
+    p.add_argument('--workers', default='1,2,4', help='worker counts (default 1,2,4)')
+    p.add_argument('--steps', type=_positive, default=20, help='timed batches per count')
+    p.add_argument('--warmup', type=int, default=2, help='untimed batches first (default 2)')
+    p.add_argument('-o', '--override', action='append', default=[], metavar='KEY=VALUE',
+                   help='change one setting, as for run')
+    p.add_argument('--plot', metavar='PNG', help='draw samples/s against workers into this file')
+    return parser
+
+
+def _usage(parser) -> int:
+    parser.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
+def _error_line(exc: BaseException) -> str:
+    """One line that says what failed and where (file, index), for any exception."""
+    cause = exc.__cause__
+    if isinstance(exc, LoadrError):
+        text = str(exc)
+    else:
+        text = f'{type(exc).__name__}: {exc}'
+    if isinstance(cause, WorkerError) and cause.index is not None:
+        index = getattr(exc, 'index', None)
+        if index is None or f'[index {index}]' not in text:
+            text += f' (at dataset index {cause.index})'
+    return ' '.join(text.split('\n')[0:1]) if text else type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``loadr`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit code.
+
+    >>> main(['check', '../shared/fixtures/bag'])    # doctest: +SKIP
+    0
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format='%(message)s', stream=sys.stderr)
+    if not getattr(args, 'func', None):
+        return _usage(parser)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _err('loadr: interrupted')
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of our output went away (loadr inspect x | head): not an error of ours.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAILED
+    except Exception as exc:  # noqa: BLE001 - the one place that turns errors into exit codes
+        if args.verbose:
+            traceback.print_exc()
+        _err(f'loadr: error: {_error_line(exc)}')
+        if not isinstance(exc, LoadrError) and not args.verbose:
+            _err('loadr: (run with -v for the traceback)')
+        return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILED
+
+
+if __name__ == '__main__':
+    sys.exit(main())

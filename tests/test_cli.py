@@ -1,0 +1,586 @@
+"""The ``loadr`` command, driven as a subprocess on the fixtures and on data made here."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+
+import msgpack
+import numpy as np
+import pytest
+from PIL import Image
+
+import loadr
+from loadr.cli import main
+from loadr.ingest import video_backend
+from loadr.writers import FFRecordWriter
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRIPT = pathlib.Path(sys.executable).parent / 'loadr'     # the console entry point
+TIMEOUT_S = 90
+
+
+def loadr_cmd(*args, cwd=None, env=None, script=False) -> subprocess.CompletedProcess:
+    """Run ``loadr ARGS`` (``python -m loadr.cli``, or the installed script) to the end."""
+    head = [str(SCRIPT)] if script else [sys.executable, '-m', 'loadr.cli']
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run(head + [str(a) for a in args], capture_output=True, text=True,
+                          cwd=cwd, env=full_env, timeout=TIMEOUT_S)
+
+
+def jpeg(h=24, w=32, seed=0) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(buf, 'JPEG')
+    return buf.getvalue()
+
+
+def bag_pipeline(tmp_path, fixtures, workers=0, batch=2, name='p.yaml') -> pathlib.Path:
+    rel = os.path.relpath(fixtures / 'bag', tmp_path)
+    path = tmp_path / name
+    path.write_text(f'reader: {{path: {rel}, decode_images: false}}\n'
+                    f'fns:\n'
+                    f'  - decode_jpeg: {{size: [32, 32]}}\n'
+                    f'  - flip\n'
+                    f'  - select: [image, idx]\n'
+                    f'loader: {{batch: {batch}, workers: {workers}, seed: 1}}\n')
+    return path
+
+
+def corrupt_copy(src: pathlib.Path, dst: pathlib.Path, index: int) -> None:
+    """A copy of an .ffr file with one byte of sample ``index`` flipped."""
+    shutil.copyfile(src, dst)
+    where = loadr.open(dst).locate(index)
+    with open(dst, 'r+b') as f:
+        f.seek(where['offset'] + where['length'] // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+# ---------------------------------------------------------------------------
+# help and usage
+
+
+HELP = [['demo'], ['run'], ['inspect'], ['check'], ['convert'], ['ingest'],
+        ['ingest', 'images'], ['ingest', 'videos'], ['ingest', 'json'], ['bench']]
+
+
+def test_every_command_has_help_with_an_example(capsys):
+    done = loadr_cmd('--help')
+    assert done.returncode == 0 and 'Example:' in done.stdout
+    for name in ('demo', 'run', 'inspect', 'check', 'convert', 'ingest', 'bench'):
+        assert name in done.stdout.split('Example:')[0]
+    # Each command's own --help, in this process (a subprocess each would add nothing).
+    for command in HELP:
+        with pytest.raises(SystemExit) as info:
+            main([*command, '--help'])
+        assert info.value.code == 0
+        out = capsys.readouterr().out
+        assert 'Example:' in out, command
+        assert f"loadr {' '.join(command)}" in out.split('Example:')[1], command
+
+
+def test_no_command_or_a_bad_one_is_a_usage_error():
+    done = loadr_cmd()
+    assert done.returncode == 2 and 'COMMAND' in done.stderr
+    done = loadr_cmd('frobnicate')
+    assert done.returncode == 2 and "invalid choice: 'frobnicate'" in done.stderr
+
+
+# ---------------------------------------------------------------------------
+# demo
+
+
+def test_demo_end_to_end_with_the_installed_script():
+    script = SCRIPT.exists()
+    done = loadr_cmd('demo', script=script)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert 'Writing 512 synthetic 192x256 JPEG images' in out
+    assert 'with 2 worker processes' in out
+    assert 'samples/s' in out and 'a batch: image float32[32, 3, 56, 56], label int64[32]' in out
+    resume = next(line for line in out.splitlines() if 'gives batch 21' in line)
+    ours, theirs = resume.split('sha256 ')[1].split(' vs ')
+    assert ours[:16] == theirs[:16] and 'the same batch' in resume
+    tmp = next(line for line in out.splitlines() if 'Removed' in line).split()[2].rstrip('.')
+    assert tmp.startswith(os.path.join(os.path.realpath('/tmp'), 'loadr-demo-')) or \
+        'loadr-demo-' in tmp
+    assert not os.path.exists(tmp)
+    assert '32/32 batches' in done.stderr            # the progress bar's last line
+
+
+# ---------------------------------------------------------------------------
+# run
+
+
+def test_run_prints_a_summary_and_takes_overrides(tmp_path, fixtures):
+    path = bag_pipeline(tmp_path, fixtures)
+    done = loadr_cmd('run', path, '--steps', 3, '-o', 'loader.batch=3', '-o',
+                     'fns.0.size=[16, 24]', cwd=fixtures)
+    assert done.returncode == 0, done.stderr
+    assert 'batches: 3   samples: 9' in done.stdout
+    assert 'batch: image uint8[3, 16, 24, 3], idx int64[3]' in done.stdout
+    assert 'state: position 9' in done.stdout
+    assert 'samples/s' in done.stdout and 'batches/s' in done.stdout
+    assert '3/3 batches' in done.stderr and f'BagReader {fixtures / "bag"}' in done.stderr
+    # Without --steps: one epoch (12 datapoints in batches of 2).
+    done = loadr_cmd('run', path)
+    assert done.returncode == 0 and 'batches: 6   samples: 12' in done.stdout
+
+
+def test_run_progress_does_not_spam_a_log(tmp_path, fixtures):
+    path = bag_pipeline(tmp_path, fixtures, batch=1)
+    done = loadr_cmd('run', path, '--steps', 200, env={'LOADR_PROGRESS_S': '3600'})
+    assert done.returncode == 0
+    assert '\r' not in done.stderr
+    assert len(done.stderr.splitlines()) == 2       # the header and the final line
+
+
+def test_run_with_a_yaml_mistake_exits_2_with_one_line(tmp_path, fixtures):
+    path = tmp_path / 'p.yaml'
+    path.write_text(f'reader: {{path: {fixtures / "bag"}}}\nfns: [fllip]\nloader: {{batch: 2}}\n')
+    done = loadr_cmd('run', path)
+    assert done.returncode == 2
+    assert done.stderr == (f"loadr: error: {path}: unknown fn 'fllip' (line 2): did you mean "
+                           f"'flip'? (or an import path 'package.module:function')\n")
+    done = loadr_cmd('run', path.with_name('missing.yaml'))
+    assert done.returncode == 2 and 'cannot read the pipeline file' in done.stderr
+    done = loadr_cmd('run', bag_pipeline(tmp_path, fixtures), '-o', 'loader.batch')
+    assert done.returncode == 2 and 'an override is key=value' in done.stderr
+
+
+def test_bad_data_at_run_time_is_one_line_naming_file_and_index(tmp_path, fixtures):
+    bad = tmp_path / 'bad.ffr'
+    corrupt_copy(fixtures / 'ffrecord' / 'single.ffr', bad, 7)
+    path = tmp_path / 'p.yaml'
+    path.write_text('reader: {path: bad.ffr, decode: msgpack}\nfns: [{select: [label]}]\n'
+                    'loader: {batch: 4, workers: 1, shuffle: false}\n')
+    done = loadr_cmd('run', path)
+    assert done.returncode == 1
+    (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith('loadr: error:')]
+    assert line.startswith(f'loadr: error: {bad} [index 7]: ') and 'CRC32' in line
+    assert 'Traceback' not in done.stderr
+    done = loadr_cmd('run', path, '-v')
+    assert done.returncode == 1
+    assert 'Traceback' in done.stderr and 'ChecksumError' in done.stderr
+    assert done.stderr.rstrip().splitlines()[-1] == line
+
+
+def test_run_save_state_and_resume_continue_the_stream(tmp_path, fixtures):
+    path = bag_pipeline(tmp_path, fixtures, batch=3)
+    state = tmp_path / 'state.json'
+    whole = loadr_cmd('run', path, '--steps', 6, '--digest')
+    first = loadr_cmd('run', path, '--steps', 2, '--digest', '--save-state', state)
+    assert first.returncode == 0 and json.loads(state.read_text())['step'] == 6
+    rest = loadr_cmd('run', path, '--steps', 4, '--digest', '--resume', state,
+                     '-o', 'loader.workers=2')
+    assert rest.returncode == 0, rest.stderr
+    assert whole.stdout.splitlines()[:6] == (first.stdout.splitlines()[:2]
+                                             + rest.stdout.splitlines()[:4])
+    assert whole.stdout.splitlines()[2].startswith('position 6 ')
+
+
+def test_ctrl_c_saves_the_state_and_resume_goes_on_from_it(tmp_path, fixtures):
+    path = bag_pipeline(tmp_path, fixtures, workers=2, batch=2)
+    state = tmp_path / 'state.json'
+    reference = loadr_cmd('run', path, '--steps', 40, '--digest', '-o', 'loader.workers=0')
+    expected = dict(line.split()[1:] for line in reference.stdout.splitlines()
+                    if line.startswith('position '))
+    # As a terminal's Ctrl-C does: SIGINT to the whole process group, workers included.
+    proc = subprocess.Popen([sys.executable, '-m', 'loadr.cli', 'run', str(path), '--steps',
+                             '1000000', '--digest', '--save-state', str(state)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        seen = [proc.stdout.readline() for _ in range(5)]
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert 'Traceback' not in err and 'KeyboardInterrupt' not in err
+    assert f'state saved to {state}' in err
+    saved = json.loads(state.read_text())
+    printed = [line.split() for line in seen + out.splitlines() if line.startswith('position')]
+    # Right after the last batch handled: the last one printed, or (if Ctrl-C came while it
+    # was being handled) that one again.
+    assert saved['step'] in (int(printed[-1][1]) + 2, int(printed[-1][1]))
+    for _, position, digest in printed:
+        if position in expected:
+            assert expected[position] == digest
+    rest = loadr_cmd('run', path, '--steps', 3, '--digest', '--resume', state)
+    assert rest.returncode == 0, rest.stderr
+    resumed = [line.split()[1:] for line in rest.stdout.splitlines()
+               if line.startswith('position')]
+    assert [int(p) for p, _ in resumed] == [saved['step'] + 2 * k for k in range(3)]
+    for position, digest in resumed:
+        if position in expected:
+            assert expected[position] == digest
+
+
+def test_resume_with_a_state_of_another_dataset_is_refused(tmp_path, fixtures):
+    state = tmp_path / 'state.json'
+    state.write_text(json.dumps({'version': 1, 'step': 4, 'seed': 1, 'n': 99,
+                                 'shuffle': True, 'global_batch': 2}))
+    done = loadr_cmd('run', bag_pipeline(tmp_path, fixtures), '--resume', state)
+    assert done.returncode == 1
+    assert 'saved for a dataset of 99 datapoints, this reader has 12' in done.stderr
+
+
+# ---------------------------------------------------------------------------
+# inspect and check
+
+
+@pytest.mark.parametrize('key', ['bag', 'gulp', 'ffrecord_single', 'bag_sharded'])
+def test_inspect_reports_format_count_spec_size_and_a_datapoint(fixtures, manifest, key):
+    rel = {'bag': 'bag', 'gulp': 'gulp', 'ffrecord_single': 'ffrecord/single.ffr',
+           'bag_sharded': 'bag_sharded'}[key]
+    done = loadr_cmd('inspect', fixtures / rel, '--json')
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    files = {p: f for p, f in manifest['files'].items() if p == rel or p.startswith(rel + '/')}
+    assert info['size_bytes'] == sum(f['size'] for f in files.values())
+    assert info['files'] == len(files)
+    data = manifest['datasets'][key]
+    if key.startswith('bag'):
+        points = data['datapoints'] if key == 'bag' else [
+            dp for shard in data['shards'] for dp in shard['datapoints']]
+        assert info['format'] == 'bag'
+        assert info['datapoints'] == len(points)
+        assert info['spec'] == data['spec']
+        first = points[0]['values']
+        assert info['datapoint']['keys']['idx'] == {'type': 'int', 'value': first['idx']['value']}
+        image = info['datapoint']['keys']['image']
+        assert image['shape'] == first['image']['pillow']['shape']
+    elif key == 'gulp':
+        assert (info['format'], info['datapoints'], info['chunks']) == ('gulp', 6, 2)
+        assert info['frames'] == sum(len(item['frames']) for item in data['items'])
+        assert info['datapoint']['keys']['id']['value'] == data['items'][0]['id']
+    else:
+        assert (info['format'], info['decode'], info['datapoints']) == ('ffrecord', 'msgpack', 20)
+        content = data['samples'][0]['content']
+        assert info['datapoint']['keys']['label']['value'] == content['label']
+        image = info['datapoint']['keys']['image']
+        assert (image['len'], image['looks_like']) == (content['image']['len'], 'jpeg')
+        assert image['image_shape'] == content['image']['pillow']['shape']
+    text = loadr_cmd('inspect', fixtures / rel)
+    assert text.returncode == 0
+    assert text.stdout.startswith(f"{fixtures / rel}: {info['format']}, "
+                                  f"{info['datapoints']} datapoints")
+    assert 'datapoint 0:' in text.stdout
+    assert ('bytes (jpeg ' if key == 'ffrecord_single' else 'first values') in text.stdout
+
+
+def test_inspect_a_missing_or_unknown_path_fails_clearly(tmp_path):
+    done = loadr_cmd('inspect', tmp_path / 'nope')
+    assert done.returncode == 1
+    assert done.stderr == f'loadr: error: {tmp_path / "nope"}: no such file or directory\n'
+
+
+@pytest.mark.parametrize('rel', ['bag', 'bag_sharded', 'gulp', 'ffrecord/multi',
+                                 'ffrecord/single.ffr'])
+def test_check_is_clean_on_the_fixtures(fixtures, rel):
+    done = loadr_cmd('check', fixtures / rel)
+    assert done.returncode == 0, done.stdout
+    assert 'OK: no problems' in done.stdout
+
+
+def test_check_names_file_and_index_and_fails_on_a_corrupted_copy(tmp_path, fixtures):
+    bad = tmp_path / 'bad.ffr'
+    corrupt_copy(fixtures / 'ffrecord' / 'single.ffr', bad, 11)
+    done = loadr_cmd('check', bad)
+    assert done.returncode == 1
+    assert f'{bad} [index 11]: ' in done.stdout and 'CRC32' in done.stdout
+    done = loadr_cmd('check', bad, '--json')
+    assert done.returncode == 1
+    report = json.loads(done.stdout)
+    assert report['ok'] is False and [p['index'] for p in report['problems']] == [11]
+    gulp = tmp_path / 'gulp'
+    shutil.copytree(fixtures / 'gulp', gulp)
+    data = gulp / 'data_1.gulp'
+    os.chmod(data, 0o644)
+    with open(data, 'r+b') as f:
+        f.truncate(os.path.getsize(data) - 100)
+    done = loadr_cmd('check', gulp)
+    assert done.returncode == 1 and str(data) in done.stdout
+
+
+# ---------------------------------------------------------------------------
+# convert
+
+
+def read_all(path, **options):
+    with loadr.open(path, **options) as r:
+        return [r[i] for i in range(len(r))]
+
+
+def test_convert_ffrecord_to_bag_and_back_keeps_every_sample(tmp_path, fixtures):
+    src = fixtures / 'ffrecord' / 'single.ffr'
+    done = loadr_cmd('convert', src, tmp_path / 'b', '--to', 'bag', '--shardlen', 8)
+    assert done.returncode == 0, done.stderr
+    assert 'wrote 20 datapoints' in done.stdout and '20/20 datapoints' in done.stderr
+    assert loadr.open(tmp_path / 'b').spec == {'image': 'jpg', 'label': 'int'}
+    assert loadr.open(tmp_path / 'b').shards == 3
+    done = loadr_cmd('convert', tmp_path / 'b', tmp_path / 'back.ffr', '--to', 'ffrecord')
+    assert done.returncode == 0, done.stderr
+    original = [msgpack.unpackb(s) for s in loadr.open(src).read(range(20))]
+    again = [msgpack.unpackb(s) for s in loadr.open(tmp_path / 'back.ffr').read(range(20))]
+    assert again == original
+    assert loadr.check(tmp_path / 'back.ffr').ok and loadr.check(tmp_path / 'b').ok
+
+
+def test_convert_refuses_what_does_not_fit_and_writes_nothing(tmp_path, fixtures):
+    done = loadr_cmd('convert', fixtures / 'bag', tmp_path / 'x.ffr', '--to', 'ffrecord')
+    assert done.returncode == 2
+    assert "key 'feat' holds numpy arrays (array)" in done.stderr and '--keys' in done.stderr
+    done = loadr_cmd('convert', fixtures / 'bag_types', tmp_path / 'g', '--to', 'gulp')
+    assert done.returncode == 2 and 'no key holds JPEGs' in done.stderr
+    done = loadr_cmd('convert', fixtures / 'bag', tmp_path / 'x', '--to', 'ffrecord')
+    assert done.returncode == 2 and 'ending in .ffr' in done.stderr
+    (tmp_path / 'exists').mkdir()
+    done = loadr_cmd('convert', fixtures / 'bag', tmp_path / 'exists', '--to', 'bag')
+    assert done.returncode == 2 and 'already exists' in done.stderr
+    assert sorted(os.listdir(tmp_path)) == ['exists']
+
+
+def test_a_conversion_that_fails_halfway_leaves_nothing(tmp_path):
+    src = tmp_path / 'mixed.ffr'
+    with FFRecordWriter(src, 3) as w:
+        for sample in ({'a': 1}, {'a': 2}, {'b': 3}):
+            w.write_one(msgpack.packb(sample))
+    done = loadr_cmd('convert', src, tmp_path / 'out', '--to', 'bag')
+    assert done.returncode == 1
+    assert "datapoint 2 misses key 'a'" in done.stderr
+    assert sorted(os.listdir(tmp_path)) == ['mixed.ffr']
+
+
+def test_convert_bag_to_ffrecord_to_bag_with_keys(tmp_path, fixtures):
+    keys = ['frames', 'idx', 'image', 'meta', 'name', 'tags']
+    done = loadr_cmd('convert', fixtures / 'bag', tmp_path / 'a.ffr', '--to', 'ffrecord',
+                     '--keys', ','.join(keys))
+    assert done.returncode == 0, done.stderr
+    done = loadr_cmd('convert', tmp_path / 'a.ffr', tmp_path / 'b', '--to', 'bag')
+    assert done.returncode == 0, done.stderr
+    original = read_all(fixtures / 'bag', decode_images=False)
+    again = read_all(tmp_path / 'b', decode_images=False)
+    assert again == [{k: dp[k] for k in keys} for dp in original]
+
+
+def test_convert_gulp_through_bag_and_ffrecord_and_back(tmp_path, fixtures):
+    for step, (src, dst, to) in enumerate([
+            (fixtures / 'gulp', tmp_path / 'b', 'bag'),
+            (tmp_path / 'b', tmp_path / 'c.ffr', 'ffrecord'),
+            (tmp_path / 'c.ffr', tmp_path / 'g', 'gulp')]):
+        done = loadr_cmd('convert', src, dst, '--to', to)
+        assert done.returncode == 0, (step, done.stderr)
+    original = read_all(fixtures / 'gulp', decode_images=False)
+    assert read_all(tmp_path / 'b', decode_images=False) == original
+    assert read_all(tmp_path / 'g', decode_images=False) == original
+    done = loadr_cmd('convert', fixtures / 'gulp', tmp_path / 'g2', '--to', 'gulp',
+                     '--videos-per-chunk', 4)
+    assert done.returncode == 0
+    assert loadr.open(tmp_path / 'g2').label2idx == loadr.open(fixtures / 'gulp').label2idx
+
+
+# ---------------------------------------------------------------------------
+# ingest
+
+
+def make_image_tree(root: pathlib.Path) -> dict:
+    """cat/ with JPEGs (one nested), dog/ with PNGs, plus files ingest must pass over."""
+    files = {}
+    for i in range(3):
+        rel = f'cat/{i}.jpg' if i < 2 else 'cat/more/2.jpg'
+        files[rel] = jpeg(24, 32, seed=i)
+    for i in range(2):
+        buf = io.BytesIO()
+        Image.fromarray(np.full((20, 10, 3), 40 * i, np.uint8)).save(buf, 'PNG')
+        files[f'dog/{i}.png'] = buf.getvalue()
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    (root / 'cat' / 'notes.txt').write_text('not an image')
+    (root / 'dog' / '.hidden.jpg').write_bytes(b'junk')
+    return files
+
+
+def test_ingest_images_into_bag_and_gulp(tmp_path):
+    files = make_image_tree(tmp_path / 'photos')
+    done = loadr_cmd('ingest', 'images', tmp_path / 'photos', tmp_path / 'bag', '--workers', 2)
+    assert done.returncode == 0, done.stderr
+    assert 'wrote 5 datapoints (2 labels)' in done.stdout
+    r = loadr.open(tmp_path / 'bag', decode_images=False)
+    assert r.spec == {'image': 'jpg', 'label': 'int', 'label_name': 'utf8', 'path': 'utf8'}
+    rows = [r[i] for i in range(len(r))]
+    assert [row['path'] for row in rows] == ['cat/0.jpg', 'cat/1.jpg', 'cat/more/2.jpg',
+                                             'dog/0.png', 'dog/1.png']
+    assert [(row['label'], row['label_name']) for row in rows] == [
+        (0, 'cat'), (0, 'cat'), (0, 'cat'), (1, 'dog'), (1, 'dog')]
+    for row in rows[:3]:
+        assert row['image'] == files[row['path']]        # JPEGs are stored as they are
+    png = loadr.open(tmp_path / 'bag')[4]['image']
+    assert png.shape == (20, 10, 3) and abs(int(png.mean()) - 40) <= 2
+    done = loadr_cmd('ingest', 'images', tmp_path / 'photos', tmp_path / 'gulp', '--format',
+                     'gulp', '--workers', 1, '--short-side', 12)
+    assert done.returncode == 0, done.stderr
+    g = loadr.open(tmp_path / 'gulp')
+    assert g.ids[0] == 'cat/0.jpg' and g.label2idx == {'cat': 0, 'dog': 1}
+    assert g[3]['meta'] == {'label': 'dog', 'label_idx': 1}
+    assert g[0]['frames'][0].shape == (12, 16, 3)        # 24x32 shrunk to short side 12
+
+
+def test_ingest_stops_on_a_broken_image_unless_told_to_skip(tmp_path):
+    make_image_tree(tmp_path / 'photos')
+    (tmp_path / 'photos' / 'dog' / 'broken.jpg').write_bytes(jpeg()[:100])
+    done = loadr_cmd('ingest', 'images', tmp_path / 'photos', tmp_path / 'out', '--workers', 2)
+    assert done.returncode == 1
+    assert f"{tmp_path / 'photos' / 'dog' / 'broken.jpg'}: cannot decode image" in done.stderr
+    assert not (tmp_path / 'out').exists()
+    assert [n for n in os.listdir(tmp_path) if n != 'photos'] == []
+    done = loadr_cmd('ingest', 'images', tmp_path / 'photos', tmp_path / 'out', '--skip-bad')
+    assert done.returncode == 0, done.stderr
+    assert 'skipped 1' in done.stdout and 'broken.jpg' in done.stderr
+    assert len(loadr.open(tmp_path / 'out')) == 5
+    done = loadr_cmd('ingest', 'images', tmp_path / 'empty', tmp_path / 'out2')
+    assert done.returncode == 2 and 'not a directory' in done.stderr
+
+
+def make_frame_videos(root: pathlib.Path) -> dict:
+    """Videos as folders of frame JPEGs, named so that natural order != string order."""
+    videos = {}
+    for label, clip, count in (('jump', 'a', 3), ('run', 'b', 11)):
+        folder = root / label / clip
+        folder.mkdir(parents=True)
+        frames = [jpeg(16, 16, seed=100 + k) for k in range(count)]
+        for k, data in enumerate(frames):
+            (folder / f'frame_{k + 1}.jpg').write_bytes(data)
+        videos[f'{label}/{clip}'] = frames
+    return videos
+
+
+def test_ingest_videos_from_frame_folders(tmp_path):
+    videos = make_frame_videos(tmp_path / 'clips')
+    done = loadr_cmd('ingest', 'videos', tmp_path / 'clips', tmp_path / 'g', '--workers', 2)
+    assert done.returncode == 0, done.stderr
+    g = loadr.open(tmp_path / 'g', decode_images=False)
+    assert g.ids == ['jump/a', 'run/b'] and g.label2idx == {'jump': 0, 'run': 1}
+    for i, id_ in enumerate(g.ids):
+        assert g[i]['frames'] == videos[id_]              # in natural order, bytes as they were
+    assert g[1]['meta'] == {'label': 'run', 'label_idx': 1}
+    done = loadr_cmd('ingest', 'videos', tmp_path / 'clips', tmp_path / 'b', '--format', 'bag')
+    assert done.returncode == 0, done.stderr
+    b = loadr.open(tmp_path / 'b', decode_images=False)
+    assert b[1]['id'] == 'run/b' and b[1]['label'] == 1 and b[1]['frames'] == videos['run/b']
+
+
+@pytest.mark.skipif(video_backend() is not None, reason='a video decoder is installed here')
+def test_video_files_without_pyav_or_ffmpeg_say_how_to_get_one(tmp_path):
+    (tmp_path / 'clips' / 'jump').mkdir(parents=True)
+    (tmp_path / 'clips' / 'jump' / 'a.mp4').write_bytes(b'\x00' * 64)
+    done = loadr_cmd('ingest', 'videos', tmp_path / 'clips', tmp_path / 'g')
+    assert done.returncode == 2
+    assert "'pip install av'" in done.stderr and 'apt-get install ffmpeg' in done.stderr
+    assert not (tmp_path / 'g').exists()
+
+
+FAKE_FFMPEG = '''#!{python}
+# Stands in for ffmpeg: writes 4 frames where the output pattern says.
+import io, sys
+from PIL import Image
+pattern = sys.argv[-1]
+assert '-i' in sys.argv and sys.argv[sys.argv.index('-i') + 1].endswith('.webm')
+for k in range(4):
+    Image.new('RGB', (40, 30), (60 * k, 0, 0)).save(pattern % (k + 1), 'JPEG')
+'''
+
+
+def test_video_files_through_an_ffmpeg_binary(tmp_path):
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    (bin_dir / 'ffmpeg').write_text(FAKE_FFMPEG.format(python=sys.executable))
+    (bin_dir / 'ffmpeg').chmod(0o755)
+    (tmp_path / 'clips' / 'wave').mkdir(parents=True)
+    (tmp_path / 'clips' / 'wave' / 'v1.webm').write_bytes(b'not really a video')
+    env = {'PATH': f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = loadr_cmd('ingest', 'videos', tmp_path / 'clips', tmp_path / 'g', '--backend',
+                     'ffmpeg', '--short-side', 15, env=env)
+    assert done.returncode == 0, done.stderr
+    g = loadr.open(tmp_path / 'g')
+    assert g.ids == ['wave/v1'] and len(g[0]['frames']) == 4
+    assert g[0]['frames'][0].shape == (15, 20, 3)
+    assert [int(f[..., 0].mean()) // 10 for f in g[0]['frames']] == [0, 6, 12, 18]
+
+
+def test_ingest_json_20bn_list(tmp_path):
+    make_frame_videos(tmp_path / 'src')
+    videos = tmp_path / 'videos'
+    videos.mkdir()
+    shutil.move(tmp_path / 'src' / 'jump' / 'a', videos / '101')
+    shutil.move(tmp_path / 'src' / 'run' / 'b', videos / '7')
+    listing = [{'id': '101', 'label': 'Pushing a cup', 'template': 'Pushing [something]'},
+               {'id': 7, 'label': 'Lifting a pen', 'template': 'Lifting [something]'}]
+    (tmp_path / 'train.json').write_text(json.dumps(listing))
+    (tmp_path / 'labels.json').write_text(json.dumps({'Lifting something': '0',
+                                                      'Pushing something': '1'}))
+    done = loadr_cmd('ingest', 'json', tmp_path / 'train.json', videos, tmp_path / 'g',
+                     '--labels', tmp_path / 'labels.json', '--label-field', 'template')
+    assert done.returncode == 0, done.stderr
+    g = loadr.open(tmp_path / 'g')
+    assert g.ids == ['101', '7'] and len(g[1]['frames']) == 11
+    assert g.label2idx == {'Lifting something': 0, 'Pushing something': 1}
+    assert g[0]['meta'] == {'label': 'Pushing something', 'template': 'Pushing [something]',
+                            'label_idx': 1}
+    done = loadr_cmd('ingest', 'json', tmp_path / 'train.json', videos, tmp_path / 'b',
+                     '--format', 'bag')
+    assert done.returncode == 0, done.stderr
+    b = loadr.open(tmp_path / 'b')
+    assert [b[i]['label'] for i in range(2)] == [1, 0]      # sorted: Lifting a pen, Pushing a cup
+    assert b[1]['meta']['label'] == 'Lifting a pen'
+    (tmp_path / 'bad.json').write_text(json.dumps([{'id': '5', 'label': 'x'}]))
+    done = loadr_cmd('ingest', 'json', tmp_path / 'bad.json', videos, tmp_path / 'c')
+    assert done.returncode == 2 and "missing from the videos folder, e.g. id '5'" in done.stderr
+
+
+# ---------------------------------------------------------------------------
+# bench
+
+
+def test_bench_prints_a_table_per_worker_count(tmp_path, fixtures):
+    path = bag_pipeline(tmp_path, fixtures)
+    done = loadr_cmd('bench', path, '--workers', '0,1', '--steps', 3, '--warmup', 1)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ['workers', 'batches/s', 'samples/s', 'speedup']
+    assert [line.split()[0] for line in lines[1:3]] == ['0', '1']
+    assert lines[1].split()[3] == '1.00x' and float(lines[2].split()[2]) > 0
+
+
+def test_bench_plot(tmp_path, fixtures):
+    path = bag_pipeline(tmp_path, fixtures)
+    png = tmp_path / 'bench.png'
+    done = loadr_cmd('bench', path, '--workers', '0', '--steps', 1, '--plot', png)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert done.returncode == 2
+        assert '--plot needs matplotlib' in done.stderr and 'pip install matplotlib' in \
+            done.stderr
+        assert not png.exists() and 'workers' not in done.stdout    # refused before running
+    else:
+        assert done.returncode == 0 and png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    done = loadr_cmd('bench', path, '--workers', 'one')
+    assert done.returncode == 2 and 'comma-separated ints' in done.stderr
+
+
+def test_python_dash_m_loadr_runs_the_command(fixtures):
+    done = subprocess.run([sys.executable, '-m', 'loadr', 'check', str(fixtures / 'bag')],
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0 and 'OK' in done.stdout
