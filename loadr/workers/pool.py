@@ -42,6 +42,17 @@ MAX_STARTUP_FAILURES = 3          # workers dying before they say hello: give up
 JOIN_TIMEOUT_S = 2.0
 
 
+def _block_sigint():
+    if not hasattr(signal, 'pthread_sigmask'):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+def _restore_sigmask(old) -> None:
+    if old is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class _Worker:
     def __init__(self, wid: int, incarnation: int, process, identity: bytes):
         self.wid, self.incarnation, self.process, self.identity = wid, incarnation, process, identity
@@ -107,8 +118,17 @@ class WorkerPool:
         identity = b'w%d.%d' % (wid, self._incarnations)
         args = WorkerArgs(wid=wid, identity=identity, **self._template)
         proc = self._mp.Process(target=run, args=(args,), name=f'loadr-worker-{wid}', daemon=True)
-        proc.start()
-        self.workers[wid] = _Worker(wid, self._incarnations, proc, identity)
+        # Ctrl-C waits until the worker is started and recorded: one arriving
+        # during fork is swallowed by Python's at-fork hooks (lost in the main
+        # process) or hits the child before it ignores SIGINT (a traceback),
+        # and one raised before the assignment below would leak the process.
+        # The child inherits the mask and unblocks SIGINT once it ignores it.
+        blocked = _block_sigint()
+        try:
+            proc.start()
+            self.workers[wid] = _Worker(wid, self._incarnations, proc, identity)
+        finally:
+            _restore_sigmask(blocked)
 
     def _by_identity(self, identity: bytes) -> _Worker | None:
         for w in self.workers:

@@ -74,14 +74,21 @@ def run(args: WorkerArgs) -> None:
     from . import protocol
     from .shm import Segment
 
-    # Ctrl-C belongs to the main process; it stops us in order.
+    # Ctrl-C belongs to the main process; it stops us in order. The pool
+    # started us with SIGINT blocked, so none got in before this line.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, 'pthread_sigmask'):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _watch_parent(args.parent_pid, [*args.slot_names, args.status_name])
     if os.getppid() != args.parent_pid:
         return
-    segments = [Segment.attach(name) for name in args.slot_names]
+    try:
+        segments = [Segment.attach(name) for name in args.slot_names]
+        status = Segment.attach(args.status_name)
+    except FileNotFoundError:
+        # Only the pool unlinks them: it closed (Ctrl-C while we started). Leave quietly.
+        return
     views = [args.layout.views(seg.buf) for seg in segments]
-    status = Segment.attach(args.status_name)
     progress = np.ndarray((2,), dtype=np.int64, buffer=status.buf, offset=16 * args.wid)
     asm = Assembler(args.reader, args.fns, args.spec, args.on_error)
     orders: dict[int, Order] = {}
