@@ -80,8 +80,14 @@ class WorkerPool:
             self._mp = multiprocess.get_context(start_method)
             self._dir = tempfile.mkdtemp(prefix='loadr-')      # mode 0700: ours alone
             self.endpoint = f'ipc://{self._dir}/tasks'
-            self._ctx = zmq.Context(1)
-            self._sock = self._ctx.socket(zmq.ROUTER)
+            # Ctrl-C inside Socket() would leave a socket that nothing closes,
+            # and close() would then wait forever in Context.term().
+            blocked = _block_sigint()
+            try:
+                self._ctx = zmq.Context(1)
+                self._sock = self._ctx.socket(zmq.ROUTER)
+            finally:
+                _restore_sigmask(blocked)
             self._sock.setsockopt(zmq.LINGER, 0)
             self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self._sock.bind(self.endpoint)
