@@ -350,9 +350,20 @@ class Loader:
         return self._pool
 
     def _parallel(self, spec, start_step, end, drop_last):
+        results: dict[int, tuple] = {}      # j -> (slot, count, next_step, extras, replaced)
+        try:
+            yield from self._parallel_loop(spec, start_step, end, drop_last, results)
+        finally:
+            # Batches done but never handed out (the caller broke out of an epoch,
+            # dropped the iterator, or hit Ctrl-C): without this, every such stop
+            # would lose their slots for good and shrink the prefetch window.
+            for slot, *_ in results.values():
+                if slot is not None:
+                    self._slots_free.append(slot)
+
+    def _parallel_loop(self, spec, start_step, end, drop_last, results):
         pool = self._ensure_pool(spec)
         gen = None
-        results: dict[int, tuple] = {}      # j -> (slot, count, next_step, extras, replaced)
         resend: list[int] = []               # task ids whose worker died
         while True:
             if self._held_slot is not None:
