@@ -374,7 +374,8 @@ class Loader:
                 # abandoned; its slot comes back when its reply (or death) does.
                 gen, j_yield, j_send, step0 = self._gen, 0, 0, start_step()
                 for slot, *_ in results.values():
-                    self._slots_free.append(slot)
+                    if slot is not None:        # None: an empty shard batch, no slot
+                        self._slots_free.append(slot)
                 results.clear()
                 resend.clear()
             # Fill the window.
