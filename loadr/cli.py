@@ -54,6 +54,10 @@ def _err(*parts) -> None:
     print(*parts, file=sys.stderr, flush=True)
 
 
+def _plural(n: int, word: str) -> str:
+    return f'{n} {word}' + ('' if n == 1 else 's')
+
+
 def _size(nbytes: int) -> str:
     for unit, scale in (('GB', 1 << 30), ('MB', 1 << 20), ('kB', 1 << 10)):
         if nbytes >= scale:
@@ -150,8 +154,7 @@ def cmd_demo(args) -> int:
             fresh.load(state)
             got = batch_digest(next(iter(fresh)))
         same = got == expected
-        workers = f'{other} worker' + ('' if other == 1 else 's')
-        _out(f'   a fresh loader ({workers}) that loads it gives batch '
+        _out(f'   a fresh loader ({_plural(other, "worker")}) that loads it gives batch '
              f'{DEMO_RESUME_AFTER + 1}: sha256 {got[:16]}… vs {expected[:16]}… in the first '
              f'run: {"the same batch" if same else "DIFFERENT (a bug: please report it)"}')
         return EXIT_OK if same else EXIT_FAILED
@@ -202,7 +205,8 @@ def _run(args, loader) -> int:
         reader = loader.reader
         _err(f'loadr run {args.pipeline}: {type(reader).__name__} '
              f'{getattr(reader, "path", "")} ({len(reader)} datapoints), {len(loader.fns)} fns, '
-             f'batch {loader.batch}, {loader.workers} workers, from position {loader.step}, '
+             f'batch {loader.batch}, {_plural(loader.workers, "worker")}, from position '
+             f'{loader.step}, '
              f'{steps} batches')
         bar = Progress(total=steps, unit='batches', label='run')
         it = iter(loader)
@@ -361,6 +365,9 @@ def cmd_inspect(args) -> int:
                 'size_bytes': size, 'files': files, **extra}
         if n:
             index = args.index if args.index >= 0 else n + args.index
+            if not 0 <= index < n:
+                raise ConfigError(f'--index {args.index} is out of range: the dataset has {n} '
+                                  f'datapoints')
             dp = reader[index]
             info['datapoint'] = {'index': index,
                                  'keys': {str(k): _summary(v) for k, v in dp.items()}}

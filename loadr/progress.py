@@ -26,11 +26,13 @@ BAR_WIDTH = 24
 
 
 def format_count(n: float) -> str:
-    """``1234567 -> '1.23M'``, ``999 -> '999'``: short, for rates and totals."""
+    """``1234567 -> '1.23M'``, ``999 -> '999'``, ``7.058 -> '7.06'``: short, for rates."""
     for limit, suffix in ((1e9, 'G'), (1e6, 'M'), (1e4, 'k')):
         if abs(n) >= limit:
             return f'{n / limit:.3g}{suffix}'
-    return f'{n:.4g}' if isinstance(n, float) else str(n)
+    if isinstance(n, int):
+        return str(n)
+    return f'{n:.0f}' if abs(n) >= 100 else f'{n:.1f}' if abs(n) >= 10 else f'{n:.2f}'
 
 
 def format_seconds(s: float) -> str:
@@ -64,12 +66,14 @@ class Progress:
         self.samples = 0
         self.start = time.perf_counter()
         self._last_shown = self.start
-        self._shown_any = False
+        self._end: float | None = None
         self.closed = False
 
     @property
     def elapsed(self) -> float:
-        return time.perf_counter() - self.start
+        """Seconds from the start to now, or to :meth:`close`."""
+        end = self._end if self._end is not None else time.perf_counter()
+        return end - self.start
 
     def rates(self) -> tuple[float, float]:
         """(items per second, samples per second) since the start."""
@@ -111,7 +115,6 @@ class Progress:
             else:
                 self.stream.write(self.line() + '\n')
             self.stream.flush()
-            self._shown_any = True
         except (OSError, ValueError):
             pass      # a closed or broken stderr must not stop the work
 
@@ -119,6 +122,7 @@ class Progress:
         """Show the final line (once)."""
         if not self.closed:
             self.closed = True
+            self._end = time.perf_counter()
             self._show(final=True)
 
     def __enter__(self):
