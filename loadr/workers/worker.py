@@ -46,7 +46,9 @@ class WorkerArgs:
     on_error: str
 
 
-def _watch_parent(parent_pid: int, names: list) -> None:
+def _watch_parent(parent_pid: int, names: list, ipc_dir: str | None) -> None:
+    import shutil
+
     from .shm import SHM_DIR
 
     def watch():
@@ -60,6 +62,8 @@ def _watch_parent(parent_pid: int, names: list) -> None:
                         os.unlink(os.path.join(SHM_DIR, name))
                     except OSError:
                         pass
+                if ipc_dir is not None:     # the private socket directory, likewise
+                    shutil.rmtree(ipc_dir, ignore_errors=True)
                 os._exit(0)
 
     threading.Thread(target=watch, name='loadr-parent-watch', daemon=True).start()
@@ -79,7 +83,9 @@ def run(args: WorkerArgs) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, 'pthread_sigmask'):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    _watch_parent(args.parent_pid, [*args.slot_names, args.status_name])
+    ipc_dir = os.path.dirname(args.endpoint[len('ipc://'):]) \
+        if args.endpoint.startswith('ipc://') else None
+    _watch_parent(args.parent_pid, [*args.slot_names, args.status_name], ipc_dir)
     if os.getppid() != args.parent_pid:
         return
     try:
