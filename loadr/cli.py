@@ -388,18 +388,24 @@ def cmd_inspect(args) -> int:
 
 def cmd_check(args) -> int:
     from .check import check
-    t0 = time.perf_counter()
-    report = check(args.path)
-    elapsed = time.perf_counter() - t0
+    reports = []
+    for path in args.paths:
+        t0 = time.perf_counter()
+        report = check(path)
+        reports.append(report)
+        if args.json:
+            continue
+        if report.ok:
+            _out(f'{report.path}: {report.format}, OK: no problems '
+                 f'({time.perf_counter() - t0:.2f} s)')
+        else:
+            _out(str(report))
     if args.json:
-        _out(json.dumps({'path': report.path, 'format': report.format, 'ok': report.ok,
-                         'problems': [{'path': p.path, 'index': p.index, 'message': p.message}
-                                      for p in report.problems]}, indent=2))
-    elif report.ok:
-        _out(f'{report.path}: {report.format}, OK: no problems ({elapsed:.2f} s)')
-    else:
-        _out(str(report))
-    return EXIT_OK if report.ok else EXIT_FAILED
+        out = [{'path': r.path, 'format': r.format, 'ok': r.ok,
+                'problems': [{'path': p.path, 'index': p.index, 'message': p.message}
+                             for p in r.problems]} for r in reports]
+        _out(json.dumps(out[0] if len(out) == 1 else out, indent=2))
+    return EXIT_OK if all(r.ok for r in reports) else EXIT_FAILED
 
 
 # ---------------------------------------------------------------------------
@@ -616,11 +622,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--index', type=int, default=0, help='the datapoint to show (default 0)')
 
     p = _command(sub, 'check', cmd_check,
-                 'Check every file of a dataset (checksums, index tables, sizes, duplicate '
-                 'ids). Exit code 0 only when it is clean; each problem names the file and '
-                 'the index.',
-                 'loadr check data/train && echo clean', parents)
-    p.add_argument('path', help='a gulp directory, .ffr file or directory, or bag dataset')
+                 'Check every file of one or more datasets (checksums, index tables, sizes, '
+                 'duplicate ids). Exit code 0 only when all are clean; each problem names the '
+                 'file and the index.',
+                 'loadr check data/train && echo clean\n'
+                 'loadr check data/train data/val --json', parents)
+    p.add_argument('paths', nargs='+', metavar='PATH',
+                   help='gulp directories, .ffr files or directories, or bag datasets')
     p.add_argument('--json', action='store_true', help='print JSON instead of text')
 
     p = _command(sub, 'convert', cmd_convert,

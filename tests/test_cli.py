@@ -270,6 +270,8 @@ def test_inspect_reports_format_count_spec_size_and_a_datapoint(fixtures, manife
         image = info['datapoint']['keys']['image']
         assert (image['len'], image['looks_like']) == (content['image']['len'], 'jpeg')
         assert image['image_shape'] == content['image']['pillow']['shape']
+    if key == 'bag_sharded':
+        return          # the text form is the same code as for 'bag'
     text = loadr_cmd('inspect', fixtures / rel)
     assert text.returncode == 0
     assert text.stdout.startswith(f"{fixtures / rel}: {info['format']}, "
@@ -284,12 +286,13 @@ def test_inspect_a_missing_or_unknown_path_fails_clearly(tmp_path):
     assert done.stderr == f'loadr: error: {tmp_path / "nope"}: no such file or directory\n'
 
 
-@pytest.mark.parametrize('rel', ['bag', 'bag_sharded', 'gulp', 'ffrecord/multi',
-                                 'ffrecord/single.ffr'])
-def test_check_is_clean_on_the_fixtures(fixtures, rel):
-    done = loadr_cmd('check', fixtures / rel)
+def test_check_is_clean_on_the_fixtures(fixtures):
+    rels = ['bag', 'bag_sharded', 'bag_types', 'gulp', 'ffrecord/multi', 'ffrecord/single.ffr']
+    done = loadr_cmd('check', *[fixtures / rel for rel in rels])
     assert done.returncode == 0, done.stdout
-    assert 'OK: no problems' in done.stdout
+    lines = done.stdout.splitlines()
+    assert [line.split(':')[0] for line in lines] == [str(fixtures / rel) for rel in rels]
+    assert all('OK: no problems' in line for line in lines)
 
 
 def test_check_names_file_and_index_and_fails_on_a_corrupted_copy(tmp_path, fixtures):
@@ -308,8 +311,8 @@ def test_check_names_file_and_index_and_fails_on_a_corrupted_copy(tmp_path, fixt
     os.chmod(data, 0o644)
     with open(data, 'r+b') as f:
         f.truncate(os.path.getsize(data) - 100)
-    done = loadr_cmd('check', gulp)
-    assert done.returncode == 1 and str(data) in done.stdout
+    done = loadr_cmd('check', fixtures / 'bag', gulp)       # one bad dataset fails the run
+    assert done.returncode == 1 and str(data) in done.stdout and 'OK' in done.stdout
 
 
 # ---------------------------------------------------------------------------
