@@ -42,7 +42,8 @@ SCALING_RUNS = 3
 FAR_N = 10**9
 FAR_STEP = 10**12
 RESUME_STEADY_BATCHES = 40
-GRANULAR_RESUME_N = (10**6, 10**7)
+GRANULAR_RESUME_N = 10**6
+GRANULAR_ORDER_N = 10**7
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKLOADS = ('trivial', 'images', 'video', 'raw')
@@ -177,6 +178,8 @@ def _rss_mib() -> float:
 def _loadr_resume(n: int, workers: int, runs: int) -> dict:
     import loadr
     ds = W.FarDataset(n)
+    gc.collect()
+    rss0 = _rss_mib()
     with loadr.Loader(ds, batch=W.TRIVIAL_BATCH, fns=[W.identity_fn], seed=0,
                       workers=workers) as loader:
         it = iter(loader)
@@ -187,8 +190,17 @@ def _loadr_resume(n: int, workers: int, runs: int) -> dict:
             t = time.perf_counter()
             next(it)
             steady.append(time.perf_counter() - t)
-        resumes, loads, correct = [], [], True
+        resumes, loads, near, correct = [], [], [], True
         for r in range(runs):
+            # A jump to where the stream already is: the cost of restarting the
+            # pipeline alone, to compare the far jump with.
+            state = loader.save()
+            t = time.perf_counter()
+            loader.load(state)
+            next(it)
+            near.append(time.perf_counter() - t)
+            for _ in range(5):
+                next(it)
             state = loader.save()
             state['step'] = FAR_STEP + r * 7 * W.TRIVIAL_BATCH
             t = time.perf_counter()
@@ -207,11 +219,13 @@ def _loadr_resume(n: int, workers: int, runs: int) -> dict:
                 next(it)
         rss = _rss_mib()
     return {'n': n, 'step': FAR_STEP, 'resume_s': resumes, 'load_call_s': loads,
+            'resume_near_s': near,
             'steady_batch_s': statistics.median(steady), 'steady_batch_max_s': max(steady),
-            'correct_batch': correct, 'rss_main_mib': rss}
+            'correct_batch': correct, 'rss_main_mib': rss, 'rss_growth_mib': rss - rss0}
 
 
 def _granular_resume(n: int, workers: int) -> dict:
+    """granular's Loader: load() at the far step, then next()."""
     import granular
     ds = W.FarDataset(n)
     loader = granular.Loader(ds, batch=W.TRIVIAL_BATCH, fns=[W.identity_fn], workers=workers,
@@ -220,27 +234,42 @@ def _granular_resume(n: int, workers: int) -> dict:
     try:
         for _ in range(3):
             next(it)
-        rss0 = _rss_mib()
         t = time.perf_counter()
         loader.load({'step': FAR_STEP, 'seed': 0})
         next(it)
-        return {'n': n, 'resume_s': time.perf_counter() - t,
-                'rss_growth_mib': _rss_mib() - rss0}
+        return {'n': n, 'resume_s': time.perf_counter() - t}
     finally:
         loader.close()
 
 
+def _granular_order_cost(n: int) -> dict:
+    """Time and memory of granular's per-epoch order (its ``Loader._order``) for ``n`` items."""
+    import granular
+
+    class Shape:                    # the two attributes _order reads
+        shuffle, length = True, n
+    order = granular.Loader._order.__wrapped__
+    gc.collect()
+    rss0 = _rss_mib()
+    t = time.perf_counter()
+    perm = order(Shape(), 1, 0)
+    seconds = time.perf_counter() - t
+    grown = _rss_mib() - rss0
+    del perm
+    return {'n': n, 'order_s': seconds, 'order_mib': grown}
+
+
 def measure_resume(workers: int, runs: int, with_granular: bool) -> dict:
     """loadr: load() at step 10^12 of a 10^9-item dataset, then the next batch; granular for scale."""
-    out = {'loadr': _loadr_resume(FAR_N, workers, runs),
-           'loadr_small': _loadr_resume(1000, workers, 1)}
+    # The small one first, so that the big one cannot look flat by reusing its memory.
+    small = _loadr_resume(1000, workers, 1)
+    out = {'loadr': _loadr_resume(FAR_N, workers, runs), 'loadr_small': small}
     if with_granular and peers.available('granular'):
-        out['granular'] = []
-        for n in GRANULAR_RESUME_N:
-            try:
-                out['granular'].append(_granular_resume(n, workers))
-            except Exception as exc:
-                out['granular'].append({'n': n, 'error': f'{type(exc).__name__}: {exc}'})
+        try:
+            out['granular'] = _granular_resume(GRANULAR_RESUME_N, workers)
+            out['granular_order'] = _granular_order_cost(GRANULAR_ORDER_N)
+        except Exception as exc:
+            out['granular_error'] = f'{type(exc).__name__}: {exc}'
     return out
 
 
