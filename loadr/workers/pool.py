@@ -121,7 +121,10 @@ class WorkerPool:
 
     def _start(self, wid: int) -> None:
         self._incarnations += 1
-        identity = b'w%d.%d' % (wid, self._incarnations)
+        # Unguessable: the ROUTER unpickles replies only from identities it
+        # assigned, so another process of ours that can reach the socket still
+        # cannot pose as the next worker (see SECURITY.md).
+        identity = b'w%d.%d.%s' % (wid, self._incarnations, secrets.token_hex(8).encode())
         args = WorkerArgs(wid=wid, identity=identity, **self._template)
         proc = self._mp.Process(target=run, args=(args,), name=f'loadr-worker-{wid}', daemon=True)
         # Ctrl-C waits until the worker is started and recorded: one arriving
