@@ -426,7 +426,7 @@ def cmd_convert(args) -> int:
             shardlen=args.shardlen, videos_per_chunk=args.videos_per_chunk, progress=bar)
     bar.close()
     size, files = _disk_size(args.dst)
-    _out(f'wrote {len(source)} datapoints to {args.dst} ({args.to}, {_size(size)} in '
+    _out(f'wrote {_plural(len(source), "datapoint")} to {args.dst} ({args.to}, {_size(size)} in '
          f'{files} file(s)) in {bar.elapsed:.2f} s')
     return EXIT_OK
 
@@ -437,7 +437,8 @@ def _ingest_done(summary: dict, bar: Progress) -> int:
         _err(f'loadr: skipped {line}')
     size, files = _disk_size(summary['out'])
     skipped = f", skipped {len(summary['skipped'])}" if summary['skipped'] else ''
-    _out(f"wrote {summary['written']} datapoints ({summary['labels']} labels{skipped}) to "
+    _out(f"wrote {_plural(summary['written'], 'datapoint')} "
+         f"({_plural(summary['labels'], 'label')}{skipped}) to "
          f"{summary['out']} ({summary['format']}, {_size(size)}) in {bar.elapsed:.2f} s")
     return EXIT_OK
 
@@ -453,7 +454,7 @@ def cmd_ingest_images(args) -> int:
 
 def cmd_ingest_videos(args) -> int:
     from .ingest import ingest_videos
-    bar = Progress(unit='videos', label='ingest')
+    bar = Progress(unit='videos', label='ingest', sample_unit='frames')
     summary = ingest_videos(args.dir, args.out, format=args.format, workers=args.workers,
                             fps=args.fps, short_side=args.short_side, backend=args.backend,
                             skip_bad=args.skip_bad, progress=bar, shardlen=args.shardlen,
@@ -463,7 +464,7 @@ def cmd_ingest_videos(args) -> int:
 
 def cmd_ingest_json(args) -> int:
     from .ingest import ingest_json
-    bar = Progress(unit='videos', label='ingest')
+    bar = Progress(unit='videos', label='ingest', sample_unit='frames')
     summary = ingest_json(args.list, args.videos, args.out, format=args.format,
                           workers=args.workers, labels=args.labels, label_field=args.label_field,
                           fps=args.fps, short_side=args.short_side, backend=args.backend,

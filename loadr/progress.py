@@ -47,12 +47,14 @@ class Progress:
     """Counts work and shows it: done/total, items/s, samples/s, elapsed and ETA.
 
     ``unit`` names what ``update`` counts (``'batches'``, ``'datapoints'``);
-    ``samples`` passed to ``update`` adds a samples/s column.
+    ``samples`` passed to ``update`` adds a column of those (named
+    ``sample_unit``, e.g. ``'frames'``) per second.
     """
 
     def __init__(self, total: int | None = None, unit: str = 'items', label: str = '',
-                 stream=None, every_s: float | None = None):
+                 stream=None, every_s: float | None = None, sample_unit: str = 'samples'):
         self.total, self.unit, self.label = total, unit, label
+        self.sample_unit = sample_unit
         self.stream = stream if stream is not None else sys.stderr
         try:
             self.tty = self.stream.isatty()
@@ -91,8 +93,8 @@ class Progress:
         else:
             parts.append(f'{self.done} {self.unit}')
         if self.samples:
-            parts.append(f'{self.samples} samples')
-            parts.append(f'{format_count(sample_rate)} samples/s')
+            parts.append(f'{self.samples} {self.sample_unit}')
+            parts.append(f'{format_count(sample_rate)} {self.sample_unit}/s')
         parts.append(f'{format_count(rate)} {self.unit}/s')
         parts.append(format_seconds(self.elapsed))
         if self.total and 0 < self.done < self.total and rate > 0:

@@ -521,6 +521,27 @@ def test_video_files_through_an_ffmpeg_binary(tmp_path):
     assert [int(f[..., 0].mean()) // 10 for f in g[0]['frames']] == [0, 6, 12, 18]
 
 
+def test_video_files_through_pyav(tmp_path):
+    av = pytest.importorskip('av')
+    (tmp_path / 'clips' / 'wave').mkdir(parents=True)
+    with av.open(str(tmp_path / 'clips' / 'wave' / 'v1.mp4'), 'w') as out:
+        stream = out.add_stream('mpeg4', rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, 'yuv420p'
+        for k in range(20):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), 10 * k, np.uint8),
+                                               format='rgb24')
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    done = loadr_cmd('ingest', 'videos', tmp_path / 'clips', tmp_path / 'g', '--backend',
+                     'pyav', '--fps', 5, '--short-side', 24)
+    assert done.returncode == 0, done.stderr
+    frames = loadr.open(tmp_path / 'g')[0]['frames']
+    assert len(frames) == 10 and frames[0].shape == (24, 32, 3)     # every other frame
+    assert [round(float(f.mean()) / 20) for f in frames] == list(range(10))
+
+
 def test_ingest_json_20bn_list(tmp_path):
     make_frame_videos(tmp_path / 'src')
     videos = tmp_path / 'videos'
