@@ -1,0 +1,140 @@
+"""The main process interrupted or killed, stale segments, a /dev/shm too small.
+
+Each loader here runs in a real subprocess in its own process group, and the
+test does to it what a terminal, an OOM killer or a scheduler would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+import loadr
+from loadr.errors import ResourceError
+from loadr.workers.shm import SHM_DIR, free_bytes
+
+from ..loader_helpers import noisy, stream_digests, trivial
+from .helpers import (children, finish, read_json_line, segments, start_script, tracebacks,
+                      wait_until_gone)
+
+pytestmark = pytest.mark.timeout(60)
+
+# A training loop: prints who it is, then iterates until something stops it.
+LOOP = '''
+    import json, os, sys, time
+    import loadr
+    from tests.loader_helpers import batch_digest, noisy, trivial
+
+    def slow(dp, seed):
+        time.sleep(0.001)
+        return noisy(dp, seed)
+
+    loader = loadr.Loader(trivial(300), batch=8, fns=[slow], seed=1, workers=2)
+    it = iter(loader)
+    digests = [batch_digest(next(it)) for _ in range(3)]
+    print(json.dumps({'pid': os.getpid(), 'workers': loader.worker_pids,
+                      'dir': loader._pool._dir, 'segments': len(os.listdir('/dev/shm'))}),
+          flush=True)
+    try:
+        while True:
+            digests.append(batch_digest(next(it)))
+    except KeyboardInterrupt:
+        if sys.argv[1] == 'raise':
+            raise
+        # What a training script does on Ctrl-C: save where it was, then leave.
+        print(json.dumps({'state': loader.save(), 'digests': digests}), flush=True)
+        loader.close()
+'''
+
+
+def slow(dp, seed):
+    return noisy(dp, seed)
+
+
+@pytest.mark.parametrize('mode', ['catch', 'raise'])
+def test_ctrl_c_during_iteration_exits_cleanly(mode):
+    proc = start_script(LOOP, mode)
+    info = read_json_line(proc)
+    assert segments(info['pid']) and os.path.isdir(info['dir'])
+    os.killpg(proc.pid, signal.SIGINT)          # Ctrl-C: the terminal signals the whole group
+    out, err = finish(proc)
+    if mode == 'catch':
+        assert proc.returncode == 0, err
+        assert tracebacks(err) == 0, err         # the workers ignore SIGINT: not a word
+        saved = json.loads(out)
+        state, digests = saved['state'], saved['digests']
+        assert state['step'] == 8 * len(digests)
+        with loadr.Loader(trivial(300), batch=8, fns=[slow], seed=1, workers=0) as ref:
+            expected = stream_digests(ref, len(digests) + 5)
+        assert digests == expected[:len(digests)]
+        with loadr.Loader(trivial(300), batch=8, fns=[slow], seed=5, workers=0) as resumed:
+            resumed.load(state)
+            assert stream_digests(resumed, 5) == expected[len(digests):]
+    else:
+        assert proc.returncode == -signal.SIGINT, err
+        assert tracebacks(err) == 1 and err.rstrip().endswith('KeyboardInterrupt'), err
+    wait_until_gone(info['workers'], 2.0)
+    assert segments(info['pid']) == []
+    assert not os.path.exists(info['dir'])
+
+
+def test_sigkill_of_the_main_process_ends_its_workers_and_their_memory():
+    proc = start_script(LOOP, 'raise')
+    info = read_json_line(proc)
+    assert len(segments(info['pid'])) == 5       # 4 slots (prefetch 2 * 2 workers) + status
+    os.kill(info['pid'], signal.SIGKILL)
+    finish(proc)
+    assert proc.returncode == -signal.SIGKILL
+    took = wait_until_gone(info['workers'], 2.0)
+    assert took < 2.0
+    assert segments(info['pid']) == []           # unlinked by the workers' watchdogs
+    assert not os.path.exists(info['dir'])
+
+
+def test_segments_of_a_dead_owner_are_reclaimed_by_the_next_loader():
+    # The whole group SIGKILLed at once (an OOM kill of the job): nobody unlinks.
+    proc = start_script(LOOP, 'raise')
+    info = read_json_line(proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    finish(proc)
+    wait_until_gone([info['pid'], *info['workers']], 2.0)
+    left = segments(info['pid'])
+    assert len(left) == 5
+    # A segment of a live owner (pid 1 always runs) must survive the reclaim.
+    alive_name = 'loadr-1-0badc0de-slot0'
+    alive_path = os.path.join(SHM_DIR, alive_name)
+    with open(alive_path, 'wb') as f:
+        f.write(b'x')
+    try:
+        with loadr.Loader(trivial(20), batch=4, workers=1) as loader:
+            next(iter(loader))
+            assert segments(info['pid']) == []
+            assert os.path.exists(alive_path)
+    finally:
+        os.unlink(alive_path)
+
+
+def test_dev_shm_too_small_is_a_clear_error_before_the_first_batch():
+    free = free_bytes()
+    row = free // 2 + 1                           # two rows already do not fit
+    before = set(os.listdir(SHM_DIR))
+    workers_before = set(children())
+    loader = loadr.Loader([{'x': 0}] * 10, batch=2, workers=2, prefetch=1,
+                          spec={'x': ('uint8', (row,))})
+    try:
+        with pytest.raises(ResourceError) as info:
+            next(iter(loader))
+        need = 2 * row                            # one slot of two rows (+ alignment)
+        message = str(info.value)
+        assert 'shared memory' in message and 'free' in message
+        need_mib = float(message.split(' MiB')[0].split()[-1])
+        assert need_mib >= need / 2 ** 20 - 0.1
+        assert loader.worker_pids == []
+        assert set(children()) == workers_before  # no worker was started
+        assert set(os.listdir(SHM_DIR)) - before == set()
+    finally:
+        loader.close()
+

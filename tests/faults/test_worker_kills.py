@@ -1,0 +1,207 @@
+"""Workers killed or stopped for real, mid-read, mid-decode, mid-write: the stream stays exact.
+
+A clean run with ``workers=0`` is the reference; every faulty run must give
+the same batch hashes (nothing lost, repeated or torn) and clean up after
+the processes it lost.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import loadr
+from loadr.errors import WorkerError
+from loadr.order import Order
+from loadr.workers.pool import JOIN_TIMEOUT_S
+
+from ..loader_helpers import batch_digest, noisy, stream_digests, trivial
+from .helpers import Killer, children, running, wait_until_gone
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def busy(dp, seed):
+    """noisy(), after ~0.4 ms of CPU: long enough for kills to land mid-batch."""
+    until = time.perf_counter() + 0.0004
+    while time.perf_counter() < until:
+        pass
+    return noisy(dp, seed)
+
+
+class Arms:
+    """Kills the calling process the first time a chosen (phase, index) is reached.
+
+    A marker file per (phase, index), created with O_EXCL, makes each kill
+    happen once across every worker; unarmed (the reference run, in this
+    process) it does nothing.
+    """
+
+    def __init__(self, directory, plan: dict, armed: bool):
+        self.directory, self.plan, self.armed = str(directory), plan, armed
+
+    def maybe_die(self, phase: str, index: int) -> None:
+        if not self.armed or index not in self.plan.get(phase, ()):
+            return
+        try:
+            fd = os.open(os.path.join(self.directory, f'{phase}-{index}'),
+                         os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.close(fd)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def fired(self) -> set:
+        return {tuple(n.split('-')) for n in os.listdir(self.directory)}
+
+
+class PerSampleReader:
+    """trivial() data read one datapoint at a time; dies mid-read where armed."""
+
+    def __init__(self, n: int, arms: Arms):
+        self.data, self.arms = trivial(n), arms
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        self.arms.maybe_die('read', i)
+        return self.data[i]
+
+
+class BatchReader(PerSampleReader):
+    """The same, with a batch read (what loadr's readers have); dies inside it where armed."""
+
+    def read_batch(self, indices):
+        for i in indices:
+            self.arms.maybe_die('batch', i)
+        return [self.data[i] for i in indices]
+
+
+class Deferred:
+    """An array value whose conversion (in Assembler._write, after the earlier keys of
+    the row are already in shared memory) is where the worker dies: a torn row."""
+
+    def __init__(self, value: np.ndarray, arms: Arms, index: int):
+        self.value, self.arms, self.index = value, arms, index
+
+    def __array__(self, dtype=None, copy=None):
+        self.arms.maybe_die('write', self.index)
+        return self.value
+
+
+SPEC = {'label': ('int64', ()), 'vec': ('float32', (16,)), 'seed': ('uint64', ()),
+        'late': ('float32', (16,))}
+
+
+def make_decode(arms: Arms):
+    def decode(dp, seed):
+        arms.maybe_die('decode', dp['label'])
+        out = noisy(dp, seed)
+        out['late'] = Deferred(out['vec'] * 2, arms, dp['label'])
+        return out
+    return decode
+
+
+@pytest.mark.parametrize('reader_cls,read_phase', [(PerSampleReader, 'read'),
+                                                   (BatchReader, 'batch')])
+def test_kills_mid_read_mid_decode_and_mid_write_leave_the_stream_exact(tmp_path, reader_cls,
+                                                                        read_phase):
+    plan = {read_phase: {5, 150, 280}, 'decode': {17, 99, 203}, 'write': {42, 160, 299}}
+    batches = 40                                   # 640 positions: every index at least twice
+    clean = Arms(tmp_path, plan, armed=False)
+    with loadr.Loader(reader_cls(300, clean), batch=16, fns=[make_decode(clean)], seed=4,
+                      workers=0, spec=SPEC) as ref:
+        expected = stream_digests(ref, batches)
+    arms = Arms(tmp_path, plan, armed=True)
+    with loadr.Loader(reader_cls(300, arms), batch=16, fns=[make_decode(arms)], seed=4,
+                      workers=2, spec=SPEC) as loader:
+        got = stream_digests(loader, batches)
+        restarts = loader._pool.restarts
+    assert got == expected
+    want = {(phase, str(i)) for phase, indices in plan.items() for i in indices}
+    assert arms.fired() == want                     # every planned kill happened, once
+    assert restarts == len(want)
+
+
+def test_random_sigkills_many_times_in_one_run(tmp_path):
+    data = trivial(1000)
+    batches = 100
+    with loadr.Loader(data, batch=16, fns=[busy], seed=9, workers=0) as ref:
+        expected = stream_digests(ref, batches)
+    with loadr.Loader(data, batch=16, fns=[busy], seed=9, workers=3) as loader:
+        it = iter(loader)
+        got = [next(it)]
+        with Killer(loader, seed=1, every_s=(0.005, 0.03), max_kills=20) as killer:
+            got += [next(it) for _ in range(batches - 1)]
+        restarts = loader._pool.restarts
+    # A kill can land on a worker already dead but not yet noticed: count restarts.
+    assert restarts >= 10, f'only {restarts} workers were killed ({killer.kills} SIGKILLs sent)'
+    assert [batch_digest(b) for b in got] == expected
+    order = Order(len(data), 9)
+    labels = np.concatenate([b['label'] for b in got])
+    assert labels.tolist() == order.indices(0, 16 * batches).tolist()   # none lost or repeated
+
+
+def test_a_sample_that_kills_inside_a_batch_read_is_named(tmp_path):
+    # Regression: a death inside the reader's batch read held no sample "in hand",
+    # so the batch was resent forever. Now it is redone sample by sample and named.
+    class Deadly(BatchReader):
+        def read_batch(self, indices):
+            if 13 in indices:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().read_batch(indices)
+
+        def __getitem__(self, i):
+            if i == 13:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return self.data[i]
+
+    arms = Arms(tmp_path, {}, armed=False)
+    with loadr.Loader(Deadly(30, arms), batch=10, shuffle=False, workers=2) as loader:
+        it = iter(loader)
+        next(it)
+        start = time.monotonic()
+        with pytest.raises(WorkerError, match='killed a worker 3 times') as info:
+            next(it)
+        assert info.value.index == 13
+        assert time.monotonic() - start < 15
+
+
+def test_a_stopped_worker_misses_its_deadline_is_replaced_and_reaped():
+    data = trivial(200)
+
+    def slow(dp, seed):
+        time.sleep(0.002)
+        return noisy(dp, seed)
+
+    with loadr.Loader(data, batch=8, fns=[slow], seed=3, workers=0) as ref:
+        expected = stream_digests(ref, 30)
+    loader = loadr.Loader(data, batch=8, fns=[slow], seed=3, workers=2, timeout=1.0)
+    try:
+        it = iter(loader)
+        got = [batch_digest(next(it)) for _ in range(3)]
+        victim = loader.worker_pids[0]
+        os.kill(victim, signal.SIGSTOP)             # a hang: it never answers again
+        start = time.monotonic()
+        got += [batch_digest(next(it)) for _ in range(27)]
+        elapsed = time.monotonic() - start
+        assert got == expected
+        assert loader._pool.restarts == 1
+        assert elapsed >= 1.0                       # found by the deadline, not by chance
+        assert not running(victim) and victim not in children()     # killed and reaped
+        # close() with a stopped worker: it cannot be asked to STOP, so it is killed.
+        second = loader.worker_pids[1]
+        os.kill(second, signal.SIGSTOP)
+        pids = loader.worker_pids
+        start = time.monotonic()
+        loader.close()
+        assert time.monotonic() - start < JOIN_TIMEOUT_S + 2
+        wait_until_gone(pids, 1)
+        assert not set(pids) & set(children())
+    finally:
+        loader.close()
