@@ -1,0 +1,221 @@
+"""The trust boundaries of SECURITY.md, tested: private endpoints, no unpickling of strangers,
+pickle only when named, and a guard over every deserialiser call in loadr's source."""
+
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+import pickle
+import shutil
+import socket
+import stat
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+import loadr
+from loadr.errors import DecodeError
+from loadr.readers.bag import BagFileWriter, BagWriter
+from loadr.workers import protocol
+from loadr.workers.shm import SHM_DIR
+
+from ..loader_helpers import batch_digest, stream_digests, trivial
+from .helpers import segments
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NOBODY = 65534
+
+
+class Gadget:
+    """Unpickling this creates ``path``: proof that something was unpickled."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, 'w'))
+
+
+def test_the_ipc_directory_and_the_segments_are_ours_alone():
+    with loadr.Loader(trivial(20), batch=4, workers=1) as loader:
+        next(iter(loader))
+        info = os.stat(loader._pool._dir)
+        assert stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o700
+        assert info.st_uid == os.geteuid()
+        assert loader._pool.endpoint == f'ipc://{loader._pool._dir}/tasks'
+        for name in segments():
+            st = os.stat(os.path.join(SHM_DIR, name))
+            assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='needs root to become another user; the 0700 '
+                                              'mode checked above is what keeps others out')
+def test_another_user_can_neither_connect_nor_read_the_batches():
+    with loadr.Loader(trivial(20), batch=4, workers=1) as loader:
+        next(iter(loader))
+        path = loader._pool.endpoint[len('ipc://'):]
+        segment = os.path.join(SHM_DIR, segments()[0])
+        pid = os.fork()
+        if pid == 0:                                  # the stranger: another uid, same machine
+            code = 0
+            try:
+                os.setgroups([])
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                for attempt in (lambda: socket.socket(socket.AF_UNIX).connect(path),
+                                lambda: os.listdir(os.path.dirname(path)),
+                                lambda: open(segment, 'rb')):
+                    try:
+                        attempt()
+                        code |= 1                     # it got in: fail
+                    except PermissionError:
+                        pass
+            except BaseException:
+                code |= 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, os.WEXITSTATUS(status)
+
+
+def test_messages_from_identities_the_pool_did_not_assign_are_never_unpickled(tmp_path):
+    marker = tmp_path / 'unpickled'
+    gadget = pickle.dumps(Gadget(marker))
+    data = trivial(200)
+    with loadr.Loader(data, batch=8, seed=2, workers=0) as ref:
+        expected = stream_digests(ref, 40)
+    ctx = zmq.Context()
+    with loadr.Loader(data, batch=8, seed=2, workers=2) as loader:
+        it = iter(loader)
+        got = [next(it)]
+        # A process that can reach the socket (root here; the 0700 directory stops anyone
+        # else) poses as workers: a made-up name and the names the pool once used.
+        intruders = []
+        for identity in (b'intruder', b'w0.1', b'w1.2', b'w0.3'):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IDENTITY, identity)
+            sock.connect(loader._pool.endpoint)
+            intruders.append(sock)
+        for sock in intruders:
+            sock.send_multipart(protocol.hello(os.getpid()))
+            for task_id in range(64):                 # whatever task ids are in flight
+                sock.send_multipart([protocol._pack(protocol.DONE, task_id), gadget])
+                sock.send_multipart([protocol._pack(protocol.FAIL, task_id), gadget])
+        got += [next(it) for _ in range(39)]
+        for sock in intruders:
+            sock.close(0)
+    ctx.term()
+    assert [batch_digest(b) for b in got] == expected
+    assert not marker.exists()
+
+
+def test_pickle_is_used_for_data_only_when_asked_for_by_name(tmp_path):
+    marker = tmp_path / 'unpickled'
+    path = tmp_path / 'x.ffr'
+    with loadr.writers.FFRecordWriter(path, 1) as w:
+        w.write_one(pickle.dumps(Gadget(marker)))
+    assert loadr.open(path)[0]['data'][:1] == b'\x80'          # raw bytes by default
+    for decode in ('msgpack', 'json'):
+        with pytest.raises(DecodeError):
+            loadr.open(path, decode=decode)[0]
+    assert not marker.exists()
+    loadr.open(path, decode='pickle')[0]                        # named: the user's call
+    assert marker.exists()
+
+
+def test_a_bag_array_of_dtype_object_is_refused_not_unpickled(tmp_path):
+    marker = tmp_path / 'unpickled'
+    out = tmp_path / 'bag'
+    with BagWriter(out, {'a': 'array'}) as w:
+        w.append({'a': np.zeros(1)})
+    os.unlink(out / 'a.bag')
+    with BagFileWriter(out / 'a.bag') as bag:
+        bag.append(msgpack.packb(('|O', [1], pickle.dumps(Gadget(marker)))))
+    with pytest.raises(DecodeError, match='dtype') as info:
+        loadr.open(out)[0]
+    assert (info.value.path, info.value.index) == (str(out / 'a.bag'), 0)
+    assert not marker.exists()
+
+
+def test_a_pickled_gmeta_is_refused_unless_allowed_and_then_restricted(fixtures, tmp_path):
+    gulp = tmp_path / 'gulp'
+    shutil.copytree(fixtures / 'gulp_pickle', gulp)
+    os.chmod(gulp / 'meta_1.gmeta', 0o644)
+    marker = tmp_path / 'unpickled'
+    (gulp / 'meta_1.gmeta').write_bytes(pickle.dumps({'v': Gadget(marker)}, protocol=2))
+    for allow in (False, True):
+        with pytest.raises(loadr.errors.UnsafeFormatError):
+            loadr.open(gulp, allow_pickle=allow)
+    assert not marker.exists()
+
+
+# -- a guard over the source: every deserialiser call is one SECURITY.md accounts for ------
+
+UNSAFE_CALLS = {('pickle', 'loads'), ('pickle', 'load'), ('pickle', 'Unpickler'),
+                ('dill', 'loads'), ('dill', 'load'), ('marshal', 'loads'), ('marshal', 'load'),
+                ('yaml', 'load'), ('yaml', 'load_all'), ('yaml', 'unsafe_load'),
+                ('yaml', 'full_load'), ('yaml', 'unsafe_load_all'), ('shelve', 'open')}
+# (file, enclosing function or class, call): each is in SECURITY.md with why it is safe.
+ALLOWED = {
+    ('loadr/workers/pool.py', 'WorkerPool._receive', 'pickle.loads'),      # assigned peers only
+    ('loadr/workers/protocol.py', 'Failure.capture', 'pickle.loads'),      # our own dumps
+    ('loadr/workers/protocol.py', 'Failure.exception', 'pickle.loads'),    # from a worker
+    ('loadr/readers/ffrecord.py', 'FFRecordReader._decoded', 'pickle.loads'),  # decode='pickle'
+    ('loadr/readers/gulp.py', '_GulpUnpickler', 'pickle.Unpickler'),        # allow_pickle=True
+}
+
+
+def _safe_loaders(tree) -> set:
+    """Names of classes in this module that derive from yaml's SafeLoader or CSafeLoader."""
+    return {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+            and any(isinstance(b, ast.Attribute) and b.attr in ('SafeLoader', 'CSafeLoader')
+                    for b in node.bases)}
+
+
+def _unsafe_sites(path: pathlib.Path) -> set:
+    tree = ast.parse(path.read_text(), str(path))
+    safe = _safe_loaders(tree)
+    rel = path.relative_to(ROOT).as_posix()
+    found = set()
+
+    def visit(node, scope):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            scope = f'{scope}.{node.name}' if scope else node.name
+            if isinstance(node, ast.ClassDef):
+                for base in node.bases:
+                    if isinstance(base, ast.Attribute) and base.attr == 'Unpickler':
+                        found.add((rel, scope, 'pickle.Unpickler'))
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name) and func.id in ('eval', 'exec'):
+                found.add((rel, scope, func.id))
+            if isinstance(func, ast.Attribute):
+                owner = func.value.attr if isinstance(func.value, ast.Attribute) else \
+                    getattr(func.value, 'id', None)
+                if (owner, func.attr) in UNSAFE_CALLS:
+                    loader = next((k.value for k in node.keywords if k.arg == 'Loader'), None)
+                    safe_yaml = owner == 'yaml' and func.attr == 'load' and (
+                        (isinstance(loader, ast.Name) and loader.id in safe)
+                        or (isinstance(loader, ast.Attribute)
+                            and loader.attr in ('SafeLoader', 'CSafeLoader')))
+                    if not safe_yaml:
+                        found.add((rel, scope, f'{owner}.{func.attr}'))
+        for child in ast.iter_child_nodes(node):
+            visit(child, scope)
+
+    visit(tree, '')
+    return found
+
+
+def test_every_deserialiser_call_in_loadr_is_accounted_for():
+    sites = set()
+    for path in sorted((ROOT / 'loadr').rglob('*.py')):
+        sites |= _unsafe_sites(path)
+    assert sites == ALLOWED, ('a new pickle/yaml/eval call site: make it safe, or add it to '
+                              'ALLOWED and to SECURITY.md with the reason it is safe')
