@@ -109,6 +109,7 @@ def _load_pipeline(path: str, overrides: list, extra: dict | None = None):
 
 
 def cmd_demo(args) -> int:
+    """Synthetic JPEGs, the demo pipeline with workers, and a resume check: ``loadr demo``."""
     from .config import pipeline
     from .demo import DATA_DIR_NAME, DEMO_YAML, IMAGE_HW, batch_digest, make_images
     tmp = tempfile.mkdtemp(prefix='loadr-demo-')
@@ -189,6 +190,7 @@ def _read_state(path: str) -> dict:
 
 
 def cmd_run(args) -> int:
+    """Iterate a pipeline: ``loadr run p.yaml --steps 100 -o loader.batch=8``."""
     _, loader = _load_pipeline(args.pipeline, args.override)
     with loader:
         return _run(args, loader)
@@ -335,6 +337,7 @@ def _summary_text(s: dict) -> str:
 
 
 def cmd_inspect(args) -> int:
+    """Describe a dataset and one datapoint: ``loadr inspect data/train --json``."""
     from .convert import _ffrecord_decode
     from .readers import FFRecordReader, detect
     path = args.path
@@ -387,6 +390,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_check(args) -> int:
+    """Check datasets; exit 1 if any has a problem: ``loadr check data/train``."""
     from .check import check
     reports = []
     for path in args.paths:
@@ -417,6 +421,7 @@ def _list_arg(text: str | None) -> list | None:
 
 
 def cmd_convert(args) -> int:
+    """Copy a dataset into another format: ``loadr convert a.ffr b --to bag``."""
     from .convert import convert, open_source, plan_conversion
     source = open_source(args.src, args.decode)
     plan = plan_conversion(source, args.dst, args.to, _list_arg(args.keys), args.frames)
@@ -444,6 +449,7 @@ def _ingest_done(summary: dict, bar: Progress) -> int:
 
 
 def cmd_ingest_images(args) -> int:
+    """Folders of images to a dataset: ``loadr ingest images photos out``."""
     from .ingest import ingest_images
     bar = Progress(unit='images', label='ingest')
     summary = ingest_images(args.dir, args.out, format=args.format, workers=args.workers,
@@ -453,6 +459,7 @@ def cmd_ingest_images(args) -> int:
 
 
 def cmd_ingest_videos(args) -> int:
+    """Folders of videos to a dataset: ``loadr ingest videos clips out``."""
     from .ingest import ingest_videos
     bar = Progress(unit='videos', label='ingest', sample_unit='frames')
     summary = ingest_videos(args.dir, args.out, format=args.format, workers=args.workers,
@@ -463,6 +470,7 @@ def cmd_ingest_videos(args) -> int:
 
 
 def cmd_ingest_json(args) -> int:
+    """A 20BN list to a dataset: ``loadr ingest json list.json videos out``."""
     from .ingest import ingest_json
     bar = Progress(unit='videos', label='ingest', sample_unit='frames')
     summary = ingest_json(args.list, args.videos, args.out, format=args.format,
@@ -489,6 +497,7 @@ def _worker_counts(text: str) -> list[int]:
 
 
 def cmd_bench(args) -> int:
+    """Throughput per worker count: ``loadr bench p.yaml --workers 1,2,4``."""
     counts = _worker_counts(args.workers)
     if args.plot:
         try:

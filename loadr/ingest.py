@@ -405,7 +405,7 @@ def _write(out, fmt, jobs, task, workers, entries, label2idx, progress, skip_bad
     written, skipped = 0, []
     with writer:
         for (status, value), (source, id_, label, meta) in zip(
-                _results(task, jobs, workers), entries):
+                _results(task, jobs, workers), entries, strict=True):
             if status != 'ok':
                 if not skip_bad:
                     raise DecodeError(f'{value} (nothing was written; --skip-bad leaves such '
@@ -462,10 +462,11 @@ def _need_backend(paths: list, backend: str) -> None:
                           f'{os.path.basename(files[0])}): {NO_VIDEO_BACKEND}')
 
 
-def ingest_videos(src: str, out: str, format: str = 'gulp', workers: int | None = None,  # noqa: A002
-                  fps: float | None = None, short_side: int | None = None,
-                  backend: str = 'auto', skip_bad: bool = False, progress=None,
-                  shardlen: int | None = None, videos_per_chunk: int = 100) -> dict:
+def ingest_videos(src: str, out: str, format: str = 'gulp',  # noqa: A002
+                  workers: int | None = None, fps: float | None = None,
+                  short_side: int | None = None, backend: str = 'auto',
+                  skip_bad: bool = False, progress=None, shardlen: int | None = None,
+                  videos_per_chunk: int = 100) -> dict:
     """Write every ``src/<label>/<video>`` (a file or a folder of frames) into ``out``.
 
     Example::
@@ -481,7 +482,7 @@ def ingest_videos(src: str, out: str, format: str = 'gulp', workers: int | None 
         progress.total = len(items)
     jobs = [(p, fps, short_side, backend) for p in paths]
     entries = []
-    for path, (rel, label) in zip(paths, items):
+    for path, (rel, label) in zip(paths, items, strict=True):
         id_ = rel if os.path.isdir(path) else os.path.splitext(rel)[0]
         entries.append((path, id_, label, {'label': label}))
     return _write(out, format, jobs, _video_task, _default_workers(workers), entries, label2idx,
@@ -529,6 +530,7 @@ def ingest_json(list_path: str, videos: str, out: str, format: str = 'gulp',  # 
     if progress is not None:
         progress.total = len(paths)
     jobs = [(p, fps, short_side, backend) for p in paths]
-    entries = [(p, id_, label, meta) for p, (id_, label, meta) in zip(paths, entries_in)]
+    entries = [(p, id_, label, meta)
+               for p, (id_, label, meta) in zip(paths, entries_in, strict=True)]
     return _write(out, format, jobs, _video_task, _default_workers(workers), entries, label2idx,
                   progress, skip_bad, videos_per_chunk, shardlen, video=True)

@@ -200,7 +200,9 @@ def test_ctrl_c_saves_the_state_and_resume_goes_on_from_it(tmp_path, fixtures):
     try:
         seen = [proc.stdout.readline() for _ in range(5)]
         os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=TIMEOUT_S)
+        # Read through the same buffered files (communicate() would skip what they hold).
+        out, err = proc.stdout.read(), proc.stderr.read()
+        proc.wait(timeout=TIMEOUT_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
