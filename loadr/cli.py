@@ -351,7 +351,8 @@ def cmd_inspect(args) -> int:
         reader = FFRecordReader(path, decode=decode)
         extra['decode'] = decode or 'none (raw bytes)'
     else:
-        reader = fmt.reader(path)
+        options = {'allow_pickle': True} if fmt.name == 'gulp' and args.allow_pickle else {}
+        reader = fmt.reader(path, **options)
     with reader:
         n = len(reader)
         if fmt.name == 'gulp':
@@ -423,7 +424,7 @@ def _list_arg(text: str | None) -> list | None:
 def cmd_convert(args) -> int:
     """Copy a dataset into another format: ``loadr convert a.ffr b --to bag``."""
     from .convert import convert, open_source, plan_conversion
-    source = open_source(args.src, args.decode)
+    source = open_source(args.src, args.decode, allow_pickle=args.allow_pickle)
     plan = plan_conversion(source, args.dst, args.to, _list_arg(args.keys), args.frames)
     _err(f'loadr convert: {plan.describe()}')
     bar = Progress(total=len(source), unit='datapoints', label='convert')
@@ -630,6 +631,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('path', help='a gulp directory, .ffr file or directory, or bag dataset')
     p.add_argument('--json', action='store_true', help='print JSON instead of text')
     p.add_argument('--index', type=int, default=0, help='the datapoint to show (default 0)')
+    p.add_argument('--allow-pickle', action='store_true',
+                   help='read a gulp directory whose .gmeta files are pickles (trusted files '
+                        'only: unpickling can run code; restricted to what gulpio2 writes)')
 
     p = _command(sub, 'check', cmd_check,
                  'Check every file of one or more datasets (checksums, index tables, sizes, '
@@ -655,6 +659,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--frames', help='gulp: the key holding the frames (default: the jpg[] key)')
     p.add_argument('--decode', choices=('auto', 'msgpack', 'json', 'none'), default='auto',
                    help='how FFRecord samples are read (default: auto-detect)')
+    p.add_argument('--allow-pickle', action='store_true',
+                   help='read a gulp directory whose .gmeta files are pickles (trusted files '
+                        'only: unpickling can run code; restricted to what gulpio2 writes)')
     p.add_argument('--shardlen', type=_positive, default=None,
                    help='bag: datapoints per shard (default: one unsharded dataset)')
     p.add_argument('--videos-per-chunk', type=_positive, default=100,

@@ -115,16 +115,21 @@ def _ffrecord_decode(reader: FFRecordReader, decode: str) -> str | None:
     return None
 
 
-def open_source(path: str | os.PathLike, decode: str = 'auto') -> Source:
+def open_source(path: str | os.PathLike, decode: str = 'auto',
+                allow_pickle: bool = False) -> Source:
     """Open ``path`` (any format) for copying; FFRecord samples decoded as ``decode``.
 
     ``decode='auto'`` reads the first sample as a msgpack map, else a JSON
-    object, else leaves the samples as bytes.
+    object, else leaves the samples as bytes. ``allow_pickle`` lets a gulp
+    directory with pickled ``.gmeta`` files be read (trusted files only).
+
+    >>> open_source('../shared/fixtures/gulp').types     # doctest: +SKIP
+    {'id': 'utf8', 'frames': 'jpg[]', 'meta': 'msgpack'}
     """
     path = os.fspath(path)
     fmt = detect(path).name
     if fmt == 'gulp':
-        reader = GulpReader(path, decode_images=False)
+        reader = GulpReader(path, decode_images=False, allow_pickle=allow_pickle)
         return Source(path, fmt, reader, dict(reader.spec, meta='msgpack'),
                       label2idx=reader.label2idx)
     if fmt == 'bag':
@@ -254,7 +259,7 @@ def _datapoints(source: Source, keys: list):
         else:
             batch = source.reader.read_batch(indices)
             batch = [{k: dp[k] for k in keys if k in dp} for dp in batch]
-        yield from zip(indices, batch)
+        yield from zip(indices, batch, strict=True)
 
 
 def convert(src, dst: str | os.PathLike, target: str, keys: list | None = None,

@@ -282,10 +282,17 @@ def test_inspect_reports_format_count_spec_size_and_a_datapoint(fixtures, manife
     assert ('bytes (jpeg ' if key == 'ffrecord_single' else 'first values') in text.stdout
 
 
-def test_inspect_a_missing_or_unknown_path_fails_clearly(tmp_path):
+def test_inspect_a_missing_or_unsafe_dataset_fails_clearly(tmp_path, fixtures):
     done = loadr_cmd('inspect', tmp_path / 'nope')
     assert done.returncode == 1
     assert done.stderr == f'loadr: error: {tmp_path / "nope"}: no such file or directory\n'
+    done = loadr_cmd('inspect', fixtures / 'gulp_pickle')
+    assert done.returncode == 1 and 'is a pickle' in done.stderr
+    done = loadr_cmd('convert', fixtures / 'gulp_pickle', tmp_path / 'g', '--to', 'gulp',
+                     '--allow-pickle')
+    assert done.returncode == 0, done.stderr
+    assert read_all(tmp_path / 'g', decode_images=False) == read_all(
+        fixtures / 'gulp_pickle', decode_images=False, allow_pickle=True)
 
 
 def test_check_is_clean_on_the_fixtures(fixtures):
