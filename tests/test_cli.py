@@ -227,6 +227,26 @@ def test_ctrl_c_saves_the_state_and_resume_goes_on_from_it(tmp_path, fixtures):
             assert expected[position] == digest
 
 
+def test_sigterm_saves_the_state_too(tmp_path, fixtures):
+    path = bag_pipeline(tmp_path, fixtures, workers=1, batch=2)
+    state = tmp_path / 'state.json'
+    proc = subprocess.Popen([sys.executable, '-m', 'loadr.cli', 'run', str(path), '--steps',
+                             '1000000', '--digest', '--save-state', str(state)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()
+        proc.stdout.readline()            # the batch before this one is fully handled
+        proc.terminate()                  # SIGTERM to the main process only, as a scheduler
+        err = proc.stderr.read()
+        proc.wait(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert 'loadr: terminated at position' in err and 'Traceback' not in err
+    assert json.loads(state.read_text())['step'] >= 2
+
+
 def test_resume_with_a_state_of_another_dataset_is_refused(tmp_path, fixtures):
     state = tmp_path / 'state.json'
     state.write_text(json.dumps({'version': 1, 'step': 4, 'seed': 1, 'n': 99,
