@@ -217,7 +217,19 @@ def _loadr_resume(n: int, workers: int, runs: int) -> dict:
             for _ in range(5):
                 next(it)
         rss = _rss_mib()
-    return {'n': n, 'step': FAR_STEP, 'resume_s': resumes, 'load_call_s': loads,
+    # One batch from start to end with nothing else in flight (prefetch=1): the
+    # latency a restarted pipeline pays before its first batch.
+    with loadr.Loader(ds, batch=W.TRIVIAL_BATCH, fns=[W.identity_fn], seed=0, workers=workers,
+                      prefetch=1) as single:
+        it = iter(single)
+        for _ in range(3):
+            next(it)
+        lat = []
+        for _ in range(10):
+            t = time.perf_counter()
+            next(it)
+            lat.append(time.perf_counter() - t)
+    return {'batch_latency_s': statistics.median(lat),'n': n, 'step': FAR_STEP, 'resume_s': resumes, 'load_call_s': loads,
             'resume_near_s': near,
             'steady_batch_s': statistics.median(steady), 'steady_batch_max_s': max(steady),
             'correct_batch': correct, 'rss_main_mib': rss, 'rss_growth_mib': rss - rss0}
