@@ -55,6 +55,11 @@ __all__ = ['decode_image', 'encode_image', 'ENCODERS', 'DECODERS', 'encode', 'de
            'TYPES', 'UNSUPPORTED_TYPES']
 
 JPEG_QUALITY = 90
+# The only formats decode_image hands to Pillow. Without this list Pillow picks a
+# plugin by content, so a 'jpg' value from an untrusted file could be an EPS
+# (run through Ghostscript when loaded), a TIFF, a PSD, ...: far more parser
+# than a data loader needs to expose.
+IMAGE_FORMATS = ('JPEG', 'PNG')
 
 
 def decode_image(data: bytes, mode: str | None = None, draft: tuple[int, int] | None = None
@@ -69,14 +74,14 @@ def decode_image(data: bytes, mode: str | None = None, draft: tuple[int, int] | 
     """
     from PIL import Image, UnidentifiedImageError
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as img:
             if draft is not None and img.format == 'JPEG':
                 img.draft(img.mode if mode is None else mode, draft)
             if mode is not None and img.mode != mode:
                 img = img.convert(mode)
             return np.asarray(img)
     except UnidentifiedImageError as exc:   # its message carries a BytesIO address: drop it
-        raise DecodeError(f'cannot decode image: not an image file Pillow knows '
+        raise DecodeError(f'cannot decode image: not a JPEG or PNG file '
                           f'({len(data)} bytes starting {bytes(data[:4])!r})') from exc
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise DecodeError(f'cannot decode image: {exc}') from exc
