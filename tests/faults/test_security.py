@@ -4,6 +4,7 @@ pickle only when named, and a guard over every deserialiser call in loadr's sour
 from __future__ import annotations
 
 import ast
+import io
 import os
 import pathlib
 import pickle
@@ -15,6 +16,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from PIL import Image
 
 import loadr
 from loadr.errors import DecodeError
@@ -153,6 +155,23 @@ def test_a_pickled_gmeta_is_refused_unless_allowed_and_then_restricted(fixtures,
         with pytest.raises(loadr.errors.UnsafeFormatError):
             loadr.open(gulp, allow_pickle=allow)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize('fmt', ['EPS', 'TIFF', 'GIF'])
+def test_an_image_value_is_decoded_only_as_jpeg_or_png(tmp_path, fmt):
+    # Pillow picks a plugin by content: an EPS stored as 'jpg' would go to Ghostscript.
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(buf, format=fmt)
+    out = tmp_path / 'bag'
+    with BagWriter(out, {'image': 'jpg'}) as w:
+        w.append({'image': np.zeros((4, 4, 3), np.uint8)})
+    os.unlink(out / 'image.bag')
+    with BagFileWriter(out / 'image.bag') as bag:
+        bag.append(buf.getvalue())
+    with pytest.raises(DecodeError, match='not a JPEG or PNG') as info:
+        loadr.open(out)[0]
+    assert (info.value.path, info.value.index) == (str(out / 'image.bag'), 0)
+    assert loadr.open(out, decode_images=False)[0]['image'] == buf.getvalue()
 
 
 # -- a guard over the source: every deserialiser call is one SECURITY.md accounts for ------
