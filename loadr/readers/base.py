@@ -87,8 +87,9 @@ class Files:
         return fd
 
     def size(self, path: str) -> int:
+        fd = self.fd(path)          # raises its own ReadError; wrapping it again doubled the text
         try:
-            return os.fstat(self.fd(path)).st_size
+            return os.fstat(fd).st_size
         except OSError as exc:
             raise read_error(exc, path, None) from exc
 
