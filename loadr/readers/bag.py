@@ -55,7 +55,7 @@ import numpy as np
 
 from .. import codecs
 from ..errors import ConfigError, DecodeError, FormatError, LoadrError, WriterError
-from .base import Files, Format, Problem, Reader, check_index
+from .base import Files, Format, Problem, Reader, check_index, read_error
 
 __all__ = ['Bag', 'BagFileWriter', 'BagReader', 'BagWriter', 'FORMAT', 'check', 'detect',
            'parse_type']
@@ -369,8 +369,8 @@ def _read_spec(directory: str) -> list[tuple[str, str]]:
             raw = f.read(SPEC_MAX_BYTES + 1)
     except FileNotFoundError:
         raise FormatError('missing spec.json: not a bag dataset', path) from None
-    except OSError as exc:
-        raise FormatError(f'cannot read spec.json: {exc}', path) from exc
+    except OSError as exc:      # permission, EIO: the system failed, not the format
+        raise read_error(exc, path, None) from exc
     if len(raw) > SPEC_MAX_BYTES:
         raise FormatError(f'spec.json is larger than {SPEC_MAX_BYTES} bytes', path)
 
