@@ -85,6 +85,9 @@ def decode_image(data: bytes, mode: str | None = None, draft: tuple[int, int] | 
                           f'({len(data)} bytes starting {bytes(data[:4])!r})') from exc
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise DecodeError(f'cannot decode image: {exc}') from exc
+    except KeyError as exc:     # formats= names a plugin that this Pillow could not import
+        raise DecodeError(f'cannot decode image: Pillow has no {exc.args[0]} plugin '
+                          f'(a broken Pillow install?)') from exc
 
 
 def encode_image(array: np.ndarray, format: str = 'JPEG', quality: int = JPEG_QUALITY) -> bytes:
