@@ -450,6 +450,9 @@ class _Dataset:
             if not os.path.isfile(bag_path):
                 raise FormatError(f'missing bag file for key {key!r}', bag_path)
             bags[key] = Bag(bag_path, files, cache_index, key in cache_keys)
+        problem = _empty_refs_problem(bags)
+        if problem:
+            raise FormatError(problem, bags[REFS_KEY].path)
         return cls(path, spec, bags, start)
 
     def __getstate__(self):
@@ -526,6 +529,24 @@ class _Dataset:
             out[key] = [_decode(base, records[p - lo], decode_images, bag.path, index,
                                 f'{key}[{p}]', start + p) for p in positions]
         return out
+
+
+def _empty_refs_problem(bags: dict) -> str | None:
+    """Why an empty refs.bag beside non-empty value bags is a cut file, or None.
+
+    granular writes every bag empty for a dataset without datapoints, so
+    records in a value bag with no refs to them mean refs.bag lost its
+    content; reading it as an empty dataset would drop every datapoint.
+    """
+    if len(bags[REFS_KEY]):
+        return None
+    full = [(key, len(bag)) for key, bag in bags.items()
+            if key != REFS_KEY and bag is not None and len(bag)]
+    if not full:
+        return None
+    key, count = full[0]
+    return (f'refs.bag is empty but {key}.bag holds {count} records: refs.bag was cut or '
+            f'emptied, so its datapoints cannot be found')
 
 
 def _ref_problem(ref, is_seq: bool, bag_len: int | None) -> str | None:
@@ -906,6 +927,10 @@ def _check_dataset(directory: str, start: int, first_spec: dict | None,
             problems.append(Problem(os.path.join(directory, name), None,
                                     'bag file of a key that is not in spec.json'))
     if bags[REFS_KEY] is None:
+        return 0, first_spec or spec_dict
+    problem = _empty_refs_problem(bags)
+    if problem:
+        problems.append(Problem(bags[REFS_KEY].path, None, problem))
         return 0, first_spec or spec_dict
     dataset = _Dataset(directory, spec, bags, start)
     readable = [k for k, t in spec
