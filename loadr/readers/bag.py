@@ -901,7 +901,7 @@ def _check_dataset(directory: str, start: int, first_spec: dict | None,
     """Append the problems of one dataset directory; returns (datapoints, spec)."""
     try:
         spec = _read_spec(directory)
-    except FormatError as exc:
+    except LoadrError as exc:           # FormatError, or ReadError (e.g. EACCES)
         problems.append(_problem(exc, directory))
         return 0, first_spec
     spec_dict = dict(sorted(spec))
