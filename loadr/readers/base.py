@@ -73,7 +73,8 @@ class Files:
     def __setstate__(self, state):
         self.__init__()
 
-    def fd(self, path: str) -> int:
+    def fd(self, path: str, index: int | None = None) -> int:
+        """The cached descriptor of ``path``; ReadError (naming ``index``) if it cannot open."""
         if self._pid != os.getpid():
             self._fds = {}
             self._pid = os.getpid()
@@ -82,7 +83,7 @@ class Files:
             try:
                 fd = os.open(path, os.O_RDONLY | getattr(os, 'O_CLOEXEC', 0))
             except OSError as exc:
-                raise read_error(exc, path, None) from exc
+                raise read_error(exc, path, index) from exc
             self._fds[path] = fd
         return fd
 
@@ -97,7 +98,7 @@ class Files:
         """Read exactly ``length`` bytes at ``offset``; a short read is a FormatError."""
         if offset < 0 or length < 0:
             raise FormatError(f'negative offset {offset} or length {length}', path, index)
-        fd = self.fd(path)
+        fd = self.fd(path, index)
         try:
             data = os.pread(fd, length, offset)
             while len(data) < length:
