@@ -53,6 +53,12 @@ def targets(res: dict) -> list[dict]:
             r = _ratio(_median(lo, 'loadr'), _median(lo, peer))
             add(f'trivial: loadr ≥ {want}× {peer}', None if r is None else f'{r:.1f}×',
                 None if r is None else r >= want)
+        for peer, want in (('granular', 10), ('torch', 3)):
+            c = _ratio(_median(lo, peer, 'cpu_ms_per_sample'),
+                       _median(lo, 'loadr', 'cpu_ms_per_sample'))
+            if c is not None:
+                add(f'trivial, by CPU time: {peer} spends ≥ {want}× loadr\'s CPU per sample',
+                    f'{c:.1f}×', c >= want)
     if 'images' in wl:
         lo = wl['images']['loaders']
         r = _ratio(_median(lo, 'loadr'), _median(lo, 'limit'))
@@ -262,7 +268,7 @@ How it measures: every workload's data is made by the benchmark in a temp
 dir (page cache warm). Each loader gets 5 runs; in each round every loader
 runs once, in an order rotated per round, so the drift of a shared machine
 falls on all of them alike. A run: start the loader, time the first batch,
-2 warm-up batches, then batches for at least 1 s; samples/s is over that
+2 warm-up batches, then batches for at least 0.7 s; samples/s is over that
 stretch. CPU ms/sample is user+system time of the whole process tree over
 it; RSS is the peak of the main process and the peak of the workers'
 summed RSS (shared pages count in each process); /dev/shm is the peak rise

@@ -36,6 +36,7 @@ from . import workloads as W
 __all__ = ['main', 'run_once', 'run_workload', 'measure_resume', 'Config']
 
 MIN_BATCHES = 3
+MIN_TIME_S = 0.7                 # timed stretch of one run at scale 1
 WARMUP_BATCHES = 2
 MAX_BATCHES = 5000
 SCALING_RUNS = 3
@@ -56,7 +57,7 @@ class Config:
         self.scale = scale
         self.runs = runs
         self.workers = workers
-        self.min_time_s = max(0.05, 1.0 * scale)
+        self.min_time_s = max(0.05, MIN_TIME_S * scale)
         cores = os.cpu_count() or 1
         self.scaling = scaling or sorted({w for w in (1, 2, 4, 8, 16) if w <= max(cores, 2)})
         self.sizes = {
