@@ -365,6 +365,7 @@ class Loader:
         pool = self._ensure_pool(spec)
         gen = None
         resend: list[int] = []               # task ids whose worker died
+        failures: dict[int, object] = {}     # j -> Failure, raised when batch j is due
         while True:
             if self._held_slot is not None:
                 self._slots_free.append(self._held_slot)
@@ -378,6 +379,7 @@ class Loader:
                         self._slots_free.append(slot)
                 results.clear()
                 resend.clear()
+                failures.clear()
             # Fill the window.
             while resend and pool.can_submit():
                 tid = resend[0]
@@ -401,7 +403,11 @@ class Loader:
                 if not pool.submit(tid, slot, self.seed, start, count):
                     resend.append(tid)
                 j_send += 1
-            # Hand out the next batch if it is there.
+            # Hand out the next batch if it is there; a batch that failed raises
+            # only now, so the batches before it are all handed out first.
+            if j_yield in failures:
+                self._gen += 1              # the window is abandoned with the error
+                _raise_failure(failures.pop(j_yield))
             if j_yield in results:
                 slot, count, next_step, extras, replaced = results.pop(j_yield)
                 j_yield += 1
@@ -444,8 +450,7 @@ class Loader:
                                   event[2], event[3])
                 else:
                     self._slots_free.append(slot)
-                    self._gen += 1          # the window is abandoned with the error
-                    _raise_failure(event[2])
+                    failures[j] = event[2]
 
     # -- lifecycle -----------------------------------------------------------
 
