@@ -12,6 +12,7 @@ import errno
 import logging
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -193,3 +194,24 @@ def test_an_exception_in_a_fn_leaves_the_workers_and_the_loader_usable(workers):
         assert loader.worker_pids == pids            # an exception is not a crash
         loader.load({'step': 24, 'seed': 0})
         assert next(iter(loader))['label'].tolist() == list(range(24, 32))
+
+
+def test_an_error_is_raised_at_its_own_batch_never_before_earlier_ones():
+    # Batch 1 fails at once while batch 0 is still being made: the failure must wait
+    # for its turn, so batch 0 is handed out and the error comes with batch 1 (it used
+    # to preempt batch 0 whenever its reply arrived first: a timing-dependent stream).
+    def uneven(dp, seed):
+        if dp['label'] < 5:
+            time.sleep(0.05)
+        if dp['label'] == 6:
+            raise ValueError('sample 6 is bad')
+        return dp
+
+    for _ in range(3):
+        with loadr.Loader(trivial(20), batch=5, fns=[uneven], shuffle=False,
+                          workers=2) as loader:
+            it = iter(loader)
+            assert next(it)['label'].tolist() == [0, 1, 2, 3, 4]
+            with pytest.raises(ValueError, match='sample 6 is bad'):
+                next(it)
+            assert loader.save()['step'] == 5
