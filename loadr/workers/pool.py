@@ -24,14 +24,13 @@ import os
 import secrets
 import shutil
 import signal
-import tempfile
 import time
 
 import numpy as np
 import zmq
 
 from . import protocol
-from .shm import Segment, check_space, reclaim_stale, segment_name
+from .shm import Segment, check_space, private_dir, reclaim_stale, segment_name
 from .worker import WorkerArgs, run
 
 __all__ = ['WorkerPool', 'MAX_TASKS_PER_WORKER', 'MAX_DEATHS_PER_POSITION', 'JOIN_TIMEOUT_S']
@@ -78,7 +77,7 @@ class WorkerPool:
             reclaim_stale()
             check_space(layout.nbytes * slots + 16 * workers)
             self._mp = multiprocess.get_context(start_method)
-            self._dir = tempfile.mkdtemp(prefix='loadr-')      # mode 0700: ours alone
+            self._dir = private_dir()          # mode 0700: ours alone
             self.endpoint = f'ipc://{self._dir}/tasks'
             # Ctrl-C inside Socket() would leave a socket that nothing closes,
             # and close() would then wait forever in Context.term().

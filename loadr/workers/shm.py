@@ -9,7 +9,8 @@ fixed offsets (the :class:`Layout`). Ownership, written down once:
   unlinks them too, so a SIGKILLed main process leaves nothing behind.
 - Names are ``loadr-<owner pid>-<token>-<what>``; :func:`reclaim_stale`
   removes the segments of owners that no longer run, the next time any
-  loader starts.
+  loader starts, and likewise the owners' private socket directories
+  (:func:`private_dir`, ``<tmp>/loadr-<owner pid>-<random>``).
 
 The space is reserved with ``posix_fallocate`` when the segment is made, so
 a /dev/shm too small for the batches asked for is a clear
@@ -31,18 +32,22 @@ import mmap
 import os
 import re
 import secrets
+import shutil
+import stat
+import tempfile
 
 import numpy as np
 
 from ..errors import ResourceError
 
-__all__ = ['SHM_DIR', 'PREFIX', 'Layout', 'Segment', 'segment_name', 'reclaim_stale',
+__all__ = ['SHM_DIR', 'PREFIX', 'Layout', 'Segment', 'segment_name', 'reclaim_stale', 'private_dir',
            'check_space']
 
 SHM_DIR = '/dev/shm'
 PREFIX = 'loadr-'
 ALIGN_BYTES = 64
 _NAME = re.compile(r'^loadr-(\d+)-[0-9a-f]+-')
+_DIR_NAME = re.compile(r'^loadr-(\d+)-[A-Za-z0-9_]+$')
 
 
 def segment_name(what: str, token: str | None = None) -> str:
@@ -179,9 +184,38 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def reclaim_stale() -> list[str]:
-    """Unlink loadr segments whose owner process is gone; return their names."""
+def private_dir() -> str:
+    """A new directory for the sockets, mode 0700, named after our pid (see reclaim_stale)."""
+    return tempfile.mkdtemp(prefix=f'{PREFIX}{os.getpid()}-')
+
+
+def _reclaim_dirs() -> list[str]:
     removed = []
+    parent = tempfile.gettempdir()
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        match = _DIR_NAME.match(name)
+        if not match or _alive(int(match.group(1))):
+            continue
+        path = os.path.join(parent, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        # Ours only: a real directory (not a link planted in /tmp) that we own.
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def reclaim_stale() -> list[str]:
+    """Unlink loadr segments and socket directories whose owner process is gone;
+    return their names (directories as paths)."""
+    removed = _reclaim_dirs()
     try:
         names = os.listdir(SHM_DIR)
     except OSError:

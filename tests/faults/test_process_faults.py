@@ -102,7 +102,7 @@ def test_segments_of_a_dead_owner_are_reclaimed_by_the_next_loader():
     finish(proc)
     wait_until_gone([info['pid'], *info['workers']], 2.0)
     left = segments(info['pid'])
-    assert len(left) == 5
+    assert len(left) == 5 and os.path.isdir(info['dir'])
     # A segment of a live owner (pid 1 always runs) must survive the reclaim.
     alive_name = 'loadr-1-0badc0de-slot0'
     alive_path = os.path.join(SHM_DIR, alive_name)
@@ -112,6 +112,7 @@ def test_segments_of_a_dead_owner_are_reclaimed_by_the_next_loader():
         with loadr.Loader(trivial(20), batch=4, workers=1) as loader:
             next(iter(loader))
             assert segments(info['pid']) == []
+            assert not os.path.exists(info['dir'])     # its socket directory too
             assert os.path.exists(alive_path)
     finally:
         os.unlink(alive_path)
