@@ -414,6 +414,7 @@ class Stats:
 
     inputs: int = 0
     distinct: set = dataclasses.field(default_factory=set)
+    duplicates: int = 0                  # inputs already judged, skipped (skip_seen=True)
     opened: int = 0
     refused_at_open: int = 0
     datapoints_ok: int = 0
@@ -564,11 +565,20 @@ def _read_config(ws: Workspace, k: int, changed: dict, stats: Stats, describe) -
     return outcomes
 
 
-def judge(ws: Workspace, mutation_list, stats: Stats, deadline_s: float = DEADLINE_S) -> None:
-    """Apply ``mutation_list``, read the input with every config, check it; raise Failure."""
+def judge(ws: Workspace, mutation_list, stats: Stats, deadline_s: float = DEADLINE_S,
+          skip_seen: bool = False) -> None:
+    """Apply ``mutation_list``, read the input with every config, check it; raise Failure.
+
+    ``skip_seen`` skips an input whose files are byte for byte one already judged.
+    """
     changed = ws.apply(mutation_list)
+    key = hashlib.sha256(repr((ws.target.name, sorted(changed.items()))).encode()).hexdigest()
+    if skip_seen and key in stats.distinct:
+        stats.duplicates += 1
+        ws.restore(changed)
+        return
     stats.inputs += 1
-    stats.distinct.add(hashlib.sha256(repr(sorted(changed.items())).encode()).hexdigest())
+    stats.distinct.add(key)
 
     def describe():
         return f'{ws.target.name} with {mutation_list!r} (changed: {sorted(changed)})'
@@ -630,7 +640,7 @@ def judge(ws: Workspace, mutation_list, stats: Stats, deadline_s: float = DEADLI
 
 
 def run_fuzz(ws: Workspace, examples: int, stats: Stats, seed: int | None = None,
-             shrink: bool = False) -> None:
+             shrink: bool = False, skip_seen: bool = False) -> None:
     """Judge ``examples`` hypothesis-made inputs on ``ws``; the first Failure propagates.
 
     ``seed=None`` is derandomized (the same inputs every run, as CI wants);
@@ -646,7 +656,7 @@ def run_fuzz(ws: Workspace, examples: int, stats: Stats, seed: int | None = None
               suppress_health_check=list(HealthCheck), phases=phases, print_blob=False)
     @given(mutations())
     def fuzz(mutation_list):
-        judge(ws, mutation_list, stats)
+        judge(ws, mutation_list, stats, skip_seen=skip_seen)
 
     if seed is not None:
         fuzz = hypothesis_seed(seed)(fuzz)
