@@ -61,7 +61,7 @@ def finish(proc: subprocess.Popen, timeout_s: float = SCRIPT_TIMEOUT_S) -> tuple
         return proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        out, err = proc.communicate()
+        _, err = proc.communicate()
         raise AssertionError(f'script did not end in {timeout_s} s; stderr:\n{err}') from None
 
 

@@ -17,8 +17,15 @@ from loadr.errors import ResourceError
 from loadr.workers.shm import SHM_DIR, free_bytes
 
 from ..loader_helpers import noisy, stream_digests, trivial
-from .helpers import (children, finish, read_json_line, segments, start_script, tracebacks,
-                      wait_until_gone)
+from .helpers import (
+    children,
+    finish,
+    read_json_line,
+    segments,
+    start_script,
+    tracebacks,
+    wait_until_gone,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -118,7 +118,7 @@ def deadline(seconds: float):
 
 
 @contextlib.contextmanager
-def audited_reads(stats: 'Stats'):
+def audited_reads(stats: Stats):
     """Every Files.read checked against the file's size: none may succeed past its end."""
     original = Files.read
 

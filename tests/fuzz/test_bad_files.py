@@ -76,7 +76,7 @@ def denied(path, deny):
                 os.setgid(NOBODY)
                 os.setuid(NOBODY)
                 result = [outcome(path), [(p.path, p.index) for p in loadr.check(path).problems]]
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails
                 result = [('raised', repr(exc)), []]
             finally:
                 os.write(w, json.dumps(result).encode())
@@ -122,7 +122,7 @@ def test_zero_length_files_in_every_role(data, dataset, empty, error, match, ind
     target.write_bytes(b'')
     if error is None:
         with pytest.raises(FormatError, match='not valid JSON') as info:
-            loadr.open(data / dataset).label2idx
+            _ = loadr.open(data / dataset).label2idx
         assert info.value.path == str(target)
         return
     with pytest.raises(error, match=match) as info:
