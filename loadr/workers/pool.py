@@ -55,7 +55,8 @@ def _restore_sigmask(old) -> None:
 class _Worker:
     def __init__(self, wid: int, incarnation: int, process, identity: bytes):
         self.wid, self.incarnation, self.process, self.identity = wid, incarnation, process, identity
-        self.ready = False
+        self.ready = False                  # said hello and can take tasks
+        self.started = False                # said hello once (ready drops when unreachable)
         self.tasks: list[int] = []          # task ids in the order sent
         self.head_since = None              # when the first task in hand was started
 
@@ -148,7 +149,7 @@ class WorkerPool:
         """Reap a dead (or killed) worker, start its replacement, return events."""
         events = []
         w.process.join(0.5)
-        if not w.ready:
+        if not w.started:
             self.startup_failures += 1
             if self.startup_failures >= MAX_STARTUP_FAILURES:
                 hint = ''
@@ -267,7 +268,7 @@ class WorkerPool:
         except ValueError:
             return []
         if kind == protocol.HELLO:
-            w.ready = True
+            w.ready = w.started = True
             self.startup_failures = 0
             return []
         task_id = fields[0]
