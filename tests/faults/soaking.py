@@ -48,8 +48,10 @@ class Indices:
         return {'i': i}
 
 
-def measure(loader) -> dict:
-    """Open fds and RSS of this process, RSS of the workers, our /dev/shm use, children."""
+def measure(loader, other_children: int = 0) -> dict:
+    """Open fds and RSS of this process, RSS of the workers, our /dev/shm use, and our
+    children beyond the ``other_children`` we had before (e.g. multiprocess's resource
+    tracker, started by an earlier spawn loader and kept for the process's life)."""
     worker_rss = 0
     for pid in loader.worker_pids:
         try:
@@ -58,7 +60,7 @@ def measure(loader) -> dict:
             pass                                   # just killed
     return {'fds': open_fds(), 'rss': rss_bytes(), 'worker_rss': worker_rss,
             'shm_bytes': segment_bytes(), 'shm_segments': len(segments()),
-            'children': len(children())}
+            'children': len(children()) - other_children}
 
 
 def soak(samples: int, batch: int = 64, workers: int = 2, kill_probability: float = 0.02,
@@ -69,6 +71,7 @@ def soak(samples: int, batch: int = 64, workers: int = 2, kill_probability: floa
     order = Order(n, seed)
     batches = -(-samples // batch)
     rows, kills, checked = [], 0, 0
+    other_children = len(children())
     start = time.monotonic()
     with loadr.Loader(Indices(n), batch=batch, fns=[stamp], seed=seed, workers=workers) as loader:
         it = iter(loader)
@@ -91,14 +94,16 @@ def soak(samples: int, batch: int = 64, workers: int = 2, kill_probability: floa
             if k % report_every == 0 or k == batches - 1:
                 row = {'batch': k, 'samples': checked, 'kills': kills,
                        'restarts': loader._pool.restarts,
-                       'seconds': round(time.monotonic() - start, 2), **measure(loader)}
+                       'seconds': round(time.monotonic() - start, 2),
+                       **measure(loader, other_children)}
                 rows.append(row)
                 if out is not None:
                     out(row)
         restarts = loader._pool.restarts
     return {'samples_checked': checked, 'batches': batches, 'kills': kills,
             'restarts': restarts, 'seconds': time.monotonic() - start, 'rows': rows,
-            'after_close': {'shm_segments': len(segments()), 'children': len(children()),
+            'after_close': {'shm_segments': len(segments()),
+                            'children': len(children()) - other_children,
                             'fds': open_fds()}}
 
 

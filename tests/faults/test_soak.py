@@ -25,6 +25,6 @@ def test_short_soak_with_kills_keeps_fds_rss_and_shm_flat():
     assert growth(rows, 'rss') <= RSS_GROWTH_MAX_BYTES, rows
     assert {r['shm_segments'] for r in rows} == {5}          # 4 slots + status, all along
     assert len({r['shm_bytes'] for r in rows}) == 1
-    assert all(r['children'] <= 2 for r in rows)
+    assert all(r['children'] <= 2 for r in rows), [(r['batch'], r['children']) for r in rows]
     assert figures['after_close']['shm_segments'] == 0
     assert figures['after_close']['children'] == 0
