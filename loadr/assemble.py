@@ -103,19 +103,40 @@ class Assembler:
         if spec is not None:
             self.array_keys = [k for k, (d, _) in spec.items() if d != OBJECT]
             self.list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
+            # Precomputed so the per-sample check is a set comparison and a
+            # few identity tests (numpy's builtin dtypes are singletons).
+            self._keys = set(spec)
+            self._array_specs = [(k, np.dtype(spec[k][0]), tuple(spec[k][1]))
+                                 for k in self.array_keys]
+        # The reader's own batch read, unless it is the base class's loop
+        # (which would only read everything twice when a sample fails).
+        read_batch = getattr(reader, 'read_batch', None)
+        if read_batch is not None and _inherited_read_batch(reader):
+            read_batch = None
+        self._reader_batch = read_batch if self.read_fn is None else None
+
+    def _read_once(self, index: int, seed: int) -> dict:
+        if self.read_fn is not None:
+            return self.read_fn.read(self.reader, index, seed=seed)
+        return self.reader[index]
 
     def _read(self, index: int, seed: int) -> dict:
-        for delay in (*READ_RETRY_DELAYS_S, None):
+        try:
+            return self._read_once(index, seed)
+        except Exception as exc:
+            if not _transient(exc):
+                raise
+            error = exc
+        for delay in READ_RETRY_DELAYS_S:
+            log.warning('loadr: transient read error at index %d (%s); retrying', index, error)
+            time.sleep(delay)
             try:
-                if self.read_fn is not None:
-                    return self.read_fn.read(self.reader, index, seed=seed)
-                return self.reader[index]
+                return self._read_once(index, seed)
             except Exception as exc:
-                if delay is None or not _transient(exc):
+                if not _transient(exc):
                     raise
-                log.warning('loadr: transient read error at index %d (%s); retrying', index, exc)
-                time.sleep(delay)
-        raise AssertionError('unreachable')
+                error = exc
+        raise error
 
     def datapoint(self, index: int, seed: int, raw: dict | None = None) -> dict:
         """The datapoint at ``index`` after every fn, called with ``seed``.
@@ -123,22 +144,23 @@ class Assembler:
         ``raw`` is the datapoint as already read (by a batch read), if it was.
         """
         dp = self._read(index, seed) if raw is None else raw
-        if not isinstance(dp, dict):
+        if type(dp) is not dict and not isinstance(dp, dict):
             raise SpecError(f'the reader returned {type(dp).__name__}, not a dict', index=index)
+        if not self.after:
+            return dp
         dp = dict(dp)  # fns may mutate; never let them touch the reader's own objects
         for fn in self.after:
             dp = fn(dp, seed=seed)
-            if not isinstance(dp, dict):
+            if type(dp) is not dict and not isinstance(dp, dict):
                 raise SpecError(f'fn {fn!r} returned {type(dp).__name__}, not a dict',
                                 index=index)
         return dp
 
     def _read_batch(self, indices: list) -> list:
         """The reader's own batch read where it has one, else Nones (read one by one)."""
-        read_batch = getattr(self.reader, 'read_batch', None)
-        if self.read_fn is None and read_batch is not None:
+        if self._reader_batch is not None:
             try:
-                raws = read_batch(indices)
+                raws = self._reader_batch(indices)
                 if len(raws) == len(indices):
                     return raws
             except Exception:
@@ -176,12 +198,13 @@ class Assembler:
             progress[0] = start
             progress[1] = -1
         raws = self._read_batch(indices) if batch_read else [None] * len(indices)
-        for row, (index, seed) in enumerate(zip(indices, seeds)):
+        datapoint, write = self.datapoint, self._write
+        for row, (index, seed, raw) in enumerate(zip(indices, seeds, raws)):
             if progress is not None:
                 progress[0] = start + row
                 progress[1] = index
             try:
-                self._write(self.datapoint(index, seed, raws[row]), row, index, arrays, extras)
+                write(datapoint(index, seed, raw), row, index, arrays, extras)
             except Exception as exc:
                 if self.on_error != 'skip':
                     raise SampleFailure(exc, index, start + row) from exc
@@ -192,18 +215,26 @@ class Assembler:
         return extras, replaced
 
     def _write(self, dp: dict, row: int, index: int, arrays: dict, extras: dict) -> None:
-        if len(dp) != len(self.spec) or any(k not in dp for k in self.spec):
+        if dp.keys() != self._keys:
             missing = sorted(set(self.spec) - set(dp))
             extra = sorted(set(dp) - set(self.spec))
             raise SpecError(f'keys differ from the spec: missing {missing}, unexpected {extra}',
                             index=index)
-        for key in self.array_keys:
+        for key, dtype, shape in self._array_specs:
             value = dp[key]
-            dtype, shape = self.spec[key]
-            arr = value if isinstance(value, np.ndarray) else np.asarray(value)
-            if arr.dtype != dtype or arr.shape != shape:
-                raise SpecError(f'key {key!r} is {arr.dtype}{list(arr.shape)}, the spec says '
-                                f'{dtype}{list(shape)}', index=index)
-            arrays[key][row] = arr
+            if not isinstance(value, (np.ndarray, np.generic)):
+                value = np.asarray(value)
+            if (value.dtype is not dtype and value.dtype != dtype) or value.shape != shape:
+                raise SpecError(f'key {key!r} is {value.dtype}{list(value.shape)}, the spec '
+                                f'says {dtype}{list(shape)}', index=index)
+            arrays[key][row] = value
         for key in self.list_keys:
             extras[key].append(dp[key])
+
+
+def _inherited_read_batch(reader) -> bool:
+    """True when ``reader.read_batch`` is the base class's plain loop."""
+    from .readers.base import Reader
+
+    method = getattr(type(reader), 'read_batch', None)
+    return method is Reader.read_batch

@@ -40,8 +40,20 @@ log = logging.getLogger('loadr')
 
 STATE_VERSION = 1
 POLL_MS = 50
+# Batches the caller may hold at once that are lent from shared memory, not
+# copied; a training loop holds one (the last) while asking for the next.
+LEASED_SLOTS = 2
 DEFAULT_TASK_TIMEOUT_S = 300.0
 MIN_ERRORS_BEFORE_RAISE = 4
+
+
+def _return_slot(free: list, leased: set, slot: int) -> None:
+    # Runs when the last array of a lent batch dies, from whatever thread
+    # dropped it; list.append and set.discard are atomic under the GIL. It
+    # holds the free list, not the loader, so a kept batch never keeps
+    # the loader (and its workers) alive.
+    leased.discard(slot)
+    free.append(slot)
 
 
 def _raise_failure(failure: protocol.Failure, exc: BaseException | None = None):
@@ -97,8 +109,10 @@ class Loader:
       prefetch: batches in flight (default ``2 * workers``).
       shard_id, num_shards: split each global batch between hosts.
       spec: ``{key: (dtype, shape)}``; default: from the first datapoint.
-      ring: yield views into shared memory, valid only until the next batch
-        (no copy); default False: every batch is the caller's to keep.
+      ring: yield views into shared memory, valid only until the next batch;
+        default False: every batch is the caller's to keep (the first
+        ``LEASED_SLOTS`` batches the caller holds at once are still not
+        copied: their slots are reused only once the caller drops them).
       on_error: ``'raise'`` (default) or ``'skip'``: a failing datapoint is
         replaced by another one chosen deterministically and logged; more
         than ``max_error_fraction`` of samples failing raises.
@@ -171,6 +185,7 @@ class Loader:
         self._inflight: dict[int, tuple] = {}   # task id -> (gen, j, slot, start, count)
         self._next_task_id = 0
         self._held_slot = None          # ring mode: the slot the caller is looking at
+        self._leased: set[int] = set()  # slots whose batch the caller still holds
         self.errors = 0                 # datapoints replaced under on_error='skip'
         self.samples = 0
         self.closed = False
@@ -340,11 +355,12 @@ class Loader:
         from .workers.shm import Layout
         fields = {k: (d, s) for k, (d, s) in spec.items() if d != OBJECT}
         layout = Layout(fields, self.batch)
-        slots = self.prefetch + (1 if self.ring else 0)
+        slots = self.prefetch + (1 if self.ring else LEASED_SLOTS)
         self._pool = WorkerPool(self.reader, self.fns, spec, layout, self.workers, slots,
                                 self.n, self.shuffle, self.on_error, self.start_method,
                                 self.timeout)
         self._slots_free = list(range(slots))
+        self._leased = set()
         self._inflight = {}
         self._finalizer = weakref.finalize(self, self._pool.close)
         return self._pool
@@ -415,12 +431,22 @@ class Loader:
                 self.step = next_step
                 if slot is None:
                     continue
-                arrays = pool.views[slot]
                 if self.ring:
                     self._held_slot = slot
+                    yield self._batch_from(pool.views[slot], extras, count, copy=False)
+                elif len(self._leased) < LEASED_SLOTS:
+                    # Lent, not copied: the slot comes back to the free list
+                    # when the caller drops the last array of this batch.
+                    owner, arrays = pool.fresh_views(slot)
+                    self._leased.add(slot)
+                    lease = weakref.finalize(owner, _return_slot, self._slots_free,
+                                             self._leased, slot)
+                    lease.atexit = False
                     yield self._batch_from(arrays, extras, count, copy=False)
                 else:
-                    batch = self._batch_from(arrays, extras, count, copy=True)
+                    # The caller keeps LEASED_SLOTS batches already: copy, so
+                    # the prefetch window never shrinks under them.
+                    batch = self._batch_from(pool.views[slot], extras, count, copy=True)
                     self._slots_free.append(slot)
                     yield batch
                 continue

@@ -32,10 +32,22 @@ __all__ = ['Order', 'permutation', 'MAX_SEED']
 
 ROUNDS = 8
 MAX_SEED = 2**64 - 1
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
-_SEED_MASK = np.uint64(2**63 - 1)
+_U64 = 2**64 - 1
+
+
+def _u64(value: int) -> np.ndarray:
+    # 0-d arrays, not numpy scalars: as a ufunc operand a scalar is converted
+    # on every call, which made the Feistel rounds half again as slow.
+    return np.array(value, dtype=np.uint64)
+
+
+_M1_INT, _M2_INT = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_M1, _M2 = _u64(_M1_INT), _u64(_M2_INT)
+_S30, _S27, _S31 = _u64(30), _u64(27), _u64(31)
+_SEED_MASK = _u64(2**63 - 1)
+# Below this many positions left outside [0, n), cycle walking goes on in
+# Python ints: a numpy pass costs its ~100 ufunc calls whatever the size.
+_PYTHON_WALK = 8
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -43,6 +55,13 @@ def _mix(x: np.ndarray) -> np.ndarray:
     x = (x ^ (x >> _S30)) * _M1
     x = (x ^ (x >> _S27)) * _M2
     return x ^ (x >> _S31)
+
+
+def _mix_int(x: int) -> int:
+    """:func:`_mix` on one Python int (the same function, bit for bit)."""
+    x = ((x ^ (x >> 30)) * _M1_INT) & _U64
+    x = ((x ^ (x >> 27)) * _M2_INT) & _U64
+    return x ^ (x >> 31)
 
 
 def _keys(purpose: bytes, *numbers: int) -> np.ndarray:
@@ -67,10 +86,12 @@ class _Permutation:
     def __init__(self, n: int, keys: np.ndarray):
         bits = max(2, (n - 1).bit_length())
         bits += bits % 2
-        self.n = np.uint64(n)
-        self.half = np.uint64(bits // 2)
-        self.mask = np.uint64((1 << (bits // 2)) - 1)
-        self.keys = keys
+        self.n_int, self.half_int, self.mask_int = n, bits // 2, (1 << (bits // 2)) - 1
+        self.keys_int = [int(k) for k in keys]
+        self.n = _u64(n)
+        self.half = _u64(bits // 2)
+        self.mask = _u64(self.mask_int)
+        self.keys = [_u64(k) for k in self.keys_int]
 
     def _feistel(self, x: np.ndarray) -> np.ndarray:
         left, right = x >> self.half, x & self.mask
@@ -78,13 +99,27 @@ class _Permutation:
             left, right = right, left ^ (_mix(right ^ key) & self.mask)
         return (left << self.half) | right
 
+    def _feistel_int(self, x: int) -> int:
+        half, mask = self.half_int, self.mask_int
+        left, right = x >> half, x & mask
+        for key in self.keys_int:
+            left, right = right, left ^ (_mix_int(right ^ key) & mask)
+        return (left << half) | right
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
         y = self._feistel(x)
         # Cycle walking: the domain is at most 4n, so on average < 4 passes.
-        outside = y >= self.n
-        while outside.any():
-            y[outside] = self._feistel(y[outside])
-            outside = y >= self.n
+        outside = np.flatnonzero(y >= self.n)
+        while len(outside) > _PYTHON_WALK:
+            walked = self._feistel(y[outside])
+            y[outside] = walked
+            outside = outside[walked >= self.n]
+        n = self.n_int
+        for i in outside.tolist():
+            v = int(y[i])
+            while v >= n:
+                v = self._feistel_int(v)
+            y[i] = v
         return y
 
 

@@ -9,6 +9,7 @@ import pytest
 
 import loadr
 from loadr.errors import ConfigError, SpecError, StateError, WorkerError
+from loadr.loader import LEASED_SLOTS
 from loadr.order import Order
 
 from .loader_helpers import alive, batch_digest, noisy, our_segments, stream_digests, trivial
@@ -261,6 +262,47 @@ def test_batches_stay_valid_and_ring_mode_reuses_memory():
             batch = next(it)
             assert batch_digest(batch) == expected
             assert not batch['vec'].flags.owndata
+
+
+def test_held_batches_are_lent_without_a_copy_until_the_caller_keeps_too_many():
+    data = trivial(512)
+    with loadr.Loader(data, batch=8, seed=2, workers=0) as ref:
+        expected = stream_digests(ref, 50)
+    with loadr.Loader(data, batch=8, seed=2, workers=2, prefetch=2) as loader:
+        it = iter(loader)
+        # A training loop drops each batch soon: every one is lent, none copied.
+        for k in range(20):
+            batch = next(it)
+            assert not batch['vec'].flags.owndata
+            assert batch_digest(batch) == expected[k]
+        del batch
+        # A caller that keeps them all: the first LEASED_SLOTS are lent, the
+        # rest are copies, and every one stays right while more arrive.
+        kept = [next(it) for _ in range(20)]
+        owned = [b['vec'].flags.owndata for b in kept]
+        assert owned == [False] * LEASED_SLOTS + [True] * (20 - LEASED_SLOTS)
+        assert [batch_digest(b) for b in kept] == expected[20:40]
+        # A slice of a lent array keeps the whole slot from being reused.
+        view, want = kept[0]['vec'][1:3], kept[0]['vec'][1:3].copy()
+        del kept
+        assert [batch_digest(next(it)) for _ in range(10)] == expected[40:50]
+        assert np.array_equal(view, want)
+
+
+def test_a_batch_kept_past_close_stays_valid_and_leaves_nothing_behind():
+    loader = loadr.Loader(trivial(100), batch=10, seed=4, workers=2)
+    it = iter(loader)
+    batch = next(it)
+    want = batch_digest(batch)
+    pids = loader.worker_pids
+    del loader, it
+    gc.collect()
+    deadline = time.time() + 5
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(p) for p in pids)      # the batch did not keep the loader alive
+    assert not our_segments()
+    assert batch_digest(batch) == want
 
 
 def test_skip_policy_replaces_deterministically_and_gives_up_past_the_fraction():

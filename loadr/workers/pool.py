@@ -98,6 +98,7 @@ class WorkerPool:
             self._segments.append(self._status)
             self.progress = np.ndarray((workers, 2), dtype=np.int64, buffer=self._status.buf)
             self.progress[:] = -1           # [position, index] in hand; -1: none yet
+            self.layout = layout
             self.views = [layout.views(seg.buf) for seg in self._segments[:slots]]
             self._template = dict(
                 reader=reader, fns=list(fns), spec=spec, layout=layout,
@@ -289,6 +290,15 @@ class WorkerPool:
     @property
     def pids(self) -> list[int]:
         return [w.process.pid for w in self.workers if w is not None]
+
+    def fresh_views(self, slot: int) -> tuple[np.ndarray, dict]:
+        """New arrays over ``slot`` and the one array they all hang from.
+
+        Every view of these arrays keeps ``owner`` alive, so a weak reference
+        to it tells when the caller has let go of the last of them.
+        """
+        owner = np.frombuffer(self._segments[slot].buf, dtype=np.uint8)
+        return owner, self.layout.views(owner)
 
     # -- shutdown ----------------------------------------------------------
 

@@ -14,6 +14,7 @@ import pytest
 
 import loadr
 from loadr.errors import ResourceError
+from loadr.loader import LEASED_SLOTS
 from loadr.workers.shm import SHM_DIR, free_bytes
 
 from ..loader_helpers import noisy, stream_digests, trivial
@@ -90,7 +91,8 @@ def test_ctrl_c_during_iteration_exits_cleanly(mode):
 def test_sigkill_of_the_main_process_ends_its_workers_and_their_memory():
     proc = start_script(LOOP, 'raise')
     info = read_json_line(proc)
-    assert len(segments(info['pid'])) == 5       # 4 slots (prefetch 2 * 2 workers) + status
+    # 4 slots (prefetch 2 * 2 workers), 2 to lend batches the caller holds, the status
+    assert len(segments(info['pid'])) == 4 + LEASED_SLOTS + 1
     os.kill(info['pid'], signal.SIGKILL)
     finish(proc)
     assert proc.returncode == -signal.SIGKILL
@@ -108,7 +110,7 @@ def test_segments_of_a_dead_owner_are_reclaimed_by_the_next_loader():
     finish(proc)
     wait_until_gone([info['pid'], *info['workers']], 2.0)
     left = segments(info['pid'])
-    assert len(left) == 5 and os.path.isdir(info['dir'])
+    assert len(left) == 4 + LEASED_SLOTS + 1 and os.path.isdir(info['dir'])
     # A segment of a live owner (pid 1 always runs) must survive the reclaim.
     alive_name = 'loadr-1-0badc0de-slot0'
     alive_path = os.path.join(SHM_DIR, alive_name)

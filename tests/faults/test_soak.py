@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from loadr.loader import LEASED_SLOTS
+
 from .soaking import growth, soak
 
 pytestmark = pytest.mark.timeout(90)
@@ -23,7 +25,8 @@ def test_short_soak_with_kills_keeps_fds_rss_and_shm_flat():
     assert figures['kills'] >= 4 and figures['restarts'] >= figures['kills'] - 1
     assert growth(rows, 'fds') <= 2, rows
     assert growth(rows, 'rss') <= RSS_GROWTH_MAX_BYTES, rows
-    assert {r['shm_segments'] for r in rows} == {5}          # 4 slots + status, all along
+    # 4 slots, the ones lent to the caller, the status: the same all along
+    assert {r['shm_segments'] for r in rows} == {4 + LEASED_SLOTS + 1}
     assert len({r['shm_bytes'] for r in rows}) == 1
     assert all(r['children'] <= 2 for r in rows), [(r['batch'], r['children']) for r in rows]
     assert figures['after_close']['shm_segments'] == 0
