@@ -79,6 +79,16 @@ class _Header:
     meta_crc: int
     crcs: np.ndarray         # uint32[n]
     bounds: np.ndarray       # int64[n + 1]: the offsets, then the file size
+    # The same two tables seen as Python ints: indexing a memoryview costs a
+    # fraction of a numpy scalar and its int(), and the read loop does it per sample.
+    crc_at: memoryview = dataclasses.field(init=False, repr=False)
+    bound_at: memoryview = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.crcs = np.ascontiguousarray(self.crcs, dtype=np.uint32)
+        self.bounds = np.ascontiguousarray(self.bounds, dtype=np.int64)
+        self.crc_at = memoryview(self.crcs).cast('B').cast('I')
+        self.bound_at = memoryview(self.bounds).cast('B').cast('q')
 
 
 def _read_table(files: Files, path: str):
@@ -170,7 +180,19 @@ def _list_files(path: str) -> list[str]:
     return [path]
 
 
-def _runs(locals_sorted: list[int], bounds: np.ndarray, max_bytes: int,
+def _checked_indices(indices: Iterable[int], n: int) -> list[int]:
+    """``indices`` as a list of ints in ``[0, n)``; IndexError/TypeError otherwise.
+
+    Plain ints in range, the usual case, are checked in bulk.
+    """
+    wanted = list(indices)
+    if wanted and all(type(i) is int for i in wanted) and min(wanted) >= 0 \
+            and max(wanted) < n:
+        return wanted
+    return [check_index(i, n) for i in wanted]
+
+
+def _runs(locals_sorted: list[int], bounds, max_bytes: int,
           max_sample_bytes: int | None = None):
     """Group sorted local indices into runs of adjacent samples, one pread each.
 
@@ -184,10 +206,9 @@ def _runs(locals_sorted: list[int], bounds: np.ndarray, max_bytes: int,
         if run and i == run[-1]:
             run.append(i)
             continue
-        if run and i == run[-1] + 1 and int(bounds[i + 1]) - int(bounds[run[0]]) <= max_bytes:
-            if max_sample_bytes is None or max(int(bounds[i + 1]) - int(bounds[i]),
-                                               int(bounds[i]) - int(bounds[i - 1])
-                                               ) <= max_sample_bytes:
+        if run and i == run[-1] + 1 and bounds[i + 1] - bounds[run[0]] <= max_bytes:
+            if max_sample_bytes is None or max(bounds[i + 1] - bounds[i],
+                                               bounds[i] - bounds[i - 1]) <= max_sample_bytes:
                 run.append(i)
                 continue
         if run:
@@ -310,14 +331,14 @@ class FFRecordReader(Reader):
     def _verified(self, h: _Header, local: int, data) -> None:
         if self.check_data:
             actual = zlib.crc32(data)
-            stored = int(h.crcs[local])
+            stored = h.crc_at[local]
             if actual != stored:
                 raise ChecksumError(f'sample {local} of this file (index {h.base + local}): '
                                     f'CRC32 is {actual:#010x}, header says {stored:#010x}',
                                     h.path, h.base + local)
 
     def _sample(self, h: _Header, local: int) -> bytes:
-        start, end = int(h.bounds[local]), int(h.bounds[local + 1])
+        start, end = h.bound_at[local], h.bound_at[local + 1]
         data = self._files.read(h.path, start, end - start, h.base + local)
         self._verified(h, local, data)
         return data
@@ -334,7 +355,9 @@ class FFRecordReader(Reader):
         >>> [len(b) for b in FFRecordReader('x.ffr').read([2, 0])]   # doctest: +SKIP
         [1139, 5129]
         """
-        wanted = [check_index(i, self._n) for i in indices]
+        wanted = _checked_indices(indices, self._n)
+        if not wanted:
+            return []
         headers = self._load()
         by_file: dict[int, list[int]] = {}
         if len(headers) == 1:
@@ -345,25 +368,54 @@ class FFRecordReader(Reader):
         found: dict[int, bytes] = {}
         for k, globals_ in by_file.items():
             h = headers[k]
-            locals_sorted = sorted({g - h.base for g in globals_})
-            for start, end, run in _runs(locals_sorted, h.bounds, MAX_COALESCED_READ_BYTES,
-                                         MAX_COALESCED_SAMPLE_BYTES):
-                if len(run) == 1:
-                    found[h.base + run[0]] = self._sample(h, run[0])
+            base, bound_at, crc_at, check = h.base, h.bound_at, h.crc_at, self.check_data
+            locals_sorted = sorted({g - base for g in globals_})
+            fd = self._files.fd(h.path, base + locals_sorted[0])
+            i, count = 0, len(locals_sorted)
+            while i < count:
+                local = locals_sorted[i]
+                j = i + 1
+                while j < count and locals_sorted[j] == locals_sorted[j - 1] + 1:
+                    j += 1
+                if j > i + 1:
+                    self._read_adjacent(h, locals_sorted[i:j], found)
+                    i = j
                     continue
+                i = j
+                # A lone sample, the common case of a random batch, read inline.
+                # Anything amiss (an OSError, a short read, a CRC mismatch) is
+                # read again by _sample, which raises the error naming the
+                # file and the index, or returns the data if the trouble passed.
+                start, end = bound_at[local], bound_at[local + 1]
                 try:
-                    data = self._files.read(h.path, start, end - start, h.base + run[0])
-                except FormatError:
-                    # The file shrank under us: read one by one to name the sample.
-                    for local in run:
-                        found[h.base + local] = self._sample(h, local)
-                    continue
-                view = memoryview(data)
-                for local in run:
-                    a, b = int(h.bounds[local]) - start, int(h.bounds[local + 1]) - start
-                    self._verified(h, local, view[a:b])
-                    found[h.base + local] = bytes(view[a:b])
+                    data = os.pread(fd, end - start, start)
+                except OSError:
+                    data = b''
+                if len(data) != end - start or (check and zlib.crc32(data) != crc_at[local]):
+                    data = self._sample(h, local)
+                found[base + local] = data
         return [found[g] for g in wanted]
+
+    def _read_adjacent(self, h: _Header, stretch: list[int], found: dict) -> None:
+        """Read consecutive samples with as few preads as the size limits allow."""
+        base = h.base
+        for start, end, run in _runs(stretch, h.bound_at, MAX_COALESCED_READ_BYTES,
+                                     MAX_COALESCED_SAMPLE_BYTES):
+            if len(run) == 1:
+                found[base + run[0]] = self._sample(h, run[0])
+                continue
+            try:
+                data = self._files.read(h.path, start, end - start, base + run[0])
+            except FormatError:
+                # The file shrank under us: read one by one to name the sample.
+                for local in run:
+                    found[base + local] = self._sample(h, local)
+                continue
+            view = memoryview(data)
+            for local in run:
+                a, b = h.bound_at[local] - start, h.bound_at[local + 1] - start
+                self._verified(h, local, view[a:b])
+                found[base + local] = bytes(view[a:b])
 
     # -- datapoints ----------------------------------------------------------
 
