@@ -122,7 +122,9 @@ class Assembler:
 
     def _read(self, index: int, seed: int) -> dict:
         try:
-            return self._read_once(index, seed)
+            if self.read_fn is None:
+                return self.reader[index]
+            return self.read_fn.read(self.reader, index, seed=seed)
         except Exception as exc:
             if not _transient(exc):
                 raise
