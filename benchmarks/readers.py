@@ -170,7 +170,8 @@ def markdown(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog='python -m benchmarks.readers', description=__doc__.split('\n')[0])
+    p = argparse.ArgumentParser(prog='python -m benchmarks.readers',
+                                description=__doc__.split('\n')[0])
     p.add_argument('--scale', type=float, default=1.0)
     p.add_argument('--runs', type=int, default=5)
     args = p.parse_args(argv)

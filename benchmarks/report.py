@@ -14,10 +14,12 @@ import os
 __all__ = ['targets', 'markdown', 'plot_scaling', 'write_benchmarks_md', 'NOTES_MARKER']
 
 # Everything after this line in BENCHMARKS.md is written by hand and kept by every run.
-NOTES_MARKER = '<!-- Hand-written notes below this line are kept when the benchmark rewrites the file. -->'
+NOTES_MARKER = ('<!-- Hand-written notes below this line are kept when the benchmark '
+                'rewrites the file. -->')
 
 TITLES = {
-    'trivial': "trivial datapoints {'label': int, 'vec': float32[16]}, batch 256 (dispatch overhead)",
+    'trivial': ("trivial datapoints {'label': int, 'vec': float32[16]}, batch 256 "
+                "(dispatch overhead)"),
     'images': 'images: bag of 375×500 JPEGs q90; Pillow decode + random crop 224 + flip; batch 64',
     'video': 'video: gulp, 30–60 frames at 128×170; 8 frames sampled (TSN), decoded; batch 16',
     'raw': 'raw reads through the loaders: FFRecord 4 KiB records, CRC checked; batch 256',

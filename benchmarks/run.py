@@ -230,7 +230,8 @@ def _loadr_resume(n: int, workers: int, runs: int) -> dict:
             t = time.perf_counter()
             next(it)
             lat.append(time.perf_counter() - t)
-    return {'batch_latency_s': statistics.median(lat),'n': n, 'step': FAR_STEP, 'resume_s': resumes, 'load_call_s': loads,
+    return {'batch_latency_s': statistics.median(lat), 'n': n, 'step': FAR_STEP,
+            'resume_s': resumes, 'load_call_s': loads,
             'resume_near_s': near,
             'steady_batch_s': statistics.median(steady), 'steady_batch_max_s': max(steady),
             'correct_batch': correct, 'rss_main_mib': rss, 'rss_growth_mib': rss - rss0}

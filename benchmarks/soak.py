@@ -1,4 +1,5 @@
-"""The long soak: at least 10^6 samples with workers SIGKILLed at random; nothing lost, nothing leaks.
+"""The long soak: at least 10^6 samples with workers SIGKILLed at random;
+nothing lost, nothing leaks.
 
 Every sample is checked (its label is the index the order puts at its
 position, its vector is not torn, its seed is right). Every ``--report-every``

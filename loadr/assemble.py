@@ -50,7 +50,8 @@ def value_spec(value) -> tuple[np.dtype, tuple]:
         arr = value
     elif isinstance(value, (bool, int, float, complex, np.generic)):
         arr = np.asarray(value)
-    elif isinstance(value, (list, tuple)) and value and isinstance(value[0], (np.ndarray, np.generic, bool, int, float)):
+    elif (isinstance(value, (list, tuple)) and value
+          and isinstance(value[0], (np.ndarray, np.generic, bool, int, float))):
         try:
             arr = np.asarray(value)
         except ValueError:

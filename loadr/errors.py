@@ -8,8 +8,8 @@
     │   │   └── UnsafeFormatError data that could only be read by unpickling it (refused by default)
     │   ├── ChecksumError         a CRC32 that does not match the bytes it guards
     │   ├── DecodeError           a value that does not decode with its codec (bad JPEG, msgpack, …)
-    │   └── ReadError             the operating system failed a read (EIO, permission, vanished file)
-    ├── WriterError               a writer used wrongly or interrupted (short of n samples, bad value)
+    │   └── ReadError             the OS failed a read (EIO, permission, vanished file)
+    ├── WriterError               a writer misused or interrupted (short of n, bad value)
     ├── ConfigError               a pipeline or argument that does not make sense (file, line, hint)
     ├── SpecError                 a datapoint whose keys, shapes or dtypes differ from the spec
     ├── StateError                a saved state that does not belong to this loader

@@ -65,9 +65,10 @@ def _raise_failure(failure: protocol.Failure, exc: BaseException | None = None):
         where.append(f'stream position {failure.position}')
     who = 'the main process' if failure.worker is None else f'loadr worker {failure.worker}'
     at = f" at {', '.join(where)}" if where else ''
-    cause = WorkerError(f'{failure.type_name} in {who}{at}: {failure.message}'
-                        + (f'\n\nWorker traceback:\n{failure.traceback}' if failure.traceback else ''),
-                        index=failure.index)
+    text = f'{failure.type_name} in {who}{at}: {failure.message}'
+    if failure.traceback:
+        text += f'\n\nWorker traceback:\n{failure.traceback}'
+    cause = WorkerError(text, index=failure.index)
     cause.position = failure.position
     cause.worker_traceback = failure.traceback
     original = exc if exc is not None else failure.exception()
@@ -503,5 +504,6 @@ class Loader:
         return -(-self.n // self.global_batch)
 
     def __repr__(self) -> str:
-        return (f'Loader(n={self.n}, batch={self.batch}, shuffle={self.shuffle}, seed={self.seed}, '
-                f'workers={self.workers}, shard={self.shard_id}/{self.num_shards}, step={self.step})')
+        return (f'Loader(n={self.n}, batch={self.batch}, shuffle={self.shuffle}, '
+                f'seed={self.seed}, workers={self.workers}, '
+                f'shard={self.shard_id}/{self.num_shards}, step={self.step})')

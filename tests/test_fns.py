@@ -195,7 +195,7 @@ def test_random_crop_is_a_crop_and_covers_every_position():
                 if np.array_equal(out, img[t:t + 4, left:left + 5])]
         assert len(hits) == 1
         seen.add(hits[0])
-    assert seen == {(t, l) for t in range(3) for l in range(5)}
+    assert seen == {(t, lab) for t in range(3) for lab in range(5)}
     with pytest.raises(SpecError, match='smaller than the crop'):
         F.random_crop(size=10)({'image': img}, seed=0)
 
@@ -466,7 +466,8 @@ def test_label_to_index(tmp_path):
         fn = F.label_to_index(mapping=mapping)
         assert fn({'label': 'café'}) == {'label': 2}
         assert fn({'label': ['dog', 'cat']}) == {'label': [1, 0]}
-    with pytest.raises(SpecError, match=r"label 'cow' of key 'label' is not in the mapping \(3 lab"):
+    with pytest.raises(SpecError,
+                       match=r"label 'cow' of key 'label' is not in the mapping \(3 lab"):
         fn({'label': 'cow'})
     plain = F.label_to_index()
     out = plain({'label': np.int64(4)})

@@ -19,8 +19,8 @@ def _video_label(dp, seed):
 
 PIPELINES = {
     'bag': lambda f: (loadr.open(f / 'bag', decode_images=False),
-                      [fns.decode_jpeg(key='image', size=(40, 40)), fns.random_crop(key='image', size=32),
-                       fns.flip(key='image'), _label]),
+                      [fns.decode_jpeg(key='image', size=(40, 40)),
+                       fns.random_crop(key='image', size=32), fns.flip(key='image'), _label]),
     'bag_sharded': lambda f: (loadr.open(f / 'bag_sharded', decode_images=False),
                               [fns.select(keys=['image', 'idx', 'label']),
                                fns.decode_jpeg(key='image', size=(24, 24), mode='RGB')]),

@@ -54,7 +54,8 @@ def _restore_sigmask(old) -> None:
 
 class _Worker:
     def __init__(self, wid: int, incarnation: int, process, identity: bytes):
-        self.wid, self.incarnation, self.process, self.identity = wid, incarnation, process, identity
+        self.wid, self.incarnation = wid, incarnation
+        self.process, self.identity = process, identity
         self.ready = False                  # said hello and can take tasks
         self.started = False                # said hello once (ready drops when unreachable)
         self.tasks: list[int] = []          # task ids in the order sent

@@ -19,8 +19,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
 __all__ = ['WorkerArgs', 'run', 'PARENT_CHECK_S']
 
 PARENT_CHECK_S = 0.2
@@ -124,7 +122,8 @@ def run(args: WorkerArgs) -> None:
                                             batch_read=not flags & protocol.READ_ONE_BY_ONE)
                 reply = protocol.done(task_id, extras, replaced)
             except SampleFailure as f:
-                failure = protocol.Failure.capture(f.exc, f.index, f.position, args.wid, f.traceback)
+                failure = protocol.Failure.capture(f.exc, f.index, f.position, args.wid,
+                                                   f.traceback)
                 reply = protocol.fail(task_id, failure)
             except Exception as exc:
                 index = int(progress[1])

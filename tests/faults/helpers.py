@@ -31,12 +31,19 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT_TIMEOUT_S = 30
 
 
+# Every script a test started: the faults conftest kills what is left of them
+# after each test, so a failed assertion cannot leave a loader running.
+STARTED: list[subprocess.Popen] = []
+
+
 def start_script(code: str, *args: str) -> subprocess.Popen:
     """Run ``code`` (dedented) in a new Python process in its own session and group."""
     env = {**os.environ, 'PYTHONPATH': str(ROOT)}
-    return subprocess.Popen([sys.executable, '-c', textwrap.dedent(code), *args], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, '-c', textwrap.dedent(code), *args], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
+    STARTED.append(proc)
+    return proc
 
 
 def read_json_line(proc: subprocess.Popen, timeout_s: float = SCRIPT_TIMEOUT_S) -> dict:

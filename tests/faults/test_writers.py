@@ -1,4 +1,5 @@
-"""Writers SIGKILLed mid-write and mid-close: nothing opens as a complete dataset; a re-run completes it.
+"""Writers SIGKILLed mid-write and mid-close: nothing opens as a complete dataset;
+a re-run completes it.
 
 The writer runs in a forked child that reports each item it wrote through a
 pipe; the test SIGKILLs it at a chosen item or right as ``close()`` starts.
@@ -41,14 +42,19 @@ def write_dataset(kind: str, path, report) -> None:
     """Write ITEMS items of ``kind`` to ``path``, calling ``report(event)`` as it goes."""
     if kind == 'ffrecord':
         writer = FFRecordWriter(path, ITEMS)
-        add = lambda i: writer.write_one(b'sample %06d ' % i * 50)
+
+        def add(i):
+            writer.write_one(b'sample %06d ' % i * 50)
     elif kind == 'bag':
         writer = BagWriter(path, {'name': 'utf8', 'v': 'array', 'x': 'int'}, shardlen=25)
-        add = lambda i: writer.append({'x': i, 'name': f'n{i}',
-                                       'v': np.full(4, i, np.int32)})
+
+        def add(i):
+            writer.append({'x': i, 'name': f'n{i}', 'v': np.full(4, i, np.int32)})
     else:
         writer = GulpWriter(path, videos_per_chunk=10)
-        add = lambda i: writer.append(f'v{i}', {'i': i}, [_jpeg(i), _jpeg(i + 1)])
+
+        def add(i):
+            writer.append(f'v{i}', {'i': i}, [_jpeg(i), _jpeg(i + 1)])
     for i in range(ITEMS):
         add(i)
         report(f'{i}')

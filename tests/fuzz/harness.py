@@ -433,7 +433,8 @@ def _types_ok(fmt: str, spec: dict, dp: dict, config: dict) -> str | None:
     if not isinstance(dp, dict):
         return f'a {type(dp).__name__}, not a dict'
     if fmt == 'ffrecord':
-        if config.get('decode') is None and (set(dp) != {'data'} or not isinstance(dp['data'], bytes)):
+        if config.get('decode') is None and (set(dp) != {'data'}
+                                             or not isinstance(dp['data'], bytes)):
             return f'undecoded sample is not {{"data": bytes}}: {sorted(dp)}'
         return None
     if fmt == 'gulp':
@@ -627,7 +628,8 @@ def judge(ws: Workspace, mutation_list, stats: Stats, deadline_s: float = DEADLI
             for other in diff[1:]:
                 if len(other) != len(diff[0]) or any(
                         a != b for a, b in zip(diff[0], other) if a[0] == b[0] == 'ok'):
-                    raise Failure(f'{describe()}: reader options {[ws.configs[k] for k in ws.target.differential]} '
+                    options = [ws.configs[k] for k in ws.target.differential]
+                    raise Failure(f'{describe()}: reader options {options} '
                                   f'read different data')
     except Hang as exc:
         raise Failure(f'{describe()}: {exc}') from None

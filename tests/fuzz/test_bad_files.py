@@ -171,7 +171,8 @@ def test_files_of_the_wrong_format_in_every_role(data):
 
 @pytest.mark.parametrize('change,error,match,where', [
     ({'idx': 'int[]'}, FormatError, r"refs entry for 'idx' \(int\[\]\): must be \[\]", 'refs.bag'),
-    ({'frames': 'jpg'}, FormatError, r"refs entry for 'frames' \(jpg\): must be an int", 'refs.bag'),
+    ({'frames': 'jpg'}, FormatError, r"refs entry for 'frames' \(jpg\): must be an int",
+     'refs.bag'),
     ({'zz': 'int'}, FormatError, 'must be a list of 8 entries', 'refs.bag'),
     ({'feat': 'utf8'}, DecodeError, "value of 'feat' .*bad utf8", 'feat.bag'),
     ({'name': 'png'}, DecodeError, "value of 'name' .*not a JPEG or PNG", 'name.bag'),

@@ -19,10 +19,12 @@ def assert_equal(a, b, where='datapoint'):
     """Deep equality for datapoints: dicts, lists, numpy arrays (dtype and shape too)."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray), where
-        assert a.dtype == b.dtype and a.shape == b.shape, f'{where}: {a.dtype}{a.shape} != {b.dtype}{b.shape}'
+        assert a.dtype == b.dtype and a.shape == b.shape, \
+            f'{where}: {a.dtype}{a.shape} != {b.dtype}{b.shape}'
         assert a.tobytes() == b.tobytes(), where
     elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), f'{where}: keys {a.keys()} != {b.keys()}'
+        assert isinstance(b, dict) and a.keys() == b.keys(), \
+            f'{where}: keys {a.keys()} != {b.keys()}'
         for k in a:
             assert_equal(a[k], b[k], f'{where}[{k!r}]')
     elif isinstance(a, (list, tuple)):
