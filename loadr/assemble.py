@@ -27,7 +27,8 @@ import numpy as np
 
 from .errors import LoadrError, SpecError
 
-__all__ = ['Assembler', 'infer_spec', 'value_spec', 'SampleFailure', 'READ_RETRY_DELAYS_S']
+__all__ = ['Assembler', 'infer_spec', 'value_spec', 'SampleFailure', 'Cancelled',
+           'READ_RETRY_DELAYS_S']
 
 log = logging.getLogger('loadr')
 
@@ -77,6 +78,10 @@ class SampleFailure(Exception):
         super().__init__(f'sample at index {index}, position {position} failed: {exc!r}')
         self.exc, self.index, self.position = exc, index, position
         self.traceback = ''.join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+class Cancelled(Exception):
+    """Raised by :meth:`Assembler.fill` when its task was cancelled midway."""
 
 
 def _transient(exc: BaseException) -> bool:
@@ -184,12 +189,14 @@ class Assembler:
         raise LoadrError(f'no readable datapoint found to replace index {index}', index=index)
 
     def fill(self, order, start: int, count: int, arrays: dict, progress=None,
-             batch_read: bool = True):
+             batch_read: bool = True, cancel: tuple | None = None):
         """Fill rows ``0 .. count-1`` of ``arrays`` for positions ``start ..``.
 
         Returns ``(extras, replaced)``: the list keys' values, and the
         indices replaced under ``on_error='skip'``. ``batch_read=False``
         reads sample by sample even where the reader has a batch read.
+        ``cancel``, ``(cell, task_id)``, stops the fill with :class:`Cancelled`
+        before any sample once ``cell[0] >= task_id``.
         """
         indices = order.indices(start, count).tolist()
         seeds = order.seeds(start, count)
@@ -202,7 +209,10 @@ class Assembler:
             progress[1] = -1
         raws = self._read_batch(indices) if batch_read else [None] * len(indices)
         datapoint, write = self.datapoint, self._write
+        cell, task_id = cancel if cancel is not None else ((-1,), 0)
         for row, (index, seed, raw) in enumerate(zip(indices, seeds, raws)):
+            if cell[0] >= task_id:
+                raise Cancelled(task_id)
             if progress is not None:
                 progress[0] = start + row
                 progress[1] = index

@@ -252,6 +252,7 @@ class Loader:
                         'batches from here on are grouped differently', gb, self.global_batch)
         self.step, self.seed = int(step), seed
         self._gen += 1
+        self._cancel_inflight()
 
     # -- iteration -----------------------------------------------------------
 
@@ -368,20 +369,37 @@ class Loader:
 
     def _parallel(self, spec, start_step, end, drop_last):
         results: dict[int, tuple] = {}      # j -> (slot, count, next_step, extras, replaced)
+        resend: list[int] = []              # task ids whose worker died, to send again
         try:
-            yield from self._parallel_loop(spec, start_step, end, drop_last, results)
+            yield from self._parallel_loop(spec, start_step, end, drop_last, results, resend)
         finally:
-            # Batches done but never handed out (the caller broke out of an epoch,
-            # dropped the iterator, or hit Ctrl-C): without this, every such stop
-            # would lose their slots for good and shrink the prefetch window.
-            for slot, *_ in results.values():
-                if slot is not None:
-                    self._slots_free.append(slot)
+            # Batches done but never handed out, and batches whose worker died
+            # (the caller broke out of an epoch, dropped the iterator, or hit
+            # Ctrl-C): without this, every such stop would lose their slots for
+            # good and shrink the prefetch window.
+            self._drop_unsent(results, resend)
 
-    def _parallel_loop(self, spec, start_step, end, drop_last, results):
+    def _cancel_inflight(self) -> None:
+        # Batches being made for a generation the stream has left would only
+        # delay the next one: the workers drop them (see WorkerPool.cancel).
+        # Task ids grow with generations, so every id up to the newest stale
+        # one is stale; the current generation's tasks are never touched.
+        stale = [tid for tid, entry in self._inflight.items() if entry[0] != self._gen]
+        if self._pool is not None and stale:
+            self._pool.cancel(max(stale))
+
+    def _drop_unsent(self, results: dict, resend: list) -> None:
+        for slot, *_ in results.values():
+            if slot is not None:
+                self._slots_free.append(slot)
+        results.clear()
+        for tid in resend:
+            self._slots_free.append(self._inflight.pop(tid)[2])
+        resend.clear()
+
+    def _parallel_loop(self, spec, start_step, end, drop_last, results, resend):
         pool = self._ensure_pool(spec)
         gen = None
-        resend: list[int] = []               # task ids whose worker died
         failures: dict[int, object] = {}     # j -> Failure, raised when batch j is due
         while True:
             if self._held_slot is not None:
@@ -391,12 +409,9 @@ class Loader:
                 # (Re)start: whatever is in flight for an older generation is
                 # abandoned; its slot comes back when its reply (or death) does.
                 gen, j_yield, j_send, step0 = self._gen, 0, 0, start_step()
-                for slot, *_ in results.values():
-                    if slot is not None:        # None: an empty shard batch, no slot
-                        self._slots_free.append(slot)
-                results.clear()
-                resend.clear()
+                self._drop_unsent(results, resend)
                 failures.clear()
+                self._cancel_inflight()
             # Fill the window.
             while resend and pool.can_submit():
                 tid = resend[0]

@@ -100,6 +100,48 @@ def test_load_after_iteration_has_started():
         assert [batch_digest(next(it)) for _ in range(5)] == expected[20:25]
 
 
+def test_load_cancels_the_batches_in_flight(tmp_path):
+    # Every sample a worker finishes is logged; after load() the batches
+    # queued for the old position are not started and the ones in hand stop
+    # after their current sample, so the new position is not kept waiting.
+    log = str(tmp_path / 'log')
+
+    def logged(dp, seed):
+        time.sleep(0.02)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.write(fd, b'%d\n' % dp['label'])
+        os.close(fd)
+        return dp
+
+    with loadr.Loader(trivial(1000), batch=8, fns=[logged], shuffle=False, workers=2) as loader:
+        it = iter(loader)
+        for _ in range(2):
+            next(it)                    # positions 0-15; 16-47 are now in flight
+        loader.load({'step': 800, 'seed': 0})
+        with open(log, 'ab') as f:
+            f.write(b'load\n')
+        assert next(it)['label'].tolist() == list(range(800, 808))
+    lines = open(log).read().split()
+    after = [int(x) for x in lines[lines.index('load') + 1:]]
+    stale = [i for i in after if i < 800]
+    assert len(stale) <= 2, stale       # at most the sample each worker had in hand
+
+
+def test_a_new_iterator_takes_over_and_dropping_the_old_one_harms_nothing():
+    data = trivial(200)
+    with loadr.Loader(data, batch=8, fns=[noisy], seed=3, workers=0) as ref:
+        expected = stream_digests(ref, 60)
+    with loadr.Loader(data, batch=8, fns=[noisy], seed=3, workers=2) as loader:
+        old = iter(loader)
+        got = [batch_digest(next(old)) for _ in range(5)]
+        new = iter(loader)              # goes on from the step the old one reached
+        got += [batch_digest(next(new)) for _ in range(3)]
+        del old                         # closing it must not touch the new one's batches
+        gc.collect()
+        got += [batch_digest(next(new)) for _ in range(52)]
+    assert got == expected
+
+
 def test_shards_split_the_global_batch_and_resume_on_fewer_hosts():
     data = trivial(200)
     with loadr.Loader(data, batch=48, fns=[noisy], seed=8, workers=0) as one:

@@ -95,10 +95,15 @@ class WorkerPool:
             token = secrets.token_hex(4)
             self._segments = [Segment.create(segment_name(f'slot{i}', token), layout.nbytes)
                               for i in range(slots)]
-            self._status = Segment.create(segment_name('status', token), 16 * workers)
+            # The status segment: per worker [position, index] in hand, then the
+            # id of the last cancelled task, which every worker reads.
+            self._status = Segment.create(segment_name('status', token), 16 * workers + 8)
             self._segments.append(self._status)
             self.progress = np.ndarray((workers, 2), dtype=np.int64, buffer=self._status.buf)
             self.progress[:] = -1           # [position, index] in hand; -1: none yet
+            self._cancelled = np.ndarray((1,), dtype=np.int64, buffer=self._status.buf,
+                                         offset=16 * workers)
+            self._cancelled[0] = -1
             self.layout = layout
             self.views = [layout.views(seg.buf) for seg in self._segments[:slots]]
             self._template = dict(
@@ -238,6 +243,17 @@ class WorkerPool:
         self.tasks[task_id] = (w.wid, frames)
         return True
 
+    def cancel(self, upto: int) -> None:
+        """Cancel every task with an id up to ``upto`` (a load(), a new iteration).
+
+        Workers read this in shared memory before each task and between
+        samples: a queued task is not started and one in hand stops after its
+        current sample. Each is still answered (DONE, no data), so its slot
+        and its place in the worker's queue come back as for any reply.
+        """
+        if not self.closed:
+            self._cancelled[0] = max(int(self._cancelled[0]), upto)
+
     def poll(self, timeout_ms: int) -> list:
         """Wait up to ``timeout_ms`` for replies or deaths; return the events.
 
@@ -341,7 +357,7 @@ class WorkerPool:
         if self._ctx is not None:
             self._ctx.term()
         self.views = []
-        self.progress = None
+        self.progress = self._cancelled = None
         for seg in self._segments:
             seg.close()
             seg.unlink()

@@ -71,7 +71,7 @@ def run(args: WorkerArgs) -> None:
     """Serve tasks until STOP; never lets an exception escape unreported."""
     import zmq
 
-    from ..assemble import Assembler, SampleFailure
+    from ..assemble import Assembler, Cancelled, SampleFailure
     from ..order import Order
     from . import protocol
     from .shm import Segment
@@ -96,6 +96,7 @@ def run(args: WorkerArgs) -> None:
     # A memoryview, not an ndarray: it is set twice per sample, and its item
     # assignment costs a third of numpy's.
     progress = memoryview(status.buf)[16 * args.wid:16 * args.wid + 16].cast('q')
+    cancelled = memoryview(status.buf)[-8:].cast('q')       # the last cancelled task id
     asm = Assembler(args.reader, args.fns, args.spec, args.on_error)
     orders: dict[int, Order] = {}
 
@@ -114,13 +115,19 @@ def run(args: WorkerArgs) -> None:
             if kind == protocol.STOP:
                 break
             task_id, slot, seed, start, count, flags = fields
+            if task_id <= cancelled[0]:
+                sock.send_multipart(protocol.done(task_id, {}, []))
+                continue
             order = orders.get(seed)
             if order is None:
                 order = orders[seed] = Order(args.n, seed, args.shuffle)
             try:
                 extras, replaced = asm.fill(order, start, count, views[slot], progress,
-                                            batch_read=not flags & protocol.READ_ONE_BY_ONE)
+                                            batch_read=not flags & protocol.READ_ONE_BY_ONE,
+                                            cancel=(cancelled, task_id))
                 reply = protocol.done(task_id, extras, replaced)
+            except Cancelled:
+                reply = protocol.done(task_id, {}, [])
             except SampleFailure as f:
                 failure = protocol.Failure.capture(f.exc, f.index, f.position, args.wid,
                                                    f.traceback)
