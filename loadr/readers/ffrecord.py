@@ -186,10 +186,30 @@ def _checked_indices(indices: Iterable[int], n: int) -> list[int]:
     Plain ints in range, the usual case, are checked in bulk.
     """
     wanted = list(indices)
-    if wanted and all(type(i) is int for i in wanted) and min(wanted) >= 0 \
-            and max(wanted) < n:
+    if wanted and set(map(type, wanted)) == {int} and min(wanted) >= 0 and max(wanted) < n:
         return wanted
     return [check_index(i, n) for i in wanted]
+
+
+def _lone_and_adjacent(locals_sorted: list[int]) -> tuple[list[int], list[list[int]]]:
+    """Split sorted distinct indices into lone ones and stretches of consecutive ones.
+
+    >>> _lone_and_adjacent([1, 4, 5, 6, 9])
+    ([1, 9], [[4, 5, 6]])
+    """
+    if len(locals_sorted) < 2:
+        return locals_sorted, []
+    a = np.asarray(locals_sorted)
+    joined = np.diff(a) == 1                    # joined[k]: k and k + 1 are neighbours
+    if not joined.any():
+        return locals_sorted, []
+    in_stretch = np.zeros(len(a), bool)
+    in_stretch[:-1] |= joined
+    in_stretch[1:] |= joined
+    lone = a[~in_stretch].tolist()
+    cuts = np.flatnonzero(~joined) + 1          # where a new stretch may begin
+    stretches = [s.tolist() for s in np.split(a, cuts) if len(s) > 1]
+    return lone, stretches
 
 
 def _runs(locals_sorted: list[int], bounds, max_bytes: int,
@@ -369,29 +389,23 @@ class FFRecordReader(Reader):
         for k, globals_ in by_file.items():
             h = headers[k]
             base, bound_at, crc_at, check = h.base, h.bound_at, h.crc_at, self.check_data
-            locals_sorted = sorted({g - base for g in globals_})
+            locals_sorted = sorted(set(globals_) if base == 0 else {g - base for g in globals_})
             fd = self._files.fd(h.path, base + locals_sorted[0])
-            i, count = 0, len(locals_sorted)
-            while i < count:
-                local = locals_sorted[i]
-                j = i + 1
-                while j < count and locals_sorted[j] == locals_sorted[j - 1] + 1:
-                    j += 1
-                if j > i + 1:
-                    self._read_adjacent(h, locals_sorted[i:j], found)
-                    i = j
-                    continue
-                i = j
-                # A lone sample, the common case of a random batch, read inline.
-                # Anything amiss (an OSError, a short read, a CRC mismatch) is
-                # read again by _sample, which raises the error naming the
-                # file and the index, or returns the data if the trouble passed.
+            lone, stretches = _lone_and_adjacent(locals_sorted)
+            for stretch in stretches:
+                self._read_adjacent(h, stretch, found)
+            # Lone samples, the common case of a random batch, read inline.
+            # Anything amiss (an OSError, a short read, a CRC mismatch) is
+            # read again by _sample, which raises the error naming the file
+            # and the index, or returns the data if the trouble has passed.
+            pread, crc32 = os.pread, zlib.crc32
+            for local in lone:
                 start, end = bound_at[local], bound_at[local + 1]
                 try:
-                    data = os.pread(fd, end - start, start)
+                    data = pread(fd, end - start, start)
                 except OSError:
                     data = b''
-                if len(data) != end - start or (check and zlib.crc32(data) != crc_at[local]):
+                if len(data) != end - start or (check and crc32(data) != crc_at[local]):
                     data = self._sample(h, local)
                 found[base + local] = data
         return [found[g] for g in wanted]

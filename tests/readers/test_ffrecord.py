@@ -188,6 +188,20 @@ def test_coalesced_reads_match_single_reads(tmp_path):
     assert r.read([8, 10, 11]) == [samples[8], samples[10], samples[11]]
 
 
+def test_random_batches_with_repeats_and_neighbours_match_single_reads(tmp_path):
+    rng = np.random.default_rng(2)
+    samples = [rng.bytes(int(n)) for n in rng.integers(0, 3000, 120)]
+    parts = [write_ffr(tmp_path / f'{k}.ffr', samples[k * 40:(k + 1) * 40]) for k in range(3)]
+    assert len(parts) == 3
+    r = FFRecordReader(str(tmp_path))               # three files, 40 samples each
+    for _ in range(50):
+        picks = rng.integers(0, 120, int(rng.integers(1, 60))).tolist()
+        picks += [p + 1 for p in picks[:5] if p + 1 < 120]     # some neighbours
+        rng.shuffle(picks)
+        assert r.read(picks) == [samples[i] for i in picks]
+    assert r.read(np.arange(3, 9)) == samples[3:9]  # numpy ints take the checked path
+
+
 def test_format_row_and_lazy_exports(fixtures, manifest):
     assert FORMAT.name == 'ffrecord'
     assert (FORMAT.detect, FORMAT.reader, FORMAT.writer, FORMAT.check) == \
