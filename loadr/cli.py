@@ -309,8 +309,10 @@ def _summary(value) -> dict:
 def _image_header(data: bytes) -> dict:
     """The decoded shape of encoded image bytes, from the header alone."""
     from PIL import Image
+
+    from .codecs import IMAGE_FORMATS
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as img:
             w, h = img.size
             channels = len(img.getbands())
     except Exception:  # noqa: BLE001 - a summary never fails on a bad image

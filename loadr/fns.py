@@ -337,16 +337,18 @@ class decode_jpeg(Fn):  # noqa: N801
             raise DecodeError(f'{self!r}: key {self.key!r}{where}: {exc.message}') from exc
 
     def _pillow(self, data: bytes) -> np.ndarray:
-        from .codecs import decode_image
+        from .codecs import IMAGE_FORMATS, decode_image
         if self.size is None:
             return decode_image(data, mode=self.mode)
         Image = _pil()
         try:
             # Opening only parses the header; the target size comes from the
             # full-size dimensions so that draft or not, the shape is the same.
-            with Image.open(io.BytesIO(data)) as img:
+            with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as img:
                 full_w, full_h = img.size
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        except (OSError, ValueError, SyntaxError, KeyError, Image.DecompressionBombError) as exc:
+            # decode_image gives the full account of a bad or foreign image
+            decode_image(data, mode=self.mode)
             raise DecodeError(f'cannot decode image: {exc}') from exc
         h, w = _target(full_h, full_w, self.size)
         arr = decode_image(data, mode=self.mode, draft=(w, h))

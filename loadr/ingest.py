@@ -53,6 +53,7 @@ __all__ = ['IMAGE_EXTENSIONS', 'VIDEO_EXTENSIONS', 'NO_VIDEO_BACKEND', 'video_ba
            'ingest_images', 'ingest_videos', 'ingest_json']
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp', '.tif', '.tiff', '.ppm')
+INGEST_FORMATS = ('JPEG', 'PNG', 'BMP', 'GIF', 'WEBP', 'TIFF', 'PPM')   # Pillow's names
 VIDEO_EXTENSIONS = ('.mp4', '.webm', '.avi', '.mkv', '.mov', '.m4v', '.mpg', '.mpeg', '.ogv')
 FFMPEG_TIMEOUT_S = 600
 POOL_CHUNK = 4
@@ -224,6 +225,15 @@ def _shrunk(img, short_side: int | None):
     return img.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0)
 
 
+def _ingest_formats() -> list[str]:
+    # The Pillow plugins for IMAGE_EXTENSIONS that this Pillow has: only these
+    # parse the files, whatever their bytes claim (no EPS through Ghostscript,
+    # no PSD, ...).
+    from PIL import Image
+    Image.init()
+    return [f for f in INGEST_FORMATS if f in Image.OPEN]
+
+
 def image_jpeg(data: bytes, short_side: int | None = None) -> bytes:
     """JPEG bytes for one image file's bytes: a JPEG as it is, anything else encoded.
 
@@ -235,7 +245,7 @@ def image_jpeg(data: bytes, short_side: int | None = None) -> bytes:
     """
     from PIL import Image
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with Image.open(io.BytesIO(data), formats=_ingest_formats()) as img:
             is_jpeg = img.format == 'JPEG' and img.mode in ('RGB', 'L')
             w, h = img.size
             needs_resize = bool(short_side) and min(w, h) > short_side

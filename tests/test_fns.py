@@ -121,6 +121,16 @@ def test_decode_jpeg_errors_name_the_key(jpeg):
         F.decode_jpeg()({'jpeg': jpeg})
 
 
+def test_decode_jpeg_hands_only_jpeg_and_png_to_pillow():
+    # A PCX Pillow could decode: refused, with or without a target size, so an
+    # untrusted value never reaches the other Pillow parsers.
+    buf = io.BytesIO()
+    Image.new('RGB', (16, 16), 'red').save(buf, 'PCX')
+    for fn in (F.decode_jpeg(), F.decode_jpeg(size=8)):
+        with pytest.raises(DecodeError, match='not a JPEG or PNG file'):
+            fn({'image': buf.getvalue()})
+
+
 def test_decode_jpeg_simplejpeg_missing_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, 'simplejpeg', None)   # import simplejpeg now fails
     with pytest.raises(ConfigError, match='pip install simplejpeg'):
