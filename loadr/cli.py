@@ -172,7 +172,9 @@ def cmd_demo(args) -> int:
 
 
 def _write_state(path: str, state: dict) -> None:
-    tmp = f'{path}.tmp-{os.getpid()}'
+    from .readers import staging
+    staging.reclaim(path)
+    tmp = staging.make(path)
     with open(tmp, 'w', encoding='utf-8') as f:
         json.dump(state, f)
         f.write('\n')

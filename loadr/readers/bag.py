@@ -46,7 +46,6 @@ import re
 import shutil
 import struct
 import sys
-import tempfile
 from collections.abc import Mapping
 from typing import Sequence
 
@@ -55,6 +54,7 @@ import numpy as np
 
 from .. import codecs
 from ..errors import ConfigError, DecodeError, FormatError, LoadrError, WriterError
+from . import staging
 from .base import Files, Format, Problem, Reader, check_index, read_error
 
 __all__ = ['Bag', 'BagFileWriter', 'BagReader', 'BagWriter', 'FORMAT', 'check', 'detect',
@@ -287,10 +287,9 @@ class BagFileWriter:
             raise WriterError('refusing to overwrite an existing file', self.path)
         self._atomic = atomic
         if atomic:
-            fd, self._tmp = tempfile.mkstemp(
-                prefix=f'.{os.path.basename(self.path)}.', suffix='.tmp',
-                dir=os.path.dirname(self.path) or '.')
-            self._file = os.fdopen(fd, 'wb')
+            staging.reclaim(self.path)
+            self._tmp = staging.make(self.path)
+            self._file = open(self._tmp, 'wb')
         else:
             self._tmp = self.path
             self._file = open(self.path, 'xb')
@@ -742,8 +741,8 @@ class BagWriter:
             raise WriterError('refusing to write into an existing non-empty path', self.path)
         parent = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(parent, exist_ok=True)
-        self._tmp = tempfile.mkdtemp(prefix=f'.{os.path.basename(self.path)}.',
-                                     suffix='.loadr-tmp', dir=parent)
+        staging.reclaim(self.path)
+        self._tmp = staging.make(self.path, directory=True)
         self._dataset_dirs: list[str] = []
         self._bags: dict[str, BagFileWriter] | None = None
         self._shard_count = 0          # datapoints in the open shard

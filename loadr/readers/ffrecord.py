@@ -29,7 +29,6 @@ import dataclasses
 import json
 import os
 import pickle
-import secrets
 import struct
 import warnings
 import zlib
@@ -40,6 +39,7 @@ import numpy as np
 
 from ..errors import ChecksumError, ConfigError, DecodeError, FormatError, LoadrError, \
     SpecError, WriterError
+from . import staging
 from .base import Files, Format, Problem, Reader, check_index
 
 __all__ = ['FFRecordReader', 'FFRecordWriter', 'FORMAT', 'check', 'detect']
@@ -528,14 +528,17 @@ class FFRecordWriter:
         self.path = os.fspath(path)
         self.n = n
         self.count = 0
-        directory, name = os.path.split(os.path.abspath(self.path))
         # Hidden and not ending in .ffr: a directory reader never picks it up.
-        self._tmp = os.path.join(directory, f'.{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp')
+        staging.reclaim(self.path)
+        try:
+            self._tmp = staging.make(self.path)
+        except OSError as exc:
+            raise WriterError(f'cannot create a temporary file beside it: '
+                              f'{exc.strerror or exc}', self.path) from exc
         self._crcs = np.zeros(n, '<u4')
         self._offsets = np.zeros(n, '<i8')
         self._pos = header_bytes(n)
-        self._fd: int | None = os.open(
-            self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_CLOEXEC', 0), 0o666)
+        self._fd: int | None = os.open(self._tmp, os.O_WRONLY | getattr(os, 'O_CLOEXEC', 0))
 
     def write_one(self, data: bytes | bytearray | memoryview) -> None:
         """Append one sample. Example: ``w.write_one(msgpack.packb({'label': 3}))``."""

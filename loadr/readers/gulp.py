@@ -41,7 +41,6 @@ import json
 import os
 import pickle
 import re
-import secrets
 import shutil
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -50,6 +49,7 @@ import numpy as np
 from ..codecs import JPEG_QUALITY, decode_image, encode_image
 from ..errors import (ConfigError, DecodeError, FormatError, LoadrError, UnsafeFormatError,
                       WriterError)
+from . import staging
 from .base import Files, Format, Problem, Reader, read_error, check_index
 
 __all__ = ['GulpReader', 'GulpWriter', 'check', 'detect', 'FORMAT']
@@ -544,17 +544,12 @@ class GulpWriter:
                 raise WriterError(f'label2idx must be a dict, not {type(label2idx).__name__}',
                                   self.path)
             self._label2idx_json = _json_bytes(label2idx, 'label2idx', self.path)
-        parent, name = os.path.split(self.path)
-        while True:
-            self._tmp = os.path.join(parent, f'.{name}.tmp-{secrets.token_hex(6)}')
-            try:
-                os.mkdir(self._tmp)
-                break
-            except FileExistsError:
-                continue
-            except OSError as exc:
-                raise WriterError(f'cannot create the temporary directory {self._tmp}: '
-                                  f'{exc.strerror or exc}', self.path) from exc
+        staging.reclaim(self.path)
+        try:
+            self._tmp = staging.make(self.path, directory=True)
+        except OSError as exc:
+            raise WriterError(f'cannot create a temporary directory beside it: '
+                              f'{exc.strerror or exc}', self.path) from exc
         self._ids: set[str] = set()
         self._chunk = -1          # chunk being written; its data file is open in _data
         self._data = None

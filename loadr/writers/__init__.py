@@ -1,7 +1,9 @@
 """Writers for the on-disk formats; each lives beside its reader in ``loadr.readers``.
 
-Every writer writes under a temporary name and renames on success, so an
-interrupted write never leaves a file that opens as a complete dataset.
+Every writer writes under a hidden temporary name and renames on success, so
+an interrupted write never leaves a file that opens as a complete dataset;
+the next writer of the same target removes what a killed one left
+(:mod:`loadr.readers.staging`).
 
 Example::
 

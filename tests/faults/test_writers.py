@@ -20,6 +20,7 @@ from PIL import Image
 
 import loadr
 from loadr.errors import LoadrError
+from loadr.readers import staging
 from loadr.writers import BagWriter, FFRecordWriter, GulpWriter
 
 pytestmark = pytest.mark.timeout(60)
@@ -154,6 +155,8 @@ def test_a_killed_writer_leaves_nothing_that_opens_and_a_rerun_completes(tmp_pat
         os.rename(target(tmp_path, kind), tmp_path / '.finished-before-the-kill')
     else:
         nothing_opens(kind, tmp_path, while_closing=True)
-    # The same command again, with the leftovers of three killed runs beside it.
+    # The same command again, with the leftovers of three killed runs beside it:
+    # it completes, and clears them away.
     assert run_writer(kind, target(tmp_path, kind), None)
     complete(kind, target(tmp_path, kind))
+    assert [p.name for p in tmp_path.iterdir() if staging.MARK in p.name] == []
