@@ -47,15 +47,6 @@ DEFAULT_TASK_TIMEOUT_S = 300.0
 MIN_ERRORS_BEFORE_RAISE = 4
 
 
-def _return_slot(free: list, leased: set, slot: int) -> None:
-    # Runs when the last array of a lent batch dies, from whatever thread
-    # dropped it; list.append and set.discard are atomic under the GIL. It
-    # holds the free list, not the loader, so a kept batch never keeps
-    # the loader (and its workers) alive.
-    leased.discard(slot)
-    free.append(slot)
-
-
 def _raise_failure(failure: protocol.Failure, exc: BaseException | None = None):
     """Raise the original exception, chained to a WorkerError that says where."""
     where = []
@@ -186,7 +177,10 @@ class Loader:
         self._inflight: dict[int, tuple] = {}   # task id -> (gen, j, slot, start, count)
         self._next_task_id = 0
         self._held_slot = None          # ring mode: the slot the caller is looking at
-        self._leased: set[int] = set()  # slots whose batch the caller still holds
+        # Slots lent to the caller -> a weak reference to the array every view
+        # of that batch hangs from. Polled, not called back: a finaliser could
+        # swallow a Ctrl-C that lands in it, and run in any thread.
+        self._leases: dict[int, weakref.ref] = {}
         self.errors = 0                 # datapoints replaced under on_error='skip'
         self.samples = 0
         self.closed = False
@@ -362,7 +356,7 @@ class Loader:
                                 self.n, self.shuffle, self.on_error, self.start_method,
                                 self.timeout)
         self._slots_free = list(range(slots))
-        self._leased = set()
+        self._leases = {}
         self._inflight = {}
         self._finalizer = weakref.finalize(self, self._pool.close)
         return self._pool
@@ -378,6 +372,12 @@ class Loader:
             # Ctrl-C): without this, every such stop would lose their slots for
             # good and shrink the prefetch window.
             self._drop_unsent(results, resend)
+
+    def _collect_leases(self) -> None:
+        for slot, owner in list(self._leases.items()):
+            if owner() is None:
+                del self._leases[slot]
+                self._slots_free.append(slot)
 
     def _cancel_inflight(self) -> None:
         # Batches being made for a generation the stream has left would only
@@ -405,6 +405,7 @@ class Loader:
             if self._held_slot is not None:
                 self._slots_free.append(self._held_slot)
                 self._held_slot = None
+            self._collect_leases()
             if gen != self._gen:
                 # (Re)start: whatever is in flight for an older generation is
                 # abandoned; its slot comes back when its reply (or death) does.
@@ -450,15 +451,14 @@ class Loader:
                 if self.ring:
                     self._held_slot = slot
                     yield self._batch_from(pool.views[slot], extras, count, copy=False)
-                elif len(self._leased) < LEASED_SLOTS:
+                elif len(self._leases) < LEASED_SLOTS:
                     # Lent, not copied: the slot comes back to the free list
-                    # when the caller drops the last array of this batch.
+                    # once the caller has dropped every array of this batch.
                     owner, arrays = pool.fresh_views(slot)
-                    self._leased.add(slot)
-                    lease = weakref.finalize(owner, _return_slot, self._slots_free,
-                                             self._leased, slot)
-                    lease.atexit = False
+                    self._leases[slot] = weakref.ref(owner)
+                    del owner
                     yield self._batch_from(arrays, extras, count, copy=False)
+                    arrays = None       # only the caller may keep the lease alive
                 else:
                     # The caller keeps LEASED_SLOTS batches already: copy, so
                     # the prefetch window never shrinks under them.
