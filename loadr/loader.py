@@ -47,6 +47,28 @@ DEFAULT_TASK_TIMEOUT_S = 300.0
 MIN_ERRORS_BEFORE_RAISE = 4
 
 
+class _Parts:
+    """One batch being made by one task, or (split) by several: what has come back."""
+
+    def __init__(self, slot: int, count: int, next_step: int, pieces: int):
+        self.slot, self.count, self.next_step, self.left = slot, count, next_step, pieces
+        self.pieces: dict[int, tuple] = {}  # first row -> (extras, replaced)
+        self.failure = None
+
+    def merged(self, list_keys: list) -> tuple[dict, list]:
+        """The list keys' values and the replaced indices, in row order."""
+        if len(self.pieces) == 1:
+            return next(iter(self.pieces.values()))
+        extras = {k: [] for k in list_keys}
+        replaced = []
+        for row in sorted(self.pieces):
+            piece_extras, piece_replaced = self.pieces[row]
+            for k in list_keys:
+                extras[k].extend(piece_extras.get(k, ()))
+            replaced.extend(piece_replaced)
+        return extras, replaced
+
+
 def _raise_failure(failure: protocol.Failure, exc: BaseException | None = None):
     """Raise the original exception, chained to a WorkerError that says where."""
     where = []
@@ -174,7 +196,9 @@ class Loader:
         self._finalizer = None
         self._gen = 0                   # bumped by load() and each new iteration
         self._slots_free: list[int] = []
-        self._inflight: dict[int, tuple] = {}   # task id -> (gen, j, slot, start, count)
+        self._inflight: dict[int, tuple] = {}   # task id -> (gen, j, slot, start, count, row)
+        self._writers: dict[int, int] = {}      # slot -> tasks in flight writing into it
+        self._let_go: set[int] = set()          # slots to free once their writers end
         self._next_task_id = 0
         self._held_slot = None          # ring mode: the slot the caller is looking at
         # Slots lent to the caller -> a weak reference to the array every view
@@ -357,21 +381,24 @@ class Loader:
                                 self.timeout)
         self._slots_free = list(range(slots))
         self._leases = {}
-        self._inflight = {}
+        self._inflight, self._writers, self._let_go = {}, {}, set()
+        self._list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
         self._finalizer = weakref.finalize(self, self._pool.close)
         return self._pool
 
     def _parallel(self, spec, start_step, end, drop_last):
         results: dict[int, tuple] = {}      # j -> (slot, count, next_step, extras, replaced)
+        parts: dict[int, _Parts] = {}       # j -> the batch being made, part by part
         resend: list[int] = []              # task ids whose worker died, to send again
         try:
-            yield from self._parallel_loop(spec, start_step, end, drop_last, results, resend)
+            yield from self._parallel_loop(spec, start_step, end, drop_last, results, parts,
+                                           resend)
         finally:
-            # Batches done but never handed out, and batches whose worker died
-            # (the caller broke out of an epoch, dropped the iterator, or hit
-            # Ctrl-C): without this, every such stop would lose their slots for
-            # good and shrink the prefetch window.
-            self._drop_unsent(results, resend)
+            # Batches done but never handed out, or still being made (the caller
+            # broke out of an epoch, dropped the iterator, or hit Ctrl-C):
+            # without this, every such stop would lose their slots for good and
+            # shrink the prefetch window.
+            self._abandon(results, parts, resend)
 
     def _collect_leases(self) -> None:
         for slot, owner in list(self._leases.items()):
@@ -388,16 +415,61 @@ class Loader:
         if self._pool is not None and stale:
             self._pool.cancel(max(stale))
 
-    def _drop_unsent(self, results: dict, resend: list) -> None:
+    # A slot is written by the tasks in flight for it (one, or the parts of a
+    # split batch); it goes back to the free list only when it is let go (the
+    # batch failed, or its generation was left) and no task writes into it.
+
+    def _new_task(self, gen: int, j: int, slot: int, start: int, count: int, row: int) -> int:
+        tid = self._next_task_id
+        self._next_task_id += 1
+        self._inflight[tid] = (gen, j, slot, start, count, row)
+        self._writers[slot] = self._writers.get(slot, 0) + 1
+        return tid
+
+    def _end_task(self, tid: int) -> tuple:
+        entry = self._inflight.pop(tid)
+        slot = entry[2]
+        self._writers[slot] -= 1
+        if not self._writers[slot]:
+            del self._writers[slot]
+            if slot in self._let_go:
+                self._let_go.discard(slot)
+                self._slots_free.append(slot)
+        return entry
+
+    def _let_go_of(self, slot: int) -> None:
+        if slot in self._writers:
+            self._let_go.add(slot)          # freed by the last of its tasks to end
+        else:
+            self._slots_free.append(slot)
+
+    def _abandon(self, results: dict, parts: dict, resend: list) -> None:
         for slot, *_ in results.values():
-            if slot is not None:
+            if slot is not None:            # None: an empty shard batch, no slot
                 self._slots_free.append(slot)
         results.clear()
-        for tid in resend:
-            self._slots_free.append(self._inflight.pop(tid)[2])
+        for tid in resend:                  # in no worker's hands: they end here
+            self._end_task(tid)
         resend.clear()
+        for p in parts.values():
+            self._let_go_of(p.slot)
+        parts.clear()
 
-    def _parallel_loop(self, spec, start_step, end, drop_last, results, resend):
+    def _submit_batch(self, pool, gen: int, j: int, start: int, count: int, next_step: int,
+                      parts: dict, resend: list) -> None:
+        # The first batch after a (re)start is split between the workers, so
+        # it takes the time of 1/workers of a batch; later ones overlap anyway.
+        pieces = min(self.workers, count) if j == 0 else 1
+        slot = self._slots_free.pop()
+        parts[j] = _Parts(slot, count, next_step, pieces)
+        for k in range(pieces):
+            row = count * k // pieces
+            rows = count * (k + 1) // pieces - row
+            tid = self._new_task(gen, j, slot, start + row, rows, row)
+            if not pool.submit(tid, slot, self.seed, start + row, rows, row):
+                resend.append(tid)
+
+    def _parallel_loop(self, spec, start_step, end, drop_last, results, parts, resend):
         pool = self._ensure_pool(spec)
         gen = None
         failures: dict[int, object] = {}     # j -> Failure, raised when batch j is due
@@ -408,16 +480,16 @@ class Loader:
             self._collect_leases()
             if gen != self._gen:
                 # (Re)start: whatever is in flight for an older generation is
-                # abandoned; its slot comes back when its reply (or death) does.
+                # abandoned; its slot comes back when its tasks have ended.
                 gen, j_yield, j_send, step0 = self._gen, 0, 0, start_step()
-                self._drop_unsent(results, resend)
+                self._abandon(results, parts, resend)
                 failures.clear()
                 self._cancel_inflight()
             # Fill the window.
             while resend and pool.can_submit():
                 tid = resend[0]
-                _, _, slot, start, count = self._inflight[tid]
-                if not pool.submit(tid, slot, self.seed, start, count):
+                _, _, slot, start, count, row = self._inflight[tid]
+                if not pool.submit(tid, slot, self.seed, start, count, row):
                     break
                 resend.pop(0)
             while self._slots_free and j_send < j_yield + self.prefetch and pool.can_submit():
@@ -427,14 +499,9 @@ class Loader:
                 start, count, next_step = plan
                 if count == 0:
                     results[j_send] = (None, 0, next_step, {}, [])
-                    j_send += 1
-                    continue
-                slot = self._slots_free.pop()
-                tid = self._next_task_id
-                self._next_task_id += 1
-                self._inflight[tid] = (gen, j_send, slot, start, count)
-                if not pool.submit(tid, slot, self.seed, start, count):
-                    resend.append(tid)
+                else:
+                    self._submit_batch(pool, gen, j_send, start, count, next_step, parts,
+                                       resend)
                 j_send += 1
             # Hand out the next batch if it is there; a batch that failed raises
             # only now, so the batches before it are all handed out first.
@@ -475,24 +542,26 @@ class Loader:
                     _raise_failure(event[2])
                 if tid not in self._inflight:
                     continue
-                tgen, j, slot, start, count = self._inflight[tid]
-                if kind == 'lost':
-                    if tgen == gen:
-                        resend.append(tid)
-                    else:
-                        del self._inflight[tid]
-                        self._slots_free.append(slot)
+                if kind == 'lost' and self._inflight[tid][0] == gen:
+                    resend.append(tid)      # the same part again, to another worker
                     continue
-                del self._inflight[tid]
+                tgen, j, slot, _, _, row = self._end_task(tid)
                 if tgen != gen:
-                    self._slots_free.append(slot)
-                    continue
+                    continue                # its slot was let go at the restart
+                p = parts[j]
                 if kind == 'done':
-                    results[j] = (slot, count, self._plan(step0, j, end, drop_last)[2],
-                                  event[2], event[3])
+                    p.pieces[row] = (event[2], event[3])
+                elif p.failure is None:
+                    p.failure = event[2]
+                p.left -= 1
+                if p.left:
+                    continue
+                del parts[j]
+                if p.failure is not None:
+                    self._slots_free.append(slot)   # every part has ended
+                    failures[j] = p.failure
                 else:
-                    self._slots_free.append(slot)
-                    failures[j] = event[2]
+                    results[j] = (slot, p.count, p.next_step, *p.merged(self._list_keys))
 
     # -- lifecycle -----------------------------------------------------------
 

@@ -38,6 +38,32 @@ def test_spec_and_list_keys():
         assert batch['img'].shape == (4, 2, 3)
 
 
+def test_the_first_batch_after_a_jump_is_split_between_workers_and_joined_in_order():
+    def named(dp, seed):
+        if dp['x'] in (4, 58):       # not the first datapoint, which gives the spec
+            raise ValueError('unreadable')   # replaced under on_error='skip'
+        return {**dp, 'name': f"item{dp['x']}", 'seed': np.uint64(seed)}
+
+    data = [{'x': i} for i in range(100)]
+    options = dict(batch=10, fns=[named], seed=6, on_error='skip', max_error_fraction=0.5)
+    with loadr.Loader(data, workers=0, **options) as ref:
+        it = iter(ref)
+        expected = [next(it) for _ in range(30)]
+        errors = ref.errors
+    with loadr.Loader(data, workers=3, **options) as loader:
+        it = iter(loader)
+        got = [next(it) for _ in range(10)]       # batch 0 made by three workers, rows 0-2,
+        loader.load({'step': 200, 'seed': 6})     # 3-5 and 6-9; so is batch 20 after the jump
+        got += [next(it) for _ in range(10)]
+        loader.load({'step': 100, 'seed': 6})
+        got += [next(it) for _ in range(10)]
+        assert loader.errors == errors
+    order = expected[:10] + expected[20:30] + expected[10:20]
+    for mine, theirs in zip(got, order):
+        assert mine['name'] == theirs['name']       # list keys joined in row order
+        assert batch_digest(mine) == batch_digest(theirs)
+
+
 def test_fns_get_a_seed_from_seed_and_position():
     seen = []
     data = trivial(10)

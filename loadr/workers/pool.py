@@ -175,7 +175,7 @@ class WorkerPool:
         row[:] = -1
         for n, task_id in enumerate(w.tasks):
             frames = self.tasks.pop(task_id)[1]
-            _, (_, _, _, start, count, _) = protocol.parse(frames[0])
+            _, (_, _, _, _, start, count, _) = protocol.parse(frames[0])
             if n == 0 and position == start and index < 0:
                 # It died inside the reader's batch read, where no sample is in
                 # hand: redo the batch one sample at a time, so that if a sample
@@ -222,15 +222,17 @@ class WorkerPool:
         return any(w is not None and w.ready and len(w.tasks) < MAX_TASKS_PER_WORKER
                    for w in self.workers)
 
-    def submit(self, task_id: int, slot: int, seed: int, start: int, count: int) -> bool:
-        """Send a task to the least busy ready worker; False if none can take it."""
+    def submit(self, task_id: int, slot: int, seed: int, start: int, count: int,
+               row: int = 0) -> bool:
+        """Send a task (fill ``count`` rows of ``slot`` from ``row`` on) to the least
+        busy ready worker; False if none can take it."""
         candidates = [w for w in self.workers
                       if w is not None and w.ready and len(w.tasks) < MAX_TASKS_PER_WORKER]
         if not candidates:
             return False
         w = min(candidates, key=lambda w: len(w.tasks))
         flags = protocol.READ_ONE_BY_ONE if start in self.read_one_by_one else 0
-        frames = protocol.task(task_id, slot, seed, start, count, flags)
+        frames = protocol.task(task_id, slot, seed, start, count, flags, row)
         try:
             self._sock.send_multipart([w.identity, *frames])
         except zmq.ZMQError:
@@ -296,7 +298,7 @@ class WorkerPool:
         w.head_since = time.monotonic() if w.tasks else None
         entry = self.tasks.pop(task_id, None)      # (worker id, frames)
         if entry is not None and self.read_one_by_one:
-            self.read_one_by_one.discard(protocol.parse(entry[1][0])[1][3])
+            self.read_one_by_one.discard(protocol.parse(entry[1][0])[1][4])
         if kind == protocol.DONE:
             extras, replaced = ({}, []) if len(msg) < 3 else protocol.pickle.loads(msg[2])
             return [('done', task_id, extras, replaced)]

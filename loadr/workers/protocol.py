@@ -4,7 +4,8 @@ Every message is a ZeroMQ multipart message whose first frame is a fixed
 ``struct`` header; tasks are a few dozen bytes, one per batch, never one per
 sample. The pixels never travel here: they are in shared memory.
 
-    main -> worker   TASK   header(task id, slot, seed, start position, count, flags)
+    main -> worker   TASK   header(task id, slot, first row, seed, start position, count,
+                                   flags): fill rows row .. row + count - 1 of the slot
                      STOP   header
     worker -> main   HELLO  header(pid)
                      DONE   header(task id) [+ pickled {list key: values}, replaced indices]
@@ -18,7 +19,7 @@ anything from a socket (task headers are plain structs).
 Example::
 
     frames = task(task_id=7, slot=1, seed=0, start=448, count=64)
-    kind, fields = parse(frames[0])     # (TASK, (7, 1, 0, 448, 64, 0))
+    kind, fields = parse(frames[0])     # (TASK, (7, 1, 0, 0, 448, 64, 0))
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 __all__ = ['VERSION', 'TASK', 'STOP', 'HELLO', 'DONE', 'FAIL', 'READ_ONE_BY_ONE', 'task', 'stop',
            'hello', 'done', 'fail', 'parse', 'Failure']
 
-VERSION = 2
+VERSION = 3
 TASK, STOP, HELLO, DONE, FAIL = b'T', b'S', b'H', b'D', b'F'
 # TASK flag: read the samples one by one, not with the reader's batch read
 # (sent after a worker died inside a batch read, so the culprit gets named).
@@ -39,7 +40,7 @@ READ_ONE_BY_ONE = 1
 
 _HEAD = struct.Struct('<Bc')
 _BODY = {
-    TASK: struct.Struct('<QIQQIB'),  # task id, slot, seed, start, count, flags
+    TASK: struct.Struct('<QIIQQIB'),  # task id, slot, row, seed, start, count, flags
     STOP: struct.Struct(''),
     HELLO: struct.Struct('<Q'),      # pid
     DONE: struct.Struct('<Q'),       # task id
@@ -61,9 +62,9 @@ def parse(header: bytes) -> tuple[bytes, tuple]:
     return kind, _BODY[kind].unpack_from(header, _HEAD.size)
 
 
-def task(task_id: int, slot: int, seed: int, start: int, count: int, flags: int = 0
-         ) -> list[bytes]:
-    return [_pack(TASK, task_id, slot, seed, start, count, flags)]
+def task(task_id: int, slot: int, seed: int, start: int, count: int, flags: int = 0,
+         row: int = 0) -> list[bytes]:
+    return [_pack(TASK, task_id, slot, row, seed, start, count, flags)]
 
 
 def stop() -> list[bytes]:

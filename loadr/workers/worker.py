@@ -114,7 +114,7 @@ def run(args: WorkerArgs) -> None:
             kind, fields = protocol.parse(frames[0])
             if kind == protocol.STOP:
                 break
-            task_id, slot, seed, start, count, flags = fields
+            task_id, slot, row, seed, start, count, flags = fields
             if task_id <= cancelled[0]:
                 sock.send_multipart(protocol.done(task_id, {}, []))
                 continue
@@ -122,7 +122,9 @@ def run(args: WorkerArgs) -> None:
             if order is None:
                 order = orders[seed] = Order(args.n, seed, args.shuffle)
             try:
-                extras, replaced = asm.fill(order, start, count, views[slot], progress,
+                arrays = views[slot] if row == 0 else \
+                    {key: view[row:row + count] for key, view in views[slot].items()}
+                extras, replaced = asm.fill(order, start, count, arrays, progress,
                                             batch_read=not flags & protocol.READ_ONE_BY_ONE,
                                             cancel=(cancelled, task_id))
                 reply = protocol.done(task_id, extras, replaced)
