@@ -35,6 +35,8 @@ def main(argv=None) -> int:
     parser.add_argument('--workers', type=int, default=2)
     parser.add_argument('--kill-probability', type=float, default=0.02,
                         help='chance of a SIGKILL to a random worker before each batch')
+    parser.add_argument('--jump-probability', type=float, default=0.01,
+                        help='chance of a load() to a random position before each batch')
     parser.add_argument('--report-every', type=int, default=500, help='batches')
     parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args(argv)
@@ -51,13 +53,15 @@ def main(argv=None) -> int:
     start = time.monotonic()
     figures = soak(args.samples, batch=args.batch, workers=args.workers,
                    kill_probability=args.kill_probability, seed=args.seed,
-                   report_every=args.report_every, out=show)
+                   report_every=args.report_every, out=show,
+                   jump_probability=args.jump_probability)
     rows = figures['rows']
     result = {
         'samples checked': figures['samples_checked'],
         'batches': figures['batches'],
         'SIGKILLs sent': figures['kills'],
         'workers restarted': figures['restarts'],
+        'jumps by load()': figures['jumps'],
         'samples/s': round(figures['samples_checked'] / figures['seconds']),
         'fds growth': growth(rows, 'fds'),
         'rss growth MiB': round(growth(rows, 'rss') / 2**20, 2),

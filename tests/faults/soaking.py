@@ -64,13 +64,16 @@ def measure(loader, other_children: int = 0) -> dict:
 
 
 def soak(samples: int, batch: int = 64, workers: int = 2, kill_probability: float = 0.02,
-         n: int = 10_007, seed: int = 0, report_every: int = 50, out=None) -> dict:
+         n: int = 10_007, seed: int = 0, report_every: int = 50, out=None,
+         jump_probability: float = 0.0) -> dict:
     """Stream ``samples`` samples, SIGKILLing a random worker before a batch with
-    ``kill_probability``; returns the figures and one measurement row per report."""
+    ``kill_probability`` and, with ``jump_probability``, moving the stream to a random
+    position (by ``load()``, or by a new iterator after one); returns the figures and
+    one measurement row per report."""
     rng = random.Random(seed)
     order = Order(n, seed)
     batches = -(-samples // batch)
-    rows, kills, checked = [], 0, 0
+    rows, kills, jumps, checked, position = [], 0, 0, 0, 0
     other_children = len(children())
     start = time.monotonic()
     with loadr.Loader(Indices(n), batch=batch, fns=[stamp], seed=seed, workers=workers) as loader:
@@ -81,18 +84,25 @@ def soak(samples: int, batch: int = 64, workers: int = 2, kill_probability: floa
                 if pids:
                     os.kill(rng.choice(pids), signal.SIGKILL)
                     kills += 1
+            if k and rng.random() < jump_probability:
+                position = rng.randrange(2**40)
+                loader.load({'step': position, 'seed': seed})
+                if rng.random() < 0.5:
+                    it = iter(loader)               # a new iterator takes over
+                jumps += 1
             b = next(it)
-            want = order.indices(k * batch, batch)
+            want = order.indices(position, batch)
             if not np.array_equal(b['label'], want):
                 raise AssertionError(f'batch {k}: labels {b["label"][:8]}... are not the '
-                                     f'indices {want[:8]}... of positions {k * batch}..')
+                                     f'indices {want[:8]}... of positions {position}..')
             if not (b['vec'] == b['label'][:, None]).all():
                 raise AssertionError(f'batch {k}: a torn row (vec differs from its label)')
-            if b['seed'].tolist() != order.seeds(k * batch, batch):
+            if b['seed'].tolist() != order.seeds(position, batch):
                 raise AssertionError(f'batch {k}: seeds differ from the order\'s')
+            position += batch
             checked += batch
             if k % report_every == 0 or k == batches - 1:
-                row = {'batch': k, 'samples': checked, 'kills': kills,
+                row = {'batch': k, 'samples': checked, 'kills': kills, 'jumps': jumps,
                        'restarts': loader._pool.restarts,
                        'seconds': round(time.monotonic() - start, 2),
                        **measure(loader, other_children)}
@@ -100,7 +110,7 @@ def soak(samples: int, batch: int = 64, workers: int = 2, kill_probability: floa
                 if out is not None:
                     out(row)
         restarts = loader._pool.restarts
-    return {'samples_checked': checked, 'batches': batches, 'kills': kills,
+    return {'samples_checked': checked, 'batches': batches, 'kills': kills, 'jumps': jumps,
             'restarts': restarts, 'seconds': time.monotonic() - start, 'rows': rows,
             'after_close': {'shm_segments': len(segments()),
                             'children': len(children()) - other_children,

@@ -1,4 +1,5 @@
-"""A short soak in CI: 2*10^4 samples with workers SIGKILLed along the way, nothing leaks.
+"""A short soak in CI: 2*10^4 samples, workers SIGKILLed and the stream moved along
+the way; nothing lost, nothing leaks.
 
 The long one (10^6 samples) is ``benchmarks/soak.py``; both run
 :func:`tests.faults.soaking.soak`, which checks every sample it streams.
@@ -19,10 +20,11 @@ RSS_GROWTH_MAX_BYTES = 16 << 20
 
 def test_short_soak_with_kills_keeps_fds_rss_and_shm_flat():
     figures = soak(samples=20_000, batch=64, workers=2, kill_probability=0.025, seed=3,
-                   report_every=25)
+                   report_every=25, jump_probability=0.03)
     rows = figures['rows']
     assert figures['samples_checked'] >= 20_000
     assert figures['kills'] >= 4 and figures['restarts'] >= figures['kills'] - 1
+    assert figures['jumps'] >= 4
     assert growth(rows, 'fds') <= 2, rows
     assert growth(rows, 'rss') <= RSS_GROWTH_MAX_BYTES, rows
     # 4 slots, the ones lent to the caller, the status: the same all along
