@@ -302,18 +302,23 @@ def test_close_leaves_no_process_and_no_shared_memory():
         next(iter(loader))
 
 
-def test_garbage_collection_cleans_up():
-    loader = loadr.Loader(trivial(100), batch=10, workers=2)
-    it = iter(loader)
-    next(it)
-    pids = loader.worker_pids
-    del loader, it
+def assert_collected(pids):
+    """After the last reference to a loader is dropped: its workers and memory go."""
     gc.collect()
     deadline = time.time() + 5
     while any(alive(p) for p in pids) and time.time() < deadline:
         time.sleep(0.05)
     assert not any(alive(p) for p in pids)
     assert not our_segments()
+
+
+def test_garbage_collection_cleans_up():
+    loader = loadr.Loader(trivial(100), batch=10, workers=2)
+    it = iter(loader)
+    next(it)
+    pids = loader.worker_pids
+    del loader, it
+    assert_collected(pids)
 
 
 def test_batches_stay_valid_and_ring_mode_reuses_memory():
@@ -364,12 +369,7 @@ def test_a_batch_kept_past_close_stays_valid_and_leaves_nothing_behind():
     want = batch_digest(batch)
     pids = loader.worker_pids
     del loader, it
-    gc.collect()
-    deadline = time.time() + 5
-    while any(alive(p) for p in pids) and time.time() < deadline:
-        time.sleep(0.05)
-    assert not any(alive(p) for p in pids)      # the batch did not keep the loader alive
-    assert not our_segments()
+    assert_collected(pids)                      # the batch did not keep the loader alive
     assert batch_digest(batch) == want
 
 

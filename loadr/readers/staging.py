@@ -27,6 +27,8 @@ import secrets
 import shutil
 import socket
 
+from ..pids import running
+
 __all__ = ['MARK', 'make', 'reclaim']
 
 MARK = '.loadr-tmp-'
@@ -61,16 +63,6 @@ def make(path, directory: bool = False) -> str:
             continue
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True             # another user's process: it runs
-    return True
-
-
 def reclaim(path) -> list[str]:
     """Remove the hidden siblings of ``path`` left by writers of this host that no longer run.
 
@@ -87,7 +79,7 @@ def reclaim(path) -> list[str]:
         if not name.startswith(prefix + here):
             continue
         pid = name[len(prefix + here):].split('-', 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid() or _running(int(pid)):
+        if not pid.isdigit() or int(pid) == os.getpid() or running(int(pid)):
             continue
         full = os.path.join(parent, name)
         try:

@@ -39,6 +39,7 @@ import tempfile
 import numpy as np
 
 from ..errors import ResourceError
+from ..pids import running
 
 __all__ = ['SHM_DIR', 'PREFIX', 'Layout', 'Segment', 'segment_name', 'reclaim_stale', 'private_dir',
            'check_space']
@@ -174,16 +175,6 @@ def check_space(nbytes: int) -> None:
             SHM_DIR)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def private_dir() -> str:
     """A new directory for the sockets, mode 0700, named after our pid (see reclaim_stale)."""
     return tempfile.mkdtemp(prefix=f'{PREFIX}{os.getpid()}-')
@@ -198,7 +189,7 @@ def _reclaim_dirs() -> list[str]:
         return removed
     for name in names:
         match = _DIR_NAME.match(name)
-        if not match or _alive(int(match.group(1))):
+        if not match or running(int(match.group(1))):
             continue
         path = os.path.join(parent, name)
         try:
@@ -222,7 +213,7 @@ def reclaim_stale() -> list[str]:
         return removed
     for name in names:
         match = _NAME.match(name)
-        if match and not _alive(int(match.group(1))):
+        if match and not running(int(match.group(1))):
             _unlink(os.path.join(SHM_DIR, name))
             removed.append(name)
     return removed
