@@ -30,7 +30,6 @@ from __future__ import annotations
 import difflib
 import importlib
 import io
-import json
 import math
 import os
 import zlib
@@ -765,17 +764,8 @@ def _pick(seq, positions: list[int]):
 
 
 def _load_mapping(path) -> dict:
-    try:
-        with open(path, encoding='utf-8') as f:
-            mapping = json.load(f)
-    except OSError as exc:
-        raise ConfigError(f'cannot read the label mapping: {exc.strerror or exc}', path) from exc
-    except ValueError as exc:
-        raise ConfigError(f'the label mapping is not valid JSON: {exc}', path) from exc
-    if not isinstance(mapping, dict):
-        raise ConfigError(f'the label mapping must be a JSON object {{label: index}}, '
-                          f'got {type(mapping).__name__}', path)
-    return mapping
+    from .jsonfiles import read_json
+    return read_json(path, 'the label mapping', dict, '{label: index}')
 
 
 class label_to_index(Fn):  # noqa: N801

@@ -37,7 +37,6 @@ Example::
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import shutil
@@ -47,6 +46,7 @@ import tempfile
 
 from .codecs import JPEG_QUALITY
 from .errors import ConfigError, DecodeError, WriterError
+from .jsonfiles import read_json
 
 __all__ = ['IMAGE_EXTENSIONS', 'VIDEO_EXTENSIONS', 'NO_VIDEO_BACKEND', 'video_backend',
            'find_images', 'find_videos', 'read_list', 'image_jpeg', 'video_frames',
@@ -134,15 +134,7 @@ def find_videos(root: str) -> tuple[list[tuple[str, str]], list[str]]:
 
 
 def _load_labels(path: str) -> dict:
-    try:
-        with open(path, encoding='utf-8') as f:
-            table = json.load(f)
-    except OSError as exc:
-        raise ConfigError(f'cannot read the label list: {exc.strerror or exc}', path) from exc
-    except ValueError as exc:
-        raise ConfigError(f'the label list is not valid JSON: {exc}', path) from exc
-    if not isinstance(table, dict):
-        raise ConfigError('the label list must be a JSON object {label: index}', path)
+    table = read_json(path, 'the label list', dict, '{label: index}')
     out = {}
     for label, idx in table.items():
         # 20BN's labels files store the indices as strings ("0", "1", ...).
@@ -160,15 +152,7 @@ def read_list(path: str, label_field: str = 'label') -> list[tuple[str, str | No
     ``label_field='template'`` reads Something-Something's templates, with
     their ``[`` ``]`` removed as in its labels file.
     """
-    try:
-        with open(path, encoding='utf-8') as f:
-            entries = json.load(f)
-    except OSError as exc:
-        raise ConfigError(f'cannot read the list: {exc.strerror or exc}', path) from exc
-    except ValueError as exc:
-        raise ConfigError(f'the list is not valid JSON: {exc}', path) from exc
-    if not isinstance(entries, list):
-        raise ConfigError('the list must be a JSON array of {"id": ..., "label": ...}', path)
+    entries = read_json(path, 'the list', list, 'of {"id": ..., "label": ...}')
     out, seen = [], set()
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or not isinstance(entry.get('id'), (str, int)) \
