@@ -180,17 +180,20 @@ def private_dir() -> str:
     return tempfile.mkdtemp(prefix=f'{PREFIX}{os.getpid()}-')
 
 
-def _reclaim_dirs() -> list[str]:
-    removed = []
-    parent = tempfile.gettempdir()
+def _orphans(parent: str, pattern: re.Pattern) -> list[str]:
+    """Names in ``parent`` that match ``pattern`` and whose owner pid (group 1) is gone."""
     try:
         names = os.listdir(parent)
     except OSError:
-        return removed
-    for name in names:
-        match = _DIR_NAME.match(name)
-        if not match or running(int(match.group(1))):
-            continue
+        return []
+    return [name for name in names
+            if (match := pattern.match(name)) and not running(int(match.group(1)))]
+
+
+def _reclaim_dirs() -> list[str]:
+    removed = []
+    parent = tempfile.gettempdir()
+    for name in _orphans(parent, _DIR_NAME):
         path = os.path.join(parent, name)
         try:
             info = os.lstat(path)
@@ -207,13 +210,7 @@ def reclaim_stale() -> list[str]:
     """Unlink loadr segments and socket directories whose owner process is gone;
     return their names (directories as paths)."""
     removed = _reclaim_dirs()
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return removed
-    for name in names:
-        match = _NAME.match(name)
-        if match and not running(int(match.group(1))):
-            _unlink(os.path.join(SHM_DIR, name))
-            removed.append(name)
+    for name in _orphans(SHM_DIR, _NAME):
+        _unlink(os.path.join(SHM_DIR, name))
+        removed.append(name)
     return removed
