@@ -128,9 +128,7 @@ class Assembler:
 
     def _read(self, index: int, seed: int) -> dict:
         try:
-            if self.read_fn is None:
-                return self.reader[index]
-            return self.read_fn.read(self.reader, index, seed=seed)
+            return self._read_once(index, seed)
         except Exception as exc:
             if not _transient(exc):
                 raise

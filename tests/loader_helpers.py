@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 import numpy as np
 
@@ -18,6 +19,15 @@ def noisy(dp, seed):
     rng = np.random.default_rng(seed)
     return {'label': dp['label'], 'vec': dp['vec'] + rng.standard_normal(16).astype(np.float32),
             'seed': np.uint64(seed)}
+
+
+def slowed(delay_s: float):
+    """``noisy`` after a sleep of ``delay_s``: batches that take long enough to be caught
+    in flight (killed, stopped, interrupted)."""
+    def slow(dp, seed):
+        time.sleep(delay_s)
+        return noisy(dp, seed)
+    return slow
 
 
 def batch_digest(batch) -> str:

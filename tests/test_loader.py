@@ -12,7 +12,8 @@ from loadr.errors import ConfigError, SpecError, StateError, WorkerError
 from loadr.loader import LEASED_SLOTS
 from loadr.order import Order
 
-from .loader_helpers import alive, batch_digest, noisy, our_segments, stream_digests, trivial
+from .loader_helpers import (alive, batch_digest, noisy, our_segments, slowed, stream_digests,
+                             trivial)
 
 
 def test_batches_follow_the_stream_contract():
@@ -256,10 +257,7 @@ def test_spec_mismatch_names_index_and_key():
 def test_a_killed_worker_is_replaced_and_its_batch_redone():
     data = trivial(500)
 
-    def slow(dp, seed):
-        time.sleep(0.0005)
-        return noisy(dp, seed)
-
+    slow = slowed(0.0005)
     with loadr.Loader(data, batch=20, fns=[slow], seed=3, workers=0) as ref:
         expected = stream_digests(ref, 40)
     with loadr.Loader(data, batch=20, fns=[slow], seed=3, workers=2) as loader:

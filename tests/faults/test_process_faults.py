@@ -34,12 +34,9 @@ pytestmark = pytest.mark.timeout(60)
 LOOP = '''
     import json, os, sys, time
     import loadr
-    from tests.loader_helpers import batch_digest, noisy, trivial
+    from tests.loader_helpers import batch_digest, slowed, trivial
 
-    def slow(dp, seed):
-        time.sleep(0.001)
-        return noisy(dp, seed)
-
+    slow = slowed(0.001)
     loader = loadr.Loader(trivial(300), batch=8, fns=[slow], seed=1, workers=2)
     it = iter(loader)
     digests = [batch_digest(next(it)) for _ in range(3)]

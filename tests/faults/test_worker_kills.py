@@ -19,7 +19,7 @@ from loadr.errors import WorkerError
 from loadr.order import Order
 from loadr.workers.pool import JOIN_TIMEOUT_S
 
-from ..loader_helpers import batch_digest, noisy, stream_digests, trivial
+from ..loader_helpers import batch_digest, noisy, slowed, stream_digests, trivial
 from .helpers import Killer, children, running, wait_until_gone
 
 pytestmark = pytest.mark.timeout(60)
@@ -176,10 +176,7 @@ def test_a_sample_that_kills_inside_a_batch_read_is_named(tmp_path):
 def test_a_stopped_worker_misses_its_deadline_is_replaced_and_reaped():
     data = trivial(200)
 
-    def slow(dp, seed):
-        time.sleep(0.002)
-        return noisy(dp, seed)
-
+    slow = slowed(0.002)
     with loadr.Loader(data, batch=8, fns=[slow], seed=3, workers=0) as ref:
         expected = stream_digests(ref, 30)
     loader = loadr.Loader(data, batch=8, fns=[slow], seed=3, workers=2, timeout=1.0)
