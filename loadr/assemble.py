@@ -127,22 +127,17 @@ class Assembler:
         return self.reader[index]
 
     def _read(self, index: int, seed: int) -> dict:
-        try:
-            return self._read_once(index, seed)
-        except Exception as exc:
-            if not _transient(exc):
-                raise
-            error = exc
-        for delay in READ_RETRY_DELAYS_S:
-            log.warning('loadr: transient read error at index %d (%s); retrying', index, error)
-            time.sleep(delay)
+        retries = 0
+        while True:
             try:
                 return self._read_once(index, seed)
             except Exception as exc:
-                if not _transient(exc):
+                if retries == len(READ_RETRY_DELAYS_S) or not _transient(exc):
                     raise
-                error = exc
-        raise error
+                log.warning('loadr: transient read error at index %d (%s); retrying',
+                            index, exc)
+                time.sleep(READ_RETRY_DELAYS_S[retries])
+                retries += 1
 
     def datapoint(self, index: int, seed: int, raw: dict | None = None) -> dict:
         """The datapoint at ``index`` after every fn, called with ``seed``.
