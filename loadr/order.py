@@ -28,9 +28,17 @@ import hashlib
 
 import numpy as np
 
-__all__ = ['Order', 'permutation', 'MAX_SEED']
+__all__ = ['Order', 'order_for', 'permutation', 'MAX_SEED', 'ORDER_VERSION', 'ORDER_VERSIONS']
 
 ROUNDS = 8
+# The permutation's version. A saved state records it so a stream is replayed
+# with the order it was made with: 1 is loadr 0.1's Feistel order, kept bit for
+# bit.
+ORDER_VERSION = 1
+ORDER_VERSIONS = (1,)
+# The stride of the replacement candidates under on_error='skip' (2**32 / phi):
+# a pure function of the failed index, so every run substitutes the same one.
+_ALT_STRIDE = 0x9E3779B1
 MAX_SEED = 2**64 - 1
 _U64 = 2**64 - 1
 
@@ -142,16 +150,17 @@ class Order:
         idx = order.indices(start=2048, count=256)   # int64 array of 256 dataset indices
     """
 
-    def __init__(self, n: int, seed: int, shuffle: bool = True):
+    def __init__(self, n: int, seed: int, shuffle: bool = True, version: int = ORDER_VERSION):
         if n <= 0:
             raise ValueError(f'the dataset is empty (n={n}); nothing to load')
         self.n = int(n)
         self.seed = check_seed(seed)
         self.shuffle = bool(shuffle)
+        self.version = check_version(version)
         self._seed_key = _keys(b'loadr.sample', self.seed)[:2]
 
     def __getstate__(self):
-        return (self.n, self.seed, self.shuffle)
+        return (self.n, self.seed, self.shuffle, self.version)
 
     def __setstate__(self, state):
         self.__init__(*state)
@@ -188,5 +197,37 @@ class Order:
         k0, k1 = self._seed_key
         return (_mix(_mix(pos ^ k0) + k1) & _SEED_MASK).tolist()
 
+    def alternative(self, index: int, k: int) -> int:
+        """The ``k``-th replacement candidate (k >= 1) for a failed ``index``.
+
+        >>> Order(10, 0).alternative(3, 1)
+        4
+        """
+        return (index + k * _ALT_STRIDE) % self.n
+
     def __repr__(self) -> str:
-        return f'Order(n={self.n}, seed={self.seed}, shuffle={self.shuffle})'
+        return (f'Order(n={self.n}, seed={self.seed}, shuffle={self.shuffle}, '
+                f'version={self.version})')
+
+
+def check_version(version) -> int:
+    """Return ``version`` if it is a known order version, else raise ValueError."""
+    if isinstance(version, bool) or not isinstance(version, int) or version not in ORDER_VERSIONS:
+        raise ValueError(f'unknown order version {version!r}; this loadr knows '
+                         f'{list(ORDER_VERSIONS)}')
+    return version
+
+
+def order_for(reader, seed: int, shuffle: bool = True, version: int = ORDER_VERSION):
+    """The order of ``reader``'s stream: its own ``make_order`` if it has one (a Mix).
+
+    Every order has ``n``, ``indices``, ``seeds``, ``index_at`` and
+    ``alternative``, and pickles small.
+
+    >>> order_for(list(range(4)), seed=0).n
+    4
+    """
+    make_order = getattr(reader, 'make_order', None)
+    if make_order is not None:
+        return make_order(seed, shuffle, version)
+    return Order(len(reader), seed, shuffle, version)

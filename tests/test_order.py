@@ -89,3 +89,44 @@ def test_bad_arguments():
         Order(5, -1)
     with pytest.raises(ValueError):
         Order(5, 2**64)
+
+
+def test_version_1_is_0_1s_order_bit_for_bit():
+    # Values computed with loadr 0.1's order.py (/work/base): a state saved by
+    # 0.1 must replay the very same stream.
+    assert Order(5, 0, version=1).indices(0, 15).tolist() == [
+        2, 3, 0, 4, 1, 3, 2, 1, 4, 0, 1, 4, 2, 0, 3]
+    assert Order(1000, 7, version=1).indices(12345, 8).tolist() == [
+        181, 312, 407, 171, 401, 654, 553, 350]
+    assert Order(10**10, 3, version=1).indices(10**12, 5).tolist() == [
+        908248026, 161789210, 9598814164, 867578907, 6009709959]
+    assert Order(16, 2**64 - 1, version=1).indices(0, 16).tolist() == [
+        11, 6, 14, 13, 1, 15, 8, 0, 9, 12, 5, 2, 7, 10, 4, 3]
+    assert Order(100, 2, version=1).seeds(0, 3) == [
+        8399754288231643387, 3821006539869131008, 4869167293577090851]
+
+
+def test_order_for_and_alternative():
+    import pickle
+
+    from loadr.order import ORDER_VERSION, order_for
+
+    order = order_for(list(range(10)), seed=4, shuffle=True)
+    assert (order.n, order.seed, order.version) == (10, 4, ORDER_VERSION)
+    copy = pickle.loads(pickle.dumps(order))
+    assert copy.indices(0, 30).tolist() == order.indices(0, 30).tolist()
+    assert copy.version == order.version
+    # Today's substitution rule under on_error='skip'.
+    assert [order.alternative(3, k) for k in (1, 2)] == [
+        (3 + k * 0x9E3779B1) % 10 for k in (1, 2)]
+
+    class Own:
+        def __len__(self):
+            return 3
+
+        def make_order(self, seed, shuffle, version):
+            return ('own', seed, shuffle, version)
+
+    assert order_for(Own(), 5, False, 1) == ('own', 5, False, 1)
+    with pytest.raises(ValueError, match='order version'):
+        Order(5, 0, version=99)
