@@ -42,8 +42,9 @@ def jpeg(h=24, w=32, seed=0) -> bytes:
     return buf.getvalue()
 
 
-def bag_pipeline(tmp_path, fixtures, workers=0, batch=2, name='p.yaml') -> pathlib.Path:
-    rel = os.path.relpath(fixtures / 'bag', tmp_path)
+def bag_pipeline(tmp_path, data, workers=0, batch=2, name='p.yaml') -> pathlib.Path:
+    """A pipeline over ``data / 'bag'`` (12 datapoints with an ``image`` and an ``idx``)."""
+    rel = os.path.relpath(data / 'bag', tmp_path)
     path = tmp_path / name
     path.write_text(f'reader: {{path: {rel}, decode_images: false}}\n'
                     f'fns:\n'
@@ -119,45 +120,46 @@ def test_demo_end_to_end_with_the_installed_script():
 # run
 
 
-def test_run_prints_a_summary_and_takes_overrides(tmp_path, fixtures):
-    path = bag_pipeline(tmp_path, fixtures)
+def test_run_prints_a_summary_and_takes_overrides(tmp_path, local_data):
+    path = bag_pipeline(tmp_path, local_data)
     done = loadr_cmd('run', path, '--steps', 3, '-o', 'loader.batch=3', '-o',
-                     'fns.0.size=[16, 24]', cwd=fixtures)
+                     'fns.0.size=[16, 24]', cwd=local_data)
     assert done.returncode == 0, done.stderr
     assert 'batches: 3   samples: 9' in done.stdout
     assert 'batch: image uint8[3, 16, 24, 3], idx int64[3]' in done.stdout
     assert 'state: position 9' in done.stdout
     assert 'samples/s' in done.stdout and 'batches/s' in done.stdout
-    assert '3/3 batches' in done.stderr and f'BagReader {fixtures / "bag"}' in done.stderr
+    assert '3/3 batches' in done.stderr and f'BagReader {local_data / "bag"}' in done.stderr
     # Without --steps: one epoch (12 datapoints in batches of 2).
     done = loadr_cmd('run', path)
     assert done.returncode == 0 and 'batches: 6   samples: 12' in done.stdout
 
 
-def test_run_progress_does_not_spam_a_log(tmp_path, fixtures):
-    path = bag_pipeline(tmp_path, fixtures, batch=1)
+def test_run_progress_does_not_spam_a_log(tmp_path, local_data):
+    path = bag_pipeline(tmp_path, local_data, batch=1)
     done = loadr_cmd('run', path, '--steps', 200, env={'LOADR_PROGRESS_S': '3600'})
     assert done.returncode == 0
     assert '\r' not in done.stderr
     assert len(done.stderr.splitlines()) == 2       # the header and the final line
 
 
-def test_run_with_a_yaml_mistake_exits_2_with_one_line(tmp_path, fixtures):
+def test_run_with_a_yaml_mistake_exits_2_with_one_line(tmp_path, local_data):
     path = tmp_path / 'p.yaml'
-    path.write_text(f'reader: {{path: {fixtures / "bag"}}}\nfns: [fllip]\nloader: {{batch: 2}}\n')
+    path.write_text(f'reader: {{path: {local_data / "bag"}}}\nfns: [fllip]\n'
+                    'loader: {batch: 2}\n')
     done = loadr_cmd('run', path)
     assert done.returncode == 2
     assert done.stderr == (f"loadr: error: {path}: unknown fn 'fllip' (line 2): did you mean "
                            f"'flip'? (or an import path 'package.module:function')\n")
     done = loadr_cmd('run', path.with_name('missing.yaml'))
     assert done.returncode == 2 and 'cannot read the pipeline file' in done.stderr
-    done = loadr_cmd('run', bag_pipeline(tmp_path, fixtures), '-o', 'loader.batch')
+    done = loadr_cmd('run', bag_pipeline(tmp_path, local_data), '-o', 'loader.batch')
     assert done.returncode == 2 and 'an override is key=value' in done.stderr
 
 
-def test_bad_data_at_run_time_is_one_line_naming_file_and_index(tmp_path, fixtures):
+def test_bad_data_at_run_time_is_one_line_naming_file_and_index(tmp_path, local_data):
     bad = tmp_path / 'bad.ffr'
-    corrupt_copy(fixtures / 'ffrecord' / 'single.ffr', bad, 7)
+    corrupt_copy(local_data / 'ffrecord' / 'single.ffr', bad, 7)
     path = tmp_path / 'p.yaml'
     path.write_text('reader: {path: bad.ffr, decode: msgpack}\nfns: [{select: [label]}]\n'
                     'loader: {batch: 4, workers: 1, shuffle: false}\n')
@@ -172,8 +174,8 @@ def test_bad_data_at_run_time_is_one_line_naming_file_and_index(tmp_path, fixtur
     assert done.stderr.rstrip().splitlines()[-1] == line
 
 
-def test_run_save_state_and_resume_continue_the_stream(tmp_path, fixtures):
-    path = bag_pipeline(tmp_path, fixtures, batch=3)
+def test_run_save_state_and_resume_continue_the_stream(tmp_path, local_data):
+    path = bag_pipeline(tmp_path, local_data, batch=3)
     state = tmp_path / 'state.json'
     whole = loadr_cmd('run', path, '--steps', 6, '--digest')
     first = loadr_cmd('run', path, '--steps', 2, '--digest', '--save-state', state)
@@ -186,8 +188,8 @@ def test_run_save_state_and_resume_continue_the_stream(tmp_path, fixtures):
     assert whole.stdout.splitlines()[2].startswith('position 6 ')
 
 
-def test_ctrl_c_saves_the_state_and_resume_goes_on_from_it(tmp_path, fixtures):
-    path = bag_pipeline(tmp_path, fixtures, workers=2, batch=2)
+def test_ctrl_c_saves_the_state_and_resume_goes_on_from_it(tmp_path, local_data):
+    path = bag_pipeline(tmp_path, local_data, workers=2, batch=2)
     state = tmp_path / 'state.json'
     reference = loadr_cmd('run', path, '--steps', 40, '--digest', '-o', 'loader.workers=0')
     expected = dict(line.split()[1:] for line in reference.stdout.splitlines()
@@ -227,8 +229,8 @@ def test_ctrl_c_saves_the_state_and_resume_goes_on_from_it(tmp_path, fixtures):
             assert expected[position] == digest
 
 
-def test_sigterm_saves_the_state_too(tmp_path, fixtures):
-    path = bag_pipeline(tmp_path, fixtures, workers=1, batch=2)
+def test_sigterm_saves_the_state_too(tmp_path, local_data):
+    path = bag_pipeline(tmp_path, local_data, workers=1, batch=2)
     state = tmp_path / 'state.json'
     proc = subprocess.Popen([sys.executable, '-m', 'loadr.cli', 'run', str(path), '--steps',
                              '1000000', '--digest', '--save-state', str(state)],
@@ -247,11 +249,11 @@ def test_sigterm_saves_the_state_too(tmp_path, fixtures):
     assert json.loads(state.read_text())['step'] >= 2
 
 
-def test_resume_with_a_state_of_another_dataset_is_refused(tmp_path, fixtures):
+def test_resume_with_a_state_of_another_dataset_is_refused(tmp_path, local_data):
     state = tmp_path / 'state.json'
     state.write_text(json.dumps({'version': 1, 'step': 4, 'seed': 1, 'n': 99,
                                  'shuffle': True, 'global_batch': 2}))
-    done = loadr_cmd('run', bag_pipeline(tmp_path, fixtures), '--resume', state)
+    done = loadr_cmd('run', bag_pipeline(tmp_path, local_data), '--resume', state)
     assert done.returncode == 1
     assert 'saved for a dataset of 99 datapoints, this reader has 12' in done.stderr
 
@@ -605,8 +607,8 @@ def test_ingest_json_20bn_list(tmp_path):
 # bench
 
 
-def test_bench_prints_a_table_per_worker_count(tmp_path, fixtures):
-    path = bag_pipeline(tmp_path, fixtures)
+def test_bench_prints_a_table_per_worker_count(tmp_path, local_data):
+    path = bag_pipeline(tmp_path, local_data)
     done = loadr_cmd('bench', path, '--workers', '0,1', '--steps', 3, '--warmup', 1)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -615,8 +617,8 @@ def test_bench_prints_a_table_per_worker_count(tmp_path, fixtures):
     assert lines[1].split()[3] == '1.00x' and float(lines[2].split()[2]) > 0
 
 
-def test_bench_plot(tmp_path, fixtures):
-    path = bag_pipeline(tmp_path, fixtures)
+def test_bench_plot(tmp_path, local_data):
+    path = bag_pipeline(tmp_path, local_data)
     png = tmp_path / 'bench.png'
     done = loadr_cmd('bench', path, '--workers', '0', '--steps', 1, '--plot', png)
     try:
@@ -655,7 +657,7 @@ def test_progress_redraws_on_a_terminal_and_prints_plain_lines_elsewhere():
     assert log.getvalue().startswith('[########################]  1000/1000 items')
 
 
-def test_python_dash_m_loadr_runs_the_command(fixtures):
-    done = subprocess.run([sys.executable, '-m', 'loadr', 'check', str(fixtures / 'bag')],
+def test_python_dash_m_loadr_runs_the_command(local_data):
+    done = subprocess.run([sys.executable, '-m', 'loadr', 'check', str(local_data / 'bag')],
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0 and 'OK' in done.stdout

@@ -26,9 +26,9 @@ def write(path: pathlib.Path, text: str) -> pathlib.Path:
     return path
 
 
-def bag_yaml(tmp_path, fixtures, loader='{batch: 4, workers: 0, seed: 3}', extra_fns=''):
-    """A pipeline over the bag fixture; reader.path written relative to the YAML file."""
-    rel = os.path.relpath(fixtures / 'bag', tmp_path)
+def bag_yaml(tmp_path, data, loader='{batch: 4, workers: 0, seed: 3}', extra_fns=''):
+    """A pipeline over ``data / 'bag'``; reader.path written relative to the YAML file."""
+    rel = os.path.relpath(data / 'bag', tmp_path)
     lines = ['# a comment line',
              'reader:',
              f'  path: {rel}',
@@ -48,10 +48,10 @@ def first_batch(loader):
         return next(iter(loader))
 
 
-def test_pipeline_gives_what_the_same_loader_built_in_python_gives(tmp_path, fixtures):
-    path = bag_yaml(tmp_path, fixtures)
+def test_pipeline_gives_what_the_same_loader_built_in_python_gives(tmp_path, local_data):
+    path = bag_yaml(tmp_path, local_data)
     got = first_batch(loadr.pipeline(path))
-    reader = loadr.open(fixtures / 'bag', decode_images=False)
+    reader = loadr.open(local_data / 'bag', decode_images=False)
     fns = [F.decode_jpeg(key='image', size=[32, 32]), F.flip(), F.select(['image', 'idx'])]
     want = first_batch(loadr.Loader(reader, batch=4, fns=fns, workers=0, seed=3))
     assert set(got) == {'image', 'idx'} and got['image'].shape == (4, 32, 32, 3)
@@ -59,8 +59,8 @@ def test_pipeline_gives_what_the_same_loader_built_in_python_gives(tmp_path, fix
     assert np.array_equal(got['idx'], want['idx'])
 
 
-def test_dict_pipelines_and_python_overrides(fixtures):
-    source = {'reader': {'path': str(fixtures / 'bag'), 'decode_images': False},
+def test_dict_pipelines_and_python_overrides(local_data):
+    source = {'reader': {'path': str(local_data / 'bag'), 'decode_images': False},
               'fns': [{'select': ['idx']}], 'loader': {'batch': 5, 'workers': 0}}
     assert loadr.pipeline(source).batch == 5
     assert loadr.pipeline(source, **{'loader.batch': 3}).batch == 3
@@ -70,26 +70,26 @@ def test_dict_pipelines_and_python_overrides(fixtures):
     assert first_batch(loader)['idx'].tolist() == [loader.reader[i]['idx'] for i in range(6)]
 
 
-def test_paths_in_the_file_are_relative_to_the_file(tmp_path, fixtures, monkeypatch):
-    path = bag_yaml(tmp_path, fixtures)
+def test_paths_in_the_file_are_relative_to_the_file(tmp_path, local_data, monkeypatch):
+    path = bag_yaml(tmp_path, local_data)
     elsewhere = tmp_path / 'elsewhere'
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     loader = loadr.pipeline(os.path.relpath(path, elsewhere))
-    assert loader.reader.path == str(fixtures / 'bag')
+    assert loader.reader.path == str(local_data / 'bag')
 
 
-def test_override_paths_are_relative_to_the_current_directory(tmp_path, fixtures, monkeypatch):
-    path = bag_yaml(tmp_path, fixtures)
-    monkeypatch.chdir(fixtures)
+def test_override_paths_are_relative_to_the_current_directory(tmp_path, local_data, monkeypatch):
+    path = bag_yaml(tmp_path, local_data)
+    monkeypatch.chdir(local_data)
     loader = loadr.pipeline(path, **{'reader.path': 'bag_sharded'})
     # samefile: the current directory is the real path when ../shared is a symlink
-    assert os.path.samefile(loader.reader.path, fixtures / 'bag_sharded')
+    assert os.path.samefile(loader.reader.path, local_data / 'bag_sharded')
     assert len(loader.reader) == 13
 
 
-def test_the_typo_names_file_line_and_the_right_key(tmp_path, fixtures):
-    path = bag_yaml(tmp_path, fixtures, loader='\n  bach: 4\n  workers: 0')
+def test_the_typo_names_file_line_and_the_right_key(tmp_path, local_data):
+    path = bag_yaml(tmp_path, local_data, loader='\n  bach: 4\n  workers: 0')
     with pytest.raises(ConfigError) as info:
         loadr.pipeline(path)
     err = info.value
@@ -142,9 +142,9 @@ ERRORS = [
 
 
 @pytest.mark.parametrize('text,message,line', ERRORS)
-def test_every_mistake_is_reported_with_line_and_hint(tmp_path, fixtures, text, message, line):
+def test_every_mistake_is_reported_with_line_and_hint(tmp_path, local_data, text, message, line):
     path = tmp_path / 'bad.yaml'
-    path.write_text(text.replace('BAG', str(fixtures / 'bag')), encoding='utf-8')
+    path.write_text(text.replace('BAG', str(local_data / 'bag')), encoding='utf-8')
     with pytest.raises(ConfigError) as info:
         loadr.pipeline(path)
     err = info.value
@@ -156,13 +156,13 @@ def test_every_mistake_is_reported_with_line_and_hint(tmp_path, fixtures, text, 
         assert err.message == message
 
 
-def test_reader_path_and_format_mistakes(tmp_path, fixtures):
+def test_reader_path_and_format_mistakes(tmp_path, local_data):
     path = write(tmp_path / 'p.yaml', 'reader:\n  path: nowhere\nloader: {batch: 1}\n')
     with pytest.raises(ConfigError) as info:
         loadr.pipeline(path)
     assert info.value.message == (f"reader.path 'nowhere' does not exist (line 2): looked for "
                                   f"{tmp_path / 'nowhere'}")
-    path = write(tmp_path / 'q.yaml', f'reader:\n  path: {fixtures / "bag"}\n  format: gulp\n'
+    path = write(tmp_path / 'q.yaml', f'reader:\n  path: {local_data / "bag"}\n  format: gulp\n'
                                       f'loader: {{batch: 1}}\n')
     with pytest.raises(ConfigError, match=r"is not a gulp dataset \(line 3\): it looks like bag"):
         loadr.pipeline(path)
@@ -181,8 +181,8 @@ def test_parse_override_reads_values_as_yaml():
         parse_override('loader.batch')
 
 
-def test_overrides_change_fns_by_position_or_name(tmp_path, fixtures):
-    path = bag_yaml(tmp_path, fixtures)
+def test_overrides_change_fns_by_position_or_name(tmp_path, local_data):
+    path = bag_yaml(tmp_path, local_data)
     loader = loadr.pipeline(path, **{'fns.0.size': [16, 24], 'fns.flip.p': 1.0})
     assert loader.fns[0] == F.decode_jpeg(key='image', size=[16, 24])
     assert loader.fns[1] == F.flip(p=1.0)
@@ -204,14 +204,14 @@ def test_overrides_change_fns_by_position_or_name(tmp_path, fixtures):
     ('loadr.batch', 1, "override 'loadr.batch': unknown section 'loadr': did you mean "
                        "'loader'?"),
 ])
-def test_override_mistakes(tmp_path, fixtures, key, value, message):
-    path = bag_yaml(tmp_path, fixtures)
+def test_override_mistakes(tmp_path, local_data, key, value, message):
+    path = bag_yaml(tmp_path, local_data)
     with pytest.raises(ConfigError) as info:
         loadr.pipeline(path, **{key: value})
     assert info.value.message == message
 
 
-def test_import_path_fns_bare_factory_and_class(tmp_path, fixtures, monkeypatch):
+def test_import_path_fns_bare_factory_and_class(tmp_path, local_data, monkeypatch):
     write(tmp_path / 'myfns.py', """
         def add_one(dp, seed):
             return {**dp, 'idx': dp['idx'] + 1}
@@ -226,11 +226,11 @@ def test_import_path_fns_bare_factory_and_class(tmp_path, fixtures, monkeypatch)
                 return {**dp, 'idx': -dp['idx']}
         """)
     monkeypatch.syspath_prepend(str(tmp_path))
-    source = {'reader': {'path': str(fixtures / 'bag')},
+    source = {'reader': {'path': str(local_data / 'bag')},
               'fns': [{'select': ['idx']}, 'myfns:add_one', {'myfns:times': {'k': 10}},
                       'myfns:Negate'],
               'loader': {'batch': 3, 'workers': 0, 'shuffle': False}}
-    idx = [loadr.open(fixtures / 'bag')[i]['idx'] for i in range(3)]
+    idx = [loadr.open(local_data / 'bag')[i]['idx'] for i in range(3)]
     assert first_batch(loadr.pipeline(source))['idx'].tolist() == [-(i + 1) * 10 for i in idx]
     source['fns'][2] = {'myfns:times': {'kk': 10}}
     with pytest.raises(ConfigError, match=r"unknown argument 'kk' for fn 'myfns:times': "
@@ -277,8 +277,8 @@ def image_bag(tmp_path_factory):
     ('video_gulp.yaml', 'gulp', {'frames': (2, 8, 3, 112, 112), 'meta': None}),
     ('ffrecord_msgpack.yaml', 'ffrecord/single.ffr', {'image': (2, 128, 128, 3), 'label': (2,)}),
 ])
-def test_each_example_config_runs_on_small_data(request, fixtures, name, data, shapes):
-    path = request.getfixturevalue('image_bag') if data == 'image_bag' else fixtures / data
+def test_each_example_config_runs_on_small_data(request, local_data, name, data, shapes):
+    path = request.getfixturevalue('image_bag') if data == 'image_bag' else local_data / data
     loader = loadr.pipeline(CONFIGS / name, **{'reader.path': str(path), 'loader.batch': 2,
                                                'loader.workers': 0})
     with loader:
@@ -294,8 +294,8 @@ def test_each_example_config_runs_on_small_data(request, fixtures, name, data, s
     assert not np.array_equal(batches[0][next(iter(shapes))], batches[1][next(iter(shapes))])
 
 
-def test_the_command_prints_one_line_with_file_and_line(tmp_path, fixtures):
-    path = bag_yaml(tmp_path, fixtures, loader='\n  bach: 4')
+def test_the_command_prints_one_line_with_file_and_line(tmp_path, local_data):
+    path = bag_yaml(tmp_path, local_data, loader='\n  bach: 4')
     done = subprocess.run([sys.executable, '-m', 'loadr.cli', 'run', str(path)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2

@@ -1,4 +1,7 @@
-"""The Loader over the real readers and built-in fns: same bytes for any worker count."""
+"""The Loader over the real readers and built-in fns: same bytes for any worker count.
+
+The datasets are written by the tests (conftest.local_data), in every format.
+"""
 
 import numpy as np
 import pytest
@@ -35,8 +38,8 @@ PIPELINES = {
 
 
 @pytest.mark.parametrize('name', sorted(PIPELINES))
-def test_real_pipelines_are_deterministic_across_workers(fixtures, name):
-    reader, pipeline = PIPELINES[name](fixtures)
+def test_real_pipelines_are_deterministic_across_workers(local_data, name):
+    reader, pipeline = PIPELINES[name](local_data)
     digests = []
     for workers in (0, 2):
         with loadr.Loader(reader, batch=5, fns=pipeline, seed=3, workers=workers) as loader:
@@ -48,8 +51,8 @@ def test_real_pipelines_are_deterministic_across_workers(fixtures, name):
     assert list_keys == ({'label'} if name == 'bag_sharded' else set())
 
 
-def test_resume_over_a_real_reader(fixtures):
-    reader, pipeline = PIPELINES['gulp'](fixtures)
+def test_resume_over_a_real_reader(local_data):
+    reader, pipeline = PIPELINES['gulp'](local_data)
     with loadr.Loader(reader, batch=4, fns=pipeline, seed=1, workers=2) as loader:
         expected = stream_digests(loader, 30)
     with loadr.Loader(reader, batch=4, fns=pipeline, seed=1, workers=2) as loader:

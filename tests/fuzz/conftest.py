@@ -18,7 +18,7 @@ def examples(n: int) -> int:
 
 
 @pytest.fixture(scope='module')
-def workspace(tmp_path_factory):
+def workspace(tmp_path_factory, fixtures):     # fixtures: skips when they are absent
     made = {}
 
     def get(name: str) -> Workspace:

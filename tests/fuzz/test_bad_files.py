@@ -28,16 +28,18 @@ NOBODY = 65534
 
 
 @pytest.fixture
-def data():
+def data(fixtures):
     """A writable copy of the fixtures, in a directory every user can enter (see denied())."""
     root = pathlib.Path(tempfile.mkdtemp(prefix='loadr-bad-'))
-    os.chmod(root, 0o755)
-    for name in ('gulp', 'bag', 'bag_sharded', 'ffrecord'):
-        shutil.copytree(FIXTURES / name, root / name)
-    for p in root.rglob('*'):
-        os.chmod(p, 0o755 if p.is_dir() else 0o644)
-    yield root
-    shutil.rmtree(root)
+    try:            # removed however the copy or the test ends (it leaked when a copy failed)
+        os.chmod(root, 0o755)
+        for name in ('gulp', 'bag', 'bag_sharded', 'ffrecord'):
+            shutil.copytree(fixtures / name, root / name)
+        for p in root.rglob('*'):
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def read_everything(path, **options) -> None:

@@ -1,0 +1,62 @@
+"""The suite from a bare clone: no ../shared/fixtures (issue 11, item 9).
+
+Tests that need the reference fixtures skip with one line saying how to get
+them (under CI=true they fail instead); the rest run on data they write; no
+run leaves folders behind in the temp directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from .conftest import HOW_TO_GET, ROOT
+
+TIMEOUT_S = 300
+# Files that need the fixtures (and copied them into /tmp/loadr-bad-* even when absent),
+# and a test that needs only data it writes.
+NEEDS_FIXTURES = 'tests/fuzz/test_bad_files.py'
+LOCAL = 'tests/test_loader_readers.py::test_resume_over_a_real_reader'
+
+
+def run_pytest(tmp_path, *args, ci: bool = False) -> tuple[subprocess.CompletedProcess, list]:
+    """pytest in a child with the fixtures absent and its own TMPDIR; (result, what it left)."""
+    tmp = tmp_path / 'tmp'
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != 'CI'}
+    env.update(LOADR_FIXTURES=str(tmp_path / 'no-fixtures'), TMPDIR=str(tmp))
+    if ci:
+        env['CI'] = 'true'
+    done = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-ra', '-p', 'no:cacheprovider',
+                           '--basetemp', str(tmp_path / 'basetemp'), *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    return done, sorted(os.listdir(tmp))
+
+
+def counts(output: str) -> dict:
+    last = output.strip().splitlines()[-1]
+    return {word: int(n) for n, word in re.findall(r'(\d+) (passed|skipped|failed|errors?)', last)}
+
+
+def test_without_fixtures_the_tests_that_need_them_skip_with_one_line(tmp_path):
+    done, left = run_pytest(tmp_path, NEEDS_FIXTURES, LOCAL)
+    assert done.returncode == 0, done.stdout[-3000:]
+    got = counts(done.stdout)
+    assert got.get('skipped', 0) >= 20 and got.get('passed') == 1, got
+    assert 'error' not in got and 'errors' not in got and 'failed' not in got, got
+    skip_lines = [line for line in done.stdout.splitlines() if line.startswith('SKIPPED')]
+    assert len(skip_lines) == 1 and HOW_TO_GET in skip_lines[0], skip_lines
+    assert 'LOADR_FIXTURES' in skip_lines[0]
+    assert left == [], left                  # no /tmp/loadr-bad-* (or anything) left behind
+
+
+def test_under_ci_a_missing_fixture_is_a_failure(tmp_path):
+    done, left = run_pytest(tmp_path, NEEDS_FIXTURES, LOCAL, ci=True)
+    assert done.returncode == 1
+    got = counts(done.stdout)
+    assert got.get('skipped', 0) == 0 and got.get('passed') == 1, got
+    assert got.get('failed', 0) + got.get('errors', got.get('error', 0)) >= 20, got
+    assert 'CI=true: a missing fixture is a failure' in done.stdout
+    assert left == [], left
