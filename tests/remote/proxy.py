@@ -1,0 +1,284 @@
+"""A small HTTP/1.1 proxy of ours that injects latency and faults in front of a real server.
+
+Per request it can wait a fixed delay (as a round trip to a far server
+would; concurrent requests wait concurrently), answer ``503``, send the
+headers and only part of the body then close (a short body), or reset the
+connection (an RST, no answer). Which requests fail is deterministic: a
+request is named by (method, path, Range header) and its k-th attempt fails
+when ``hash(seed, name, k)`` falls under the fault fractions, so the same
+reads meet the same faults in every run whatever the timing; after
+``max_faults`` failed attempts a request always goes through, so a client that
+retries enough always succeeds. ``hang=True`` accepts requests and never
+answers (a server that stalls); :meth:`Proxy.stop` makes the server go away.
+
+It counts requests, faults and the body bytes it passed to clients
+(``proxy.stats``); over HTTP, ``GET /__proxy__/stats`` returns them as JSON and
+``GET /__proxy__/reset`` zeroes them, for a proxy in another process
+(``python -m tests.remote.proxy --upstream http://127.0.0.1:8080 --delay-ms 20``).
+
+Example::
+
+    with Proxy('http://127.0.0.1:8080', delay_s=0.02, error=0.1, seed=1) as proxy:
+        url = proxy.url + '/ffrecord/single.ffr'
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import socket
+import struct
+import threading
+import urllib.parse
+
+__all__ = ['Proxy']
+
+READ_LIMIT_BYTES = 1 << 20
+HEAD_END = b'\r\n\r\n'
+
+
+class Proxy:
+    """The fault-injecting proxy, served by an asyncio loop in a thread of this process.
+
+    ``error``, ``short``, ``reset``: fractions of attempts answered 503, cut
+    short, or reset (their sum at most 1). ``delay_s``: added before every
+    request is forwarded. Settings may be changed while it runs.
+    """
+
+    def __init__(self, upstream: str, delay_s: float = 0.0, error: float = 0.0,
+                 short: float = 0.0, reset: float = 0.0, seed: int = 0, max_faults: int = 2,
+                 hang: bool = False, port: int = 0):
+        parts = urllib.parse.urlsplit(upstream if '//' in upstream else f'http://{upstream}')
+        self.upstream = (parts.hostname or '127.0.0.1', parts.port or 80)
+        self.delay_s, self.error, self.short, self.reset = delay_s, error, short, reset
+        self.seed, self.max_faults, self.hang = seed, max_faults, hang
+        self._port = port
+        self._attempts: dict[tuple, int] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self.port: int | None = None
+        self.reset_stats()
+
+    @property
+    def url(self) -> str:
+        return f'http://127.0.0.1:{self.port}'
+
+    def reset_stats(self) -> None:
+        """Zero the counters (and forget past attempts, so faults repeat from the start)."""
+        self.stats = {'requests': 0, 'body_bytes': 0, 'error': 0, 'short': 0, 'reset': 0,
+                      'hung': 0}
+        self._attempts = {}
+
+    # ----------------------------------------------------------------- life cycle
+    def start(self) -> 'Proxy':
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name='fault-proxy',
+                                        daemon=True)
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._serve, '127.0.0.1', self._port, limit=READ_LIMIT_BYTES),
+            self._loop)
+        self._server = future.result(10)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def stop(self) -> None:
+        """Close the listening socket and every open connection: the server is gone."""
+        if self._loop is None:
+            return
+        loop, self._loop = self._loop, None
+
+        async def shut():
+            self._server.close()
+            for w in list(self._writers):
+                w.transport.abort()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            asyncio.run_coroutine_threadsafe(shut(), loop).result(10)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            self._thread.join(10)
+            loop.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # ----------------------------------------------------------------- faults
+    def _fault(self, method: str, target: str, range_: str) -> str | None:
+        """None, 'error', 'short' or 'reset' for this attempt of this request."""
+        key = (method, target, range_)
+        attempt = self._attempts.get(key, 0)
+        self._attempts[key] = attempt + 1
+        if attempt >= self.max_faults:
+            return None
+        digest = hashlib.blake2b(repr((self.seed, key, attempt)).encode(), digest_size=8).digest()
+        u = int.from_bytes(digest, 'little') / 2 ** 64
+        for kind, p in (('error', self.error), ('short', self.short), ('reset', self.reset)):
+            if u < p:
+                return kind
+            u -= p
+        return None
+
+    # ----------------------------------------------------------------- serving
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self._writers.add(writer)
+        self._tasks.add(asyncio.current_task())
+        try:
+            while await self._one(reader, writer):
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            self._tasks.discard(asyncio.current_task())
+            writer.transport.abort()
+
+    async def _one(self, reader, writer) -> bool:
+        """Serve one request; False when the client connection should end."""
+        try:
+            head = await reader.readuntil(HEAD_END)
+        except asyncio.IncompleteReadError:
+            return False
+        lines = head[:-4].decode('latin-1').split('\r\n')
+        method, target, _ = (lines[0].split(' ', 2) + ['', ''])[:3]
+        headers = [tuple(s.strip() for s in line.split(':', 1))
+                   for line in lines[1:] if ':' in line]
+        h = {k.lower(): v for k, v in headers}
+        body = await _read_body(reader, h)
+        if target.startswith('/__proxy__/'):
+            return await self._control(target, writer)
+        self.stats['requests'] += 1
+        if self.hang:
+            self.stats['hung'] += 1
+            await asyncio.Event().wait()          # until the proxy stops and cancels us
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        fault = self._fault(method, target, h.get('range', ''))
+        if fault == 'reset':
+            self.stats['reset'] += 1
+            sock = writer.get_extra_info('socket')
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack('ii', 1, 0))
+            writer.transport.abort()
+            return False
+        if fault == 'error':
+            self.stats['error'] += 1
+            writer.write(b'HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n'
+                         b'Retry-After: 0\r\n\r\n')
+            await writer.drain()
+            return True
+        status_head, resp_body, keep = await self._forward(method, target, headers, body)
+        if fault == 'short' and len(resp_body) >= 2:
+            self.stats['short'] += 1
+            self.stats['body_bytes'] += len(resp_body) // 2     # counted before the client sees it
+            writer.write(status_head + resp_body[:len(resp_body) // 2])
+            await writer.drain()
+            writer.transport.abort()
+            return False
+        self.stats['body_bytes'] += len(resp_body)
+        writer.write(status_head + resp_body)
+        await writer.drain()
+        return keep and h.get('connection', '').lower() != 'close'
+
+    async def _forward(self, method, target, headers, body):
+        """One request to the upstream on a fresh connection; (head, body, keep-alive ok)."""
+        up_r, up_w = await asyncio.open_connection(*self.upstream, limit=READ_LIMIT_BYTES)
+        try:
+            keep = {'connection', 'keep-alive', 'proxy-connection', 'transfer-encoding',
+                    'content-length'}
+            out = [f'{method} {target} HTTP/1.1']
+            out += [f'{k}: {v}' for k, v in headers if k.lower() not in keep]
+            out += [f'Content-Length: {len(body)}'] if body or method in ('PUT', 'POST') else []
+            out += ['Connection: close', '', '']
+            up_w.write('\r\n'.join(out).encode('latin-1') + body)
+            await up_w.drain()
+            head = await up_r.readuntil(HEAD_END)
+            lines = head[:-4].decode('latin-1').split('\r\n')
+            rh = {}
+            kept = [lines[0]]
+            for line in lines[1:]:
+                k, _, v = line.partition(':')
+                rh[k.strip().lower()] = v.strip()
+                if k.strip().lower() not in ('connection', 'keep-alive', 'transfer-encoding'):
+                    kept.append(line)
+            status = int(lines[0].split(' ', 2)[1])
+            if method == 'HEAD' or status in (204, 304) or 100 <= status < 200:
+                data = b''
+                if 'content-length' not in rh:
+                    kept.append('Content-Length: 0')
+            elif 'chunked' in rh.get('transfer-encoding', '').lower():
+                data = await _read_chunked(up_r)
+                kept.append(f'Content-Length: {len(data)}')
+            elif 'content-length' in rh:
+                data = await up_r.readexactly(int(rh['content-length']))
+            else:
+                data = await up_r.read()
+                kept.append(f'Content-Length: {len(data)}')
+            kept += ['Connection: keep-alive', '', '']
+            return '\r\n'.join(kept).encode('latin-1'), data, True
+        finally:
+            up_w.transport.abort()
+
+    async def _control(self, target: str, writer) -> bool:
+        if target.startswith('/__proxy__/reset'):
+            self.reset_stats()
+        data = json.dumps(self.stats).encode()
+        writer.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n'
+                     b'Content-Length: %d\r\n\r\n' % len(data) + data)
+        await writer.drain()
+        return True
+
+
+async def _read_body(reader: asyncio.StreamReader, h: dict) -> bytes:
+    if 'chunked' in h.get('transfer-encoding', '').lower():
+        return await _read_chunked(reader)
+    n = int(h.get('content-length', 0) or 0)
+    return await reader.readexactly(n) if n else b''
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    """The decoded body of a chunked message (trailers dropped)."""
+    parts = []
+    while True:
+        size = int((await reader.readuntil(b'\r\n')).split(b';')[0].strip(), 16)
+        if size == 0:
+            while (await reader.readuntil(b'\r\n')) != b'\r\n':
+                pass
+            return b''.join(parts)
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)
+
+
+def main(argv=None) -> None:
+    """Run a proxy in the foreground until interrupted (for a benchmark in another process)."""
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--upstream', required=True)
+    p.add_argument('--port', type=int, default=0)
+    p.add_argument('--delay-ms', type=float, default=0.0)
+    p.add_argument('--error', type=float, default=0.0)
+    p.add_argument('--short', type=float, default=0.0)
+    p.add_argument('--reset', type=float, default=0.0)
+    p.add_argument('--seed', type=int, default=0)
+    args = p.parse_args(argv)
+    proxy = Proxy(args.upstream, delay_s=args.delay_ms / 1000, error=args.error,
+                  short=args.short, reset=args.reset, seed=args.seed, port=args.port).start()
+    print(proxy.url, flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        proxy.stop()
+
+
+if __name__ == '__main__':
+    main()
