@@ -16,6 +16,12 @@ process from the one socket it binds in a private directory (mode 0700), to
 which only the processes it started can connect; workers never unpickle
 anything from a socket (task headers are plain structs).
 
+An exception travels whole when it survives a pickle round trip in the
+worker; otherwise as a :class:`Portrait` (class by module and qualname,
+``args`` and attributes as plain data), from which the main process makes an
+instance of the same class without calling its ``__init__``. ``VERSION``
+changes whenever a header or a payload's layout does.
+
 Example::
 
     frames = task(task_id=7, slot=1, seed=0, start=448, count=64)
@@ -24,15 +30,17 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 import pickle
 import struct
+import sys
 import traceback
 from dataclasses import dataclass
 
 __all__ = ['VERSION', 'TASK', 'STOP', 'HELLO', 'DONE', 'FAIL', 'READ_ONE_BY_ONE', 'task', 'stop',
-           'hello', 'done', 'fail', 'parse', 'Failure']
+           'hello', 'done', 'fail', 'parse', 'Failure', 'Portrait']
 
-VERSION = 3
+VERSION = 4
 TASK, STOP, HELLO, DONE, FAIL = b'T', b'S', b'H', b'D', b'F'
 # TASK flag: read the samples one by one, not with the reader's batch read
 # (sent after a worker died inside a batch read, so the culprit gets named).
@@ -86,6 +94,122 @@ def fail(task_id: int, failure: 'Failure') -> list[bytes]:
     return [_pack(FAIL, task_id), pickle.dumps(failure, protocol=pickle.HIGHEST_PROTOCOL)]
 
 
+# What a Portrait keeps as it is: data that pickles to itself and runs no code
+# when it is unpickled. Anything else is kept as its repr(), cut to this length.
+_PLAIN_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+_PLAIN_CONTAINERS = (tuple, list, set, frozenset)
+_PLAIN_MAX_ITEMS = 10_000
+_PLAIN_MAX_DEPTH = 8
+_REPR_MAX_CHARS = 1000
+_OSERROR_FIELDS = ('errno', 'strerror', 'filename', 'filename2')
+
+
+def _is_plain(value, depth: int = 0, budget: list | None = None) -> bool:
+    budget = [_PLAIN_MAX_ITEMS] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0 or depth > _PLAIN_MAX_DEPTH:
+        return False
+    kind = type(value)          # exact types: a subclass may pickle as anything
+    if kind in _PLAIN_SCALARS:
+        return True
+    if kind in _PLAIN_CONTAINERS:
+        return all(_is_plain(v, depth + 1, budget) for v in value)
+    if kind is dict:
+        return all(_is_plain(k, depth + 1, budget) and _is_plain(v, depth + 1, budget)
+                   for k, v in value.items())
+    return False
+
+
+def _plain(value):
+    """``value`` if it is plain data, else its (shortened) repr."""
+    if _is_plain(value):
+        return value
+    try:
+        text = repr(value)
+    except Exception:   # noqa: BLE001 - a broken __repr__ must not hide the error itself
+        text = f'<{type(value).__qualname__} object>'
+    return text if len(text) <= _REPR_MAX_CHARS else text[:_REPR_MAX_CHARS - 3] + '...'
+
+
+def _find_class(module: str, qualname: str):
+    """The exception class ``module.qualname`` in this process, or None.
+
+    Found by import and attribute lookup only; a class defined inside a
+    function (``<locals>`` in its qualname) cannot be found this way.
+    """
+    if module == '__mp_main__':        # the main script, as a spawned worker names it
+        module = '__main__'
+    mod = sys.modules.get(module)
+    if mod is None:
+        try:
+            mod = importlib.import_module(module)
+        except Exception:   # noqa: BLE001 - not importable here: the caller falls back
+            return None
+    obj = mod
+    for part in qualname.split('.'):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj if isinstance(obj, type) and issubclass(obj, BaseException) else None
+
+
+@dataclass
+class Portrait:
+    """An exception that does not survive pickling, as plain data.
+
+    ``args`` and ``state`` (the instance's ``__dict__``) hold plain data
+    only (None, bool, numbers, str, bytes, and tuples, lists, sets and dicts
+    of those); any other value is replaced by its repr. The main process
+    rebuilds it with :meth:`rebuild`.
+
+    >>> class Odd(Exception):
+    ...     def __init__(self, *, code):
+    ...         super().__init__(f'code {code}')
+    ...         self.code = code
+    >>> p = Portrait.of(Odd(code=3))
+    >>> (p.args, p.state)
+    (('code 3',), {'code': 3})
+    """
+
+    module: str
+    qualname: str
+    args: tuple
+    state: dict
+    oserror: tuple | None = None        # errno, strerror, filename, filename2 of an OSError
+
+    @classmethod
+    def of(cls, exc: BaseException) -> 'Portrait':
+        kind = type(exc)
+        state = {k: _plain(v) for k, v in getattr(exc, '__dict__', {}).items()
+                 if type(k) is str}
+        oserror = None
+        if isinstance(exc, OSError):
+            oserror = tuple(_plain(getattr(exc, f, None)) for f in _OSERROR_FIELDS)
+        return cls(kind.__module__, kind.__qualname__, tuple(_plain(a) for a in exc.args),
+                   state, oserror)
+
+    def rebuild(self) -> BaseException | None:
+        """An instance of the original class, made without calling its ``__init__``;
+        None if the class cannot be found in this process."""
+        kind = _find_class(self.module, self.qualname)
+        if kind is None:
+            return None
+        try:
+            try:
+                exc = kind.__new__(kind, *self.args)
+            except TypeError:               # a __new__ with its own signature
+                exc = kind.__new__(kind)
+            exc.args = self.args
+            if self.oserror is not None:
+                for field, value in zip(_OSERROR_FIELDS, self.oserror):
+                    if value is not None:
+                        setattr(exc, field, value)
+            exc.__dict__.update(self.state)
+        except Exception:   # noqa: BLE001 - a class that cannot be made so: the caller falls back
+            return None
+        return exc
+
+
 @dataclass
 class Failure:
     """What went wrong in a worker, in a form that crosses processes."""
@@ -97,24 +221,33 @@ class Failure:
     position: int | None
     worker: int | None
     exc_blob: bytes | None = None
+    portrait: Portrait | None = None
 
     @classmethod
     def capture(cls, exc: BaseException, index, position, worker, tb: str | None = None):
+        """The record of ``exc``: pickled whole if that round trip works here, and
+        its :class:`Portrait` in any case (the fallback where unpickling fails)."""
         try:
             blob = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
-            pickle.loads(blob)
-        except Exception:
+            pickle.loads(blob)      # our own bytes, just made: does it come back?
+        except Exception:   # noqa: BLE001 - any failure means "the portrait only"
             blob = None
+        portrait = Portrait.of(exc)
         if tb is None:
             tb = ''.join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return cls(f'{type(exc).__module__}.{type(exc).__qualname__}', str(exc), tb,
-                   index, position, worker, blob)
+        try:
+            message = str(exc)
+        except Exception:   # noqa: BLE001 - a broken __str__ must not hide the error itself
+            message = f'<{type(exc).__qualname__}: str() failed>'
+        return cls(f'{type(exc).__module__}.{type(exc).__qualname__}', message, tb,
+                   index, position, worker, blob, portrait)
 
     def exception(self) -> BaseException | None:
-        """The original exception object, when it survives pickling."""
-        if self.exc_blob is None:
-            return None
-        try:
-            return pickle.loads(self.exc_blob)
-        except Exception:
-            return None
+        """The original exception: unpickled, or rebuilt from its portrait; None
+        when neither works (the class cannot be found here)."""
+        if self.exc_blob is not None:
+            try:
+                return pickle.loads(self.exc_blob)
+            except Exception:   # noqa: BLE001 - fall back to the portrait, or to None
+                pass
+        return self.portrait.rebuild() if self.portrait is not None else None

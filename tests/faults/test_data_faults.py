@@ -12,6 +12,7 @@ import errno
 import logging
 import os
 import shutil
+import threading
 import time
 
 import numpy as np
@@ -215,3 +216,50 @@ def test_an_error_is_raised_at_its_own_batch_never_before_earlier_ones():
             with pytest.raises(ValueError, match='sample 6 is bad'):
                 next(it)
             assert loader.save()['step'] == 5
+
+
+class KwOnlyError(Exception):
+    """Does not survive a pickle round trip: unpickling calls KwOnlyError('code 3')."""
+
+    def __init__(self, *, code):
+        super().__init__(f'code {code}')
+        self.code = code
+
+
+class LockedError(ValueError):
+    """Cannot be pickled at all: it holds a lock."""
+
+    def __init__(self, message, path):
+        super().__init__(message)
+        self.path, self.lock = path, threading.Lock()
+
+
+def _raise_at_17(kind):
+    def fn(dp, seed):
+        if dp['label'] == 17:
+            raise KwOnlyError(code=3) if kind == 'kw' else LockedError('no luck', '/x.bag')
+        return dp
+    return fn
+
+
+@pytest.mark.parametrize('kind,cls', [('kw', KwOnlyError), ('locked', LockedError)])
+@pytest.mark.parametrize('workers', [0, 2])
+def test_an_exception_that_does_not_pickle_is_raised_as_its_own_type(workers, kind, cls):
+    # except MyError: must catch the same thing for every worker count (it used to be a
+    # bare WorkerError with workers > 0, without loadr_index).
+    with loadr.Loader(trivial(40), batch=8, fns=[_raise_at_17(kind)], shuffle=False,
+                      workers=workers) as loader:
+        it = iter(loader)
+        next(it)
+        with pytest.raises(cls) as info:
+            for _ in range(3):
+                next(it)
+    err = info.value
+    assert err.loadr_index == 17 and err.loadr_position == 17
+    assert str(err) == ('code 3' if kind == 'kw' else 'no luck')
+    if kind == 'kw':
+        assert err.code == 3
+    else:
+        assert err.path == '/x.bag'
+    cause = err.__cause__
+    assert isinstance(cause, WorkerError) and cause.index == 17
