@@ -171,6 +171,15 @@ def cmd_demo(args) -> int:
 # run
 
 
+RUN_STATE_FORMAT = 'loadr run state'   # marks a state file written by `loadr run`
+
+
+def _epoch_batches(loader) -> int:
+    """Batches in one epoch (``len(loader)`` in 0.1; ``batches_per_epoch()`` where it exists)."""
+    per_epoch = getattr(loader, 'batches_per_epoch', None)
+    return per_epoch() if per_epoch is not None else len(loader)
+
+
 def _write_state(path: str, state: dict) -> None:
     from .readers import staging
     staging.reclaim(path)
@@ -181,39 +190,142 @@ def _write_state(path: str, state: dict) -> None:
     os.replace(tmp, path)
 
 
-def _read_state(path: str) -> dict:
+def _read_state(path: str) -> tuple[dict, dict | None]:
+    """``(loader state, run record or None)`` from a state file.
+
+    ``loadr run`` writes ``{'format', 'loader', 'config', 'overrides', 'cwd',
+    'start', 'steps'}``: the loader's own state (opaque here) and what it
+    takes to go on with the same pipeline to the same end. A 0.1 state file
+    is the loader state alone (no run record).
+    """
     try:
         with open(path, encoding='utf-8') as f:
-            return json.load(f)
+            data = json.load(f)
     except OSError as exc:
         raise ConfigError(f'cannot read the state file: {exc.strerror or exc}', path) from exc
     except ValueError as exc:
         raise ConfigError(f'the state file is not JSON: {exc}', path) from exc
+    if isinstance(data, dict) and data.get('format') == RUN_STATE_FORMAT:
+        run = data
+        ok = (isinstance(run.get('loader'), dict) and isinstance(run.get('config'), str)
+              and isinstance(run.get('overrides'), list)
+              and all(isinstance(o, str) for o in run['overrides'])
+              and isinstance(run.get('cwd'), str)
+              and all(isinstance(run.get(k), int) and not isinstance(run.get(k), bool)
+                      and run[k] >= 0 for k in ('start', 'steps')))
+        if not ok:
+            raise ConfigError('the state file is damaged: a run state needs loader, config, '
+                              'overrides, cwd, start and steps', path)
+        return run['loader'], run
+    if isinstance(data, dict) and 'step' in data:
+        return data, None              # loadr 0.1: the loader state alone
+    raise ConfigError('not a loadr state file (written by loadr run --save-state or '
+                      'Loader.save())', path)
+
+
+def _position(state: dict):
+    step = state.get('step') if isinstance(state, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _check_overwrite(path: str, resume: str | None, start: int, force: bool) -> None:
+    """Refuse to replace a state file that is not one, or that lies ahead of this run."""
+    if force or not os.path.lexists(path):
+        return
+    if resume is not None and os.path.exists(resume) and os.path.samefile(path, resume):
+        return                         # going on from it: it is this run's own state
+    hint = 'pass --force to overwrite it'
+    try:
+        state, _ = _read_state(path)
+    except ConfigError as exc:
+        raise ConfigError(f'--save-state would overwrite a file that is not a readable loadr '
+                          f'state ({exc.message}); pick another file or {hint}', path) from exc
+    ahead = _position(state)
+    if ahead is not None and ahead > start:
+        raise ConfigError(f'--save-state would overwrite a state saved at position {ahead}, '
+                          f'ahead of where this run starts ({start}): go on from it with  '
+                          f'loadr run --resume {path}  or {hint}', path)
 
 
 def cmd_run(args) -> int:
-    """Iterate a pipeline: ``loadr run p.yaml --steps 100 -o loader.batch=8``."""
-    _, loader = _load_pipeline(args.pipeline, args.override)
+    """Iterate a pipeline: ``loadr run p.yaml --steps 100 -o loader.batch=8``.
+
+    ``--steps`` is the run's goal: batches in all, counted from where the run
+    began. ``--save-state`` records the loader state with the pipeline, the
+    overrides and the goal, so ``loadr run --resume FILE`` alone goes on with
+    the same pipeline to the same end.
+    """
+    from .config import load_config, parse_override
+    loader_state = run = None
+    if args.resume:
+        loader_state, run = _read_state(args.resume)
+    cwd = os.getcwd()
+    if run is not None:
+        pipeline_path = args.pipeline or run['config']
+        overrides = list(run['overrides'])
+        if args.override and overrides and not _same_dir(cwd, run['cwd']):
+            raise ConfigError(f"the saved run's overrides are relative to {run['cwd']}: add "
+                              f"-o overrides from there (or start a new run)", args.resume)
+        saved_cwd = run['cwd']
+    else:
+        pipeline_path, overrides, saved_cwd = args.pipeline, [], cwd
+    if pipeline_path is None:
+        raise ConfigError('loadr run needs the pipeline YAML file (or --resume FILE with a state '
+                          'saved by loadr run, which names it)')
+    config = load_config(pipeline_path)
+    for text in overrides:
+        config.override(*parse_override(text), cwd=saved_cwd)
+    for text in args.override:
+        config.override(*parse_override(text), cwd=cwd)
+    loader = config.build()
     with loader:
-        return _run(args, loader)
+        if loader_state is not None:
+            loader.load(loader_state)
+        record = {'format': RUN_STATE_FORMAT, 'config': os.path.abspath(pipeline_path),
+                  'overrides': overrides + list(args.override),
+                  'cwd': saved_cwd if overrides else cwd}
+        if run is not None:
+            record['start'] = run['start']
+            record['steps'] = args.steps if args.steps is not None else run['steps']
+        else:
+            # A fresh run starts where the loader is; a 0.1 state file kept no goal,
+            # so its --steps count from position 0 (where a 0.1 run began).
+            record['start'] = 0 if loader_state is not None else loader.step
+            record['steps'] = args.steps if args.steps is not None else _epoch_batches(loader)
+        if args.save_state:
+            _check_overwrite(args.save_state, args.resume, loader.step, args.force)
+        return _run(args, loader, record, pipeline_path)
 
 
-def _run(args, loader) -> int:
+def _same_dir(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _run(args, loader, record: dict, pipeline_path: str) -> int:
     from .demo import batch_digest
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     bar = processed = None
     try:
-        if args.resume:
-            loader.load(_read_state(args.resume))
-        steps = args.steps if args.steps is not None else len(loader)
+        gb = loader.global_batch
+        end = record['start'] + record['steps'] * gb
+        steps = max(0, -(-(end - loader.step) // gb))       # what is left of the goal
+        done = record['steps'] - steps
         reader = loader.reader
-        _err(f'loadr run {args.pipeline}: {type(reader).__name__} '
+        goal = (f'batches {done + 1}..{record["steps"]} of {record["steps"]}' if done
+                else f'{steps} batches')
+        _err(f'loadr run {pipeline_path}: {type(reader).__name__} '
              f'{getattr(reader, "path", "")} ({len(reader)} datapoints), {len(loader.fns)} fns, '
              f'batch {loader.batch}, {_plural(loader.workers, "worker")}, from position '
-             f'{loader.step}, '
-             f'{steps} batches')
+             f'{loader.step}, {goal}')
+        if args.resume and steps == 0:
+            _err(f'loadr: nothing left to run: position {loader.step} is at the goal of '
+                 f'{record["steps"]} batches (--steps sets another goal, counted from '
+                 f'position {record["start"]})')
         bar = Progress(total=steps, unit='batches', label='run')
-        it = iter(loader)
+        it = iter(loader) if steps else None
         first = None
         processed = loader.step      # the end of the last batch fully handled
         for _ in range(steps):
@@ -236,10 +348,9 @@ def _run(args, loader) -> int:
             state['step'] = processed
         what = 'terminated' if isinstance(exc, _Terminated) else 'interrupted'
         if args.save_state:
-            _write_state(args.save_state, state)
+            _write_state(args.save_state, {**record, 'loader': state})
             _err(f'loadr: {what} at position {state["step"]}; state saved to '
-                 f'{args.save_state}: go on with  loadr run {args.pipeline} --resume '
-                 f'{args.save_state}')
+                 f'{args.save_state}: go on with  loadr run --resume {args.save_state}')
         else:
             _err(f'loadr: {what} at position {state["step"]} (pass --save-state FILE to be '
                  f'able to resume)')
@@ -249,7 +360,7 @@ def _run(args, loader) -> int:
         signal.signal(signal.SIGTERM, previous)
     state = loader.save()
     if args.save_state:
-        _write_state(args.save_state, state)
+        _write_state(args.save_state, {**record, 'loader': state})
     loader.close()
     rate, sample_rate = bar.rates()
     _out(f'batches: {bar.done}   samples: {bar.samples}   time: {bar.elapsed:.2f} s')
@@ -615,16 +726,24 @@ def build_parser() -> argparse.ArgumentParser:
                  'stops cleanly (exit 130), saving the state when --save-state is given.',
                  'loadr run configs/imagenet_bag.yaml --steps 1000 -o loader.batch=128 '
                  '-o reader.path=/data/train --save-state state.json\n'
-                 'loadr run configs/imagenet_bag.yaml --resume state.json', parents)
-    p.add_argument('pipeline', help='the pipeline YAML file')
+                 'loadr run --resume state.json --save-state state.json', parents)
+    p.add_argument('pipeline', nargs='?',
+                   help='the pipeline YAML file (with --resume: default the saved one)')
     p.add_argument('--steps', type=_positive, default=None,
-                   help='batches to run (default: one epoch)')
+                   help='the goal: batches in all, counted from where the run began, also '
+                        'with --resume (default: one epoch; with --resume, the saved goal)')
     p.add_argument('-o', '--override', action='append', default=[], metavar='KEY=VALUE',
                    help='change one setting, e.g. loader.batch=128, reader.path=data/x, '
-                        'fns.0.size=[64,64] (value read as YAML; repeatable)')
+                        'fns.0.size=[64,64] (value read as YAML; repeatable; with --resume, '
+                        'on top of the saved ones)')
     p.add_argument('--save-state', metavar='FILE',
-                   help='write the loader state (JSON) here at the end or on Ctrl-C')
-    p.add_argument('--resume', metavar='FILE', help='start from a state saved with --save-state')
+                   help='write the state (JSON: the loader state, the pipeline, its overrides '
+                        'and the goal) here at the end or on Ctrl-C')
+    p.add_argument('--resume', metavar='FILE',
+                   help='go on from a state saved with --save-state: the same pipeline and '
+                        'overrides, to the same goal')
+    p.add_argument('--force', action='store_true',
+                   help='let --save-state overwrite a state that lies ahead of this run')
     p.add_argument('--digest', action='store_true',
                    help="print each batch's stream position and sha256 to stdout")
 

@@ -227,7 +227,9 @@ class Config:
         if data is None:
             data = _Map()
         self.data = data
-        self.overridden: set[tuple] = set()   # key paths set by an override
+        # The key paths set by an override, each with the directory its relative
+        # paths are relative to (the current directory when it was given).
+        self.overridden: dict[tuple, str] = {}
 
     # -- errors ----------------------------------------------------------
 
@@ -267,11 +269,14 @@ class Config:
 
     # -- overrides -------------------------------------------------------
 
-    def override(self, key: str, value) -> None:
+    def override(self, key: str, value, cwd: str | os.PathLike | None = None) -> None:
         """Set one value by dotted key (``'loader.batch'``, ``'fns.0.size'``, ``'fns.flip.p'``).
 
         A section name alone with a mapping (``'loader', {'batch': 8}``) merges it.
+        A relative path in ``value`` is relative to ``cwd`` (default: the
+        current directory), not to the file.
         """
+        cwd = os.path.abspath(cwd) if cwd is not None else os.getcwd()
         parts = [p for p in key.replace('__', '.').split('.')]
         if not all(parts):
             raise ConfigError(f'bad override key {key!r}: use section.key, e.g. loader.batch')
@@ -285,13 +290,13 @@ class Config:
             if section != 'fns' and isinstance(value, dict) and isinstance(
                     self.data.get(section), dict):
                 for k, v in value.items():
-                    self.override(f'{section}.{k}', v)
+                    self.override(f'{section}.{k}', v, cwd)
                 return
             self.data[section] = value
-            self.overridden.add((section,))
+            self.overridden[(section,)] = cwd
             return
         if section == 'fns':
-            self._override_fn(key, parts[1:], value)
+            self._override_fn(key, parts[1:], value, cwd)
             return
         target = self.data.get(section)
         if target is None:
@@ -303,9 +308,9 @@ class Config:
                 target[p] = _Map()
             target = target[p]
         target[parts[-1]] = value
-        self.overridden.add(tuple(parts))
+        self.overridden[tuple(parts)] = cwd
 
-    def _override_fn(self, key: str, parts: list, value) -> None:
+    def _override_fn(self, key: str, parts: list, value, cwd: str) -> None:
         entries = self.data.get('fns')
         if not isinstance(entries, list):
             raise self.error(f'override {key!r}: there is no fns list to change', ('fns',))
@@ -339,14 +344,14 @@ class Config:
             if isinstance(entry, dict) and isinstance(entry[name], _Map):
                 args.lines = dict(entry[name].lines)
             args[parts[1]] = value
-            self.overridden.add(('fns', position, name, parts[1]))
+            self.overridden[('fns', position, name, parts[1])] = cwd
         new = _Map({name: args})
         new.lines = getattr(entry, 'lines', {}) if isinstance(entry, dict) else {}
         if isinstance(entries, _Seq):
             new.line = entries.lines[position]
         entries[position] = new
         if len(parts) == 1:
-            self.overridden.add(('fns', position))
+            self.overridden[('fns', position)] = cwd
 
     # -- building --------------------------------------------------------
 
@@ -354,8 +359,11 @@ class Config:
         if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
             raise self.error(f'{".".join(map(str, keys))} must be a path, got {value!r}', keys)
         value = os.path.expanduser(os.fspath(value))
-        overridden = any(keys[:n] in self.overridden for n in range(1, len(keys) + 1))
-        base = os.getcwd() if overridden else self.base_dir
+        base = self.base_dir
+        for n in range(len(keys), 0, -1):
+            if keys[:n] in self.overridden:
+                base = self.overridden[keys[:n]]
+                break
         return os.path.normpath(os.path.join(base, value))
 
     def _section(self, name: str, required: bool) -> dict:

@@ -179,8 +179,9 @@ def test_run_save_state_and_resume_continue_the_stream(tmp_path, local_data):
     state = tmp_path / 'state.json'
     whole = loadr_cmd('run', path, '--steps', 6, '--digest')
     first = loadr_cmd('run', path, '--steps', 2, '--digest', '--save-state', state)
-    assert first.returncode == 0 and json.loads(state.read_text())['step'] == 6
-    rest = loadr_cmd('run', path, '--steps', 4, '--digest', '--resume', state,
+    assert first.returncode == 0 and json.loads(state.read_text())['loader']['step'] == 6
+    # --steps is the goal, counted from where the run began: 6 in all, 4 more.
+    rest = loadr_cmd('run', path, '--steps', 6, '--digest', '--resume', state,
                      '-o', 'loader.workers=2')
     assert rest.returncode == 0, rest.stderr
     assert whole.stdout.splitlines()[:6] == (first.stdout.splitlines()[:2]
@@ -211,7 +212,7 @@ def test_ctrl_c_saves_the_state_and_resume_goes_on_from_it(tmp_path, local_data)
     assert proc.returncode == 130, err
     assert 'Traceback' not in err and 'KeyboardInterrupt' not in err
     assert f'state saved to {state}' in err
-    saved = json.loads(state.read_text())
+    saved = json.loads(state.read_text())['loader']
     printed = [line.split() for line in seen + out.splitlines() if line.startswith('position')]
     # Right after the last batch handled: the last one printed, or (if Ctrl-C came while it
     # was being handled) that one again.
@@ -219,7 +220,9 @@ def test_ctrl_c_saves_the_state_and_resume_goes_on_from_it(tmp_path, local_data)
     for _, position, digest in printed:
         if position in expected:
             assert expected[position] == digest
-    rest = loadr_cmd('run', path, '--steps', 3, '--digest', '--resume', state)
+    # --steps is the goal counted from the run's start (position 0): 3 batches more.
+    rest = loadr_cmd('run', path, '--steps', saved['step'] // 2 + 3, '--digest', '--resume',
+                     state)
     assert rest.returncode == 0, rest.stderr
     resumed = [line.split()[1:] for line in rest.stdout.splitlines()
                if line.startswith('position')]
@@ -246,7 +249,104 @@ def test_sigterm_saves_the_state_too(tmp_path, local_data):
             proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert 'loadr: terminated at position' in err and 'Traceback' not in err
-    assert json.loads(state.read_text())['step'] >= 2
+    assert json.loads(state.read_text())['loader']['step'] >= 2
+
+
+def terminate_after(args, lines: int, cwd=None) -> tuple[int, list, str]:
+    """Start ``loadr run ARGS``, SIGTERM it after ``lines`` lines of stdout: (rc, lines, stderr)."""
+    proc = subprocess.Popen([sys.executable, '-m', 'loadr.cli', 'run', *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    try:
+        seen = [proc.stdout.readline() for _ in range(lines)]
+        proc.terminate()
+        out, err = proc.stdout.read(), proc.stderr.read()
+        proc.wait(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, seen + out.splitlines(), err
+
+
+def digests(stdout) -> list:
+    lines = stdout if isinstance(stdout, list) else stdout.splitlines()
+    return [tuple(line.split()[1:]) for line in lines if line.startswith('position ')]
+
+
+def test_the_resume_hint_alone_goes_on_with_the_overrides_to_the_same_end(tmp_path, local_data):
+    # README's pattern: the dataset given as an override relative to the current directory.
+    path = bag_pipeline(tmp_path, tmp_path / 'nowhere', workers=1)
+    args = [path, '-o', 'reader.path=bag', '-o', 'loader.batch=3', '-o', 'fns.0.size=[16, 24]',
+            '--steps', 7, '--digest']
+    whole = loadr_cmd('run', *args, cwd=local_data)
+    assert whole.returncode == 0, whole.stderr
+    expected = digests(whole.stdout)
+    assert len(expected) == 7 and expected[-1][0] == '18'
+    state = tmp_path / 'state.json'
+    rc, lines, err = terminate_after([*args, '--save-state', state], 3, cwd=local_data)
+    assert rc == 128 + signal.SIGTERM, err
+    (hint,) = [line for line in err.splitlines() if 'go on with' in line]
+    command = hint.split('go on with')[1].split()
+    assert command == ['loadr', 'run', '--resume', str(state)]
+    saved = json.loads(state.read_text())
+    assert saved['steps'] == 7 and saved['start'] == 0
+    assert saved['overrides'] == ['reader.path=bag', 'loader.batch=3', 'fns.0.size=[16, 24]']
+    # Followed as printed, from another directory: the rest of the very same stream, to batch 7.
+    rest = loadr_cmd(*command[1:], '--digest', cwd=tmp_path)
+    assert rest.returncode == 0, rest.stderr
+    assert digests(lines) + digests(rest.stdout) == expected
+    assert 'of 7' in rest.stderr.splitlines()[0]           # says which batches of the goal
+
+
+def test_steps_on_resume_is_the_goal_not_n_more(tmp_path, local_data):
+    path = bag_pipeline(tmp_path, local_data, batch=3)
+    state = tmp_path / 'state.json'
+    whole = digests(loadr_cmd('run', path, '--steps', 8, '--digest').stdout)
+    done = loadr_cmd('run', path, '--steps', 2, '--digest', '--save-state', state)
+    assert digests(done.stdout) == whole[:2]
+    done = loadr_cmd('run', '--resume', state, '--steps', 5, '--digest', '--save-state', state)
+    assert done.returncode == 0, done.stderr
+    assert digests(done.stdout) == whole[2:5] and 'batches 3..5 of 5' in done.stderr
+    done = loadr_cmd('run', '--resume', state, '--digest')        # the goal reached: nothing
+    assert done.returncode == 0 and digests(done.stdout) == []
+    assert 'nothing left to run' in done.stderr
+    done = loadr_cmd('run', '--resume', state, '--steps', 8, '--digest')
+    assert digests(done.stdout) == whole[5:8]
+
+
+def test_save_state_refuses_to_overwrite_a_state_that_lies_ahead(tmp_path, local_data):
+    path = bag_pipeline(tmp_path, local_data, batch=3)
+    state = tmp_path / 'state.json'
+    assert loadr_cmd('run', path, '--steps', 3, '--save-state', state).returncode == 0
+    before = state.read_text()
+    # The original command again, by mistake: it would throw away 3 batches of progress.
+    done = loadr_cmd('run', path, '--steps', 3, '--save-state', state)
+    assert done.returncode == 2
+    assert 'ahead of where this run starts (0)' in done.stderr and '--force' in done.stderr
+    assert f'loadr run --resume {state}' in done.stderr
+    assert state.read_text() == before and 'batches:' not in done.stdout    # refused first
+    other = tmp_path / 'notes.json'
+    other.write_text('{"my": "notes"}')
+    done = loadr_cmd('run', path, '--steps', 1, '--save-state', other)
+    assert done.returncode == 2 and 'not a readable loadr state' in done.stderr
+    assert other.read_text() == '{"my": "notes"}'
+    done = loadr_cmd('run', path, '--steps', 1, '--save-state', state, '--force')
+    assert done.returncode == 0 and json.loads(state.read_text())['loader']['step'] == 3
+    # Going on from the file into itself is its own progress, never refused.
+    done = loadr_cmd('run', '--resume', state, '--steps', 2, '--save-state', state)
+    assert done.returncode == 0 and json.loads(state.read_text())['loader']['step'] == 6
+
+
+def test_a_state_file_of_0_1_still_resumes(tmp_path, local_data):
+    path = bag_pipeline(tmp_path, local_data, batch=3)
+    whole = digests(loadr_cmd('run', path, '--steps', 4, '--digest').stdout)
+    state = tmp_path / 'old.json'
+    state.write_text(json.dumps({'version': 1, 'step': 6, 'seed': 1, 'n': 12, 'shuffle': True,
+                                 'global_batch': 3}))
+    done = loadr_cmd('run', path, '--resume', state, '--steps', 4, '--digest')
+    assert done.returncode == 0, done.stderr
+    assert digests(done.stdout) == whole[2:4]           # 0.1 kept no goal: counted from 0
+    done = loadr_cmd('run', '--resume', state)
+    assert done.returncode == 2 and 'needs the pipeline YAML file' in done.stderr
 
 
 def test_resume_with_a_state_of_another_dataset_is_refused(tmp_path, local_data):
