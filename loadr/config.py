@@ -440,7 +440,7 @@ class Config:
                                  ('reader', key))
             if key == 'decode' and isinstance(value, str) and ':' in value:
                 try:
-                    value = fns_module.resolve(value)
+                    value = fns_module.resolve(value, self.import_dirs())
                 except ConfigError as exc:
                     raise self.error(f'reader.decode {section[key]!r} not found', ('reader', key),
                                      exc.message) from exc
@@ -496,12 +496,20 @@ class Config:
                              _did_you_mean(name, fns_module.REGISTRY) + " (or an import path "
                              "'package.module:function')")
         try:
-            return fns_module.resolve(name)
+            return fns_module.resolve(name, self.import_dirs())
         except ConfigError as exc:
             detail = exc.message
             if detail.startswith(f'fn {name!r}: '):
                 detail = detail[len(f'fn {name!r}: '):]
             raise self.error(f'fn {name!r} not found', keys, detail) from exc
+
+    def import_dirs(self) -> list[str]:
+        """Where fns given by import path are looked for first: the file's folder, the cwd.
+
+        So ``- myaug:jitter`` finds ``myaug.py`` beside the YAML file (or in the
+        current directory) without PYTHONPATH, under ``loadr run`` too.
+        """
+        return [self.base_dir, os.getcwd()]
 
     def _check_kwargs(self, name: str, factory, kwargs: dict, keys: tuple) -> None:
         try:

@@ -109,7 +109,8 @@ ERRORS = [
      "'package.module:function')", 3),
     ("reader: {path: BAG}\nfns:\n  - flip\n  - mypkg.augment:jitter: {p: 1}\nloader: {batch: 2}\n",
      "fn 'mypkg.augment:jitter' not found (line 4): cannot import 'mypkg.augment': "
-     "ModuleNotFoundError: No module named 'mypkg'", 4),
+     "ModuleNotFoundError: No module named 'mypkg' (looked in TMP, CWD and on sys.path; set "
+     "PYTHONPATH for a module elsewhere)", 4),
     ("reader: {path: BAG}\nfns:\n  - decode_jpeg:\n      sze: 3\nloader: {batch: 2}\n",
      "unknown argument 'sze' for fn 'decode_jpeg' (line 4): did you mean 'size'?", 4),
     ("reader: {path: BAG}\nfns:\n  - flip: {p: 2}\nloader: {batch: 2}\n",
@@ -153,6 +154,7 @@ def test_every_mistake_is_reported_with_line_and_hint(tmp_path, local_data, text
     if message is None:
         assert err.message.startswith(f'not valid YAML (line {line}, column ')
     else:
+        message = message.replace('TMP', str(tmp_path)).replace('CWD', os.getcwd())
         assert err.message == message
 
 
@@ -240,6 +242,59 @@ def test_import_path_fns_bare_factory_and_class(tmp_path, local_data, monkeypatc
     with pytest.raises(ConfigError, match=r"fn 'myfns:nothing' not found: 'myfns' has no "
                                           r"'nothing'"):
         loadr.pipeline(source)
+
+
+MYAUG = """
+    import numpy as np
+
+    def jitter(dp, seed):
+        return {**dp, 'idx': dp['idx'] + np.random.default_rng(seed).integers(1, 100)}
+    """
+
+
+@pytest.mark.parametrize('where', ['beside the YAML file', 'in the current directory'])
+@pytest.mark.parametrize('workers,start', [(0, None), (1, 'fork'), (1, 'spawn')])
+def test_fns_by_import_path_import_under_loadr_run_without_pythonpath(tmp_path, local_data,
+                                                                       where, workers, start):
+    conf, cwd = tmp_path / 'conf', tmp_path / 'work'
+    conf.mkdir()
+    cwd.mkdir()
+    write((conf if where == 'beside the YAML file' else cwd) / 'myaug.py', MYAUG)
+    method = '' if start is None else f', start_method: {start}'
+    path = write(conf / 'p.yaml', f"""
+        reader: {{path: {local_data / 'bag'}}}
+        fns: [{{select: [idx]}}, 'myaug:jitter']
+        loader: {{batch: 2, workers: {workers}{method}}}
+        """)
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    # The installed script, as users run it: unlike `python -m`, it does not put the
+    # current directory on sys.path.
+    script = pathlib.Path(sys.executable).parent / 'loadr'
+    head = [str(script)] if script.exists() else [sys.executable, '-m', 'loadr.cli']
+    done = subprocess.run([*head, 'run', str(path), '--steps', '2'],
+                          capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
+    assert done.returncode == 0, done.stderr
+    assert 'batch: idx int64[2]' in done.stdout
+
+
+def test_a_fn_that_does_not_import_says_where_it_was_looked_for(tmp_path, local_data,
+                                                               monkeypatch):
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    path = write(tmp_path / 'p.yaml', f"""
+        reader: {{path: {local_data / 'bag'}}}
+        fns: ['nosuchmodule:jitter']
+        loader: {{batch: 2}}
+        """)
+    before = list(sys.path)
+    with pytest.raises(ConfigError) as info:
+        loadr.pipeline(path)
+    assert info.value.message == (
+        f"fn 'nosuchmodule:jitter' not found (line 2): cannot import 'nosuchmodule': "
+        f"ModuleNotFoundError: No module named 'nosuchmodule' (looked in {tmp_path}, "
+        f"{elsewhere} and on sys.path; set PYTHONPATH for a module elsewhere)")
+    assert sys.path == before          # the folders were on the path only while importing
 
 
 def test_fn_file_arguments_are_relative_to_the_file(tmp_path):
