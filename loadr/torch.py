@@ -1,0 +1,463 @@
+"""PyTorch adapter: ``loadr.torch.DataLoader``, epochs of torch tensors, resumable.
+
+Imported explicitly (``import loadr`` never imports torch)::
+
+    from loadr.torch import DataLoader
+    dl = DataLoader(reader, batch_size=64, fns=[preproc], num_workers=8)
+    for epoch in range(epochs):
+        for batch in dl:                 # one epoch per iter(dl); len(dl) batches
+            train_step(batch)            # a dict of torch tensors
+    torch.save({'model': model.state_dict(), 'data': dl.state_dict()}, 'ckpt.pt')
+
+It wraps a :class:`loadr.Loader` (``batch=batch_size`` per rank,
+``shard_id=rank``, ``num_shards=world_size``) and gives it torch's shape:
+
+- **Epochs.** Each ``iter(dl)`` is one epoch, and epochs advance by
+  themselves (nothing like ``sampler.set_epoch``). A new ``iter(dl)`` after
+  breaking out of an epoch starts the next epoch, as torch's DataLoader does.
+- **Ranks.** Every rank yields ``len(dl)`` batches per epoch. Each global
+  batch of ``batch_size * world_size`` stream positions is split between the
+  ranks with no sample twice (no padding by repetition, unlike
+  DistributedSampler). With ``drop_last=False`` the last global batch of an
+  epoch is short: it is split evenly, so on every rank the last batch is
+  short, and on some ranks *empty* (zero rows) when fewer samples than ranks
+  remain; it is never missing, so a DDP all-reduce never waits on a rank that
+  has finished. Code that averages per batch should weigh by the batch size.
+- **Zero copy.** Arrays become tensors with ``torch.from_numpy`` on the batch
+  lent from the workers' shared memory; list keys (strings, ragged values)
+  stay Python lists.
+- **Resume.** ``state_dict()`` / ``load_state_dict()`` (torchdata's
+  StatefulDataLoader protocol): a small JSON dict, the same on every rank;
+  after a load the next batch is the one that was due, mid-epoch too. It
+  resumes bit for bit with another ``num_workers``, and with another
+  ``world_size`` as long as ``batch_size * world_size`` stays the same.
+  A state taken *inside* the loop after the last batch of an epoch resumes
+  with an empty epoch (the rest of that epoch), then the next one; a state
+  taken *after* the loop resumes with the next epoch: both exactly as
+  torchdata's StatefulDataLoader (its ``TestEndOfEpochBehavior``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+
+import numpy as np
+import torch
+
+from .errors import ConfigError, LoadrError, StateError
+from .loader import Loader
+
+__all__ = ['DataLoader', 'rank_and_world_size', 'to_torch', 'STATE_VERSION']
+
+STATE_VERSION = 1
+# cudaHostRegister flags and the error it returns for a range registered already.
+CUDA_HOST_REGISTER_DEFAULT = 0
+CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
+# Loader arguments the DataLoader sets itself, by their torch names.
+_OWN_ARGS = {'batch': 'batch_size', 'workers': 'num_workers', 'shard_id': 'rank',
+             'num_shards': 'world_size'}
+
+
+def rank_and_world_size(rank: int | None = None, world_size: int | None = None) -> tuple:
+    """``(rank, world_size)``: the arguments, else the initialised default process group,
+    else torchrun's ``RANK``/``WORLD_SIZE`` environment, else ``(0, 1)``.
+
+    >>> rank_and_world_size(1, 4)
+    (1, 4)
+    """
+    if rank is None or world_size is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            found = dist.get_rank(), dist.get_world_size()
+        else:
+            found = (_env_int('RANK', 0), _env_int('WORLD_SIZE', 1))
+        rank = found[0] if rank is None else rank
+        world_size = found[1] if world_size is None else world_size
+    for name, value in (('rank', rank), ('world_size', world_size)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ConfigError(f'{name} must be an int, got {value!r}')
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f'rank must be in [0, world_size) and world_size >= 1, got '
+                          f'rank={rank}, world_size={world_size}')
+    return int(rank), int(world_size)
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == '':
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f'environment variable {name}={value!r} is not an int') from None
+
+
+_convertible: dict = {}          # numpy dtype -> whether torch.from_numpy takes it
+
+
+def _tensor(value):
+    if not isinstance(value, np.ndarray):
+        return value
+    ok = _convertible.get(value.dtype)
+    if ok is None:
+        try:
+            out = torch.from_numpy(value)
+        except (TypeError, ValueError):    # strings, objects, odd byte orders: keep numpy
+            _convertible[value.dtype] = False
+            return value
+        _convertible[value.dtype] = True
+        return out
+    return torch.from_numpy(value) if ok else value
+
+
+def to_torch(batch):
+    """A batch with every numpy array as a tensor sharing its memory (no copy).
+
+    Dicts, tuples and lists keep their shape; arrays torch cannot hold
+    (strings, objects) and other values are left as they are.
+
+    >>> to_torch({'x': np.arange(3), 'name': ['a', 'b', 'c']})
+    {'x': tensor([0, 1, 2]), 'name': ['a', 'b', 'c']}
+    """
+    if isinstance(batch, dict):
+        return {k: _tensor(v) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_tensor(v) for v in batch)
+    return _tensor(batch)
+
+
+def _values(batch):
+    if isinstance(batch, dict):
+        return batch.values()
+    if isinstance(batch, (tuple, list)):
+        return batch
+    return (batch,)
+
+
+def _root(array: np.ndarray) -> np.ndarray:
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
+class _SlotPinner:
+    """Page-locks, once, each shared-memory slot a lent batch lives in.
+
+    A lent batch's arrays are views of one array over the whole slot
+    (``WorkerPool.fresh_views``), whose base is the shared-memory mapping;
+    the slots live as long as the loader, so registering each slot once
+    (``cudaHostRegister``) makes every later batch in it pinned with no copy
+    and no pin thread. Arrays that are not in a slot (``num_workers=0``, or a
+    batch copied because the caller holds too many) are pinned by a copy.
+    ``register(address, nbytes) -> error code`` and ``unregister(address)``
+    are CUDA's; tests pass recording functions.
+    """
+
+    def __init__(self, register, unregister):
+        self._register, self._unregister = register, unregister
+        self.pinned: dict[int, int] = {}     # address -> nbytes
+        self.broken = False                  # registration failed: pin by copying
+
+    def _pin_slot(self, root: np.ndarray) -> bool:
+        address = root.__array_interface__['data'][0]
+        if address in self.pinned:
+            return True
+        if self.broken:
+            return False
+        code = int(self._register(address, root.nbytes))
+        if code not in (0, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED):
+            self.broken = True
+            warnings.warn(f'loadr: cudaHostRegister of a {root.nbytes}-byte shared-memory '
+                          f'slot failed (CUDA error {code}); pinning each batch by a copy '
+                          f'instead', RuntimeWarning, stacklevel=4)
+            return False
+        self.pinned[address] = root.nbytes
+        return True
+
+    def pin(self, host, tensors):
+        """``tensors`` (from ``to_torch(host)``) with every tensor in page-locked memory."""
+        copy = False
+        for value in _values(host):
+            if isinstance(value, np.ndarray) and value.size:
+                root = _root(value)
+                in_slot = root.base is not None and not isinstance(root.base, np.ndarray)
+                if not (in_slot and self._pin_slot(root)):
+                    copy = True
+        if not copy:
+            return tensors
+        return _map_tensors(tensors, lambda t: t.pin_memory())
+
+    def release(self) -> None:
+        """Unregister every slot; before the loader unmaps them."""
+        for address in list(self.pinned):
+            self._unregister(address)
+            del self.pinned[address]
+
+
+def _release(pinner, loader) -> None:
+    # Unregister before the loader unmaps the slots: memory freed while still
+    # registered stays locked, and the next registration at that address fails.
+    if pinner is not None:
+        pinner.release()
+    loader.close()
+
+
+def _map_tensors(batch, fn):
+    """``batch`` with ``fn`` applied to each tensor in it (other values as they are)."""
+    def one(value):
+        return fn(value) if isinstance(value, torch.Tensor) else value
+    if isinstance(batch, dict):
+        return {k: one(v) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(one(v) for v in batch)
+    return one(batch)
+
+
+def _to_device(tensors, device):
+    return _map_tensors(tensors, lambda t: t.to(device, non_blocking=True))
+
+
+class DataLoader:
+    """Epochs of torch tensors from a loadr Loader; see the module docstring.
+
+    Args:
+      reader: a loadr reader, or anything with ``len()`` and ``[i] -> dict``.
+      batch_size: datapoints per batch *per rank* (as in torch).
+      fns, shuffle, seed: as for :class:`loadr.Loader`.
+      num_workers: worker processes (0: in this process); None: loadr's default.
+      drop_last: drop the last, short global batch of each epoch.
+      pin_memory: page-lock the shared-memory slots once (CUDA only; a
+        warning and the plain CPU path without CUDA).
+      device: e.g. ``'cuda'``: batches arrive on the device; the copy of batch
+        k+1 runs on a side stream while the step runs on batch k (it pins the
+        slots too). ``'cuda'`` without CUDA is an error.
+      rank, world_size: default: the initialised ``torch.distributed`` group,
+        else ``RANK``/``WORLD_SIZE`` (torchrun), else 0 and 1.
+      **loader_kwargs: any other :class:`loadr.Loader` argument (``prefetch``,
+        ``on_error``, ``timeout``, ``spec``, ``start_method``, ...).
+
+    Example:
+
+    >>> dl = DataLoader([{'x': i} for i in range(10)], batch_size=4, num_workers=0)
+    >>> len(dl), [len(b['x']) for b in dl]
+    (3, [4, 4, 2])
+    >>> state = dl.state_dict()              # after the loop: the next epoch is due
+    >>> dl.close()
+    """
+
+    def __init__(self, reader, batch_size: int, fns=(), shuffle: bool = True, seed: int = 0,
+                 num_workers: int | None = None, drop_last: bool = False,
+                 pin_memory: bool = False, device=None, rank: int | None = None,
+                 world_size: int | None = None, **loader_kwargs):
+        for name, ours in _OWN_ARGS.items():
+            if name in loader_kwargs:
+                raise ConfigError(f'DataLoader sets {name!r} itself: pass {ours}= instead')
+        self.rank, self.world_size = rank_and_world_size(rank, world_size)
+        self.device = self._check_device(device)
+        cuda = self.device is not None and self.device.type == 'cuda'
+        self.pin_memory = bool(pin_memory) or cuda
+        if pin_memory and not torch.cuda.is_available():
+            warnings.warn('loadr: pin_memory=True but CUDA is not available: batches stay in '
+                          'pageable shared memory', RuntimeWarning, stacklevel=2)
+            self.pin_memory = False
+        self.drop_last = bool(drop_last)
+        self.batch_size = batch_size
+        self.dataset = reader
+        self.loader = Loader(reader, batch=batch_size, fns=fns, shuffle=shuffle, seed=seed,
+                             workers=num_workers, shard_id=self.rank,
+                             num_shards=self.world_size, **loader_kwargs)
+        self.num_workers = self.loader.workers
+        self._pinner = None
+        if self.pin_memory:
+            cudart = torch.cuda.cudart()
+            self._pinner = _SlotPinner(
+                lambda address, nbytes: cudart.cudaHostRegister(address, nbytes,
+                                                                CUDA_HOST_REGISTER_DEFAULT),
+                cudart.cudaHostUnregister)
+        # Holds the loader, so the slots are unregistered before it can unmap them.
+        self._finalizer = weakref.finalize(self, _release, self._pinner, self.loader)
+        # Where the stream is: the epoch of the current iteration, the loader
+        # step after the last batch handed out, and whether the next iter()
+        # goes on from there (a fresh loader, load_state_dict, a finished
+        # epoch) or starts the next epoch (torch's rule for a new iter()).
+        self._epoch, self._step, self._resume = 0, 0, True
+        self._current = None              # the live epoch generator
+        self.closed = False
+
+    @staticmethod
+    def _check_device(device):
+        if device is None:
+            return None
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ConfigError(f'device must name a torch device, got {device!r}') from exc
+        if device.type == 'cuda' and not torch.cuda.is_available():
+            raise ConfigError(f"device={str(device)!r} but CUDA is not available on this "
+                              f"machine (torch {torch.__version__}); leave device=None to get "
+                              f"CPU tensors")
+        return None if device.type == 'cpu' else device
+
+    # -- epochs ------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the same on every rank)."""
+        per_epoch = getattr(self.loader, 'batches_per_epoch', None)
+        if per_epoch is not None:
+            return per_epoch(self.drop_last)
+        # Until the core Loader has batches_per_epoch: the same rule.
+        n, gb = self.loader.n, self.loader.global_batch
+        return n // gb if self.drop_last else -(-n // gb)
+
+    def _done(self, epoch: int, step: int) -> int:
+        """Batches of ``epoch`` handed out when the loader is at ``step``."""
+        return max(0, -(-(step - epoch * self.loader.n) // self.loader.global_batch))
+
+    def __iter__(self):
+        if self.closed:
+            raise LoadrError('this DataLoader is closed')
+        self._stop_current()
+        if not self._resume:
+            self._epoch += 1
+            self._step = self._epoch * self.loader.n
+        self._resume = False
+        self._current = self._run(self._epoch, self._step)
+        return self._current
+
+    def _stop_current(self) -> None:
+        # Closing the abandoned epoch gives its prefetched slots back now.
+        if self._current is not None:
+            current, self._current = self._current, None
+            current.close()
+
+    def _run(self, epoch: int, step: int):
+        if self._done(epoch, step) < len(self):
+            host = self.loader.epoch(epoch, self.drop_last)
+            try:
+                if self.device is not None and self.device.type == 'cuda':
+                    yield from self._overlapped(host)
+                else:
+                    yield from self._on_host(host)
+            finally:
+                host.close()
+        # The epoch ran to its end: the next iter() starts the next epoch
+        # fresh, and so does a state taken now.
+        self._epoch, self._step, self._resume = epoch + 1, (epoch + 1) * self.loader.n, True
+
+    def _host_batch(self, host):
+        batch = next(host, None)
+        if batch is None:
+            return None, None, None
+        out = to_torch(batch)
+        if self._pinner is not None:
+            out = self._pinner.pin(batch, out)
+        return batch, out, self.loader.step
+
+    def _on_host(self, host):
+        while True:
+            batch, out, step = self._host_batch(host)
+            if out is None:
+                return
+            del batch                   # only the caller keeps the lent slot
+            if self.device is not None:
+                out = _to_device(out, self.device)
+            self._step = step
+            yield out
+            out = None
+
+    def _overlapped(self, host):
+        """Batch k on the device while batch k+1 is copied on a side stream."""
+        side = torch.cuda.Stream(self.device)
+        try:
+            yield from self._overlap_loop(host, side)
+        finally:
+            # A copy still running reads a slot the loader may reuse once we let go.
+            side.synchronize()
+
+    def _overlap_loop(self, host, side):
+        pending = None                  # (host batch, device batch, copy done, step)
+        while True:
+            batch, out, step = self._host_batch(host)
+            nxt = None
+            if out is not None:
+                with torch.cuda.stream(side):
+                    moved = _to_device(out, self.device)
+                    done = torch.cuda.Event()
+                    done.record(side)
+                nxt = (batch, moved, done, step)
+                del batch, out, moved
+            if pending is not None:
+                _, ready, done_k, step_k = pending
+                current = torch.cuda.current_stream(self.device)
+                current.wait_event(done_k)
+                for t in _values(ready):
+                    if isinstance(t, torch.Tensor):
+                        t.record_stream(current)     # the caching allocator must know
+                self._step = step_k
+                yield ready
+                ready = None
+                # The host slot goes back only once its copy has run.
+                done_k.synchronize()
+            pending = nxt
+            if pending is None:
+                return
+
+    # -- state -------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """A small JSON-able dict: where the next ``iter(dl)`` goes on from.
+
+        Inside an epoch: the batch after the last one handed out. The same on
+        every rank; load it on any number of ranks with the same global batch.
+        """
+        loader = self.loader.save()
+        loader['step'] = self._step
+        return {'version': STATE_VERSION, 'epoch': self._epoch, 'loader': loader}
+
+    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        """Go on from ``state``: the next ``iter(dl)`` yields the batch that was due.
+
+        ``{}`` changes nothing (as in torchdata). ``strict=False`` is passed
+        to :meth:`loadr.Loader.load`.
+        """
+        if state == {}:
+            return
+        if (not isinstance(state, dict) or not isinstance(state.get('loader'), dict)
+                or isinstance(state.get('epoch'), bool)
+                or not isinstance(state.get('epoch'), int) or state['epoch'] < 0):
+            raise StateError(f"a DataLoader state is a dict with 'epoch' (an int >= 0) and "
+                             f"'loader' (from DataLoader.state_dict()), got {state!r}")
+        if state.get('version', STATE_VERSION) > STATE_VERSION:
+            raise StateError(f"DataLoader state version {state['version']} is newer than this "
+                             f'loadr understands ({STATE_VERSION}); upgrade loadr')
+        self._stop_current()
+        if strict:
+            self.loader.load(state['loader'])
+        else:
+            self.loader.load(state['loader'], strict=False)
+        epoch, step = state['epoch'], self.loader.step
+        if step > (epoch + 1) * self.loader.n:
+            raise StateError(f"the state's step {step} lies past the end of its epoch {epoch} "
+                             f'(the dataset has {self.loader.n} datapoints)')
+        self._epoch, self._step, self._resume = epoch, step, True
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the workers and free (and unpin) the shared memory; safe to call twice."""
+        self.closed = True
+        self._stop_current()
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f'DataLoader(batch_size={self.batch_size}, num_workers={self.num_workers}, '
+                f'rank={self.rank}/{self.world_size}, drop_last={self.drop_last}, '
+                f'epoch={self._epoch}, step={self._step})')

@@ -1,0 +1,398 @@
+"""loadr.torch.DataLoader: epochs, ranks, zero copy and resume (torchdata's scenarios).
+
+The resume scenarios port torchdata's test/stateful_dataloader/test_state_dict.py
+(interrupt at every step for several worker counts, state before iteration,
+end of epoch, many epochs, JSON round trip, another worker count) to ours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from .conftest import in_ci
+
+try:
+    import torch
+except ImportError:
+    if in_ci():
+        raise
+    pytest.skip('torch is not installed (pip install torch==2.13.0)', allow_module_level=True)
+
+from loadr.errors import ConfigError, StateError, WorkerError  # noqa: E402
+from loadr.torch import DataLoader, _SlotPinner, rank_and_world_size, to_torch  # noqa: E402
+
+from .loader_helpers import batch_digest, noisy, trivial  # noqa: E402
+
+N = 23                                   # 6 batches of 4 per epoch, the last one short
+
+
+def digest(batch) -> str:
+    return batch_digest({k: v.numpy() if isinstance(v, torch.Tensor) else v
+                         for k, v in batch.items()})
+
+
+def make(workers=0, n=N, batch=4, seed=3, **kw):
+    return DataLoader(trivial(n), batch_size=batch, fns=[noisy], seed=seed,
+                      num_workers=workers, **kw)
+
+
+def epochs(dl, count) -> list[list[str]]:
+    return [[digest(b) for b in dl] for _ in range(count)]
+
+
+@pytest.fixture(scope='module')
+def reference() -> list[list[str]]:
+    """Three epochs of the uninterrupted run, by digest, epoch by epoch."""
+    with make() as dl:
+        return epochs(dl, 3)
+
+
+def flat(reference, epoch, batch):
+    """The digests from (epoch, batch) to the end of that epoch."""
+    return reference[epoch][batch:]
+
+
+# -- epochs ------------------------------------------------------------------
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_each_iter_is_one_epoch_and_len_agrees(workers, reference):
+    with make(workers) as dl:
+        assert len(dl) == 6
+        labels = []
+        for e in range(3):
+            batches = list(dl)
+            assert len(batches) == len(dl)
+            assert [digest(b) for b in batches] == reference[e]
+            assert [len(b['label']) for b in batches] == [4, 4, 4, 4, 4, 3]
+            assert all(isinstance(b['vec'], torch.Tensor) and b['vec'].dtype == torch.float32
+                       for b in batches)
+            got = torch.cat([b['label'] for b in batches]).tolist()
+            assert sorted(got) == list(range(N))          # every sample once per epoch
+            labels.append(got)
+        assert labels[0] != labels[1] != labels[2]        # a fresh shuffle each epoch
+
+
+def test_drop_last_drops_the_short_batch(reference):
+    with make(drop_last=True) as dl:
+        assert len(dl) == 5
+        first = list(dl)
+        assert [len(b['label']) for b in first] == [4] * 5
+        assert [digest(b) for b in first] == reference[0][:5]
+        second = list(dl)                  # epoch 1 starts at its own first position
+        assert [digest(b) for b in second] == reference[1][:5]
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_new_iter_after_a_break_starts_the_next_epoch(workers, reference):
+    with make(workers) as dl:
+        for k, batch in enumerate(dl):
+            if k == 2:
+                break
+        # As in torch: the abandoned epoch is over, the next iter() is the next epoch.
+        old = iter(dl)
+        assert digest(next(old)) == reference[1][0]
+        assert [digest(b) for b in dl] == reference[2]
+        assert next(old, None) is None     # a superseded iterator yields nothing more
+
+
+def test_tensors_are_the_lent_shared_memory_not_copies(reference):
+    def in_loadr_shm(t) -> bool:
+        address = t.data_ptr()
+        with open('/proc/self/maps') as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 6 and os.path.basename(parts[5]).startswith('loadr-'):
+                    lo, hi = (int(x, 16) for x in parts[0].split('-'))
+                    if lo <= address < hi:
+                        return True
+        return False
+
+    with make(2, prefetch=2) as dl:
+        for batch in dl:                   # a training loop: every batch is lent
+            assert in_loadr_shm(batch['vec']) and in_loadr_shm(batch['label'])
+            assert batch['vec'].numpy().base is not None     # a view, not its own memory
+        # A batch kept while the epoch goes on stays right (its slot is not reused).
+        kept, rest = None, []
+        for batch in dl:
+            kept = batch if kept is None else kept
+            rest.append(digest(batch))
+        assert in_loadr_shm(kept['vec']) and digest(kept) == reference[1][0]
+        assert rest == reference[1]
+
+
+def test_values_torch_cannot_hold_stay_as_they_are():
+    data = [{'x': np.int16(i), 'name': f'item{i}', 'u': np.array([i], np.uint32)}
+            for i in range(5)]
+    with DataLoader(data, batch_size=2, shuffle=False, num_workers=0) as dl:
+        first = next(iter(dl))
+    assert first['x'].dtype == torch.int16 and first['x'].tolist() == [0, 1]
+    assert first['u'].dtype == torch.uint32
+    assert first['name'] == ['item0', 'item1']
+    pair = to_torch((np.arange(3), np.array(['a', 'b'])))
+    assert isinstance(pair, tuple) and isinstance(pair[0], torch.Tensor)
+    assert isinstance(pair[1], np.ndarray)
+
+
+# -- ranks -------------------------------------------------------------------
+
+@pytest.mark.parametrize('n,drop_last', [(23, False), (20, False), (20, True)])
+def test_ranks_split_each_global_batch_with_no_sample_twice(n, drop_last):
+    # n=23: the last global batch has 5 rows for 3 ranks; n=20: 2 rows, one rank gets none.
+    world, per_rank = 3, 2
+    with make(n=n, batch=per_rank * world, drop_last=drop_last) as one:
+        whole = [list(one) for _ in range(2)]
+    ranks = [make(n=n, batch=per_rank, rank=r, world_size=world, drop_last=drop_last,
+                  workers=(0, 1, 0)[r]) for r in range(world)]
+    try:
+        assert len({len(dl) for dl in ranks}) == 1 and len(ranks[0]) == len(whole[0])
+        for e in range(2):
+            parts = [list(dl) for dl in ranks]
+            assert all(len(p) == len(ranks[0]) for p in parts)     # nobody waits in DDP
+            for k, global_batch in enumerate(whole[e]):
+                sizes = [len(p[k]['label']) for p in parts]
+                assert max(sizes) - min(sizes) <= (0 if k < len(whole[e]) - 1 else 1)
+                for key in ('label', 'vec', 'seed'):
+                    joined = torch.cat([p[k][key] for p in parts])
+                    assert torch.equal(joined, global_batch[key])
+    finally:
+        for dl in ranks:
+            dl.close()
+
+
+def test_rank_and_world_size_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv('RANK', '2')
+    monkeypatch.setenv('WORLD_SIZE', '4')
+    assert rank_and_world_size() == (2, 4)
+    assert rank_and_world_size(rank=1) == (1, 4)
+    monkeypatch.delenv('RANK')
+    monkeypatch.delenv('WORLD_SIZE')
+    assert rank_and_world_size() == (0, 1)
+    monkeypatch.setenv('RANK', 'x')
+    with pytest.raises(ConfigError, match='RANK'):
+        rank_and_world_size()
+    with pytest.raises(ConfigError, match='rank'):
+        rank_and_world_size(3, 3)
+
+
+# -- resume: torchdata's scenarios ---------------------------------------------
+
+def test_state_is_small_json_and_the_same_on_every_rank():
+    ranks = [make(rank=r, world_size=2) for r in range(2)]
+    try:
+        its = [iter(dl) for dl in ranks]
+        for _ in range(2):
+            for it in its:
+                next(it)
+        states = [dl.state_dict() for dl in ranks]
+        assert states[0] == states[1]
+        text = json.dumps(states[0])
+        assert len(text) < 1024 and json.loads(text) == states[0]
+    finally:
+        for dl in ranks:
+            dl.close()
+
+
+@pytest.mark.parametrize('workers,resume_workers', [(0, 0), (0, 3), (3, 0), (1, 2)])
+def test_interrupt_at_every_step_resumes_exactly(workers, resume_workers, reference):
+    """torchdata's _run_and_checkpoint at every interrupt, on two epochs, and
+    (which torchdata refuses: TestNumWorkersMismatch) on another worker count."""
+    with make(workers) as dl, make(resume_workers) as resumed:
+        starts = [dl.state_dict()]
+        list(dl)
+        starts.append(dl.state_dict())                # after the loop: epoch 1 is due
+        for epoch in range(2):
+            for interrupt in range(len(dl) + 1):
+                dl.load_state_dict(starts[epoch])
+                it = iter(dl)
+                head = [digest(next(it)) for _ in range(interrupt)]
+                state = json.loads(json.dumps(dl.state_dict()))
+                rest = [digest(b) for b in it]
+                assert head + rest == reference[epoch]
+                resumed.load_state_dict(state)
+                assert [digest(b) for b in resumed] == rest
+                # ... and after it, the next epoch, as in the uninterrupted run.
+                assert [digest(b) for b in resumed] == reference[epoch + 1]
+
+
+def test_resume_in_a_new_dataloader_on_another_worker_count(reference):
+    for workers, interrupt in ((3, 0), (3, 1), (0, 4)):
+        with make(workers) as dl:
+            it = iter(dl)
+            for _ in range(interrupt):
+                next(it)
+            state = dl.state_dict()
+        with make(3 - workers) as fresh:
+            fresh.load_state_dict(json.loads(json.dumps(state)))
+            assert [digest(b) for b in fresh] == reference[0][interrupt:]
+
+
+def test_state_before_iteration(reference):
+    """TestSnapshotZero and TestInitialState."""
+    with make(2) as dl:
+        state0 = dl.state_dict()                      # before any iter()
+        assert [digest(b) for b in dl] == reference[0]
+        it = iter(dl)
+        next(it), next(it)
+        dl.load_state_dict(state0)
+        assert dl.state_dict() == state0              # a loaded state reads back as it was
+        assert [digest(b) for b in dl] == reference[0]
+        assert [digest(b) for b in dl] == reference[1]
+    with make(2) as dl:
+        it = iter(dl)
+        state_iter = dl.state_dict()                  # after iter(), before next()
+        assert [digest(b) for b in it] == reference[0]
+        dl.load_state_dict(state_iter)
+        assert [digest(b) for b in dl] == reference[0]
+    with make(0) as dl:                               # load, then state (test_load_then_state)
+        it = iter(dl)
+        for _ in range(3):
+            next(it)
+        dl.load_state_dict(state0)
+        assert dl.state_dict() == state0
+        assert [digest(b) for b in dl] == reference[0]
+    with make(1) as dl:                               # load {} changes nothing
+        dl.load_state_dict({})
+        assert [digest(b) for b in dl] == reference[0]
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_state_at_the_end_of_an_epoch_behaves_as_torchdata(workers, reference):
+    """TestEndOfEpochBehavior: inside the loop after the last batch, the resumed
+    run first finishes that (empty) epoch; after the loop, the next epoch is due.
+    TestSnapshotEnd: after list(dl), the next list(dl) is the next epoch."""
+    with make(workers) as dl:
+        for batch in dl:
+            inside = dl.state_dict()
+        outside = dl.state_dict()
+        assert [digest(b) for b in dl] == reference[1]
+    with make(workers) as dl:
+        dl.load_state_dict(inside)
+        assert list(dl) == []
+        assert [digest(b) for b in dl] == reference[1]
+    with make(workers) as dl:
+        dl.load_state_dict(outside)
+        assert [digest(b) for b in dl] == reference[1]
+    with make(workers, drop_last=True) as dl:         # the same with a dropped tail
+        for batch in dl:
+            inside = dl.state_dict()
+        outside = dl.state_dict()
+    with make(workers, drop_last=True) as dl:
+        dl.load_state_dict(inside)
+        assert list(dl) == []
+        assert [digest(b) for b in dl] == reference[1][:5]
+        dl.load_state_dict(outside)
+        assert [digest(b) for b in dl] == reference[1][:5]
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_many_epochs_resume_where_they_stopped(workers, reference):
+    """TestMultiEpochSDL and TestMultiEpochState: two epochs, a state, two more."""
+    with make(workers) as dl:
+        first = epochs(dl, 2)
+        state = dl.state_dict()
+        assert first == reference[:2]
+    with make(2 - workers) as dl:
+        it = iter(dl)
+        next(it), next(it)
+        dl.load_state_dict(state)
+        assert epochs(dl, 1) == reference[2:3]
+
+
+def test_a_failing_fn_raises_its_own_error_on_the_rank(reference):
+    def bad(dp, seed):
+        if dp['label'] == 5:
+            raise ValueError('datapoint 5 is broken')
+        return dp
+
+    with DataLoader(trivial(N), batch_size=4, fns=[bad], seed=3, num_workers=2) as dl:
+        with pytest.raises(ValueError, match='datapoint 5 is broken') as info:
+            list(dl)
+    assert isinstance(info.value.__cause__, WorkerError)
+
+
+def test_bad_arguments_and_states():
+    with pytest.raises(ConfigError, match='batch_size'):
+        DataLoader(trivial(5), batch_size=2, batch=3)
+    with pytest.raises(ConfigError, match='num_workers'):
+        DataLoader(trivial(5), batch_size=2, workers=3)
+    with make() as dl:
+        for bad in ({'epoch': 0}, {'epoch': -1, 'loader': {}}, [1], {'epoch': True, 'loader': {}}):
+            with pytest.raises(StateError):
+                dl.load_state_dict(bad)
+        with pytest.raises(StateError, match='newer'):
+            dl.load_state_dict({**dl.state_dict(), 'version': 99})
+        with pytest.raises(StateError, match='past the end'):
+            dl.load_state_dict({'epoch': 0, 'loader': {**dl.state_dict()['loader'],
+                                                       'step': 3 * N}})
+    with pytest.raises(Exception, match='closed'):
+        iter(dl)
+
+
+# -- CUDA options -------------------------------------------------------------
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='checks the machine without CUDA')
+def test_without_cuda_pin_memory_warns_and_device_cuda_refuses(reference):
+    with pytest.warns(RuntimeWarning, match='CUDA is not available'):
+        dl = make(2, pin_memory=True)
+    with dl:
+        assert [digest(b) for b in dl] == reference[0]      # the CPU path works
+    with pytest.raises(ConfigError, match='CUDA is not available'):
+        make(device='cuda')
+    with make(device='cpu') as dl:
+        assert [digest(b) for b in dl] == reference[0]
+
+
+def test_each_slot_is_registered_once_and_other_batches_are_pinned_by_a_copy():
+    """The pinning bookkeeping, with recording functions in place of CUDA's."""
+    registered, unregistered = [], []
+    pinner = _SlotPinner(lambda address, nbytes: registered.append((address, nbytes)) or 0,
+                         unregistered.append)
+    with make(2, prefetch=2) as dl:
+        slots = 2 + 2                       # prefetch + the lent ones
+        for batch in dl.loader.epoch(0):
+            assert pinner.pin(batch, to_torch(batch)) is not None
+        for batch in dl.loader.epoch(1):
+            pinner.pin(batch, to_torch(batch))
+        assert 1 <= len(registered) <= slots
+        assert len(set(registered)) == len(registered)      # once per slot
+        pinner.release()
+    assert sorted(unregistered) == sorted(a for a, _ in registered)
+    # Arrays that are not in a slot (workers=0) would be pinned by a copy: no registration.
+    registered.clear()
+    with make(0) as dl, warnings.catch_warnings():
+        batch = next(iter(dl.loader.epoch(0)))
+        if not torch.cuda.is_available():
+            with pytest.raises(RuntimeError):       # pin_memory() itself needs CUDA
+                pinner.pin(batch, to_torch(batch))
+        assert registered == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
+def test_on_cuda_batches_arrive_pinned_and_overlapped(reference):
+    with make(2, pin_memory=True) as dl:
+        for batch in dl:
+            assert batch['vec'].is_pinned()
+    with make(2, device='cuda') as dl:
+        it = iter(dl)
+        head = [next(it) for _ in range(2)]
+        assert all(b['vec'].is_cuda for b in head)
+        state = dl.state_dict()
+        rest = [digest({k: v.cpu() for k, v in b.items()}) for b in it]
+        assert [digest({k: v.cpu() for k, v in b.items()}) for b in head] + rest \
+            == reference[0]
+        dl.load_state_dict(state)
+        assert [digest({k: v.cpu() for k, v in b.items()}) for b in dl] == rest
+
+
+def test_import_loadr_imports_no_torch():
+    code = 'import loadr, sys; print("torch" in sys.modules, "jax" in sys.modules)'
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.split() == ['False', 'False']
