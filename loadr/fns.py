@@ -3,9 +3,14 @@
 Every fn is a small picklable object called as ``fn(datapoint, seed=s)``; it
 returns a new dict and never changes the one it was given. The output is a
 pure function of (datapoint, seed): a random fn draws only from its own
-generator ``numpy.random.default_rng([seed, crc32(name)])`` (the name salts
-the stream so that two different fns given the same seed do not draw
-correlated numbers), never from a global RNG or the clock.
+generator ``numpy.random.default_rng([seed, salt])``, never from a global RNG
+or the clock. The salt is a CRC32 of the fn's name and arguments, so two fns
+given the same seed draw independently: a flip and a crop, and also two
+``random_resized_crop`` s of two keys (two views of one image, SimCLR-style).
+Fns that must draw the same numbers on purpose (an image and its mask get
+the same crop) name one stream: ``stream='pair'`` on both makes every fn of
+that class with that name draw alike, whatever its key. The seed itself,
+what a fn of your own receives, is the sample's seed, unsalted.
 
 Image fns take an H×W or H×W×C array, a list of such frames (a video), or a
 T×H×W×C array; a video gets the SAME crop and flip on every frame. An array
@@ -98,12 +103,37 @@ class Fn:
     def __hash__(self) -> int:
         return hash(type(self).__name__)
 
+    def _keep_stream(self, stream) -> None:
+        """Record ``stream`` (a random fn's shared-stream name; None: its own stream)."""
+        if stream is not None:
+            if not isinstance(stream, str) or not stream:
+                raise ConfigError(f'stream must be a non-empty string (a name that fns sharing '
+                                  f'one random stream give alike), got {stream!r}')
+            self._args['stream'] = stream
+            self.stream = stream
+        else:
+            self.stream = None
+
+    def _salt(self) -> int:
+        # The class name and the arguments (the key included), or the class name
+        # and the stream's name: what makes two fns draw alike or not.
+        salt = self.__dict__.get('_salt_value')
+        if salt is None:
+            name = type(self).__name__
+            stream = self.__dict__.get('stream')
+            if stream is not None:
+                text = f'{name}/stream={stream}'
+            else:
+                args = getattr(self, '_args', {})
+                text = name + '(' + ', '.join(f'{k}={v!r}' for k, v in args.items()) + ')'
+            salt = self._salt_value = zlib.crc32(text.encode())
+        return salt
+
     def _rng(self, seed) -> np.random.Generator:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ConfigError(f'{self!r} is random: call it as fn(datapoint, seed=<int >= 0>), '
                               f'got seed={seed!r}')
-        salt = zlib.crc32(type(self).__name__.encode())
-        return np.random.default_rng([int(seed), salt])
+        return np.random.default_rng([int(seed), self._salt()])
 
     def _get(self, dp: dict, key: str):
         if not isinstance(dp, dict):
@@ -426,13 +456,17 @@ class center_crop(Fn):  # noqa: N801
 class random_crop(Fn):  # noqa: N801
     """Crop ``size`` at a position drawn uniformly from every position that fits.
 
+    ``stream``: a name shared with other random_crops that must draw the
+    same position (an image and its mask); see the module's docstring.
+
     Example::
 
         random_crop(size=(32, 48))(dp, seed=3)['image'].shape   # (32, 48, 3)
     """
 
-    def __init__(self, key: str = 'image', size=None):
+    def __init__(self, key: str = 'image', size=None, stream: str | None = None):
         self._keep(key=_key(key), size=_size(size, allow_short_side=False))
+        self._keep_stream(stream)
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         rng = self._rng(seed)
@@ -455,15 +489,25 @@ class random_resized_crop(Fn):  # noqa: N801
     uniform position. If none fits, the centre crop of the whole image
     clamped to ``ratio``. Then a bilinear resize to ``size`` (int: square).
 
+    Two instances draw different boxes (their keys differ: two views of one
+    image). ``stream='name'`` on several makes them draw the same box (an
+    image and its segmentation mask); see the module's docstring.
+
     Example::
 
         random_resized_crop(size=224)(dp, seed=5)['image'].shape   # (224, 224, 3)
+        views = [random_resized_crop(key='view1', size=224),
+                 random_resized_crop(key='view2', size=224)]       # independent crops
+        pair = [random_resized_crop(key='image', size=224, stream='geometry'),
+                random_resized_crop(key='mask', size=224, stream='geometry')]   # the same crop
     """
 
-    def __init__(self, key: str = 'image', size=None, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    def __init__(self, key: str = 'image', size=None, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
+                 stream: str | None = None):
         self._keep(key=_key(key), size=_size(size, allow_short_side=False),
                    scale=_float_range(scale, 'scale', upper=1.0),
                    ratio=_float_range(ratio, 'ratio'))
+        self._keep_stream(stream)
 
     def box(self, height: int, width: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
         """``(top, left, h, w)`` of the crop for an image of ``height``×``width``."""
@@ -500,15 +544,19 @@ class random_resized_crop(Fn):  # noqa: N801
 class flip(Fn):  # noqa: N801
     """Flip left-right with probability ``p`` (the whole video or none of it).
 
+    ``stream``: a name shared with other flips that must flip together (an
+    image and its mask); see the module's docstring.
+
     Example::
 
         flip(p=1.0)({'image': np.array([[1, 2, 3]], np.uint8)}, seed=0)['image']  # [[3, 2, 1]]
     """
 
-    def __init__(self, key: str = 'image', p: float = 0.5):
+    def __init__(self, key: str = 'image', p: float = 0.5, stream: str | None = None):
         if not _is_number(p) or not 0 <= p <= 1:
             raise ConfigError(f'p must be a probability between 0 and 1, got {p!r}')
         self._keep(key=_key(key), p=float(p))
+        self._keep_stream(stream)
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         rng = self._rng(seed)
@@ -658,7 +706,9 @@ class sample_frames(Fn):  # noqa: N801
 
     ``read(reader, index, seed)`` gives the same datapoint as
     ``self(reader[index], seed)`` but reads only the chosen frames; the
-    Loader calls it in place of both when this fn comes first.
+    Loader calls it in place of both when this fn comes first. ``stream``: a
+    name shared with other sample_frames that must pick the same frames (see
+    the module's docstring).
 
     Example::
 
@@ -669,7 +719,7 @@ class sample_frames(Fn):  # noqa: N801
     MODES = ('uniform', 'random_clip', 'tsn')
 
     def __init__(self, key: str = 'frames', num: int = 8, mode: str = 'uniform', stride: int = 1,
-                 train: bool = True, short: str = 'loop'):
+                 train: bool = True, short: str = 'loop', stream: str | None = None):
         if mode not in self.MODES:
             raise ConfigError(f'mode must be one of {self.MODES}, got {mode!r}')
         if not isinstance(train, bool):
@@ -678,6 +728,7 @@ class sample_frames(Fn):  # noqa: N801
             raise ConfigError(f"short must be 'loop' or 'clamp', got {short!r}")
         self._keep(key=_key(key), num=_positive_int(num, 'num'), mode=mode,
                    stride=_positive_int(stride, 'stride'), train=train, short=short)
+        self._keep_stream(stream)
 
     def positions(self, n: int, seed: int | None = None) -> list[int]:
         """The frame positions (in ``[0, n)``, in clip order) chosen for a video of ``n`` frames.

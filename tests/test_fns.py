@@ -623,6 +623,72 @@ def test_two_fns_given_one_seed_draw_independently():
     assert 0.4 < np.mean(agree) < 0.6
 
 
+def test_two_instances_of_one_random_fn_draw_independently():
+    # SimCLR: two views of one image, each with its own random_resized_crop (and flip).
+    img = smooth_image(40, 48)
+    crops = [F.random_resized_crop(key='view1', size=8), F.random_resized_crop(key='view2', size=8)]
+    flips = [F.flip(key='view1'), F.flip(key='view2')]
+    same_box = same_flip = 0
+    for s in range(200):
+        same_box += crops[0].box(40, 48, crops[0]._rng(s)) == crops[1].box(40, 48, crops[1]._rng(s))
+        same_flip += (flips[0]._rng(s).random() < 0.5) == (flips[1]._rng(s).random() < 0.5)
+        dp = {'view1': img, 'view2': img}
+        for fn in crops:
+            dp = fn(dp, seed=s)
+        if s < 20:
+            assert not np.array_equal(dp['view1'], dp['view2'])
+    assert same_box == 0 and 60 < same_flip < 140          # agree by chance: about half
+    # Other arguments count too: two crops of one key with different sizes.
+    a, b = F.random_crop(size=4), F.random_crop(size=5)
+    assert [a._rng(s).integers(0, 1 << 30) for s in range(5)] != \
+        [b._rng(s).integers(0, 1 << 30) for s in range(5)]
+
+
+@pytest.mark.parametrize('make', [
+    lambda key, stream: F.random_resized_crop(key=key, size=8, stream=stream),
+    lambda key, stream: F.random_crop(key=key, size=(5, 6), stream=stream),
+    lambda key, stream: F.flip(key=key, stream=stream),
+    lambda key, stream: F.sample_frames(key=key, num=3, mode='tsn', stream=stream),
+])
+def test_a_named_stream_makes_fns_draw_alike_on_purpose(make):
+    # An image and its mask must get the same crop and flip.
+    image, mask = smooth_image(24, 32), smooth_image(24, 32, seed=1)
+    if isinstance(make('x', None), F.sample_frames):
+        image, mask = list(range(30)), list(range(100, 130))
+    on_image, on_mask = make('image', 'geometry'), make('mask', 'geometry')
+    assert 'geometry' in repr(on_image) and on_image != make('image', None)
+    same = 0
+    for s in range(30):
+        dp = on_mask(on_image({'image': image, 'mask': mask}, seed=s), seed=s)
+        alone = make('image', 'geometry')({'image': mask}, seed=s)['image']
+        assert_equal(dp['mask'], alone)           # the mask got what the image would have got
+        same += pickle.dumps(dp['image']) == pickle.dumps(make('image', None)(
+            {'image': image}, seed=s)['image'])
+    assert same < 30                              # a named stream is not the default one
+    with pytest.raises(ConfigError, match='stream must be a non-empty string'):
+        make('image', '')
+
+
+def test_the_seed_a_users_fn_receives_is_the_samples_seed():
+    import loadr
+    seen = []
+
+    def mine(dp, seed):
+        seen.append(seed)
+        return dp
+
+    crop = F.random_crop(size=4)
+    data = [{'image': smooth_image(8, 8, seed=i)} for i in range(6)]
+    with loadr.Loader(data, batch=3, fns=[mine, crop], workers=0, seed=5) as loader:
+        batch = next(iter(loader))
+    # The built-in salts inside itself: called with the seed the user's fn got, it gives the
+    # batch's row. (seen[0] is the spec's look at the first datapoint.)
+    for row, seed in enumerate(seen[-3:]):
+        assert any(np.array_equal(batch['image'][row], crop(dp, seed=seed)['image'])
+                   for dp in data)
+    assert len(set(seen[-3:])) == 3              # one seed per sample, not a salted constant
+
+
 # ----------------------------------------------------------------------------- names
 
 def test_resolve_short_names_and_import_paths():
