@@ -2,11 +2,22 @@
 
 Position ``p`` of the stream holds dataset index ``perm(seed, p // N)[p % N]``
 (the contract of ../shared/reference/FORMATS.md). ``perm(seed, epoch)`` is a
-keyed bijection of ``[0, N)``: a Feistel network over the smallest even
-number of bits that covers ``N``, with cycle walking to stay inside
-``[0, N)``. It is computed per index, so it takes O(1) memory and O(1) work
-per lookup for any ``N`` (10^10 included), and ``load()`` at any step is
-instant.
+keyed bijection of ``[0, N)``; which one depends on the order's *version*
+(a saved state records it, so a stream replays with the order it was made
+with):
+
+- version 2 (the default): up to :data:`SORT_MAX` indices, the indices sorted
+  by a keyed 64-bit bijection of each (uniform over all ``N!`` orders; one
+  table of ``4 N`` bytes per epoch, kept in a small cache). Above it, the
+  Feistel network below followed by a keyed transposition applied with
+  probability 1/2, so even and odd permutations are equally likely.
+- version 1 (loadr 0.1): a Feistel network over the smallest even number of
+  bits that covers ``N``, with cycle walking to stay inside ``[0, N)``. Every
+  balanced Feistel round is an even permutation, so this one is always even
+  for ``N`` a power of 4 and biased otherwise; kept bit for bit for old states.
+
+The Feistel network is computed per index: O(1) memory and O(1) work per
+lookup for any ``N`` (10^10 included), and ``load()`` at any step is instant.
 
 Each (seed, epoch) gets its own round keys from BLAKE2b over both numbers,
 so no two pairs share a permutation (``seed + epoch`` would make seed 1
@@ -31,11 +42,14 @@ import numpy as np
 __all__ = ['Order', 'order_for', 'permutation', 'MAX_SEED', 'ORDER_VERSION', 'ORDER_VERSIONS']
 
 ROUNDS = 8
-# The permutation's version. A saved state records it so a stream is replayed
-# with the order it was made with: 1 is loadr 0.1's Feistel order, kept bit for
-# bit.
-ORDER_VERSION = 1
-ORDER_VERSIONS = (1,)
+# The permutation's version (see the module's docstring): 1 is loadr 0.1's
+# order, kept bit for bit; 2 is uniform over permutations.
+ORDER_VERSION = 2
+ORDER_VERSIONS = (1, 2)
+# Version 2: up to this many indices the permutation is a keyed sort (uniform
+# over all n! orders, O(n) memory); above it, the O(1) Feistel network with a
+# keyed transposition that makes its parity even or odd with equal odds.
+SORT_MAX = 1 << 16
 # The stride of the replacement candidates under on_error='skip' (2**32 / phi):
 # a pure function of the failed index, so every run substitutes the same one.
 _ALT_STRIDE = 0x9E3779B1
@@ -131,14 +145,90 @@ class _Permutation:
         return y
 
 
+class _SwappedPermutation(_Permutation):
+    """Version 2 for large ``n``: the Feistel network, then a keyed transposition.
+
+    Every balanced Feistel round is an even permutation of its domain, so for
+    ``n`` a power of 4 the network alone is always even, and cycle walking
+    leaves the parity biased for other ``n``. Swapping two keyed values when a
+    key bit says so makes the parity a fair coin independent of the network
+    (parity = network's parity XOR that bit), for every ``n``; the swap costs
+    two comparisons per lookup and no memory.
+    """
+
+    def __init__(self, n: int, keys: np.ndarray, extra: np.ndarray):
+        super().__init__(n, keys)
+        w0, w1, w2 = (int(v) for v in extra[:3])
+        self.swap = None
+        if n > 1 and w2 >> 63:
+            a = w0 % n
+            self.swap = (_u64(a), _u64((a + 1 + w1 % (n - 1)) % n))
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        y = super().__call__(x)
+        if self.swap is not None:
+            a, b = self.swap
+            at_a, at_b = y == a, y == b
+            y[at_a] = b
+            y[at_b] = a
+        return y
+
+
+class _SortedPermutation:
+    """Version 2 for small ``n``: the indices sorted by a keyed 64-bit bijection.
+
+    The ranks of ``n`` distinct outputs of a random permutation of 64-bit
+    words are uniform over all ``n!`` orders, so this is as uniform as the
+    keyed mixer is random (the Feistel network is measurably not: see
+    CHANGELOG.md). The mixer is a bijection, so there are no ties and the
+    result does not depend on numpy's sort algorithm. Takes 4 bytes per index,
+    which is why it is used only up to :data:`SORT_MAX`.
+    """
+
+    def __init__(self, n: int, extra: np.ndarray):
+        self.table = _sorted_tables(n, extra[None, 3:6])[0]
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.table[x].astype(np.uint64)
+
+
+def _sorted_tables(n: int, keys: np.ndarray) -> np.ndarray:
+    """One :class:`_SortedPermutation` table per row of ``keys`` (3 words each)."""
+    k0, k1, k2 = (keys[:, j, None] for j in range(3))
+    words = _mix(_mix(_mix(np.arange(n, dtype=np.uint64) ^ k0) + k1) ^ k2)
+    return np.argsort(words, axis=1, kind='stable').astype(np.uint32)
+
+
+def _many_sorted(n: int, seed: int, first: int, last: int) -> np.ndarray:
+    """The tables of epochs ``first .. last`` at once (rows), for ``n`` below a batch:
+    one numpy pass instead of one per epoch."""
+    keys = np.stack([_keys(b'loadr.order.v2x', seed, e)[3:6] for e in range(first, last + 1)])
+    return _sorted_tables(n, keys)
+
+
 @functools.lru_cache(maxsize=64)
-def permutation(n: int, seed: int, epoch: int) -> _Permutation:
-    """The permutation of epoch ``epoch`` for ``seed``.
+def _feistel_permutation(n: int, seed: int, epoch: int, version: int) -> _Permutation:
+    if version == 1:
+        return _Permutation(n, _keys(b'loadr.order', seed, epoch))
+    return _SwappedPermutation(n, _keys(b'loadr.order.v2', seed, epoch),
+                               _keys(b'loadr.order.v2x', seed, epoch))
+
+
+# Few entries: each holds up to SORT_MAX * 4 bytes (256 KiB).
+@functools.lru_cache(maxsize=16)
+def _sorted_permutation(n: int, seed: int, epoch: int) -> _SortedPermutation:
+    return _SortedPermutation(n, _keys(b'loadr.order.v2x', seed, epoch))
+
+
+def permutation(n: int, seed: int, epoch: int, version: int = ORDER_VERSION):
+    """The permutation of epoch ``epoch`` for ``seed``: call it on a uint64 array.
 
     >>> sorted(permutation(5, 0, 0)(np.arange(5, dtype=np.uint64)).tolist())
     [0, 1, 2, 3, 4]
     """
-    return _Permutation(n, _keys(b'loadr.order', seed, epoch))
+    if version >= 2 and n <= SORT_MAX:
+        return _sorted_permutation(n, seed, epoch)
+    return _feistel_permutation(n, seed, epoch, version)
 
 
 class Order:
@@ -179,12 +269,17 @@ class Order:
             return local.astype(np.int64)
         epochs = pos // n
         first, last = int(epochs[0]) if count else 0, int(epochs[-1]) if count else -1
+        if last - first >= 2 and self.version >= 2 and self.n <= SORT_MAX:
+            # A tiny dataset: many epochs per call.
+            tables = _many_sorted(self.n, self.seed, first, last)
+            return tables[(epochs - np.uint64(first)).astype(np.intp), local.astype(np.intp)
+                          ].astype(np.int64)
         out = np.empty(count, dtype=np.uint64)
         for epoch in range(first, last + 1):
             # Positions are consecutive, so each epoch is one contiguous run.
             lo = max(0, epoch * self.n - start)
             hi = min(count, (epoch + 1) * self.n - start)
-            out[lo:hi] = permutation(self.n, self.seed, epoch)(local[lo:hi])
+            out[lo:hi] = permutation(self.n, self.seed, epoch, self.version)(local[lo:hi])
         return out.astype(np.int64)
 
     def index_at(self, position: int) -> int:

@@ -130,3 +130,145 @@ def test_order_for_and_alternative():
     assert order_for(Own(), 5, False, 1) == ('own', 5, False, 1)
     with pytest.raises(ValueError, match='order version'):
         Order(5, 0, version=99)
+
+
+# --- version 2: uniform over permutations (issue 11, item 16) -----------------
+
+def _parity(perm: np.ndarray) -> int:
+    """0 for an even permutation, 1 for an odd one: (n - cycles) mod 2.
+
+    Cycles are counted by pointer doubling (each index learns the smallest
+    index of its cycle), a few numpy passes instead of a Python walk.
+    """
+    n = len(perm)
+    label, step = np.arange(n), np.asarray(perm, dtype=np.intp)
+    for _ in range(max(1, n.bit_length())):
+        label = np.minimum(label, label[step])
+        step = step[step]
+    return (n - int(np.count_nonzero(label == np.arange(n)))) % 2
+
+
+def _chi2_over_permutations(perms: list[tuple], n: int) -> float:
+    import itertools
+    import math
+
+    cells = {p: 0 for p in itertools.permutations(range(n))}
+    for p in perms:
+        cells[p] += 1
+    expected = len(perms) / math.factorial(n)
+    return sum((c - expected) ** 2 / expected for c in cells.values())
+
+
+def test_parity_helper():
+    assert _parity(np.arange(7)) == 0
+    assert _parity(np.array([1, 0, 2, 3])) == 1
+    assert _parity(np.array([1, 2, 0])) == 0          # a 3-cycle is even
+    assert _parity(np.array([1, 2, 3, 0])) == 1       # a 4-cycle is odd
+
+
+def test_all_120_orders_of_five_are_equally_likely():
+    perms = [tuple(Order(5, seed).indices(0, 5).tolist()) for seed in range(12_000)]
+    # 119 degrees of freedom: mean 119, the 99.9% quantile is about 169
+    # (measured: 121.4, p = 0.42).
+    chi2 = _chi2_over_permutations(perms, 5)
+    assert chi2 < 169, chi2
+    # The same test has the power to see 0.1's defect (measured: 232.8, p ~ 1e-9).
+    old = [tuple(Order(5, seed, version=1).indices(0, 5).tolist()) for seed in range(12_000)]
+    assert _chi2_over_permutations(old, 5) > 200
+
+
+def test_the_epochs_of_one_seed_are_equally_likely_orders():
+    n, epochs = 4, 12_000
+    idx = Order(n, seed=77).indices(0, n * epochs).reshape(epochs, n)
+    chi2 = _chi2_over_permutations([tuple(row) for row in idx.tolist()], n)
+    # 23 degrees of freedom: the 99.9% quantile is about 49.7.
+    assert chi2 < 49.7, chi2
+
+
+@pytest.mark.parametrize('n', [16, 64])
+def test_parity_is_balanced_for_small_powers_of_four(n):
+    odd = sum(_parity(Order(n, seed).indices(0, n)) for seed in range(2000))
+    # Binomial(2000, 1/2): sd 22; 0.1 gave 0 odd permutations.
+    assert 880 < odd < 1120, odd
+    assert sum(_parity(Order(n, seed, version=1).indices(0, n)) for seed in range(200)) == 0
+
+
+@pytest.mark.parametrize('n', [16, 64, 256, 100])
+def test_the_large_n_construction_has_balanced_parity(n):
+    # The Feistel network plus keyed transposition, used above SORT_MAX,
+    # checked where parity is cheap to see: 0.1's network alone is always
+    # even for powers of 4.
+    from loadr.order import _feistel_permutation
+
+    x = np.arange(n, dtype=np.uint64)
+    odd = sum(_parity(_feistel_permutation(n, seed, 0, 2)(x)) for seed in range(1000))
+    # Binomial(1000, 1/2): sd 16.
+    assert 420 < odd < 580, odd
+    assert sorted(_feistel_permutation(n, 5, 0, 2)(x).tolist()) == list(range(n))
+
+
+def test_parity_is_balanced_for_a_large_power_of_four():
+    from loadr.order import SORT_MAX
+
+    n = 4**9
+    assert n > SORT_MAX
+    odd = sum(_parity(Order(n, seed).indices(0, n)) for seed in range(30))
+    # Binomial(30, 1/2): outside 6..24 is beyond 3.2 sd; 0.1 gives 0.
+    assert 6 <= odd <= 24, odd
+
+
+@pytest.mark.parametrize('n', [64, 100_003])
+def test_marginals_are_uniform_in_both_regimes(n):
+    # Which index lands at positions 0..7, over seeds, in 8 equal bins of indices.
+    seeds, watched, bins = 3000, 8, 8
+    counts = np.zeros((watched, bins))
+    for seed in range(seeds):
+        counts[np.arange(watched), Order(n, seed).indices(0, watched) * bins // n] += 1
+    expected = seeds / bins
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    # 56 degrees of freedom: the 99.9% quantile is about 95.
+    assert chi2 < 95, chi2
+
+
+def test_bijection_around_the_sort_threshold():
+    from loadr.order import SORT_MAX
+
+    for n in [1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 31, 255, 257, 1023,
+              SORT_MAX - 1, SORT_MAX, SORT_MAX + 1, SORT_MAX + 2, 2 * SORT_MAX + 3]:
+        order = Order(n, seed=n)
+        for epoch in (0, 1, 10**6):
+            idx = order.indices(epoch * n, n)
+            assert np.array_equal(np.sort(idx), np.arange(n)), (n, epoch)
+
+
+def test_many_tiny_epochs_in_one_call_match_one_by_one():
+    for n in (1, 2, 5, 7):
+        order = Order(n, seed=8)
+        many = order.indices(3, 300)
+        assert [order.index_at(p) for p in range(3, 303)] == many.tolist()
+
+
+@pytest.mark.parametrize('n', [700, 70_001])
+def test_epochs_and_seeds_are_independent_in_both_regimes(n):
+    a, b = Order(n, seed=1).indices(0, n), Order(n, seed=0).indices(n, n)
+    assert (a != b).mean() > 0.9
+    order = Order(n, seed=9)
+    corrs = [np.corrcoef(order.indices(e * n, n), order.indices((e + 1) * n, n))[0, 1]
+             for e in range(10)]
+    assert abs(np.mean(corrs)) < 0.05
+    assert max(abs(c) for c in corrs) < 0.2
+
+
+def test_version_2_stream_is_pinned():
+    # The stream is a contract too: a change here needs a new version.
+    from loadr.order import ORDER_VERSION
+
+    assert ORDER_VERSION == 2
+    assert Order(5, 0).indices(0, 15).tolist() == [2, 4, 0, 1, 3, 4, 1, 0, 2, 3, 0, 2, 4, 1, 3]
+    assert Order(1000, 7).indices(12345, 8).tolist() == [679, 696, 846, 547, 726, 9, 340, 791]
+    assert Order(10**10, 3).indices(10**12, 5).tolist() == [
+        7825219091, 4427704191, 6819753292, 710545883, 9871048785]
+    assert Order(70000, 1).indices(0, 8).tolist() == [
+        50592, 29672, 19359, 28332, 4596, 53032, 12840, 58491]
+    # Per-sample seeds do not depend on the version.
+    assert Order(100, 2).seeds(0, 3) == Order(100, 2, version=1).seeds(0, 3)
