@@ -138,6 +138,8 @@ class Proxy:
                 pass
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass
+        except asyncio.CancelledError:
+            pass            # stop() cancels us; asyncio would log a cancelled handler as an error
         finally:
             self._writers.discard(writer)
             self._tasks.discard(asyncio.current_task())
