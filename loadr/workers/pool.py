@@ -8,6 +8,12 @@ starts a replacement and reports the worker's tasks as *lost*, for the loader
 to send again. A task whose sample kills workers ``MAX_DEATHS_PER_POSITION``
 times is reported as failed, naming the dataset index.
 
+A worker that cannot run (stopped by SIGSTOP or a debugger, frozen by a
+cgroup freezer) is treated the same way once its heartbeat has stood still
+and it has been seen so for ``FROZEN_AFTER_S``: found within seconds, not at
+the task deadline. A worker that is merely slow (a long fn, a read waiting
+on a disk, C code holding the GIL) runs on until the task deadline.
+
 Example::
 
     pool = WorkerPool(reader, fns, spec, layout, workers=2, slots=4, n=len(reader),
@@ -20,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
@@ -29,16 +36,24 @@ import time
 import numpy as np
 import zmq
 
+from .. import pids
 from . import protocol
-from .shm import Segment, check_space, private_dir, reclaim_stale, segment_name
+from .shm import Segment, StatusCells, check_space, private_dir, reclaim_stale, segment_name
 from .worker import WorkerArgs, run
 
-__all__ = ['WorkerPool', 'MAX_TASKS_PER_WORKER', 'MAX_DEATHS_PER_POSITION', 'JOIN_TIMEOUT_S']
+__all__ = ['WorkerPool', 'MAX_TASKS_PER_WORKER', 'MAX_DEATHS_PER_POSITION', 'JOIN_TIMEOUT_S',
+           'FROZEN_AFTER_S']
+
+log = logging.getLogger('loadr')
 
 MAX_TASKS_PER_WORKER = 2          # one in hand, one queued: no idle gap between tasks
 MAX_DEATHS_PER_POSITION = 3
 MAX_STARTUP_FAILURES = 3          # workers dying before they say hello: give up, say why
 JOIN_TIMEOUT_S = 2.0
+# A worker seen stopped or frozen, its heartbeat still, for this long is replaced.
+# Heartbeats come every PARENT_CHECK_S (0.2 s): a live worker's moves 5 times meanwhile.
+FROZEN_AFTER_S = 1.0
+LIVENESS_EVERY_S = 0.25         # how often poll() looks at the heartbeats
 
 
 def _block_sigint():
@@ -60,6 +75,8 @@ class _Worker:
         self.started = False                # said hello once (ready drops when unreachable)
         self.tasks: list[int] = []          # task ids in the order sent
         self.head_since = None              # when the first task in hand was started
+        self.beat = -1                      # its heartbeat when last looked at
+        self.frozen_since = None            # when it was first seen frozen, beat unmoved
 
 
 class WorkerPool:
@@ -95,22 +112,23 @@ class WorkerPool:
             token = secrets.token_hex(4)
             self._segments = [Segment.create(segment_name(f'slot{i}', token), layout.nbytes)
                               for i in range(slots)]
-            # The status segment: per worker [position, index] in hand, then the
-            # id of the last cancelled task, which every worker reads.
-            self._status = Segment.create(segment_name('status', token), 16 * workers + 8)
+            self._status = Segment.create(segment_name('status', token),
+                                          StatusCells.nbytes(workers))
             self._segments.append(self._status)
-            self.progress = np.ndarray((workers, 2), dtype=np.int64, buffer=self._status.buf)
+            cells = StatusCells(self._status.buf, workers)
+            self.progress = cells.progress_rows()
             self.progress[:] = -1           # [position, index] in hand; -1: none yet
-            self._cancelled = np.ndarray((1,), dtype=np.int64, buffer=self._status.buf,
-                                         offset=16 * workers)
+            self._cancelled = cells.cancelled()
             self._cancelled[0] = -1
+            self._beats = cells.heartbeats()
+            self._liveness_at = time.monotonic()
             self.layout = layout
             self.views = [layout.views(seg.buf) for seg in self._segments[:slots]]
             self._template = dict(
                 reader=reader, fns=list(fns), spec=spec, layout=layout,
                 slot_names=[s.name for s in self._segments[:slots]],
                 status_name=self._status.name, parent_pid=os.getpid(), n=n,
-                shuffle=shuffle, on_error=on_error, endpoint=self.endpoint)
+                shuffle=shuffle, on_error=on_error, endpoint=self.endpoint, workers=workers)
             self.task_timeout_s = task_timeout_s
             self.tasks: dict[int, tuple] = {}      # task id -> (worker id, message frames)
             self.deaths: dict[int, int] = {}       # stream position -> workers it killed
@@ -156,6 +174,9 @@ class WorkerPool:
         """Reap a dead (or killed) worker, start its replacement, return events."""
         events = []
         w.process.join(0.5)
+        if w.started:
+            log.warning('loadr: %s; starting a replacement%s', why,
+                        ', its batches are redone' if w.tasks else '')
         if not w.started:
             self.startup_failures += 1
             if self.startup_failures >= MAX_STARTUP_FAILURES:
@@ -197,9 +218,42 @@ class WorkerPool:
         self._start(w.wid)
         return events
 
+    def _frozen(self, now: float) -> list:
+        """(worker, why) for each worker that has been stopped or frozen for FROZEN_AFTER_S.
+
+        Two signs, both needed: its heartbeat has not moved since it was
+        first seen frozen (so a worker that a tracer stops for a moment at
+        each system call is left alone), and /proc or its cgroup says it
+        cannot run. A still heartbeat alone is no reason: C code holding the
+        GIL stills it too, and that is a slow fn, for the task deadline.
+        """
+        found = []
+        for w in self.workers:
+            if w is None or not w.started:
+                continue
+            beat = int(self._beats[w.wid])
+            if beat != w.beat:
+                w.beat, w.frozen_since = beat, None
+                continue
+            why = pids.frozen(w.process.pid)
+            if why is None:
+                w.frozen_since = None
+            elif w.frozen_since is None:
+                w.frozen_since = now
+            elif now - w.frozen_since >= FROZEN_AFTER_S:
+                found.append((w, why))
+        return found
+
     def _check_workers(self) -> list:
         events = []
         now = time.monotonic()
+        if now - self._liveness_at >= LIVENESS_EVERY_S:
+            self._liveness_at = now
+            for w, why in self._frozen(now):
+                if w.process.exitcode is None:
+                    os.kill(w.process.pid, signal.SIGKILL)     # works on stopped processes
+                    events += self._bury(w, f'worker {w.wid} (pid {w.process.pid}) was {why} '
+                                            f'for {now - w.frozen_since:.1f} s')
         for w in list(self.workers):
             if w is None:
                 continue
@@ -359,7 +413,7 @@ class WorkerPool:
         if self._ctx is not None:
             self._ctx.term()
         self.views = []
-        self.progress = self._cancelled = None
+        self.progress = self._cancelled = self._beats = None
         for seg in self._segments:
             seg.close()
             seg.unlink()

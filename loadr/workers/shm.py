@@ -41,8 +41,8 @@ import numpy as np
 from ..errors import ResourceError
 from ..pids import running
 
-__all__ = ['SHM_DIR', 'PREFIX', 'Layout', 'Segment', 'segment_name', 'reclaim_stale', 'private_dir',
-           'check_space']
+__all__ = ['SHM_DIR', 'PREFIX', 'Layout', 'Segment', 'StatusCells', 'segment_name',
+           'reclaim_stale', 'private_dir', 'check_space']
 
 SHM_DIR = '/dev/shm'
 PREFIX = 'loadr-'
@@ -85,6 +85,49 @@ class Layout:
 
     def __setstate__(self, state):
         self.__init__(state['fields'], state['batch'])
+
+
+class StatusCells:
+    """The status segment's layout, written down once (the pool and each worker map it).
+
+    Per worker the stream position and dataset index in hand (2 int64, -1:
+    none; the worker writes), then the id of the last cancelled task (1
+    int64; the pool writes, every worker reads), then per worker a heartbeat
+    counter (1 int64; the worker's watchdog thread bumps it).
+
+    >>> import numpy as np
+    >>> cells = StatusCells(bytearray(StatusCells.nbytes(2)), 2)
+    >>> cells.heartbeat(1)[0] += 1; cells.heartbeats().tolist()
+    [0, 1]
+    """
+
+    def __init__(self, buf, workers: int):
+        self.buf, self.workers = buf, workers
+
+    @staticmethod
+    def nbytes(workers: int) -> int:
+        return 16 * workers + 8 + 8 * workers
+
+    # Memoryviews for the worker: it sets progress twice per sample, and a
+    # memoryview's item assignment costs a third of numpy's.
+    def progress(self, wid: int) -> memoryview:
+        return memoryview(self.buf)[16 * wid:16 * wid + 16].cast('q')
+
+    def cancelled(self) -> memoryview:
+        at = 16 * self.workers
+        return memoryview(self.buf)[at:at + 8].cast('q')
+
+    def heartbeat(self, wid: int) -> memoryview:
+        at = 16 * self.workers + 8 + 8 * wid
+        return memoryview(self.buf)[at:at + 8].cast('q')
+
+    # Arrays for the pool, which reads them a row at a time.
+    def progress_rows(self) -> np.ndarray:
+        return np.ndarray((self.workers, 2), dtype=np.int64, buffer=self.buf)
+
+    def heartbeats(self) -> np.ndarray:
+        return np.ndarray((self.workers,), dtype=np.int64, buffer=self.buf,
+                          offset=16 * self.workers + 8)
 
 
 class Segment:

@@ -4,7 +4,9 @@ A worker is a ``multiprocess`` process started by :class:`~loadr.workers.pool.Wo
 It maps the shared-memory slots by name, connects one DEALER socket to the
 main process and serves tasks until told to stop. A watchdog thread ends it
 (after unlinking the shared memory) within ``PARENT_CHECK_S`` of its parent
-dying, however busy the loop is.
+dying, however busy the loop is, and bumps the worker's heartbeat counter in
+the status segment each time it wakes: a stopped or frozen process stops all
+its threads, so a counter that stands still tells the pool to look.
 
 Example (what the pool runs in each new process)::
 
@@ -42,9 +44,10 @@ class WorkerArgs:
     n: int
     shuffle: bool
     on_error: str
+    workers: int = 1
 
 
-def _watch_parent(parent_pid: int, names: list, ipc_dir: str | None) -> None:
+def _watch_parent(parent_pid: int, names: list, ipc_dir: str | None, beat) -> None:
     import shutil
 
     from .shm import SHM_DIR
@@ -52,6 +55,7 @@ def _watch_parent(parent_pid: int, names: list, ipc_dir: str | None) -> None:
     def watch():
         while True:
             time.sleep(PARENT_CHECK_S)
+            beat[0] += 1            # "this process runs" (see the pool's frozen check)
             if os.getppid() != parent_pid:
                 # The main process died without closing us: nobody else will
                 # unlink the segments it made, so we do, then leave at once.
@@ -74,7 +78,7 @@ def run(args: WorkerArgs) -> None:
     from ..assemble import Assembler, Cancelled, SampleFailure
     from ..order import Order
     from . import protocol
-    from .shm import Segment
+    from .shm import Segment, StatusCells
 
     # Ctrl-C belongs to the main process; it stops us in order. The pool
     # started us with SIGINT blocked, so none got in before this line.
@@ -83,7 +87,6 @@ def run(args: WorkerArgs) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     ipc_dir = os.path.dirname(args.endpoint[len('ipc://'):]) \
         if args.endpoint.startswith('ipc://') else None
-    _watch_parent(args.parent_pid, [*args.slot_names, args.status_name], ipc_dir)
     if os.getppid() != args.parent_pid:
         return
     try:
@@ -92,11 +95,16 @@ def run(args: WorkerArgs) -> None:
     except FileNotFoundError:
         # Only the pool unlinks them: it closed (Ctrl-C while we started). Leave quietly.
         return
+    cells = StatusCells(status.buf, args.workers)
+    _watch_parent(args.parent_pid, [*args.slot_names, args.status_name], ipc_dir,
+                  cells.heartbeat(args.wid))
+    if os.getppid() != args.parent_pid:
+        return
     views = [args.layout.views(seg.buf) for seg in segments]
-    # A memoryview, not an ndarray: it is set twice per sample, and its item
-    # assignment costs a third of numpy's.
-    progress = memoryview(status.buf)[16 * args.wid:16 * args.wid + 16].cast('q')
-    cancelled = memoryview(status.buf)[-8:].cast('q')       # the last cancelled task id
+    # Memoryviews, not ndarrays: progress is set twice per sample, and a
+    # memoryview's item assignment costs a third of numpy's.
+    progress = cells.progress(args.wid)
+    cancelled = cells.cancelled()       # the last cancelled task id
     asm = Assembler(args.reader, args.fns, args.spec, args.on_error)
     orders: dict[int, Order] = {}
 

@@ -7,9 +7,12 @@ the processes it lost.
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
 import signal
 import time
+import uuid
 
 import numpy as np
 import pytest
@@ -17,7 +20,7 @@ import pytest
 import loadr
 from loadr.errors import WorkerError
 from loadr.order import Order
-from loadr.workers.pool import JOIN_TIMEOUT_S
+from loadr.workers.pool import FROZEN_AFTER_S, JOIN_TIMEOUT_S
 
 from ..loader_helpers import batch_digest, noisy, slowed, stream_digests, trivial
 from .helpers import Killer, children, running, wait_until_gone
@@ -190,7 +193,9 @@ def test_a_stopped_worker_misses_its_deadline_is_replaced_and_reaped():
         elapsed = time.monotonic() - start
         assert got == expected
         assert loader._pool.restarts == 1
-        assert elapsed >= 1.0                       # found by the deadline, not by chance
+        # Found by the deadline or by the stopped-worker check (both take a second here),
+        # not by chance.
+        assert elapsed >= 1.0
         assert not running(victim) and victim not in children()     # killed and reaped
         # close() with a stopped worker: it cannot be asked to STOP, so it is killed.
         second = loader.worker_pids[1]
@@ -203,3 +208,113 @@ def test_a_stopped_worker_misses_its_deadline_is_replaced_and_reaped():
         assert not set(pids) & set(children())
     finally:
         loader.close()
+
+
+def _stop_one_worker_and_read_on(freeze, caplog, fn=None, batches=30):
+    """Three batches, ``freeze(pid)`` one worker, then the rest with default settings
+    (a 300 s task deadline): the stream must come out exact, long before the deadline."""
+    data = trivial(200)
+    fn = fn or slowed(0.002)
+    with loadr.Loader(data, batch=8, fns=[fn], seed=3, workers=0) as ref:
+        expected = stream_digests(ref, batches)
+    with caplog.at_level(logging.WARNING, logger='loadr'):
+        with loadr.Loader(data, batch=8, fns=[fn], seed=3, workers=2) as loader:
+            it = iter(loader)
+            got = [batch_digest(next(it)) for _ in range(3)]
+            victim = loader.worker_pids[0]
+            freeze(victim)
+            got += [batch_digest(next(it)) for _ in range(batches - 3)]
+            restarts = loader._pool.restarts
+            alive = loader.worker_pids
+    assert got == expected
+    return victim, restarts, alive, [r.getMessage() for r in caplog.records]
+
+
+def test_a_stopped_worker_is_replaced_within_seconds_with_default_settings(caplog):
+    # It used to be found only by the 300 s task deadline (pytest's 60 s timeout here).
+    victim, restarts, alive, logged = _stop_one_worker_and_read_on(
+        lambda pid: os.kill(pid, signal.SIGSTOP), caplog)
+    assert restarts == 1 and victim not in alive
+    assert any('stopped (SIGSTOP' in m and f'pid {victim}' in m for m in logged), logged
+    wait_until_gone([victim], 2.0)
+    assert victim not in children()                 # killed and reaped
+
+
+def _freezer():
+    """A fresh cgroup to freeze processes in, as (dir, freeze(pid), thaw()); None where
+    this machine does not let us make one (not root, no writable cgroup fs)."""
+    from loadr.pids import cgroup_dir
+
+    for controller, control, on, off in ((None, 'cgroup.freeze', '1', '0'),
+                                         ('freezer', 'freezer.state', 'FROZEN', 'THAWED')):
+        base = cgroup_dir('self', controller)
+        if base is None:
+            continue
+        path = os.path.join(base, f'loadr-test-{uuid.uuid4().hex[:8]}')
+        try:
+            os.mkdir(path)
+        except OSError:
+            continue
+
+        def freeze(pid, path=path, control=control, on=on):
+            with open(os.path.join(path, 'cgroup.procs'), 'w') as f:
+                f.write(str(pid))
+            with open(os.path.join(path, control), 'w') as f:
+                f.write(on)
+
+        def thaw(path=path, control=control, off=off):
+            with open(os.path.join(path, control), 'w') as f:
+                f.write(off)
+
+        return path, freeze, thaw
+    return None
+
+
+def test_a_worker_frozen_by_a_cgroup_freezer_is_replaced_within_seconds(caplog):
+    made = _freezer()
+    if made is None:
+        pytest.skip('cannot make a cgroup to freeze a worker in (needs root and a '
+                    'writable cgroup fs)')
+    path, freeze, thaw = made
+    try:
+        victim, restarts, alive, logged = _stop_one_worker_and_read_on(freeze, caplog)
+        assert restarts == 1 and victim not in alive
+        assert any('frozen by its cgroup' in m and f'pid {victim}' in m for m in logged), logged
+    finally:
+        thaw()                  # a cgroup v1 freezer holds even a SIGKILLed process
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+
+def _slow_at(index: int, how: str):
+    def fn(dp, seed):
+        if dp['label'] == index:
+            if how == 'sleep':
+                time.sleep(3 * FROZEN_AFTER_S)
+            else:
+                # C code that holds the GIL and sleeps: the heartbeat thread cannot
+                # run, so the heartbeat stands still; the worker is alive all the same.
+                ctypes.PyDLL(None).usleep(int(3 * FROZEN_AFTER_S * 1e6))
+        return noisy(dp, seed)
+    return fn
+
+
+@pytest.mark.parametrize('how', ['sleep', 'gil'])
+def test_a_slow_fn_is_not_taken_for_a_frozen_worker(how, caplog):
+    data = trivial(100)
+    fn = _slow_at(37, how)
+    with loadr.Loader(data, batch=8, fns=[fn], seed=3, shuffle=False, workers=0) as ref:
+        expected = stream_digests(ref, 8)
+    with caplog.at_level(logging.WARNING, logger='loadr'):
+        with loadr.Loader(data, batch=8, fns=[fn], seed=3, shuffle=False, workers=2) as loader:
+            got = stream_digests(loader, 8)
+            assert loader._pool.restarts == 0
+    assert got == expected
+    assert not [r for r in caplog.records if 'replacement' in r.getMessage()]
