@@ -18,7 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import errno
 import logging
 import time
 import traceback
@@ -26,6 +25,7 @@ import traceback
 import numpy as np
 
 from .errors import LoadrError, SpecError
+from .storage import transient
 
 __all__ = ['Assembler', 'infer_spec', 'value_spec', 'SampleFailure', 'Cancelled',
            'READ_RETRY_DELAYS_S']
@@ -34,9 +34,9 @@ log = logging.getLogger('loadr')
 
 OBJECT = np.dtype(object)
 # Transient read errors (EIO, a network filesystem hiccup) are retried after
-# these pauses; an error that persists is raised with the index.
+# these pauses; an error that persists is raised with the index. Which errors
+# are transient is the storage's call (loadr.storage.transient).
 READ_RETRY_DELAYS_S = (0.05, 0.25)
-_TRANSIENT_ERRNOS = {errno.EIO, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE}
 
 
 def value_spec(value) -> tuple[np.dtype, tuple]:
@@ -85,10 +85,7 @@ class Cancelled(Exception):
 
 
 def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, OSError) and getattr(exc, 'errno', None) in _TRANSIENT_ERRNOS:
-        return True
-    cause = exc.__cause__
-    return isinstance(cause, OSError) and cause.errno in _TRANSIENT_ERRNOS
+    return transient(exc)
 
 
 class Assembler:
@@ -214,8 +211,9 @@ class Assembler:
             except Exception as exc:
                 if self.on_error != 'skip':
                     raise SampleFailure(exc, index, start + row) from exc
-                log.warning('loadr: replacing datapoint %d (position %d): %r',
-                            index, start + row, exc)
+                # The one log line of a replacement (the Loader only counts them).
+                log.warning('loadr: datapoint %d (position %d) failed and was replaced '
+                            '(on_error=skip): %s: %s', index, start + row, type(exc).__name__, exc)
                 replaced.append(index)
                 self._write(self._substitute(index, seed, order.n), row, index, arrays, extras)
         return extras, replaced

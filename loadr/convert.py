@@ -37,6 +37,7 @@ import msgpack
 
 from .errors import ConfigError
 from .readers import BagReader, FFRecordReader, GulpReader, detect
+from .storage import storage_for
 
 __all__ = ['TARGETS', 'Plan', 'plan_conversion', 'convert', 'open_source', 'infer_type']
 
@@ -181,7 +182,7 @@ def plan_conversion(source: Source | str, dst: str | os.PathLike, target: str,
     dst = os.fspath(dst)
     if target not in TARGETS:
         raise ConfigError(f'unknown target format {target!r}; use one of {", ".join(TARGETS)}')
-    if os.path.lexists(dst):
+    if storage_for(dst).exists(dst):
         raise ConfigError('the output already exists; remove it or pick another path', dst)
     types = source.types
     if keys:

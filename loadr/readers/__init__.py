@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from ..errors import FormatError
+from ..storage import storage_for
 from . import bag, ffrecord, gulp
 from .bag import BagReader
 from .base import Files, Format, Problem, Reader, check_index
@@ -39,7 +40,7 @@ def detect(path: str | os.PathLike) -> Format:
     'gulp'
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
+    if not storage_for(path).exists(path):
         raise FormatError('no such file or directory', path)
     for fmt in formats():
         if fmt.detect(path):

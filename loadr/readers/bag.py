@@ -40,10 +40,10 @@ from __future__ import annotations
 
 import array
 import bisect
+import errno
 import json
 import os
 import re
-import shutil
 import struct
 import sys
 from collections.abc import Mapping
@@ -53,9 +53,9 @@ import msgpack
 import numpy as np
 
 from .. import codecs
-from ..errors import ConfigError, DecodeError, FormatError, LoadrError, WriterError
-from . import staging
-from .base import Files, Format, Problem, Reader, check_index, read_error
+from ..errors import ConfigError, DecodeError, FormatError, LoadrError, ReadError, WriterError
+from ..storage import Storage, WriteFile, storage_for
+from .base import Format, Problem, Reader, check_index
 
 __all__ = ['Bag', 'BagFileWriter', 'BagReader', 'BagWriter', 'FORMAT', 'check', 'detect',
            'parse_type']
@@ -110,7 +110,7 @@ def _spec_problem(spec) -> str | None:
 
 
 class Bag:
-    """One bag file (version 1 or 2), read with ``pread`` through :class:`Files`.
+    """One bag file (version 1 or 2), read through a :mod:`loadr.storage` storage.
 
     ``len(bag)`` records; ``bag[i]`` is record i's bytes; ``read_range(a, b)``
     reads records ``a .. b-1`` with one read. ``version``, ``index_offset``
@@ -125,10 +125,10 @@ class Bag:
         first, rest = bag[0], bag.read_range(1, len(bag))
     """
 
-    def __init__(self, path: str | os.PathLike, files: Files | None = None,
+    def __init__(self, path: str | os.PathLike, files: Storage | None = None,
                  cache_index: bool = False, cache_data: bool = False):
         self.path = os.fspath(path)
-        self._files = files if files is not None else Files()
+        self._files = files if files is not None else storage_for(self.path)
         self.cache_index = cache_index
         self.cache_data = cache_data
         self._table = None       # per-process caches, filled lazily
@@ -278,21 +278,22 @@ class BagFileWriter:
             w.append(b'\\x01')
     """
 
-    def __init__(self, path: str | os.PathLike, version: int = 2, atomic: bool = True):
+    def __init__(self, path: str | os.PathLike, version: int = 2, atomic: bool = True,
+                 out: WriteFile | None = None):
         if version not in (1, 2):
             raise WriterError(f'bag version must be 1 or 2, not {version!r}', path)
         self.path = os.fspath(path)
         self.version = version
-        if os.path.lexists(self.path):
+        storage = storage_for(self.path)
+        if out is None and storage.exists(self.path):
             raise WriterError('refusing to overwrite an existing file', self.path)
-        self._atomic = atomic
-        if atomic:
-            staging.reclaim(self.path)
-            self._tmp = staging.make(self.path)
-            self._file = open(self._tmp, 'wb')
-        else:
-            self._tmp = self.path
-            self._file = open(self.path, 'xb')
+        # atomic: a staged file renamed into place; else a new file written in place
+        # (``out``, e.g. inside a directory that is itself staged).
+        self._atomic = atomic and out is None
+        if out is None:
+            out = storage.open_write(self.path) if atomic else WriteFile(self.path, exclusive=True)
+        self._file = out
+        self._tmp = out.path
         self._ends = array.array('Q')
         self._offset = 0
         self.closed = False
@@ -328,23 +329,16 @@ class BagFileWriter:
         if sys.byteorder == 'big':
             table.byteswap()
         self._file.write(table.tobytes())
-        self._file.close()
         self.closed = True
         if self._atomic:
-            if os.path.lexists(self.path):
-                os.unlink(self._tmp)
-                raise WriterError('the file appeared while it was being written', self.path)
-            os.replace(self._tmp, self.path)
+            self._file.commit(overwrite=False)
+        else:
+            self._file.close()
 
     def abort(self) -> None:
         """Stop and remove what was written."""
-        if not self.closed:
-            self._file.close()
-            self.closed = True
-        try:
-            os.unlink(self._tmp)
-        except FileNotFoundError:
-            pass
+        self.closed = True
+        self._file.discard()
 
     def __enter__(self):
         return self
@@ -360,16 +354,15 @@ class BagFileWriter:
 # Datasets and shards on disk
 
 
-def _read_spec(directory: str) -> list[tuple[str, str]]:
-    """The (key, type) pairs of ``directory/spec.json`` in file order, validated."""
+def _read_spec(storage: Storage, directory: str) -> tuple[list[tuple[str, str]], int]:
+    """The (key, type) pairs of ``directory/spec.json`` in file order, validated; its size."""
     path = os.path.join(directory, SPEC_NAME)
     try:
-        with open(path, 'rb') as f:
-            raw = f.read(SPEC_MAX_BYTES + 1)
-    except FileNotFoundError:
-        raise FormatError('missing spec.json: not a bag dataset', path) from None
-    except OSError as exc:      # permission, EIO: the system failed, not the format
-        raise read_error(exc, path, None) from exc
+        raw = storage.read_all(path, max_bytes=SPEC_MAX_BYTES)
+    except ReadError as exc:    # permission, EIO: the system failed, not the format
+        if getattr(exc, 'errno', None) == errno.ENOENT:
+            raise FormatError('missing spec.json: not a bag dataset', path) from None
+        raise
     if len(raw) > SPEC_MAX_BYTES:
         raise FormatError(f'spec.json is larger than {SPEC_MAX_BYTES} bytes', path)
 
@@ -389,27 +382,32 @@ def _read_spec(directory: str) -> list[tuple[str, str]]:
     problem = _spec_problem(spec)
     if problem:
         raise FormatError(f'spec.json: {problem}', path)
-    return list(spec.items())
+    return list(spec.items()), len(raw)
 
 
-def _list_shards(path: str) -> tuple[list[str], list[Problem], list[Problem]]:
+def _list_shards(storage: Storage, path: str
+                 ) -> tuple[list[str], list[Problem], list[Problem]]:
     """The dataset directories under ``path`` in order, what makes the layout unreadable,
     and what else is odd about it (entries that are not shards)."""
-    if not os.path.isdir(path):
+    if not storage.isdir(path):
         return [], [Problem(path, None, 'not a directory')], []
-    if os.path.isfile(os.path.join(path, SPEC_NAME)):
+    if storage.isfile(os.path.join(path, SPEC_NAME)):
         return [path], [], []
     shards, fatal, odd = {}, [], []
-    for name in sorted(os.listdir(path)):
+    try:
+        names = storage.list(path)
+    except LoadrError as exc:
+        return [], [Problem(path, None, exc.message)], []
+    for name in names:
         full = os.path.join(path, name)
-        if SHARD_NAME.match(name) and name == f'{int(name):06}' and os.path.isdir(full):
+        if SHARD_NAME.match(name) and name == f'{int(name):06}' and storage.isdir(full):
             shards[int(name)] = full
         elif not name.startswith('.'):
             # granular's ShardedDatasetReader takes every entry for a shard number.
             odd.append(Problem(full, None, 'not a shard directory (000000, 000001, …); '
                                            "granular's reader would fail on it"))
     if not shards:
-        if any(name.endswith('.bag') for name in os.listdir(path)):
+        if any(name.endswith('.bag') for name in names):
             fatal.append(Problem(os.path.join(path, SPEC_NAME), None,
                                  'missing spec.json: bag files without their spec (an '
                                  'interrupted write?)'))
@@ -431,8 +429,10 @@ def _list_shards(path: str) -> tuple[list[str], list[Problem], list[Problem]]:
 class _Dataset:
     """One dataset directory: its spec, its bags, and how to read a datapoint."""
 
-    def __init__(self, path: str, spec: list[tuple[str, str]], bags: dict, start: int):
+    def __init__(self, path: str, spec: list[tuple[str, str]], bags: dict, start: int,
+                 spec_size: int = 0):
         self.path = path
+        self.spec_size = spec_size        # bytes of spec.json
         self.spec = spec                  # (key, type) in spec.json order = refs order
         self.bags = bags                  # 'refs' and every key -> Bag (None: unusable)
         self.start = start                # global index of datapoint 0
@@ -440,19 +440,19 @@ class _Dataset:
         self._last_refs = None            # (local index, refs), per process
 
     @classmethod
-    def open(cls, path: str, files: Files, cache_index: bool, cache_keys: Sequence[str],
+    def open(cls, path: str, files: Storage, cache_index: bool, cache_keys: Sequence[str],
              start: int) -> _Dataset:
-        spec = _read_spec(path)
+        spec, spec_size = _read_spec(files, path)
         bags = {}
         for key in (REFS_KEY, *(k for k, _ in spec)):
             bag_path = os.path.join(path, f'{key}.bag')
-            if not os.path.isfile(bag_path):
+            if not files.isfile(bag_path):
                 raise FormatError(f'missing bag file for key {key!r}', bag_path)
             bags[key] = Bag(bag_path, files, cache_index, key in cache_keys)
         problem = _empty_refs_problem(bags)
         if problem:
             raise FormatError(problem, bags[REFS_KEY].path)
-        return cls(path, spec, bags, start)
+        return cls(path, spec, bags, start, spec_size)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -619,7 +619,8 @@ class BagReader(Reader):
     pickled. ``decode_images=False`` leaves ``jpg``/``png`` values (and
     their sequence elements) as their encoded bytes. ``size`` is the bytes
     of every bag and spec.json. Subclasses may set ``files_class`` to a
-    :class:`Files` subclass (for example one that counts reads).
+    storage class (for example a :class:`~loadr.storage.LocalStorage`
+    subclass that counts reads); by default the path's storage is used.
 
     Example::
 
@@ -628,18 +629,21 @@ class BagReader(Reader):
         r[1, {'frames': [0, 3], 'idx': True}]        # frames 0..3 in one read, picks 0 and 3
     """
 
-    files_class = Files
+    files_class: type | None = None
+    format_name = 'bag'
 
     def __init__(self, path: str | os.PathLike, cache_index: bool = True,
-                 cache_keys: Sequence[str] = (), decode_images: bool = True):
+                 cache_keys: Sequence[str] = (), decode_images: bool = True,
+                 storage_options: dict | None = None):
         self.path = os.fspath(path)
         if isinstance(cache_keys, str) or not all(isinstance(k, str) for k in cache_keys):
             raise ConfigError(f'cache_keys must be a list of key names, not {cache_keys!r}')
         self.cache_index = bool(cache_index)
         self.cache_keys = tuple(cache_keys)
         self.decode_images = bool(decode_images)
-        self._files = self.files_class()
-        dirs, fatal, _ = _list_shards(self.path)
+        self._files = (storage_for(self.path, storage_options) if self.files_class is None
+                       else self.files_class())
+        dirs, fatal, _ = _list_shards(self._files, self.path)
         if fatal:
             raise FormatError(fatal[0].message, fatal[0].path)
         self._shards: list[_Dataset] = []
@@ -659,8 +663,14 @@ class BagReader(Reader):
         if unknown:
             raise ConfigError(f'cache_keys names {unknown[0]!r}, which is not in the spec '
                               f'{sorted(self.spec)} (or "refs")')
-        self.size = sum(os.path.getsize(os.path.join(s.path, SPEC_NAME))
-                        + sum(b.size for b in s.bags.values()) for s in self._shards)
+        self.size = sum(self._identity_files().values())
+
+    def _identity_files(self) -> dict[str, int]:
+        out = {}
+        for s in self._shards:
+            out[os.path.join(s.path, SPEC_NAME)] = s.spec_size
+            out.update((b.path, b.size) for b in s.bags.values())
+        return out
 
     @property
     def spec(self) -> dict:
@@ -736,14 +746,11 @@ class BagWriter:
         self.spec = dict(sorted(spec.items()))
         self._types = {k: parse_type(t) for k, t in self.spec.items()}
         self.shardlen = shardlen
-        if os.path.lexists(self.path) and (not os.path.isdir(self.path)
-                                           or os.listdir(self.path)):
+        if storage_for(self.path).occupied(self.path):
             raise WriterError('refusing to write into an existing non-empty path', self.path)
-        parent = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(parent, exist_ok=True)
-        staging.reclaim(self.path)
-        self._tmp = staging.make(self.path, directory=True)
-        self._dataset_dirs: list[str] = []
+        self._out = storage_for(self.path).stage_dir(self.path, parents=True)
+        self._tmp = self._out.path
+        self._dataset_dirs: list[str] = []       # relative to the staged directory
         self._bags: dict[str, BagFileWriter] | None = None
         self._shard_count = 0          # datapoints in the open shard
         self._length = 0
@@ -754,13 +761,15 @@ class BagWriter:
 
     def _open_shard(self) -> None:
         if self.shardlen is None:
-            directory = self._tmp
+            directory = ''
         else:
-            directory = os.path.join(self._tmp, f'{len(self._dataset_dirs):06}')
-            os.mkdir(directory)
+            directory = f'{len(self._dataset_dirs):06}'
+            self._out.mkdir(directory)
         self._dataset_dirs.append(directory)
-        self._bags = {key: BagFileWriter(os.path.join(directory, f'{key}.bag'), atomic=False)
-                      for key in (REFS_KEY, *self.spec)}
+        self._bags = {}
+        for key in (REFS_KEY, *self.spec):
+            name = os.path.join(directory, f'{key}.bag')
+            self._bags[key] = BagFileWriter(self._out.join(name), out=self._out.open_write(name))
         self._shard_count = 0
 
     def _close_shard(self) -> None:
@@ -837,14 +846,8 @@ class BagWriter:
                 self._close_shard()
             spec_json = json.dumps(self.spec).encode('utf-8')   # granular's exact bytes
             for directory in self._dataset_dirs:
-                with open(os.path.join(directory, SPEC_NAME), 'wb') as f:
-                    f.write(spec_json)
-            if os.path.lexists(self.path):
-                if not os.path.isdir(self.path) or os.listdir(self.path):
-                    raise WriterError('the target appeared, non-empty, while writing',
-                                      self.path)
-                os.rmdir(self.path)
-            os.rename(self._tmp, self.path)
+                self._out.write_file(os.path.join(directory, SPEC_NAME), spec_json)
+            self._out.commit()
         except BaseException:
             self.abort()
             raise
@@ -856,7 +859,7 @@ class BagWriter:
             for bag in self._bags.values():
                 bag.abort()
             self._bags = None
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._out.abort()
         self.closed = True
 
     def __enter__(self):
@@ -881,12 +884,14 @@ def detect(path: str) -> bool:
     """
     try:
         path = os.fspath(path)
-        if not os.path.isdir(path):
+        storage = storage_for(path)
+        if not storage.isdir(path):
             return False
-        if os.path.isfile(os.path.join(path, SPEC_NAME)):
+        if storage.isfile(os.path.join(path, SPEC_NAME)):
             return True
-        return any(SHARD_NAME.match(name) and os.path.isfile(os.path.join(path, name, SPEC_NAME))
-                   for name in os.listdir(path))
+        return any(SHARD_NAME.match(name)
+                   and storage.isfile(os.path.join(path, name, SPEC_NAME))
+                   for name in storage.list(path))
     except Exception:       # detection never raises, whatever the path is
         return False
 
@@ -895,11 +900,11 @@ def _problem(exc: LoadrError, path: str, index: int | None = None) -> Problem:
     return Problem(exc.path or path, exc.index if exc.index is not None else index, exc.message)
 
 
-def _check_dataset(directory: str, start: int, first_spec: dict | None,
+def _check_dataset(files: Storage, directory: str, start: int, first_spec: dict | None,
                    problems: list[Problem]) -> tuple[int, dict | None]:
     """Append the problems of one dataset directory; returns (datapoints, spec)."""
     try:
-        spec = _read_spec(directory)
+        spec, _ = _read_spec(files, directory)
     except LoadrError as exc:           # FormatError, or ReadError (e.g. EACCES)
         problems.append(_problem(exc, directory))
         return 0, first_spec
@@ -907,12 +912,11 @@ def _check_dataset(directory: str, start: int, first_spec: dict | None,
     if first_spec is not None and spec_dict != first_spec:
         problems.append(Problem(os.path.join(directory, SPEC_NAME), None,
                                 f'spec differs from the first shard\'s {first_spec}'))
-    files = Files()
     bags = {}
     for key in (REFS_KEY, *spec_dict):
         bag_path = os.path.join(directory, f'{key}.bag')
         bags[key] = None
-        if not os.path.isfile(bag_path):
+        if not files.isfile(bag_path):
             problems.append(Problem(bag_path, None, f'missing bag file for key {key!r}'))
             continue
         try:
@@ -921,7 +925,12 @@ def _check_dataset(directory: str, start: int, first_spec: dict | None,
             bags[key] = bag
         except LoadrError as exc:
             problems.append(_problem(exc, bag_path))
-    for name in sorted(os.listdir(directory)):
+    try:
+        names = files.list(directory)
+    except LoadrError as exc:
+        problems.append(_problem(exc, directory))
+        names = []
+    for name in names:
         if name.endswith('.bag') and name[:-4] not in bags:
             problems.append(Problem(os.path.join(directory, name), None,
                                     'bag file of a key that is not in spec.json'))
@@ -945,7 +954,7 @@ def _check_dataset(directory: str, start: int, first_spec: dict | None,
                 dataset.read(local, {key: True}, decode_images=True)
             except LoadrError as exc:
                 problems.append(_problem(exc, directory, start + local))
-    files.close()
+    files.close()           # one shard's descriptors at a time
     return len(dataset), first_spec or spec_dict
 
 
@@ -963,12 +972,19 @@ def check(path: str | os.PathLike) -> list[Problem]:
     []
     """
     path = os.fspath(path)
-    dirs, fatal, odd = _list_shards(path)
+    try:
+        files = storage_for(path)
+    except LoadrError as exc:
+        return [_problem(exc, path)]
+    dirs, fatal, odd = _list_shards(files, path)
     problems = fatal + odd
     start, spec = 0, None
-    for directory in dirs:
-        count, spec = _check_dataset(directory, start, spec, problems)
-        start += count
+    try:
+        for directory in dirs:
+            count, spec = _check_dataset(files, directory, start, spec, problems)
+            start += count
+    finally:
+        files.close()
     return problems
 
 

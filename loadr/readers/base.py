@@ -13,8 +13,12 @@ The contract every reader keeps (and ``tests/readers/common.py`` checks):
   faster.
 - Deterministic: the same index gives the same bytes, from any process.
 - Picklable: files are opened lazily, once per process; no file handle
-  crosses a process boundary. Reads use ``os.pread`` so threads and forked
-  children never share a file position.
+  crosses a process boundary. Every byte is read through the storage of
+  :mod:`loadr.storage` (locally ``os.pread``, so threads and forked children
+  never share a file position), which also notices a file replaced after
+  the reader was made, in every process.
+- ``r.identity()`` is a small JSON-able dict naming what is read (format,
+  files relative to the dataset root, sizes, datapoints), cheap to compute.
 - Every failure on bad data raises a :mod:`loadr.errors` error that names the
   file and the index.
 
@@ -28,13 +32,18 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import errno
+import hashlib
+import json
 import os
 from typing import Any, Callable, Iterable, Sequence
 
-from ..errors import FormatError, ReadError
+from ..storage import LocalStorage as Files
+from ..storage import read_error
 
 __all__ = ['Reader', 'Files', 'Format', 'Problem', 'check_index', 'read_error']
+
+# Above this many files, identity() lists them by a hash of their names and sizes.
+IDENTITY_MAX_FILES = 16
 
 
 def check_index(i: Any, n: int) -> int:
@@ -49,93 +58,6 @@ def check_index(i: Any, n: int) -> int:
     if not 0 <= i < n:
         raise IndexError(f'index {i} out of range for {n} datapoints')
     return i
-
-
-class Files:
-    """Per-process cache of read-only file descriptors, read with ``pread``.
-
-    Picklable: the descriptors stay behind and the copy opens its own on
-    first use. After ``fork`` the child notices the new pid and reopens.
-
-    Example::
-
-        files = Files()
-        header = files.read('data.ffr', 0, 12)
-    """
-
-    def __init__(self):
-        self._fds: dict[str, int] = {}
-        self._pid = os.getpid()
-
-    def __getstate__(self):
-        return {}
-
-    def __setstate__(self, state):
-        self.__init__()
-
-    def fd(self, path: str, index: int | None = None) -> int:
-        """The cached descriptor of ``path``; ReadError (naming ``index``) if it cannot open."""
-        if self._pid != os.getpid():
-            self._fds = {}
-            self._pid = os.getpid()
-        fd = self._fds.get(path)
-        if fd is None:
-            try:
-                fd = os.open(path, os.O_RDONLY | getattr(os, 'O_CLOEXEC', 0))
-            except OSError as exc:
-                raise read_error(exc, path, index) from exc
-            self._fds[path] = fd
-        return fd
-
-    def size(self, path: str) -> int:
-        fd = self.fd(path)          # raises its own ReadError; wrapping it again doubled the text
-        try:
-            return os.fstat(fd).st_size
-        except OSError as exc:
-            raise read_error(exc, path, None) from exc
-
-    def read(self, path: str, offset: int, length: int, index: int | None = None) -> bytes:
-        """Read exactly ``length`` bytes at ``offset``; a short read is a FormatError."""
-        if offset < 0 or length < 0:
-            raise FormatError(f'negative offset {offset} or length {length}', path, index)
-        fd = self.fd(path, index)
-        try:
-            data = os.pread(fd, length, offset)
-            while len(data) < length:
-                more = os.pread(fd, length - len(data), offset + len(data))
-                if not more:
-                    break
-                data += more
-        except OSError as exc:
-            raise read_error(exc, path, index) from exc
-        if len(data) != length:
-            raise FormatError(
-                f'file is truncated: wanted {length} bytes at offset {offset}, '
-                f'got {len(data)}', path, index)
-        return data
-
-    def close(self) -> None:
-        if self._pid == os.getpid():
-            for fd in self._fds.values():
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self._fds = {}
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-def read_error(exc: OSError, path: str, index: int | None) -> ReadError:
-    """A ReadError for an OSError, naming the file, the index and the errno."""
-    name = errno.errorcode.get(exc.errno or 0, 'error')
-    err = ReadError(f'cannot read ({name}): {exc.strerror or exc}', path, index)
-    err.errno = exc.errno
-    return err
 
 
 class Reader:
@@ -174,6 +96,37 @@ class Reader:
     def __iter__(self):
         for i in range(len(self)):
             yield self[i]
+
+    # The format's name in the table of loadr.readers; each reader sets it.
+    format_name: str = ''
+
+    def _identity_files(self) -> dict[str, int]:  # pragma: no cover - abstract
+        """``{path: size in bytes}`` of every file the reader reads, as it saw them when made."""
+        raise NotImplementedError
+
+    def identity(self) -> dict:
+        """What this reader reads, small and JSON-able: format, datapoints, files and sizes.
+
+        Paths are relative to the dataset (a directory, or the directory of a
+        single file), so a dataset that moves keeps its identity. Nothing is
+        hashed but the list of names (when there are more than
+        :data:`IDENTITY_MAX_FILES` files): computing it costs no read.
+
+        >>> import loadr
+        >>> loadr.open('../shared/fixtures/ffrecord/single.ffr').identity()
+        {'format': 'ffrecord', 'datapoints': 20, 'files': {'single.ffr': 144202}}
+        """
+        root = self.path if self._files.isdir(self.path) else os.path.dirname(self.path)
+        files = {os.path.relpath(p, root).replace(os.sep, '/'): int(size)
+                 for p, size in sorted(self._identity_files().items())}
+        out = {'format': self.format_name, 'datapoints': len(self)}
+        if len(files) <= IDENTITY_MAX_FILES:
+            out['files'] = files
+        else:
+            listing = json.dumps(sorted(files.items()), separators=(',', ':')).encode()
+            out.update(file_count=len(files), bytes=sum(files.values()),
+                       files_sha256=hashlib.sha256(listing).hexdigest())
+        return out
 
     def close(self) -> None:
         files = getattr(self, '_files', None)

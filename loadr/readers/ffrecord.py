@@ -39,8 +39,8 @@ import numpy as np
 
 from ..errors import ChecksumError, ConfigError, DecodeError, FormatError, LoadrError, \
     SpecError, WriterError
-from . import staging
-from .base import Files, Format, Problem, Reader, check_index
+from ..storage import Storage, storage_for
+from .base import Format, Problem, Reader, check_index
 
 __all__ = ['FFRecordReader', 'FFRecordWriter', 'FORMAT', 'check', 'detect']
 
@@ -91,7 +91,7 @@ class _Header:
         self.bound_at = memoryview(self.bounds).cast('B').cast('q')
 
 
-def _read_table(files: Files, path: str):
+def _read_table(files: Storage, path: str):
     """Read the preamble and the table: (meta_crc, n, crcs, offsets, size, table bytes).
 
     N is checked against the file size before anything is allocated for it.
@@ -138,7 +138,7 @@ def _bad_offsets(n: int, offsets: np.ndarray, size: int) -> tuple[np.ndarray, li
     return where, reasons
 
 
-def _load_header(files: Files, path: str, file_index: int, base: int,
+def _load_header(files: Storage, path: str, file_index: int, base: int,
                  check_data: bool) -> _Header:
     """Read and validate one file's header; raises FormatError or ChecksumError."""
     meta_crc, n, crcs, offsets, size, covered = _read_table(files, path)
@@ -166,17 +166,18 @@ def _load_header(files: Files, path: str, file_index: int, base: int,
     return _Header(path, file_index, base, n, meta_crc, crcs, bounds)
 
 
-def _list_files(path: str) -> list[str]:
+def _list_files(storage: Storage, path: str) -> list[str]:
     """The ``.ffr`` files of ``path`` in index order: itself, or a directory's, by name."""
-    if os.path.isdir(path):
+    if storage.isdir(path):
         try:
-            names = sorted(e.name for e in os.scandir(path)
-                           if e.name.endswith(SUFFIX) and e.is_file())
-        except OSError as exc:
-            raise FormatError(f'cannot list directory: {exc}', path) from exc
-        if not names:
+            names = [n for n in storage.list(path) if n.endswith(SUFFIX)]
+        except LoadrError as exc:
+            raise FormatError(f'cannot list directory: {exc.message}', path) from exc
+        files = [os.path.join(path, name) for name in names]
+        files = [f for f in files if storage.isfile(f)]
+        if not files:
             raise FormatError(f'directory holds no *{SUFFIX} files', path)
-        return [os.path.join(path, name) for name in names]
+        return files
     return [path]
 
 
@@ -258,7 +259,8 @@ class FFRecordReader(Reader):
       value becomes ``{'data': value}``
 
     The headers are validated when the reader is made, and read again
-    (once) in each process the reader is pickled to.
+    (once) in each process the reader is pickled to. ``storage_options``
+    go to the storage of a URL (:func:`loadr.storage.storage_for`).
 
     Example::
 
@@ -266,9 +268,13 @@ class FFRecordReader(Reader):
         r.n, r[0]['label'], r.read([3, 1])
     """
 
+    format_name = 'ffrecord'
+
     def __init__(self, path: str | os.PathLike, check_data: bool = True,
-                 decode: None | str | Callable[[bytes], Any] = None):
+                 decode: None | str | Callable[[bytes], Any] = None,
+                 storage_options: dict | None = None):
         self.path = os.fspath(path)
+        self._files = storage_for(self.path, storage_options)
         self.check_data = bool(check_data)
         if decode is not None and not callable(decode):
             if not isinstance(decode, str):
@@ -278,8 +284,7 @@ class FFRecordReader(Reader):
                 raise ConfigError(f'unknown decode {decode!r}; use None, '
                                   f'{", ".join(map(repr, DECODERS))} or a callable')
         self.decode = decode
-        self.files = _list_files(self.path)
-        self._files = Files()
+        self.files = _list_files(self._files, self.path)
         self._headers: list[_Header] | None = None
         self._spec: dict | None = None
         headers = self._load()
@@ -308,6 +313,9 @@ class FFRecordReader(Reader):
                 base += h.n
             self._headers = headers
         return headers
+
+    def _identity_files(self) -> dict[str, int]:
+        return {h.path: int(h.bounds[-1]) for h in self._load()}
 
     def _locate(self, index: int) -> tuple[_Header, int]:
         headers = self._load()
@@ -390,24 +398,26 @@ class FFRecordReader(Reader):
             h = headers[k]
             base, bound_at, crc_at, check = h.base, h.bound_at, h.crc_at, self.check_data
             locals_sorted = sorted(set(globals_) if base == 0 else {g - base for g in globals_})
-            fd = self._files.fd(h.path, base + locals_sorted[0])
             lone, stretches = _lone_and_adjacent(locals_sorted)
             for stretch in stretches:
                 self._read_adjacent(h, stretch, found)
-            # Lone samples, the common case of a random batch, read inline.
-            # Anything amiss (an OSError, a short read, a CRC mismatch) is
-            # read again by _sample, which raises the error naming the file
-            # and the index, or returns the data if the trouble has passed.
-            pread, crc32 = os.pread, zlib.crc32
-            for local in lone:
-                start, end = bound_at[local], bound_at[local + 1]
-                try:
-                    data = pread(fd, end - start, start)
-                except OSError:
-                    data = b''
-                if len(data) != end - start or (check and crc32(data) != crc_at[local]):
-                    data = self._sample(h, local)
-                found[base + local] = data
+            # Lone samples, the common case of a random batch, in one
+            # read_many (which names the file and index of a failed read).
+            # A CRC mismatch is read again by _sample, which raises naming
+            # the sample, or returns the data if the trouble has passed.
+            path = h.path
+            datas = self._files.read_many([
+                (path, bound_at[local], bound_at[local + 1] - bound_at[local], base + local)
+                for local in lone])
+            if check:
+                crc32 = zlib.crc32
+                for local, data in zip(lone, datas):
+                    if crc32(data) != crc_at[local]:
+                        data = self._sample(h, local)
+                    found[base + local] = data
+            else:
+                for local, data in zip(lone, datas):
+                    found[base + local] = data
         return [found[g] for g in wanted]
 
     def _read_adjacent(self, h: _Header, stretch: list[int], found: dict) -> None:
@@ -528,21 +538,16 @@ class FFRecordWriter:
         self.path = os.fspath(path)
         self.n = n
         self.count = 0
-        # Hidden and not ending in .ffr: a directory reader never picks it up.
-        staging.reclaim(self.path)
-        try:
-            self._tmp = staging.make(self.path)
-        except OSError as exc:
-            raise WriterError(f'cannot create a temporary file beside it: '
-                              f'{exc.strerror or exc}', self.path) from exc
         self._crcs = np.zeros(n, '<u4')
         self._offsets = np.zeros(n, '<i8')
         self._pos = header_bytes(n)
-        self._fd: int | None = os.open(self._tmp, os.O_WRONLY | getattr(os, 'O_CLOEXEC', 0))
+        # Hidden and not ending in .ffr: a directory reader never picks it up.
+        self._out = storage_for(self.path).open_write(self.path)
+        self._tmp = self._out.path
 
     def write_one(self, data: bytes | bytearray | memoryview) -> None:
         """Append one sample. Example: ``w.write_one(msgpack.packb({'label': 3}))``."""
-        if self._fd is None:
+        if self._out is None:
             raise WriterError('writer is closed', self.path, self.count)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise WriterError(f'a sample must be bytes, bytearray or memoryview, '
@@ -557,15 +562,13 @@ class FFRecordWriter:
         view = view.cast('B')
         self._crcs[self.count] = zlib.crc32(view)
         self._offsets[self.count] = self._pos
-        written = 0
-        while written < len(view):
-            written += os.pwrite(self._fd, view[written:], self._pos + written)
+        self._out.pwrite(view, self._pos)
         self._pos += len(view)
         self.count += 1
 
     def close(self) -> None:
         """Fill the header and rename into place; WriterError (and no file) if short of ``n``."""
-        if self._fd is None:
+        if self._out is None:
             return
         if self.count != self.n:
             self.abort()
@@ -574,29 +577,18 @@ class FFRecordWriter:
         body = struct.pack('<q', self.n) + self._crcs.tobytes() + self._offsets.tobytes()
         header = struct.pack('<I', zlib.crc32(body)) + body
         try:
-            written = 0
-            while written < len(header):
-                written += os.pwrite(self._fd, header[written:], written)
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = None
-            os.replace(self._tmp, self.path)
+            self._out.pwrite(header, 0)
+            self._out.commit()
+            self._out = None
         except BaseException:
             self.abort()
             raise
 
     def abort(self) -> None:
         """Stop and remove the temporary file; ``path`` is left untouched."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        try:
-            os.unlink(self._tmp)
-        except FileNotFoundError:
-            pass
+        out, self._out = self._out, None
+        if out is not None:
+            out.abort()
 
     def __enter__(self):
         return self
@@ -610,7 +602,7 @@ class FFRecordWriter:
 
     def __del__(self):
         try:
-            if getattr(self, '_fd', None) is not None:
+            if getattr(self, '_out', None) is not None:
                 self.abort()
         except Exception:
             pass
@@ -624,10 +616,10 @@ def check(path: str | os.PathLike) -> list[Problem]:
     """
     path = os.fspath(path)
     try:
-        paths = _list_files(path)
+        files = storage_for(path)
+        paths = _list_files(files, path)
     except LoadrError as exc:
         return [Problem(exc.path or path, exc.index, exc.message)]
-    files = Files()
     problems: list[Problem] = []
     base = 0
     try:
@@ -638,7 +630,7 @@ def check(path: str | os.PathLike) -> list[Problem]:
     return problems
 
 
-def _check_file(files: Files, path: str, base: int, problems: list[Problem]) -> int:
+def _check_file(files: Storage, path: str, base: int, problems: list[Problem]) -> int:
     """Append this file's problems; return its sample count (0 if the header is unreadable)."""
     try:
         meta_crc, n, crcs, offsets, size, covered = _read_table(files, path)
@@ -693,12 +685,13 @@ def detect(path: str | os.PathLike) -> bool:
     """
     try:
         path = os.fspath(path)
-        if os.path.isfile(path):
+        storage = storage_for(path)
+        if storage.isfile(path):
             return path.endswith(SUFFIX)
-        if os.path.isdir(path):
-            with os.scandir(path) as entries:
-                return any(e.name.endswith(SUFFIX) and e.is_file() for e in entries)
-    except (OSError, TypeError, ValueError):
+        if storage.isdir(path):
+            return any(n.endswith(SUFFIX) and storage.isfile(os.path.join(path, n))
+                       for n in storage.list(path))
+    except Exception:       # detection never raises, whatever the path is
         return False
     return False
 

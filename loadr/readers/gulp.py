@@ -41,7 +41,6 @@ import json
 import os
 import pickle
 import re
-import shutil
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -49,8 +48,8 @@ import numpy as np
 from ..codecs import JPEG_QUALITY, decode_image, encode_image
 from ..errors import (ConfigError, DecodeError, FormatError, LoadrError, UnsafeFormatError,
                       WriterError)
-from . import staging
-from .base import Files, Format, Problem, Reader, read_error, check_index
+from ..storage import Storage, storage_for
+from .base import Format, Problem, Reader, check_index
 
 __all__ = ['GulpReader', 'GulpWriter', 'check', 'detect', 'FORMAT']
 
@@ -75,10 +74,11 @@ _PICKLE_ALLOWED = {
 # ----------------------------------------------------------------------------- layout
 
 class _Chunk:
-    __slots__ = ('k', 'data_path', 'meta_path')
+    __slots__ = ('k', 'data_path', 'meta_path', 'data_size', 'meta_size')
 
     def __init__(self, k: int, data_path: str, meta_path: str):
         self.k, self.data_path, self.meta_path = k, data_path, meta_path
+        self.data_size = self.meta_size = 0          # bytes, once the index is loaded
 
 
 class _Video:
@@ -88,18 +88,18 @@ class _Video:
         self.id, self.chunk, self.frames, self.meta = id_, chunk, frames, meta
 
 
-def _list_chunks(path: str) -> tuple[list[_Chunk], list[tuple[str, str]]]:
+def _list_chunks(storage: Storage, path: str) -> tuple[list[_Chunk], list[tuple[str, str]]]:
     """The chunks of a gulp directory in numeric order, and (file, problem) pairs.
 
     Every pair that does not match, every gap and every unparseable chunk
     name is a problem; the chunks returned are the complete pairs.
     """
-    if not os.path.isdir(path):
+    if not storage.isdir(path):
         return [], [(path, 'not a directory (a gulp dataset is a directory of chunk files)')]
     try:
-        names = os.listdir(path)
-    except OSError as exc:
-        return [], [(path, f'cannot list the directory: {exc.strerror or exc}')]
+        names = storage.list(path)
+    except LoadrError as exc:
+        return [], [(path, f'cannot list the directory: {exc.message}')]
     problems: list[tuple[str, str]] = []
     data: dict[int, str] = {}
     meta: dict[int, str] = {}
@@ -171,13 +171,13 @@ class _GulpUnpickler(pickle.Unpickler):
                 self._meta_path) from None
 
 
-def _load_gmeta(meta_path: str, allow_pickle: bool) -> dict:
+def _load_gmeta(storage: Storage, meta_path: str, allow_pickle: bool) -> dict:
     """The ``{id: entry}`` mapping of one ``.gmeta`` file, in file order."""
-    try:
-        with open(meta_path, 'rb') as f:
-            raw = f.read()
-    except OSError as exc:
-        raise read_error(exc, meta_path, None) from exc
+    return _parse_gmeta(storage.read_all(meta_path), meta_path, allow_pickle)
+
+
+def _parse_gmeta(raw: bytes, meta_path: str, allow_pickle: bool) -> dict:
+    """The ``{id: entry}`` mapping of the bytes of a ``.gmeta`` file."""
     if not raw:
         raise FormatError('.gmeta file is empty', meta_path)
     if raw[:1] == PICKLE_PROTO_BYTE:
@@ -257,23 +257,19 @@ def _video_problems(id_: str, entry: Any, chunk: _Chunk, gulp_size: int
         yield chunk.meta_path, f'{what}: meta_data is missing or not a non-empty list'
 
 
-def _file_size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError as exc:
-        raise read_error(exc, path, None) from exc
-
-
-def _load_index(path: str, allow_pickle: bool) -> tuple[list[_Video], dict[str, int]]:
+def _load_index(storage: Storage, path: str, allow_pickle: bool
+                ) -> tuple[list[_Video], dict[str, int]]:
     """Every video of the directory in datapoint order, validated; raises on the first problem."""
-    chunks, problems = _list_chunks(path)
+    chunks, problems = _list_chunks(storage, path)
     if problems:
         raise FormatError(problems[0][1], problems[0][0])
     videos: list[_Video] = []
     where: dict[str, int] = {}
     for chunk in chunks:
-        table = _load_gmeta(chunk.meta_path, allow_pickle)
-        gulp_size = _file_size(chunk.data_path)
+        raw = storage.read_all(chunk.meta_path)
+        table = _parse_gmeta(raw, chunk.meta_path, allow_pickle)
+        gulp_size = storage.size(chunk.data_path)
+        chunk.meta_size, chunk.data_size = len(raw), gulp_size
         for id_, entry in table.items():
             index = len(videos)
             for file, message in _video_problems(id_, entry, chunk, gulp_size):
@@ -355,32 +351,41 @@ class GulpReader(Reader):
         r.available(0)['frames']            # range(0, 5)
     """
 
+    format_name = 'gulp'
+
     def __init__(self, path: str | os.PathLike, decode_images: bool = True,
-                 allow_pickle: bool = False):
+                 allow_pickle: bool = False, storage_options: dict | None = None):
         self.path = os.fspath(path)
         self.decode_images = decode_images
         self.allow_pickle = allow_pickle
-        self._files = Files()
+        self._files = storage_for(self.path, storage_options)
         self._videos: list[_Video] | None = None
         self._where: dict[str, int] | None = None
         self._label2idx: Any = _UNSET
         self._index()
 
     def __getstate__(self):
-        # The index is rebuilt by each process from the files; only the options travel.
+        # The index is rebuilt by each process from the files; the options travel, and
+        # the storage (which remembers the files as this process first saw them).
         return {'path': self.path, 'decode_images': self.decode_images,
-                'allow_pickle': self.allow_pickle}
+                'allow_pickle': self.allow_pickle, '_files': self._files}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._files = Files()
         self._videos = self._where = None
         self._label2idx = _UNSET
 
     def _index(self) -> list[_Video]:
         if self._videos is None:
-            self._videos, self._where = _load_index(self.path, self.allow_pickle)
+            self._videos, self._where = _load_index(self._files, self.path, self.allow_pickle)
         return self._videos
+
+    def _identity_files(self) -> dict[str, int]:
+        out = {}
+        for chunk in {id(v.chunk): v.chunk for v in self._index()}.values():
+            out[chunk.data_path] = chunk.data_size
+            out[chunk.meta_path] = chunk.meta_size
+        return out
 
     def __len__(self) -> int:
         return len(self._index())
@@ -434,7 +439,7 @@ class GulpReader(Reader):
     def label2idx(self) -> dict | None:
         """The ``label2idx.json`` mapping, or None when the directory has none."""
         if self._label2idx is _UNSET:
-            self._label2idx = _load_label2idx(self.path)
+            self._label2idx = _load_label2idx(self._files, self.path)
         return self._label2idx
 
     def available(self, index: int) -> dict:
@@ -494,15 +499,11 @@ def _from_end(positions, n: int) -> list:
             and -n <= p < 0 else p for p in positions]
 
 
-def _load_label2idx(path: str) -> dict | None:
+def _load_label2idx(storage: Storage, path: str) -> dict | None:
     file = os.path.join(path, LABEL2IDX_NAME)
-    if not os.path.exists(file):
+    if not storage.exists(file):
         return None
-    try:
-        with open(file, 'rb') as f:
-            raw = f.read()
-    except OSError as exc:
-        raise read_error(exc, file, None) from exc
+    raw = storage.read_all(file)
     try:
         table = json.loads(raw.decode('utf-8'))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
@@ -536,7 +537,7 @@ class GulpWriter:
                 or videos_per_chunk < 1:
             raise WriterError(f'videos_per_chunk must be a positive int, not {videos_per_chunk!r}')
         self.path = os.path.abspath(os.fspath(path))
-        _refuse_existing(self.path)
+        _refuse_existing(storage_for(self.path), self.path)
         self.videos_per_chunk = videos_per_chunk
         self._label2idx_json = None
         if label2idx is not None:
@@ -544,12 +545,8 @@ class GulpWriter:
                 raise WriterError(f'label2idx must be a dict, not {type(label2idx).__name__}',
                                   self.path)
             self._label2idx_json = _json_bytes(label2idx, 'label2idx', self.path)
-        staging.reclaim(self.path)
-        try:
-            self._tmp = staging.make(self.path, directory=True)
-        except OSError as exc:
-            raise WriterError(f'cannot create a temporary directory beside it: '
-                              f'{exc.strerror or exc}', self.path) from exc
+        self._out = storage_for(self.path).stage_dir(self.path)
+        self._tmp = self._out.path
         self._ids: set[str] = set()
         self._chunk = -1          # chunk being written; its data file is open in _data
         self._data = None
@@ -610,17 +607,16 @@ class GulpWriter:
         if self._data is not None:
             self._finish_chunk()
         self._chunk += 1
-        self._data = open(os.path.join(self._tmp, f'data_{self._chunk}.gulp'), 'wb')
+        self._data = self._out.open_write(f'data_{self._chunk}.gulp')
         self._offset = 0
         self._meta = []
 
     def _finish_chunk(self) -> None:
-        self._data.flush()
-        os.fsync(self._data.fileno())
+        self._data.sync()
         self._data.close()
         # json.dump defaults (', ' and ': ', ensure_ascii) are what gulpio2 writes.
-        _write_file(os.path.join(self._tmp, f'meta_{self._chunk}.gmeta'),
-                    ('{' + ', '.join(self._meta) + '}').encode('ascii'))
+        self._out.write_file(f'meta_{self._chunk}.gmeta',
+                             ('{' + ', '.join(self._meta) + '}').encode('ascii'), sync=True)
 
     def close(self) -> None:
         """Finish the last chunk and move the directory into place. Idempotent."""
@@ -633,9 +629,9 @@ class GulpWriter:
             self._finish_chunk()
             self._data = None
             if self._label2idx_json is not None:
-                _write_file(os.path.join(self._tmp, LABEL2IDX_NAME), self._label2idx_json)
-            _refuse_existing(self.path)
-            os.rename(self._tmp, self.path)
+                self._out.write_file(LABEL2IDX_NAME, self._label2idx_json, sync=True)
+            _refuse_existing(storage_for(self.path), self.path)
+            self._out.commit(sync=True)
         except WriterError:
             self.abort()
             raise
@@ -644,14 +640,13 @@ class GulpWriter:
             raise WriterError(f'cannot finish the gulp directory: {exc.strerror or exc}',
                               self.path) from exc
         self._closed = True
-        _fsync_dir(os.path.dirname(self.path))
 
     def abort(self) -> None:
         """Drop everything written so far; nothing is left at ``path``."""
         if self._data is not None:
             self._data.close()
             self._data = None
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._out.abort()
         self._closed = True
 
     def __del__(self):
@@ -662,12 +657,10 @@ class GulpWriter:
             pass
 
 
-def _refuse_existing(path: str) -> None:
-    if os.path.isdir(path):
-        if os.listdir(path):
-            raise WriterError('refusing to overwrite a non-empty directory', path)
-    elif os.path.lexists(path):
-        raise WriterError('refusing to overwrite an existing file', path)
+def _refuse_existing(storage: Storage, path: str) -> None:
+    if storage.occupied(path):
+        what = 'a non-empty directory' if storage.isdir(path) else 'an existing file'
+        raise WriterError(f'refusing to overwrite {what}', path)
 
 
 def _json_bytes(value, what: str, path: str) -> bytes:
@@ -694,26 +687,6 @@ def _frame_record(frame, id_: str, j: int, path: str) -> tuple[bytes, int]:
     return jpeg + b'\0' * pad, pad
 
 
-def _write_file(path: str, data: bytes) -> None:
-    with open(path, 'wb') as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 # ----------------------------------------------------------------------------- check, detect
 
 def check(path: str | os.PathLike) -> list[Problem]:
@@ -729,19 +702,22 @@ def check(path: str | os.PathLike) -> list[Problem]:
     []
     """
     path = os.fspath(path)
-    chunks, listed = _list_chunks(path)
+    try:
+        files = storage_for(path)
+    except LoadrError as exc:
+        return [Problem(exc.path or path, None, exc.message)]
+    chunks, listed = _list_chunks(files, path)
     problems = [Problem(file, None, message) for file, message in listed]
-    files = Files()
     first_seen: dict[str, tuple[str, int | None]] = {}
     index: int | None = 0          # global datapoint index; None once a chunk is unreadable
     try:
         for chunk in chunks:
-            gulp_size, meta_size = _check_sizes(chunk, problems)
+            gulp_size, meta_size = _check_sizes(files, chunk, problems)
             if not meta_size:       # empty or unreadable: already reported
                 index = None
                 continue
             try:
-                table = _load_gmeta(chunk.meta_path, allow_pickle=False)
+                table = _load_gmeta(files, chunk.meta_path, allow_pickle=False)
             except LoadrError as exc:
                 problems.append(Problem(exc.path or chunk.meta_path, None, exc.message))
                 index = None
@@ -771,9 +747,9 @@ def check(path: str | os.PathLike) -> list[Problem]:
                 problems.append(Problem(chunk.data_path, None,
                                         f'file is {gulp_size} bytes but its .gmeta says the '
                                         f'last frame ends at byte {end}'))
-        if os.path.isdir(path):
+        if files.isdir(path):
             try:
-                _load_label2idx(path)
+                _load_label2idx(files, path)
             except LoadrError as exc:
                 problems.append(Problem(exc.path or path, None, exc.message))
     finally:
@@ -781,21 +757,22 @@ def check(path: str | os.PathLike) -> list[Problem]:
     return problems
 
 
-def _check_sizes(chunk: _Chunk, problems: list[Problem]) -> tuple[int | None, int | None]:
+def _check_sizes(files: Storage, chunk: _Chunk, problems: list[Problem]
+                 ) -> tuple[int | None, int | None]:
     """Sizes of the .gulp and .gmeta files (None if unreadable); empty files are problems."""
     sizes = {}
     for file in (chunk.data_path, chunk.meta_path):
         try:
-            sizes[file] = os.stat(file).st_size
-        except OSError as exc:
-            problems.append(Problem(file, None, f'cannot stat: {exc.strerror or exc}'))
+            sizes[file] = files.size(file)
+        except LoadrError as exc:
+            problems.append(Problem(file, None, exc.message))
             continue
         if sizes[file] == 0:
             problems.append(Problem(file, None, 'file is empty'))
     return sizes.get(chunk.data_path), sizes.get(chunk.meta_path)
 
 
-def _frame_problems(files: Files, chunk: _Chunk, id_: str, info: list, index: int | None
+def _frame_problems(files: Storage, chunk: _Chunk, id_: str, info: list, index: int | None
                     ) -> list[Problem]:
     """Frames of one video that do not start with a JPEG SOI or whose pad is not NUL."""
     problems = []
@@ -826,10 +803,11 @@ def detect(path: str | os.PathLike) -> bool:
     """
     try:
         path = os.fspath(path)
-        if not os.path.isdir(path):
+        storage = storage_for(path)
+        if not storage.isdir(path):
             return False
         return any(fnmatch.fnmatchcase(n, 'data_*.gulp') or fnmatch.fnmatchcase(n, 'meta_*.gmeta')
-                   for n in os.listdir(path))
+                   for n in storage.list(path))
     except Exception:
         return False
 

@@ -11,6 +11,9 @@ the next writer of the same target does, once the pid no longer runs on
 this host. Siblings of other hosts (a shared filesystem) are left alone: a
 pid means nothing across machines.
 
+This is the local storage's own mechanism (:mod:`loadr.storage` uses it for
+``open_write`` and ``stage_dir``); readers and writers never call it directly.
+
 Example::
 
     reclaim(path)                          # the leftovers of killed writers of path
