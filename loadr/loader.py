@@ -23,50 +23,26 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import weakref
 
 import numpy as np
 
-from .assemble import OBJECT, Assembler, SampleFailure, infer_spec
+from .assemble import OBJECT, Assembler, infer_spec
 from .errors import ConfigError, LoadrError, StateError, WorkerError
 from .order import Order, check_seed
 from .workers import protocol
+from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
 
-__all__ = ['Loader', 'STATE_VERSION']
+__all__ = ['Loader', 'STATE_VERSION', 'LEASED_SLOTS']
 
 log = logging.getLogger('loadr')
 
 STATE_VERSION = 1
-POLL_MS = 50
-# Batches the caller may hold at once that are lent from shared memory, not
-# copied; a training loop holds one (the last) while asking for the next.
-LEASED_SLOTS = 2
 DEFAULT_TASK_TIMEOUT_S = 300.0
 MIN_ERRORS_BEFORE_RAISE = 4
-
-
-class _Parts:
-    """One batch being made by one task, or (split) by several: what has come back."""
-
-    def __init__(self, slot: int, count: int, next_step: int, pieces: int):
-        self.slot, self.count, self.next_step, self.left = slot, count, next_step, pieces
-        self.pieces: dict[int, tuple] = {}  # first row -> (extras, replaced)
-        self.failure = None
-
-    def merged(self, list_keys: list) -> tuple[dict, list]:
-        """The list keys' values and the replaced indices, in row order."""
-        if len(self.pieces) == 1:
-            return next(iter(self.pieces.values()))
-        extras = {k: [] for k in list_keys}
-        replaced = []
-        for row in sorted(self.pieces):
-            piece_extras, piece_replaced = self.pieces[row]
-            for k in list_keys:
-                extras[k].extend(piece_extras.get(k, ()))
-            replaced.extend(piece_replaced)
-        return extras, replaced
 
 
 def _raise_failure(failure: protocol.Failure, exc: BaseException | None = None):
@@ -78,7 +54,13 @@ def _raise_failure(failure: protocol.Failure, exc: BaseException | None = None):
         where.append(f'stream position {failure.position}')
     who = 'the main process' if failure.worker is None else f'loadr worker {failure.worker}'
     at = f" at {', '.join(where)}" if where else ''
-    text = f'{failure.type_name} in {who}{at}: {failure.message}'
+    message = failure.message
+    if failure.index is not None:
+        # A loadr error's own "[index N]" would name the index a second time.
+        tag = f'[index {failure.index}]'
+        message = (message[len(tag) + 2:] if message.startswith(f'{tag}: ')
+                   else message.replace(f' {tag}:', ':', 1))
+    text = f'{failure.type_name} in {who}{at}: {message}'
     if failure.traceback:
         text += f'\n\nWorker traceback:\n{failure.traceback}'
     cause = WorkerError(text, index=failure.index)
@@ -193,18 +175,8 @@ class Loader:
         self.step = 0
         self._spec = _normalize_spec(spec) if spec is not None else None
         self._pool = None
+        self._window = None
         self._finalizer = None
-        self._gen = 0                   # bumped by load() and each new iteration
-        self._slots_free: list[int] = []
-        self._inflight: dict[int, tuple] = {}   # task id -> (gen, j, slot, start, count, row)
-        self._writers: dict[int, int] = {}      # slot -> tasks in flight writing into it
-        self._let_go: set[int] = set()          # slots to free once their writers end
-        self._next_task_id = 0
-        self._held_slot = None          # ring mode: the slot the caller is looking at
-        # Slots lent to the caller -> a weak reference to the array every view
-        # of that batch hangs from. Polled, not called back: a finaliser could
-        # swallow a Ctrl-C that lands in it, and run in any thread.
-        self._leases: dict[int, weakref.ref] = {}
         self.errors = 0                 # datapoints replaced under on_error='skip'
         self.samples = 0
         self.closed = False
@@ -269,8 +241,8 @@ class Loader:
             log.warning('loadr: state saved with global batch %s, resuming with %s: the '
                         'batches from here on are grouped differently', gb, self.global_batch)
         self.step, self.seed = int(step), seed
-        self._gen += 1
-        self._cancel_inflight()
+        if self._window is not None:
+            self._window.reset()        # every iterator goes on from the new step
 
     # -- iteration -----------------------------------------------------------
 
@@ -291,277 +263,83 @@ class Loader:
             raise ConfigError(f'epoch must be an int >= 0, got {epoch!r}')
         return self._stream(int(epoch), bool(drop_last))
 
-    def _plan(self, step0: int, j: int, end: int | None, drop_last: bool):
-        """Task j from step0: (start, count, next step) or None when the epoch is over."""
-        g = step0 + j * self.global_batch
-        if end is None:
-            return g + self.shard_id * self.batch, self.batch, g + self.global_batch
-        if g >= end or (drop_last and g + self.global_batch > end):
-            return None
-        start = g + self.shard_id * self.batch
-        count = max(0, min(start + self.batch, end) - start)
-        return start, count, min(g + self.global_batch, end)
+    def _schedule(self, epoch: int | None, drop_last: bool) -> Schedule:
+        """What an iteration makes from the loader's step (see the module docstring)."""
+        step = self.step
+        end = None
+        if epoch is not None:
+            first, end = epoch * self.n, (epoch + 1) * self.n
+            if not first <= step < end:
+                step = first
+        return Schedule(step, self.batch, self.seed, self.shard_id, self.num_shards, end,
+                        drop_last)
 
     def _stream(self, epoch, drop_last):
         if self.closed:
             raise LoadrError('this loader is closed')
-        self._gen += 1
         spec = self.spec
-        end = None if epoch is None else (epoch + 1) * self.n
+        window = self._ensure_window(spec)
+        gen = None
+        try:
+            while True:
+                if gen is None or not window.live(gen):
+                    # The first batch, or another iterator or load() moved the
+                    # stream: go on from the loader's step, in a generation of our own.
+                    gen = window.begin(self._schedule(epoch, drop_last))
+                try:
+                    done = window.next(gen)
+                except BatchFailed as f:
+                    _raise_failure(f.failure, f.exc)
+                if done is None:
+                    return
+                batch = self._batch_from(done.arrays, done.extras)
+                count, replaced, self.step = done.plan.count, done.replaced, done.plan.next_step
+                del done
+                self._count_errors(replaced, count)
+                if not count:
+                    continue
+                yield batch
+                # Only the caller may keep a lent batch alive.
+                del batch
+        finally:
+            if gen is not None:
+                window.end(gen)
 
-        def start_step():
-            if epoch is None or not epoch * self.n <= self.step < end:
-                return self.step if epoch is None else epoch * self.n
-            return self.step
-
-        if self.workers == 0:
-            yield from self._inline(spec, start_step, end, drop_last)
-        else:
-            yield from self._parallel(spec, start_step, end, drop_last)
-
-    def _batch_from(self, arrays: dict, extras: dict, count: int, copy: bool) -> dict:
-        out = {}
-        for key in self.spec:
-            if key in arrays:
-                view = arrays[key][:count]
-                out[key] = view.copy() if copy else view
-            else:
-                out[key] = extras[key]
-        return out
+    def _batch_from(self, arrays: dict, extras: dict) -> dict:
+        return {key: arrays[key] if key in arrays else extras[key] for key in self.spec}
 
     def _count_errors(self, replaced: list, count: int) -> None:
         self.samples += count
         if not replaced:
             return
-        self.errors += len(replaced)
-        for index in replaced:
-            log.warning('loadr: datapoint %d failed and was replaced (on_error=skip)', index)
+        self.errors += len(replaced)      # each one was logged where it was replaced (assemble)
         if (self.errors >= MIN_ERRORS_BEFORE_RAISE
                 and self.errors > self.max_error_fraction * self.samples):
             raise LoadrError(f'{self.errors} of {self.samples} datapoints failed, more than '
                              f'max_error_fraction={self.max_error_fraction}; last: index '
                              f'{replaced[-1]}', index=replaced[-1])
 
-    def _inline(self, spec, start_step, end, drop_last):
-        asm = Assembler(self.reader, self.fns, spec, self.on_error)
-        gen, j, step0 = self._gen, 0, start_step()
-        while True:
-            if gen != self._gen:
-                gen, j, step0 = self._gen, 0, start_step()
-            plan = self._plan(step0, j, end, drop_last)
-            if plan is None:
-                return
-            start, count, next_step = plan
-            j += 1
-            if count == 0:
-                self.step = next_step
-                continue
-            arrays = {k: np.empty((count, *s), d) for k, (d, s) in spec.items() if d != OBJECT}
-            try:
-                extras, replaced = asm.fill(self._order(), start, count, arrays)
-            except SampleFailure as f:
-                _raise_failure(protocol.Failure.capture(f.exc, f.index, f.position, None,
-                                                        f.traceback), f.exc)
-            self._count_errors(replaced, count)
-            self.step = next_step
-            yield self._batch_from(arrays, extras, count, copy=False)
+    # -- the window ----------------------------------------------------------
 
-    # -- workers -------------------------------------------------------------
-
-    def _ensure_pool(self, spec):
-        if self._pool is not None:
-            return self._pool
+    def _ensure_window(self, spec):
+        if self._window is not None:
+            return self._window
+        fields = {k: (d, s) for k, (d, s) in spec.items() if d != OBJECT}
+        if self.workers == 0:
+            asm = Assembler(self.reader, self.fns, spec, self.on_error)
+            self._window = InlineWindow(asm, fields,
+                                        functools.partial(Order, self.n, shuffle=self.shuffle))
+            return self._window
         from .workers.pool import WorkerPool
         from .workers.shm import Layout
-        fields = {k: (d, s) for k, (d, s) in spec.items() if d != OBJECT}
-        layout = Layout(fields, self.batch)
         slots = self.prefetch + (1 if self.ring else LEASED_SLOTS)
-        self._pool = WorkerPool(self.reader, self.fns, spec, layout, self.workers, slots,
-                                self.n, self.shuffle, self.on_error, self.start_method,
-                                self.timeout)
-        self._slots_free = list(range(slots))
-        self._leases = {}
-        self._inflight, self._writers, self._let_go = {}, {}, set()
-        self._list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
+        self._pool = WorkerPool(self.reader, self.fns, spec, Layout(fields, self.batch),
+                                self.workers, slots, self.n, self.shuffle, self.on_error,
+                                self.start_method, self.timeout)
         self._finalizer = weakref.finalize(self, self._pool.close)
-        return self._pool
-
-    def _parallel(self, spec, start_step, end, drop_last):
-        results: dict[int, tuple] = {}      # j -> (slot, count, next_step, extras, replaced)
-        parts: dict[int, _Parts] = {}       # j -> the batch being made, part by part
-        resend: list[int] = []              # task ids whose worker died, to send again
-        try:
-            yield from self._parallel_loop(spec, start_step, end, drop_last, results, parts,
-                                           resend)
-        finally:
-            # Batches done but never handed out, or still being made (the caller
-            # broke out of an epoch, dropped the iterator, or hit Ctrl-C):
-            # without this, every such stop would lose their slots for good and
-            # shrink the prefetch window.
-            self._abandon(results, parts, resend)
-
-    def _collect_leases(self) -> None:
-        for slot, owner in list(self._leases.items()):
-            if owner() is None:
-                del self._leases[slot]
-                self._slots_free.append(slot)
-
-    def _cancel_inflight(self) -> None:
-        # Batches being made for a generation the stream has left would only
-        # delay the next one: the workers drop them (see WorkerPool.cancel).
-        # Task ids grow with generations, so every id up to the newest stale
-        # one is stale; the current generation's tasks are never touched.
-        stale = [tid for tid, entry in self._inflight.items() if entry[0] != self._gen]
-        if self._pool is not None and stale:
-            self._pool.cancel(max(stale))
-
-    # A slot is written by the tasks in flight for it (one, or the parts of a
-    # split batch); it goes back to the free list only when it is let go (the
-    # batch failed, or its generation was left) and no task writes into it.
-
-    def _new_task(self, gen: int, j: int, slot: int, start: int, count: int, row: int) -> int:
-        tid = self._next_task_id
-        self._next_task_id += 1
-        self._inflight[tid] = (gen, j, slot, start, count, row)
-        self._writers[slot] = self._writers.get(slot, 0) + 1
-        return tid
-
-    def _end_task(self, tid: int) -> tuple:
-        entry = self._inflight.pop(tid)
-        slot = entry[2]
-        self._writers[slot] -= 1
-        if not self._writers[slot]:
-            del self._writers[slot]
-            if slot in self._let_go:
-                self._let_go.discard(slot)
-                self._slots_free.append(slot)
-        return entry
-
-    def _let_go_of(self, slot: int) -> None:
-        if slot in self._writers:
-            self._let_go.add(slot)          # freed by the last of its tasks to end
-        else:
-            self._slots_free.append(slot)
-
-    def _abandon(self, results: dict, parts: dict, resend: list) -> None:
-        for slot, *_ in results.values():
-            if slot is not None:            # None: an empty shard batch, no slot
-                self._slots_free.append(slot)
-        results.clear()
-        for tid in resend:                  # in no worker's hands: they end here
-            self._end_task(tid)
-        resend.clear()
-        for p in parts.values():
-            self._let_go_of(p.slot)
-        parts.clear()
-
-    def _submit_batch(self, pool, gen: int, j: int, start: int, count: int, next_step: int,
-                      parts: dict, resend: list) -> None:
-        # The first batch after a (re)start is split between the workers, so
-        # it takes the time of 1/workers of a batch; later ones overlap anyway.
-        pieces = min(self.workers, count) if j == 0 else 1
-        slot = self._slots_free.pop()
-        parts[j] = _Parts(slot, count, next_step, pieces)
-        for k in range(pieces):
-            row = count * k // pieces
-            rows = count * (k + 1) // pieces - row
-            tid = self._new_task(gen, j, slot, start + row, rows, row)
-            if not pool.submit(tid, slot, self.seed, start + row, rows, row):
-                resend.append(tid)
-
-    def _parallel_loop(self, spec, start_step, end, drop_last, results, parts, resend):
-        pool = self._ensure_pool(spec)
-        gen = None
-        failures: dict[int, object] = {}     # j -> Failure, raised when batch j is due
-        while True:
-            if self._held_slot is not None:
-                self._slots_free.append(self._held_slot)
-                self._held_slot = None
-            self._collect_leases()
-            if gen != self._gen:
-                # (Re)start: whatever is in flight for an older generation is
-                # abandoned; its slot comes back when its tasks have ended.
-                gen, j_yield, j_send, step0 = self._gen, 0, 0, start_step()
-                self._abandon(results, parts, resend)
-                failures.clear()
-                self._cancel_inflight()
-            # Fill the window.
-            while resend and pool.can_submit():
-                tid = resend[0]
-                _, _, slot, start, count, row = self._inflight[tid]
-                if not pool.submit(tid, slot, self.seed, start, count, row):
-                    break
-                resend.pop(0)
-            while self._slots_free and j_send < j_yield + self.prefetch and pool.can_submit():
-                plan = self._plan(step0, j_send, end, drop_last)
-                if plan is None:
-                    break
-                start, count, next_step = plan
-                if count == 0:
-                    results[j_send] = (None, 0, next_step, {}, [])
-                else:
-                    self._submit_batch(pool, gen, j_send, start, count, next_step, parts,
-                                       resend)
-                j_send += 1
-            # Hand out the next batch if it is there; a batch that failed raises
-            # only now, so the batches before it are all handed out first.
-            if j_yield in failures:
-                self._gen += 1              # the window is abandoned with the error
-                _raise_failure(failures.pop(j_yield))
-            if j_yield in results:
-                slot, count, next_step, extras, replaced = results.pop(j_yield)
-                j_yield += 1
-                self._count_errors(replaced, count)
-                self.step = next_step
-                if slot is None:
-                    continue
-                if self.ring:
-                    self._held_slot = slot
-                    yield self._batch_from(pool.views[slot], extras, count, copy=False)
-                elif len(self._leases) < LEASED_SLOTS:
-                    # Lent, not copied: the slot comes back to the free list
-                    # once the caller has dropped every array of this batch.
-                    owner, arrays = pool.fresh_views(slot)
-                    self._leases[slot] = weakref.ref(owner)
-                    del owner
-                    yield self._batch_from(arrays, extras, count, copy=False)
-                    arrays = None       # only the caller may keep the lease alive
-                else:
-                    # The caller keeps LEASED_SLOTS batches already: copy, so
-                    # the prefetch window never shrinks under them.
-                    batch = self._batch_from(pool.views[slot], extras, count, copy=True)
-                    self._slots_free.append(slot)
-                    yield batch
-                continue
-            if self._plan(step0, j_yield, end, drop_last) is None:
-                return
-            for event in pool.poll(POLL_MS):
-                kind, tid = event[0], event[1]
-                if kind == 'fatal':
-                    self._gen += 1
-                    _raise_failure(event[2])
-                if tid not in self._inflight:
-                    continue
-                if kind == 'lost' and self._inflight[tid][0] == gen:
-                    resend.append(tid)      # the same part again, to another worker
-                    continue
-                tgen, j, slot, _, _, row = self._end_task(tid)
-                if tgen != gen:
-                    continue                # its slot was let go at the restart
-                p = parts[j]
-                if kind == 'done':
-                    p.pieces[row] = (event[2], event[3])
-                elif p.failure is None:
-                    p.failure = event[2]
-                p.left -= 1
-                if p.left:
-                    continue
-                del parts[j]
-                if p.failure is not None:
-                    self._slots_free.append(slot)   # every part has ended
-                    failures[j] = p.failure
-                else:
-                    results[j] = (slot, p.count, p.next_step, *p.merged(self._list_keys))
+        list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
+        self._window = Window(self._pool, self.prefetch, self.workers, list_keys, self.ring)
+        return self._window
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -575,7 +353,7 @@ class Loader:
         self.closed = True
         if self._finalizer is not None:
             self._finalizer()
-        self._pool = None
+        self._pool = self._window = None
 
     def __enter__(self):
         return self

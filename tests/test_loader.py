@@ -169,6 +169,49 @@ def test_a_new_iterator_takes_over_and_dropping_the_old_one_harms_nothing():
     assert got == expected
 
 
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_peek_inside_the_loop_takes_the_next_batch_and_the_loop_goes_on(workers):
+    # Every iterator of a loader goes on from loader.step: the stream is one,
+    # whichever iterator asks. next(iter(loader)) inside `for batch in loader`
+    # (peeking for logging) takes the batch that was due; the loop goes on
+    # after it, with no batch twice and no batch made of two.
+    data = trivial(200)
+    with loadr.Loader(data, batch=8, fns=[noisy], seed=3, workers=0) as ref:
+        expected = stream_digests(ref, 40)
+    with loadr.Loader(data, batch=8, fns=[slowed(0.0005)], seed=3, workers=workers) as loader:
+        got = []
+        for k, batch in enumerate(loader):
+            got.append(batch_digest(batch))
+            if k % 3 == 1:
+                got.append(batch_digest(next(iter(loader))))
+            if len(got) >= 40:
+                break
+    assert got == expected[:len(got)]
+
+
+def test_interleaved_iterators_give_what_workers_0_gives():
+    data = trivial(90)
+
+    def script(workers):
+        out = []
+        with loadr.Loader(data, batch=8, fns=[noisy], seed=5, workers=workers) as loader:
+            a, b = iter(loader), iter(loader)
+            for _ in range(4):
+                out += [batch_digest(next(a)), batch_digest(next(b))]
+            e1 = loader.epoch(1)
+            out += [batch_digest(next(e1)), batch_digest(next(a)), batch_digest(next(e1))]
+            state = loader.save()
+            out += [batch_digest(next(b)) for _ in range(3)]
+            loader.load(state)
+            out += [batch_digest(next(e1)), batch_digest(next(a))]
+            e0 = loader.epoch(0, drop_last=True)
+            out += [batch_digest(b) for b in e0] + [batch_digest(next(b))]
+            out.append(loader.save()['step'])
+        return out
+
+    assert script(2) == script(0)
+
+
 def test_shards_split_the_global_batch_and_resume_on_fewer_hosts():
     data = trivial(200)
     with loadr.Loader(data, batch=48, fns=[noisy], seed=8, workers=0) as one:

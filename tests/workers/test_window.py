@@ -1,0 +1,212 @@
+"""The batch window over a real worker pool: generations, slots, failures, lost workers."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from loadr.assemble import OBJECT, Assembler, infer_spec
+from loadr.order import Order
+from loadr.workers.pool import WorkerPool
+from loadr.workers.shm import Layout
+from loadr.workers.window import (LEASED_SLOTS, BatchFailed, InlineWindow, Plan, Schedule,
+                                  Window)
+
+from ..loader_helpers import batch_digest, noisy, slowed, trivial
+
+SETTLE_S = 30
+
+
+@contextlib.contextmanager
+def window_over(data, fns=(noisy,), workers=2, prefetch=3, slots=None, ring=False,
+                on_error='raise'):
+    """A Window over a real WorkerPool of ``workers`` forked processes; closed after."""
+    asm = Assembler(data, fns, None)
+    spec = infer_spec(asm.datapoint(0, 0))
+    fields = {k: (d, s) for k, (d, s) in spec.items() if d != OBJECT}
+    list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
+    slots = prefetch + (1 if ring else LEASED_SLOTS) if slots is None else slots
+    pool = WorkerPool(data, fns, spec, Layout(fields, 8), workers, slots, len(data), True,
+                      on_error, 'fork', None)
+    try:
+        yield Window(pool, prefetch, workers, list_keys, ring)
+    finally:
+        pool.close()
+
+
+def reference(data, schedule, fns=(noisy,), count=None):
+    """The digests of a schedule's batches made in this process (InlineWindow)."""
+    asm = Assembler(data, fns, None)
+    spec = infer_spec(asm.datapoint(0, 0))
+    fields = {k: (d, s) for k, (d, s) in spec.items() if d != OBJECT}
+    inline = InlineWindow(Assembler(data, fns, spec), fields,
+                          lambda seed: Order(len(data), seed))
+    gen = inline.begin(schedule)
+    out = []
+    while count is None or len(out) < count:
+        done = inline.next(gen)
+        if done is None:
+            break
+        out.append(digest(done.arrays, done))
+    return out
+
+
+def digest(arrays, done):
+    return batch_digest({**{str(k): v for k, v in arrays.items()},
+                         **{str(k): v for k, v in done.extras.items()}})
+
+
+def take_digest(window, gen):
+    done = window.next(gen)
+    return None if done is None else digest(done.arrays, done)
+
+
+def assert_all_slots_free(window):
+    gc.collect()
+    window._reclaim()
+    assert window.settle(SETTLE_S)
+    census = window.census()
+    assert sorted(census) == list(range(len(window.pool.views)))
+    assert set(census.values()) == {'free'}, census
+    assert not window.writers and not window.let_go
+
+
+def test_schedules_cover_the_stream_shard_by_shard():
+    endless = [Schedule(5, 4, 0, s, 3).plan(2) for s in range(3)]
+    assert endless == [Plan(29, 4, 41), Plan(33, 4, 41), Plan(37, 4, 41)]
+    epoch = Schedule(0, 5, 0, end=23)
+    assert [epoch.plan(j) for j in range(6)] == [
+        Plan(0, 5, 5), Plan(5, 5, 10), Plan(10, 5, 15), Plan(15, 5, 20), Plan(20, 3, 23), None]
+    assert Schedule(0, 5, 0, end=23, drop_last=True).plan(4) is None
+
+
+def test_a_generation_sees_only_its_own_tasks():
+    data = trivial(200)
+    first, second = Schedule(0, 8, 3), Schedule(800, 8, 3)
+    with window_over(data, fns=[slowed(0.002)], prefetch=4) as window:
+        g1 = window.begin(first)
+        assert take_digest(window, g1) is not None     # batches 1-4 are now in flight
+        g2 = window.begin(second)
+        assert g2 != g1 and window.live(g2) and not window.live(g1)
+        with pytest.raises(RuntimeError, match='stale'):
+            window.next(g1)
+        got = [take_digest(window, g2) for _ in range(12)]
+        window.end(g2)
+        assert not window.live(g2)
+        assert_all_slots_free(window)
+    assert got == reference(data, second, fns=[slowed(0)], count=12)
+
+
+def test_generations_left_quickly_one_after_another_mix_nothing():
+    # Every begin() leaves tasks in flight behind; the replies that come in
+    # for them later must neither fill the new generation's batches nor leak
+    # their slots.
+    data = trivial(300)
+    with window_over(data, fns=[slowed(0.001)], prefetch=3) as window:
+        for step in range(0, 400, 40):
+            gen = window.begin(Schedule(step, 8, 1))
+            take_digest(window, gen)
+        last = Schedule(1000, 8, 1)
+        gen = window.begin(last)
+        got = [take_digest(window, gen) for _ in range(10)]
+        window.reset()
+        assert_all_slots_free(window)
+    assert got == reference(data, last, fns=[slowed(0)], count=10)
+
+
+def test_lent_batches_come_back_when_dropped_and_copies_beyond_that():
+    data = trivial(100)
+    with window_over(data, prefetch=2) as window:
+        gen = window.begin(Schedule(0, 8, 2))
+        kept = [window.next(gen).arrays for _ in range(LEASED_SLOTS + 2)]
+        owned = [a['vec'].flags.owndata for a in kept]
+        assert owned == [False] * LEASED_SLOTS + [True, True]
+        assert set(window.census().values()) >= {'lent'}
+        del kept
+        gc.collect()
+        arrays = window.next(gen).arrays      # polls the lent slots: both come back
+        assert list(window.census().values()).count('lent') == 1
+        del arrays
+        window.reset()
+        assert_all_slots_free(window)
+
+
+def test_ring_mode_holds_one_slot_until_the_next_call():
+    data = trivial(100)
+    with window_over(data, prefetch=2, ring=True) as window:
+        gen = window.begin(Schedule(0, 8, 2))
+        window.next(gen)
+        held = window.held
+        assert window.census()[held] == 'held'
+        window.next(gen)
+        assert list(window.census().values()).count('held') == 1
+        assert held not in window.lent
+        window.reset()
+        assert window.held is None
+        assert_all_slots_free(window)
+
+
+def test_a_failed_batch_raises_when_due_and_leaves_the_generation():
+    def fail_at_20(dp, seed):
+        if dp['label'] == 20:
+            raise ValueError('bad sample')
+        return noisy(dp, seed)
+
+    data = trivial(100)
+    with window_over(data, fns=[fail_at_20], prefetch=4) as window:
+        gen = window.begin(Schedule(0, 8, 0))
+        # Shuffled order: find the batch that holds index 20.
+        bad = int(np.flatnonzero(Order(100, 0).indices(0, 96) == 20)[0]) // 8
+        for _ in range(bad):
+            assert window.next(gen) is not None
+        with pytest.raises(BatchFailed) as info:
+            window.next(gen)
+        assert info.value.failure.index == 20
+        assert not window.live(gen)
+        assert_all_slots_free(window)
+
+
+def test_the_task_of_a_killed_worker_is_sent_again():
+    data = trivial(400)
+    schedule = Schedule(0, 8, 4)
+    with window_over(data, fns=[slowed(0.002)], prefetch=3) as window:
+        gen = window.begin(schedule)
+        got = []
+        for k in range(20):
+            if k in (2, 9):
+                os.kill(window.pool.pids[k % 2], signal.SIGKILL)
+            got.append(take_digest(window, gen))
+        assert window.pool.restarts >= 2
+        window.reset()
+        assert_all_slots_free(window)
+    assert got == reference(data, schedule, fns=[slowed(0)], count=20)
+
+
+def test_an_epoch_schedule_ends_and_empty_batches_take_no_slot():
+    data = trivial(41)
+    schedule = Schedule(0, 3, 1, shard_id=3, num_shards=4, end=41)
+    with window_over(data, prefetch=3) as window:
+        gen = window.begin(schedule)
+        counts = []
+        while (done := window.next(gen)) is not None:
+            counts.append(done.plan.count)
+            assert len(done.arrays['vec']) == done.plan.count
+        assert counts == [3, 3, 3, 0]
+        window.end(gen)
+        assert_all_slots_free(window)
+
+
+def test_settle_waits_for_stale_tasks():
+    data = trivial(100)
+    with window_over(data, fns=[slowed(0.01)], prefetch=3) as window:
+        gen = window.begin(Schedule(0, 8, 0))
+        window.next(gen)                      # the next batches are now in flight
+        assert window.tasks
+        window.end(gen)
+        assert window.settle(SETTLE_S)
+        assert not window.tasks
