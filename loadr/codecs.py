@@ -72,7 +72,7 @@ def decode_image(data: bytes, mode: str | None = None, draft: tuple[int, int] | 
     >>> decode_image(encode_image(np.zeros((4, 4, 3), np.uint8))).shape
     (4, 4, 3)
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
     try:
         with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as img:
             if draft is not None and img.format == 'JPEG':
@@ -80,14 +80,65 @@ def decode_image(data: bytes, mode: str | None = None, draft: tuple[int, int] | 
             if mode is not None and img.mode != mode:
                 img = img.convert(mode)
             return np.asarray(img)
-    except UnidentifiedImageError as exc:   # its message carries a BytesIO address: drop it
-        raise DecodeError(f'cannot decode image: not a JPEG or PNG file '
-                          f'({len(data)} bytes starting {bytes(data[:4])!r})') from exc
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise DecodeError(f'cannot decode image: {exc}') from exc
+        raise DecodeError(f'cannot decode image: {image_problem(data, exc)}') from exc
     except KeyError as exc:     # formats= names a plugin that this Pillow could not import
         raise DecodeError(f'cannot decode image: Pillow has no {exc.args[0]} plugin '
                           f'(a broken Pillow install?)') from exc
+
+
+# What a file starts with, for naming what a damaged one was meant to be.
+_IMAGE_MAGIC = (('JPEG', (b'\xff\xd8',)), ('PNG', (b'\x89PNG\r\n\x1a\n',)),
+                ('GIF', (b'GIF87a', b'GIF89a')), ('TIFF', (b'II*\x00', b'MM\x00*')),
+                ('BMP', (b'BM',)))
+_BYTESIO = re.compile(r'<_io\.BytesIO object at 0x[0-9a-fA-F]+>')
+
+
+def image_kind(data: bytes) -> str | None:
+    """The image format ``data`` starts like ('JPEG', 'PNG', ...), or None.
+
+    >>> image_kind(b'\\xff\\xd8\\xff\\xe0'), image_kind(b'hello')
+    ('JPEG', None)
+    """
+    head = bytes(data[:12])
+    if head[:4] == b'RIFF' and head[8:12] == b'WEBP':
+        return 'WEBP'
+    for kind, magics in _IMAGE_MAGIC:
+        if head.startswith(magics):
+            return kind
+    return None
+
+
+def image_problem(data: bytes, exc: BaseException, expected: str = 'a JPEG or PNG file',
+                  accepted: tuple = IMAGE_FORMATS) -> str:
+    """What is wrong with image bytes that Pillow refused with ``exc``, in words.
+
+    Says *empty* for no bytes, *a damaged JPEG* (PNG, ...) for bytes that start
+    like one of the ``accepted`` formats, and *not {expected}* for anything
+    else; never Pillow's ``<_io.BytesIO object at 0x...>``.
+
+    >>> from PIL import UnidentifiedImageError
+    >>> image_problem(b'', UnidentifiedImageError('x'))
+    'an empty file (0 bytes), not an image'
+    >>> image_problem(b'\\xff\\xd8\\xff\\xe0\\x00\\x00', UnidentifiedImageError('x'))
+    'a damaged JPEG (6 bytes): its header does not parse'
+    """
+    from PIL import UnidentifiedImageError
+    n = len(data)
+    if n == 0:
+        return 'an empty file (0 bytes), not an image'
+    kind = image_kind(data)
+    if kind is not None and kind not in accepted:
+        return f'not {expected}: a {kind} file ({n} bytes starting {bytes(data[:4])!r})'
+    if isinstance(exc, UnidentifiedImageError):
+        if kind is not None:
+            return f'a damaged {kind} ({n} bytes): its header does not parse'
+        return f'not {expected} ({n} bytes starting {bytes(data[:4])!r})'
+    text = _BYTESIO.sub('the image bytes', str(exc)) or type(exc).__name__
+    # Pillow reports broken and truncated data as OSError (SyntaxError in a few
+    # plugins); a decompression bomb or a bad mode is no damage.
+    damaged = isinstance(exc, (OSError, SyntaxError)) and kind is not None
+    return f'a damaged {kind} ({n} bytes): {text}' if damaged else text
 
 
 def encode_image(array: np.ndarray, format: str = 'JPEG', quality: int = JPEG_QUALITY) -> bytes:

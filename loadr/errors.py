@@ -112,6 +112,11 @@ class StateError(LoadrError, ValueError):
 class WorkerError(LoadrError):
     """A worker process failed; ``__cause__`` or the raised exception holds the original."""
 
+    def __str__(self) -> str:
+        # The message says where already ("... in loadr worker 2 at dataset index N,
+        # stream position P: ..."): no second "[index N]" in front of it.
+        return self.message
+
 
 class ResourceError(LoadrError, OSError):
     """The machine cannot provide what the loader needs."""

@@ -367,7 +367,7 @@ class decode_jpeg(Fn):  # noqa: N801
             raise DecodeError(f'{self!r}: key {self.key!r}{where}: {exc.message}') from exc
 
     def _pillow(self, data: bytes) -> np.ndarray:
-        from .codecs import IMAGE_FORMATS, decode_image
+        from .codecs import IMAGE_FORMATS, decode_image, image_problem
         if self.size is None:
             return decode_image(data, mode=self.mode)
         Image = _pil()
@@ -379,7 +379,7 @@ class decode_jpeg(Fn):  # noqa: N801
         except (OSError, ValueError, SyntaxError, KeyError, Image.DecompressionBombError) as exc:
             # decode_image gives the full account of a bad or foreign image
             decode_image(data, mode=self.mode)
-            raise DecodeError(f'cannot decode image: {exc}') from exc
+            raise DecodeError(f'cannot decode image: {image_problem(data, exc)}') from exc
         h, w = _target(full_h, full_w, self.size)
         arr = decode_image(data, mode=self.mode, draft=(w, h))
         return _resize_array(self, self.key, arr, h, w)

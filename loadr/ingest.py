@@ -44,7 +44,7 @@ import signal
 import subprocess
 import tempfile
 
-from .codecs import JPEG_QUALITY
+from .codecs import JPEG_QUALITY, image_problem
 from .errors import ConfigError, DecodeError, WriterError
 from .jsonfiles import read_json
 
@@ -57,6 +57,7 @@ INGEST_FORMATS = ('JPEG', 'PNG', 'BMP', 'GIF', 'WEBP', 'TIFF', 'PPM')   # Pillow
 VIDEO_EXTENSIONS = ('.mp4', '.webm', '.avi', '.mkv', '.mov', '.m4v', '.mpg', '.mpeg', '.ogv')
 FFMPEG_TIMEOUT_S = 600
 POOL_CHUNK = 4
+_EXPECTED = 'an image file of a format ingest reads (JPEG, PNG, BMP, GIF, WEBP, TIFF, PPM)'
 
 NO_VIDEO_BACKEND = (
     'reading video files needs PyAV or an ffmpeg binary, and neither was found. '
@@ -242,7 +243,8 @@ def image_jpeg(data: bytes, short_side: int | None = None) -> bytes:
             img = img.convert('L' if img.mode in ('L', 'I;16', '1') else 'RGB')
             return _encode(_shrunk(img, short_side))
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise DecodeError(f'cannot decode image: {exc}') from exc
+        problem = image_problem(data, exc, _EXPECTED, INGEST_FORMATS)
+        raise DecodeError(f'cannot decode image: {problem}') from exc
 
 
 def video_backend(prefer: str = 'auto') -> str | None:
