@@ -116,11 +116,21 @@ class Assembler:
         read_batch = getattr(reader, 'read_batch', None)
         if read_batch is not None and _inherited_read_batch(reader):
             read_batch = None
-        self._reader_batch = read_batch if self.read_fn is None else None
+        # A reader whose datapoints depend on the sample's seed (a Mix applies
+        # its sources' own fns) is read through read_seeded, one by one.
+        self._read_seeded = getattr(reader, 'read_seeded', None)
+        if self.read_fn is not None or self._read_seeded is not None:
+            read_batch = None
+        self._reader_batch = read_batch
+        self._ahead: set[tuple] = set()     # tasks whose reads prefetch() started ahead
+        # Reading ahead pays only where the reader's files are remote.
+        self._prefetch = reader.prefetch if getattr(reader, 'prefetches', False) else None
 
     def _read_once(self, index: int, seed: int) -> dict:
         if self.read_fn is not None:
             return self.read_fn.read(self.reader, index, seed=seed)
+        if self._read_seeded is not None:
+            return self._read_seeded(index, seed)
         return self.reader[index]
 
     def _read(self, index: int, seed: int) -> dict:
@@ -167,11 +177,12 @@ class Assembler:
                 pass
         return [None] * len(indices)
 
-    def _substitute(self, index: int, seed: int, order_n: int) -> dict:
-        # The replacement is a pure function of the failed index, so every run
-        # (any worker count, any resume) substitutes the same datapoint.
+    def _substitute(self, index: int, seed: int, order) -> dict:
+        # The replacement is a pure function of the failed index (the order's
+        # alternative()), so every run (any worker count, any resume)
+        # substitutes the same datapoint.
         for k in range(1, 17):
-            alt = (index + k * 0x9E3779B1) % order_n
+            alt = order.alternative(index, k)
             try:
                 return self.datapoint(alt, seed)
             except Exception:
@@ -189,6 +200,7 @@ class Assembler:
         before any sample once ``cell[0] >= task_id``.
         """
         indices = order.indices(start, count).tolist()
+        self.prefetch(order, start, count, indices)
         seeds = order.seeds(start, count)
         extras = {k: [] for k in self.list_keys}
         replaced = []
@@ -215,8 +227,31 @@ class Assembler:
                 log.warning('loadr: datapoint %d (position %d) failed and was replaced '
                             '(on_error=skip): %s: %s', index, start + row, type(exc).__name__, exc)
                 replaced.append(index)
-                self._write(self._substitute(index, seed, order.n), row, index, arrays, extras)
+                self._write(self._substitute(index, seed, order), row, index, arrays, extras)
         return extras, replaced
+
+    def prefetch(self, order, start: int, count: int, indices: list | None = None) -> None:
+        """Let a remote reader start reading positions ``start ..`` ahead; once per task.
+
+        A worker calls it for the task it will do next; ``fill`` calls it for
+        its own task unless that was done. A no-op for local files.
+        """
+        prefetch = self._prefetch
+        if prefetch is None:
+            return
+        key = (id(order), start, count)
+        if key in self._ahead:
+            self._ahead.discard(key)        # fill's call: this task's reads are on their way
+            return
+        if indices is None:                 # a call ahead of fill: fill's call skips
+            if len(self._ahead) > 16:       # tasks asked ahead but never filled (cancelled)
+                self._ahead.clear()
+            self._ahead.add(key)
+            indices = order.indices(start, count).tolist()
+        try:
+            prefetch(indices)
+        except Exception as exc:            # a hint: the reads themselves report any trouble
+            log.debug('loadr: read-ahead of positions %d.. failed: %r', start, exc)
 
     def _write(self, dp: dict, row: int, index: int, arrays: dict, extras: dict) -> None:
         if dp.keys() != self._keys:

@@ -32,7 +32,7 @@ import numpy as np
 
 from .assemble import OBJECT, Assembler, infer_spec
 from .errors import ConfigError, LoadrError, StateError, WorkerError
-from .order import Order, check_seed
+from .order import ORDER_VERSION, check_seed, check_version, order_for
 from .workers import protocol
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
 
@@ -116,6 +116,8 @@ class Loader:
         and the batch redone (None: no deadline).
       start_method: ``'fork'`` (default where there is one) or ``'spawn'`` (safe
         in processes that run threads; needs the ``__main__`` guard).
+      order_version: which permutation the shuffle uses (default
+        :data:`loadr.order.ORDER_VERSION`; 1 is loadr 0.1's). A state records it.
 
     Example::
 
@@ -127,7 +129,8 @@ class Loader:
                  workers: int | None = None, prefetch: int | None = None, shard_id: int = 0,
                  num_shards: int = 1, spec: dict | None = None, ring: bool = False,
                  on_error: str = 'raise', max_error_fraction: float = 0.01,
-                 timeout: float | None = DEFAULT_TASK_TIMEOUT_S, start_method: str | None = None):
+                 timeout: float | None = DEFAULT_TASK_TIMEOUT_S, start_method: str | None = None,
+                 order_version: int | None = None):
         if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
             raise ConfigError(f'batch must be a positive int, got {batch!r}')
         if workers is None:
@@ -157,6 +160,8 @@ class Loader:
             raise ConfigError('the reader is empty: nothing to load')
         try:
             self.seed = check_seed(seed)
+            self.order_version = check_version(
+                ORDER_VERSION if order_version is None else order_version)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         self.reader = reader
@@ -171,8 +176,9 @@ class Loader:
         self.max_error_fraction = float(max_error_fraction)
         self.timeout = timeout
         self.start_method = start_method
-        self.n = n
         self.step = 0
+        self._orders = {}
+        self.n = self._order().n        # positions per epoch (a Mix may differ from len)
         self._spec = _normalize_spec(spec) if spec is not None else None
         self._pool = None
         self._window = None
@@ -197,8 +203,15 @@ class Loader:
             self._spec = infer_spec(dp)
         return self._spec
 
-    def _order(self) -> Order:
-        return Order(self.n, self.seed, self.shuffle)
+    def _order(self):
+        """The order of the stream (:func:`loadr.order.order_for`), kept per seed and version."""
+        key = (self.seed, self.order_version)
+        order = self._orders.get(key)
+        if order is None:
+            self._orders.clear()
+            order = self._orders[key] = order_for(self.reader, self.seed, self.shuffle,
+                                                  self.order_version)
+        return order
 
     # -- state ---------------------------------------------------------------
 
@@ -327,15 +340,15 @@ class Loader:
         fields = {k: (d, s) for k, (d, s) in spec.items() if d != OBJECT}
         if self.workers == 0:
             asm = Assembler(self.reader, self.fns, spec, self.on_error)
-            self._window = InlineWindow(asm, fields,
-                                        functools.partial(Order, self.n, shuffle=self.shuffle))
+            self._window = InlineWindow(asm, fields, functools.partial(
+                order_for, self.reader, shuffle=self.shuffle, version=self.order_version))
             return self._window
         from .workers.pool import WorkerPool
         from .workers.shm import Layout
         slots = self.prefetch + (1 if self.ring else LEASED_SLOTS)
         self._pool = WorkerPool(self.reader, self.fns, spec, Layout(fields, self.batch),
                                 self.workers, slots, self.n, self.shuffle, self.on_error,
-                                self.start_method, self.timeout)
+                                self.start_method, self.timeout, self.order_version)
         self._finalizer = weakref.finalize(self, self._pool.close)
         list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
         self._window = Window(self._pool, self.prefetch, self.workers, list_keys, self.ring)

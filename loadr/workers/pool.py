@@ -84,7 +84,7 @@ class WorkerPool:
 
     def __init__(self, reader, fns, spec, layout, workers: int, slots: int, n: int,
                  shuffle: bool, on_error: str, start_method: str = 'spawn',
-                 task_timeout_s: float | None = None):
+                 task_timeout_s: float | None = None, order_version: int | None = None):
         import multiprocess
 
         self.closed = False
@@ -128,7 +128,8 @@ class WorkerPool:
                 reader=reader, fns=list(fns), spec=spec, layout=layout,
                 slot_names=[s.name for s in self._segments[:slots]],
                 status_name=self._status.name, parent_pid=os.getpid(), n=n,
-                shuffle=shuffle, on_error=on_error, endpoint=self.endpoint, workers=workers)
+                shuffle=shuffle, on_error=on_error, endpoint=self.endpoint, workers=workers,
+                order_version=order_version)
             self.task_timeout_s = task_timeout_s
             self.tasks: dict[int, tuple] = {}      # task id -> (worker id, message frames)
             self.deaths: dict[int, int] = {}       # stream position -> workers it killed

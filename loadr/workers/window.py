@@ -199,14 +199,14 @@ class InlineWindow(_Generations):
         self.asm = assembler
         self.fields = fields            # array key -> (dtype, shape)
         self.make_order = make_order
-        self.order = None
+        self.order, self.order_seed = None, None
         self.j = 0
 
     def begin(self, schedule: Schedule) -> int:
         gen = super().begin(schedule)
         self.j = 0
-        if self.order is None or self.order.seed != schedule.seed:
-            self.order = self.make_order(schedule.seed)
+        if self.order is None or self.order_seed != schedule.seed:
+            self.order, self.order_seed = self.make_order(schedule.seed), schedule.seed
         return gen
 
     def next(self, gen: int) -> Finished | None:

@@ -44,6 +44,7 @@ class WorkerArgs:
     n: int
     shuffle: bool
     on_error: str
+    order_version: int | None = None    # None: the default (loadr.order.ORDER_VERSION)
     workers: int = 1
 
 
@@ -76,7 +77,7 @@ def run(args: WorkerArgs) -> None:
     import zmq
 
     from ..assemble import Assembler, Cancelled, SampleFailure
-    from ..order import Order
+    from ..order import ORDER_VERSION, order_for
     from . import protocol
     from .shm import Segment, StatusCells
 
@@ -106,7 +107,8 @@ def run(args: WorkerArgs) -> None:
     progress = cells.progress(args.wid)
     cancelled = cells.cancelled()       # the last cancelled task id
     asm = Assembler(args.reader, args.fns, args.spec, args.on_error)
-    orders: dict[int, Order] = {}
+    orders: dict[int, object] = {}
+    order_version = ORDER_VERSION if args.order_version is None else args.order_version
 
     ctx = zmq.Context(1)
     sock = ctx.socket(zmq.DEALER)
@@ -128,7 +130,7 @@ def run(args: WorkerArgs) -> None:
                 continue
             order = orders.get(seed)
             if order is None:
-                order = orders[seed] = Order(args.n, seed, args.shuffle)
+                order = orders[seed] = order_for(args.reader, seed, args.shuffle, order_version)
             try:
                 arrays = views[slot] if row == 0 else \
                     {key: view[row:row + count] for key, view in views[slot].items()}
