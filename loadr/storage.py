@@ -5,7 +5,7 @@ an fsspec protocol later). What readers and writers use, and nothing else::
 
     size(path, index=None) -> int
     read(path, offset, length, index=None) -> bytes      exactly ``length`` bytes
-    read_many([(path, offset, length[, index]), ...]) -> [bytes, ...]
+    read_many([(path, offset, length, index), ...]) -> [bytes, ...]
     read_all(path, index=None, max_bytes=None) -> bytes  a whole small file
     list(path) -> [name, ...]                            a directory's names, sorted
     exists(path), isdir(path), isfile(path) -> bool      never raise
@@ -48,11 +48,13 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
 import os
 import shutil
 import time
-from typing import Iterable, Sequence
+from typing import Iterable
 
 from .errors import ConfigError, FormatError, LoadrError, ReadError, WriterError
 
@@ -170,16 +172,39 @@ def is_url(path) -> bool:
     return bool(sep) and scheme.isidentifier() and scheme != 'file' and len(scheme) > 1
 
 
+# The storage_options of URLs opened without their own (detection, check, the CLI's
+# --storage-option): set by ``with using_storage_options(...)``.
+_OPTIONS = contextvars.ContextVar('loadr_storage_options', default=None)
+
+
+@contextlib.contextmanager
+def using_storage_options(storage_options: dict | None):
+    """Within the block, URLs opened without ``storage_options`` get these.
+
+    >>> with using_storage_options({'anon': True}):
+    ...     pass
+    """
+    token = _OPTIONS.set(storage_options)
+    try:
+        yield
+    finally:
+        _OPTIONS.reset(token)
+
+
 def storage_for(path, storage_options: dict | None = None) -> Storage:
-    """The storage that reads and writes ``path``: local files, or (later) an fsspec URL.
+    """The storage that reads and writes ``path``: local files, or an fsspec URL.
+
+    URLs (``s3://``, ``https://``, …) go to :class:`loadr.remote.RemoteStorage`
+    (fsspec is imported then, not before).
 
     >>> type(storage_for('../shared/fixtures/bag')).__name__
     'LocalStorage'
     """
     if is_url(path):
-        scheme = os.fspath(path).partition('://')[0]
-        raise ConfigError(f'{scheme}:// URLs are not supported yet: loadr reads local paths',
-                          os.fspath(path))
+        from .remote import remote_storage
+        if storage_options is None:
+            storage_options = _OPTIONS.get()
+        return remote_storage(os.fspath(path), storage_options)
     if storage_options:
         raise ConfigError(f'storage_options ({", ".join(map(str, storage_options))}) apply to '
                           f'URLs only; this is a local path', os.fspath(path))
@@ -200,8 +225,11 @@ class Storage:
              index: int | None = None) -> bytes:  # pragma: no cover
         raise NotImplementedError
 
-    def read_many(self, ranges: Iterable[Sequence]) -> list[bytes]:
-        """``[read(*r) for r in ranges]``; a remote storage runs them concurrently."""
+    def read_many(self, ranges: Iterable[tuple]) -> list[bytes]:
+        """``[read(*r) for r in ranges]`` of ``(path, offset, length, index)``.
+
+        A remote storage runs them concurrently.
+        """
         return [self.read(*r) for r in ranges]
 
     def read_all(self, path: str, index: int | None = None,
@@ -372,26 +400,25 @@ class LocalStorage(Storage):
                 f'got {len(data)}', path, index)
         return data
 
-    def read_many(self, ranges: Iterable[Sequence]) -> list[bytes]:
-        """The bytes of each ``(path, offset, length[, index])``, in order, one pread each.
+    def read_many(self, ranges: Iterable[tuple]) -> list[bytes]:
+        """The bytes of each ``(path, offset, length, index)``, in order, one pread each.
 
         Anything amiss with one range (an OSError, a short read) is read again
         by :meth:`read`, which raises the error naming its file and index.
         """
         out = []
-        pread, fd_of = os.pread, self.fd
+        append, pread = out.append, os.pread
         last, fd = None, -1
-        for r in ranges:
-            path, offset, length = r[0], r[1], r[2]
+        for path, offset, length, index in ranges:
             if path is not last:
-                fd, last = fd_of(path, r[3] if len(r) > 3 else None), path
+                fd, last = self.fd(path, index), path
             try:
                 data = pread(fd, length, offset)
             except (OSError, ValueError, OverflowError):
-                data = None
-            if data is None or len(data) != length:
-                data = self.read(path, offset, length, r[3] if len(r) > 3 else None)
-            out.append(data)
+                data = b''
+            if len(data) != length:
+                data = self.read(path, offset, length, index)
+            append(data)
         return out
 
     def read_all(self, path: str, index: int | None = None,

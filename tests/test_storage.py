@@ -37,7 +37,7 @@ def test_read_and_read_many_give_the_bytes(data):
     raw = open(data, 'rb').read()
     assert s.read(data, 10, 5) == raw[10:15]
     assert s.size(data) == len(raw)
-    ranges = [(data, 0, 3), (data, 1000, 24, 7), (data, 5, 0)]
+    ranges = [(data, 0, 3, None), (data, 1000, 24, 7), (data, 5, 0, 1)]
     assert s.read_many(ranges) == [raw[0:3], raw[1000:1024], b'']
     assert storage.Storage.read_many(s, ranges) == s.read_many(ranges)   # the generic loop
 
