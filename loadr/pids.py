@@ -3,17 +3,24 @@
 Everything here reads ``/proc`` and ``/sys/fs/cgroup`` (Linux); elsewhere the
 answers degrade to "unknown" (None), never to a guess.
 
+A pid alone does not name an owner: pids are reused, and a process of another
+pid namespace (a container sharing /tmp or /dev/shm) has a pid that means
+nothing here. :func:`me` records the owner as boot id, pid namespace, pid and
+start time; :func:`owner_gone` says True only when that owner provably no
+longer runs.
+
 Example::
 
     running(os.getpid())        # True
     frozen(worker_pid)          # None, or why it cannot run: 'stopped (...)'
+    owner_gone(me())            # False
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ['running', 'proc_stat', 'frozen', 'cgroup_dir']
+__all__ = ['running', 'proc_stat', 'frozen', 'cgroup_dir', 'me', 'owner_gone']
 
 
 def running(pid: int) -> bool:
@@ -140,3 +147,55 @@ def frozen(pid: int) -> str | None:
     if _cgroup_frozen(pid):
         return 'frozen by its cgroup (a cgroup freezer, docker pause)'
     return None
+
+
+def _boot_id() -> str | None:
+    try:
+        with open('/proc/sys/kernel/random/boot_id') as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink('/proc/self/ns/pid')        # e.g. 'pid:[4026531836]'
+    except OSError:
+        return None
+
+
+def me() -> dict:
+    """This process as an owner: ``{'boot', 'pidns', 'pid', 'start'}`` (None where unknown).
+
+    >>> me()['pid'] == os.getpid()
+    True
+    """
+    stat = proc_stat(os.getpid())
+    return {'boot': _boot_id(), 'pidns': _pid_namespace(), 'pid': os.getpid(),
+            'start': None if stat is None else stat[2]}
+
+
+def owner_gone(owner: dict) -> bool:
+    """True only if the process ``owner`` (from :func:`me`, maybe in another process,
+    another boot) provably no longer runs. Unknown is False: keep what it owns.
+
+    Another boot: gone. Another pid namespace: unknown (its pids mean nothing
+    here, and it may run). Same namespace: gone if no process has that pid,
+    or the one that has it started at another time (the pid was reused).
+
+    >>> owner_gone(me())
+    False
+    >>> owner_gone({**me(), 'boot': 'another boot'})
+    True
+    """
+    here = me()
+    boot = owner.get('boot')
+    if boot is not None and here['boot'] is not None and boot != here['boot']:
+        return True
+    if here['pidns'] is None or here['start'] is None or owner.get('pidns') != here['pidns']:
+        return False                # /proc unreadable, or another namespace: cannot tell
+    pid, start = owner.get('pid'), owner.get('start')
+    if type(pid) is not int or type(start) is not int or pid <= 0:
+        return False
+    stat = proc_stat(pid)
+    return stat is None or stat[2] != start

@@ -29,8 +29,8 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import shutil
 import signal
+import tempfile
 import time
 
 import numpy as np
@@ -38,7 +38,8 @@ import zmq
 
 from .. import pids
 from . import protocol
-from .shm import Segment, StatusCells, check_space, private_dir, reclaim_stale, segment_name
+from .shm import (SHM_DIR, Segment, StatusCells, check_space, owned_dir, reclaim_stale,
+                  remove_owned)
 from .worker import WorkerArgs, run
 
 __all__ = ['WorkerPool', 'MAX_TASKS_PER_WORKER', 'MAX_DEATHS_PER_POSITION', 'JOIN_TIMEOUT_S',
@@ -89,14 +90,14 @@ class WorkerPool:
 
         self.closed = False
         self._segments: list[Segment] = []
-        self._dir = None
+        self._dir = self._shm_dir = None
         self._ctx = self._sock = None
         self.workers: list[_Worker | None] = [None] * workers
         try:
             reclaim_stale()
             check_space(layout.nbytes * slots + 16 * workers)
             self._mp = multiprocess.get_context(start_method)
-            self._dir = private_dir()          # mode 0700: ours alone
+            self._dir = owned_dir(tempfile.gettempdir())   # mode 0700: ours alone
             self.endpoint = f'ipc://{self._dir}/tasks'
             # Ctrl-C inside Socket() would leave a socket that nothing closes,
             # and close() would then wait forever in Context.term().
@@ -109,10 +110,10 @@ class WorkerPool:
             self._sock.setsockopt(zmq.LINGER, 0)
             self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self._sock.bind(self.endpoint)
-            token = secrets.token_hex(4)
-            self._segments = [Segment.create(segment_name(f'slot{i}', token), layout.nbytes)
-                              for i in range(slots)]
-            self._status = Segment.create(segment_name('status', token),
+            self._shm_dir = owned_dir(SHM_DIR)
+            self._segments = [Segment.create(os.path.join(self._shm_dir, f'slot{i}'),
+                                             layout.nbytes) for i in range(slots)]
+            self._status = Segment.create(os.path.join(self._shm_dir, 'status'),
                                           StatusCells.nbytes(workers))
             self._segments.append(self._status)
             cells = StatusCells(self._status.buf, workers)
@@ -126,8 +127,9 @@ class WorkerPool:
             self.views = [layout.views(seg.buf) for seg in self._segments[:slots]]
             self._template = dict(
                 reader=reader, fns=list(fns), spec=spec, layout=layout,
-                slot_names=[s.name for s in self._segments[:slots]],
-                status_name=self._status.name, parent_pid=os.getpid(), n=n,
+                slot_paths=[s.path for s in self._segments[:slots]],
+                status_path=self._status.path, owned_dirs=[self._shm_dir, self._dir],
+                parent_pid=os.getpid(), n=n,
                 shuffle=shuffle, on_error=on_error, endpoint=self.endpoint, workers=workers,
                 order_version=order_version)
             self.task_timeout_s = task_timeout_s
@@ -419,6 +421,7 @@ class WorkerPool:
             seg.close()
             seg.unlink()
         self._segments = []
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+        for path in (self._shm_dir, self._dir):
+            if path is not None:
+                remove_owned(path)
 

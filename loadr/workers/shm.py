@@ -1,16 +1,24 @@
 """Shared-memory batch slots: allocate, map, release, never leak.
 
-A slot is one file in ``/dev/shm`` holding every array of one batch at
-fixed offsets (the :class:`Layout`). Ownership, written down once:
+A slot is one file holding every array of one batch at fixed offsets (the
+:class:`Layout`). Ownership, written down once:
 
-- The **main process** creates every segment (``Segment.create``) and is the
-  one that unlinks them, in ``Loader.close()`` or its finaliser.
-- **Workers** only map segments by name. A worker that finds its parent gone
-  unlinks them too, so a SIGKILLed main process leaves nothing behind.
-- Names are ``loadr-<owner pid>-<token>-<what>``; :func:`reclaim_stale`
-  removes the segments of owners that no longer run, the next time any
-  loader starts, and likewise the owners' private socket directories
-  (:func:`private_dir`, ``<tmp>/loadr-<owner pid>-<random>``).
+- The **main process** makes an owned directory in ``/dev/shm`` and one in
+  the temp dir (for its sockets), creates every segment inside the first
+  (``Segment.create``) and is the one that removes both, in
+  ``Loader.close()`` or its finaliser.
+- **Workers** only map segments by path. A worker that finds its parent gone
+  removes the two directories too, so a SIGKILLed main process leaves
+  nothing behind.
+- If the whole process group is killed at once, :func:`reclaim_stale`
+  removes its directories the next time any loader starts, and only what
+  loadr provably made (:func:`owned_dir`): a directory named
+  ``loadr-<pid>-<32 hex digits>``, owned by us, holding a marker file
+  (``loadr-owner.json``, ours, mode 0600) that repeats the name's random
+  token and records the owner (boot id, pid namespace, pid, start time;
+  see :func:`loadr.pids.owner_gone`). A user's ``/tmp/loadr-2024-results``
+  fails every one of these checks; a live loader of another pid namespace
+  is never judged dead.
 
 The space is reserved with ``posix_fallocate`` when the segment is made, so
 a /dev/shm too small for the batches asked for is a clear
@@ -20,14 +28,16 @@ in the middle of a write.
 Example::
 
     layout = Layout({'image': (np.dtype('uint8'), (224, 224, 3))}, batch=64)
-    seg = Segment.create(segment_name('slot0'), layout.nbytes)
+    home = owned_dir(SHM_DIR)
+    seg = Segment.create(os.path.join(home, 'slot0'), layout.nbytes)
     views = layout.views(seg.buf)         # {'image': array of shape (64, 224, 224, 3)}
-    seg.close(); seg.unlink()
+    seg.close(); remove_owned(home)
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import mmap
 import os
 import re
@@ -39,21 +49,18 @@ import tempfile
 import numpy as np
 
 from ..errors import ResourceError
-from ..pids import running
+from ..pids import me, owner_gone
 
-__all__ = ['SHM_DIR', 'PREFIX', 'Layout', 'Segment', 'StatusCells', 'segment_name',
-           'reclaim_stale', 'private_dir', 'check_space']
+__all__ = ['SHM_DIR', 'PREFIX', 'MARKER', 'Layout', 'Segment', 'StatusCells', 'owned_dir',
+           'remove_owned', 'owner_of', 'reclaim_stale', 'check_space']
 
 SHM_DIR = '/dev/shm'
 PREFIX = 'loadr-'
+MARKER = 'loadr-owner.json'
 ALIGN_BYTES = 64
-_NAME = re.compile(r'^loadr-(\d+)-[0-9a-f]+-')
-_DIR_NAME = re.compile(r'^loadr-(\d+)-[A-Za-z0-9_]+$')
-
-
-def segment_name(what: str, token: str | None = None) -> str:
-    """A fresh segment name carrying our prefix and pid: ``loadr-<pid>-<token>-<what>``."""
-    return f'{PREFIX}{os.getpid()}-{token or secrets.token_hex(4)}-{what}'
+TOKEN_HEX = 32                  # 128 random bits: a name nobody picks by chance
+_OWNED = re.compile(r'^loadr-(\d+)-([0-9a-f]{%d})$' % TOKEN_HEX)
+_MARKER_MAX_BYTES = 4096
 
 
 class Layout:
@@ -131,19 +138,18 @@ class StatusCells:
 
 
 class Segment:
-    """One mapped file in /dev/shm."""
+    """One mapped file in an owned directory."""
 
-    def __init__(self, name: str, size: int, buf: mmap.mmap):
-        self.name, self.size, self.buf = name, size, buf
+    def __init__(self, path: str, size: int, buf: mmap.mmap):
+        self.path, self.size, self.buf = path, size, buf
 
     @property
-    def path(self) -> str:
-        return os.path.join(SHM_DIR, self.name)
+    def name(self) -> str:
+        return os.path.basename(self.path)
 
     @classmethod
-    def create(cls, name: str, size: int) -> 'Segment':
-        """Make, reserve and map a new segment of ``size`` bytes."""
-        path = os.path.join(SHM_DIR, name)
+    def create(cls, path: str, size: int) -> 'Segment':
+        """Make, reserve and map a new segment of ``size`` bytes at ``path``."""
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except OSError as exc:
@@ -164,19 +170,18 @@ class Segment:
             _unlink(path)
             raise
         os.close(fd)
-        return cls(name, size, buf)
+        return cls(path, size, buf)
 
     @classmethod
-    def attach(cls, name: str) -> 'Segment':
+    def attach(cls, path: str) -> 'Segment':
         """Map an existing segment (in a worker)."""
-        path = os.path.join(SHM_DIR, name)
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
             size = os.fstat(fd).st_size
             buf = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        return cls(name, size, buf)
+        return cls(path, size, buf)
 
     def close(self) -> None:
         try:
@@ -218,42 +223,90 @@ def check_space(nbytes: int) -> None:
             SHM_DIR)
 
 
-def private_dir() -> str:
-    """A new directory for the sockets, mode 0700, named after our pid (see reclaim_stale)."""
-    return tempfile.mkdtemp(prefix=f'{PREFIX}{os.getpid()}-')
+# -- owned directories ------------------------------------------------------------------
 
 
-def _orphans(parent: str, pattern: re.Pattern) -> list[str]:
-    """Names in ``parent`` that match ``pattern`` and whose owner pid (group 1) is gone."""
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return []
-    return [name for name in names
-            if (match := pattern.match(name)) and not running(int(match.group(1)))]
+def owned_dir(parent: str) -> str:
+    """Make a directory in ``parent`` that :func:`reclaim_stale` can prove is ours.
 
-
-def _reclaim_dirs() -> list[str]:
-    removed = []
-    parent = tempfile.gettempdir()
-    for name in _orphans(parent, _DIR_NAME):
-        path = os.path.join(parent, name)
+    Mode 0700; named ``loadr-<pid>-<token>``; a marker file inside repeats
+    the token and records this process (:func:`loadr.pids.me`). Until the
+    marker is complete the directory is not provably ours, so a reclaim
+    running meanwhile leaves it alone.
+    """
+    while True:
+        token = secrets.token_hex(TOKEN_HEX // 2)
+        path = os.path.join(parent, f'{PREFIX}{os.getpid()}-{token}')
         try:
-            info = os.lstat(path)
+            os.mkdir(path, 0o700)
+            break
+        except FileExistsError:
+            continue
+    try:
+        fd = os.open(os.path.join(path, MARKER),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, 'w') as f:
+            json.dump({'loadr': 1, 'token': token, **me()}, f)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return path
+
+
+def owner_of(path: str) -> dict | None:
+    """The owner recorded in ``path``'s marker if ``path`` is provably a directory that
+    loadr made (name, type, our uid, a marker of ours repeating the name's token); else None.
+    """
+    match = _OWNED.match(os.path.basename(path))
+    if match is None:
+        return None
+    uid = os.geteuid()
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
+            return None                 # a link planted in /tmp, another user's
+        fd = os.open(os.path.join(path, MARKER), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            mark = os.fstat(fd)
+            if not stat.S_ISREG(mark.st_mode) or mark.st_uid != uid or mark.st_size > \
+                    _MARKER_MAX_BYTES:
+                return None
+            record = json.loads(os.read(fd, _MARKER_MAX_BYTES))
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(record, dict) or record.get('loadr') != 1
+            or record.get('token') != match.group(2) or record.get('pid') != int(match.group(1))):
+        return None
+    return record
+
+
+def remove_owned(path: str) -> None:
+    """Remove a directory made by :func:`owned_dir`, with everything in it."""
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def reclaim_stale(parents: tuple | None = None) -> list[str]:
+    """Remove the owned directories (segments, sockets) of loaders that provably no
+    longer run, from the temp dir and /dev/shm; return their paths.
+
+    Anything else is left as it is: names that only look like ours, directories
+    without a valid marker, and those of owners that run or may run (another
+    pid namespace).
+    """
+    removed = []
+    for parent in parents or (tempfile.gettempdir(), SHM_DIR):
+        try:
+            names = os.listdir(parent)
         except OSError:
             continue
-        # Ours only: a real directory (not a link planted in /tmp) that we own.
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
-
-
-def reclaim_stale() -> list[str]:
-    """Unlink loadr segments and socket directories whose owner process is gone;
-    return their names (directories as paths)."""
-    removed = _reclaim_dirs()
-    for name in _orphans(SHM_DIR, _NAME):
-        _unlink(os.path.join(SHM_DIR, name))
-        removed.append(name)
+        for name in names:
+            if not _OWNED.match(name):
+                continue
+            path = os.path.join(parent, name)
+            owner = owner_of(path)
+            if owner is not None and owner_gone(owner):
+                remove_owned(path)
+                removed.append(path)
     return removed

@@ -38,8 +38,9 @@ class WorkerArgs:
     fns: list
     spec: dict
     layout: object
-    slot_names: list
-    status_name: str
+    slot_paths: list
+    status_path: str
+    owned_dirs: list            # the pool's directories (segments, socket): see shm.py
     parent_pid: int
     n: int
     shuffle: bool
@@ -48,10 +49,8 @@ class WorkerArgs:
     workers: int = 1
 
 
-def _watch_parent(parent_pid: int, names: list, ipc_dir: str | None, beat) -> None:
-    import shutil
-
-    from .shm import SHM_DIR
+def _watch_parent(parent_pid: int, owned_dirs: list, beat) -> None:
+    from .shm import remove_owned
 
     def watch():
         while True:
@@ -59,14 +58,9 @@ def _watch_parent(parent_pid: int, names: list, ipc_dir: str | None, beat) -> No
             beat[0] += 1            # "this process runs" (see the pool's frozen check)
             if os.getppid() != parent_pid:
                 # The main process died without closing us: nobody else will
-                # unlink the segments it made, so we do, then leave at once.
-                for name in names:
-                    try:
-                        os.unlink(os.path.join(SHM_DIR, name))
-                    except OSError:
-                        pass
-                if ipc_dir is not None:     # the private socket directory, likewise
-                    shutil.rmtree(ipc_dir, ignore_errors=True)
+                # remove what it made (segments, sockets), so we do, then leave.
+                for path in owned_dirs:
+                    remove_owned(path)
                 os._exit(0)
 
     threading.Thread(target=watch, name='loadr-parent-watch', daemon=True).start()
@@ -86,19 +80,16 @@ def run(args: WorkerArgs) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, 'pthread_sigmask'):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    ipc_dir = os.path.dirname(args.endpoint[len('ipc://'):]) \
-        if args.endpoint.startswith('ipc://') else None
     if os.getppid() != args.parent_pid:
         return
     try:
-        segments = [Segment.attach(name) for name in args.slot_names]
-        status = Segment.attach(args.status_name)
+        segments = [Segment.attach(path) for path in args.slot_paths]
+        status = Segment.attach(args.status_path)
     except FileNotFoundError:
         # Only the pool unlinks them: it closed (Ctrl-C while we started). Leave quietly.
         return
     cells = StatusCells(status.buf, args.workers)
-    _watch_parent(args.parent_pid, [*args.slot_names, args.status_name], ipc_dir,
-                  cells.heartbeat(args.wid))
+    _watch_parent(args.parent_pid, args.owned_dirs, cells.heartbeat(args.wid))
     if os.getppid() != args.parent_pid:
         return
     views = [args.layout.views(seg.buf) for seg in segments]
@@ -116,11 +107,15 @@ def run(args: WorkerArgs) -> None:
     sock.setsockopt(zmq.IDENTITY, args.identity)
     sock.connect(args.endpoint)
     sock.send_multipart(protocol.hello(os.getpid()))
+    pending = None          # the next task, received early so that its reads start early
     try:
         while True:
-            if not sock.poll(RECV_POLL_MS):
+            if pending is not None:
+                frames, pending = pending, None
+            elif not sock.poll(RECV_POLL_MS):
                 continue
-            frames = sock.recv_multipart()
+            else:
+                frames = sock.recv_multipart()
             kind, fields = protocol.parse(frames[0])
             if kind == protocol.STOP:
                 break
@@ -131,6 +126,19 @@ def run(args: WorkerArgs) -> None:
             order = orders.get(seed)
             if order is None:
                 order = orders[seed] = order_for(args.reader, seed, args.shuffle, order_version)
+            # Read ahead (remote storage; a no-op on local files): this task's
+            # records, then those of the next task if it is here already.
+            asm.prefetch(order, start, count)
+            if sock.poll(0):
+                pending = sock.recv_multipart()
+                kind2, fields2 = protocol.parse(pending[0])
+                if kind2 == protocol.TASK:
+                    seed2, start2, count2 = fields2[3], fields2[4], fields2[5]
+                    order2 = orders.get(seed2)
+                    if order2 is None:
+                        order2 = orders[seed2] = order_for(args.reader, seed2, args.shuffle,
+                                                           order_version)
+                    asm.prefetch(order2, start2, count2)
             try:
                 arrays = views[slot] if row == 0 else \
                     {key: view[row:row + count] for key, view in views[slot].items()}

@@ -25,7 +25,7 @@ import textwrap
 import threading
 import time
 
-from loadr.workers.shm import PREFIX, SHM_DIR
+from loadr.workers.shm import MARKER, PREFIX, SHM_DIR
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT_TIMEOUT_S = 30
@@ -130,10 +130,24 @@ def children(pid: int | None = None) -> list[int]:
     return found
 
 
-def segments(pid: int | None = None) -> list[str]:
-    """Names of the /dev/shm segments that ``pid`` (default: this process) owns."""
+def owned_dirs(pid: int | None = None, parent: str = SHM_DIR) -> list[str]:
+    """Paths of the directories loadr made in ``parent`` for ``pid`` (default: this process)."""
     pid = os.getpid() if pid is None else pid
-    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(f'{PREFIX}{pid}-'))
+    return sorted(os.path.join(parent, n) for n in os.listdir(parent)
+                  if n.startswith(f'{PREFIX}{pid}-'))
+
+
+def segments(pid: int | None = None) -> list[str]:
+    """The /dev/shm segments that ``pid`` (default: this process) owns, as paths relative
+    to /dev/shm (``loadr-<pid>-<token>/slot0``); markers are not segments."""
+    found = []
+    for path in owned_dirs(pid):
+        try:
+            found += [os.path.join(os.path.basename(path), n) for n in os.listdir(path)
+                      if n != MARKER]
+        except FileNotFoundError:
+            pass
+    return sorted(found)
 
 
 def segment_bytes(pid: int | None = None) -> int:

@@ -8,17 +8,25 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
 
 import pytest
 
 import loadr
 from loadr.errors import ResourceError
 from loadr.loader import LEASED_SLOTS
-from loadr.workers.shm import SHM_DIR, free_bytes
+from loadr.pids import running
+from loadr.workers.shm import MARKER, SHM_DIR, free_bytes, owned_dir, owner_of, reclaim_stale
 
 from ..loader_helpers import noisy, stream_digests, trivial
 from .helpers import (
+    ROOT,
+    STARTED,
     children,
     finish,
     read_json_line,
@@ -144,3 +152,113 @@ def test_dev_shm_too_small_is_a_clear_error_before_the_first_batch():
     finally:
         loader.close()
 
+
+
+# -- what a loader may reclaim: only what loadr provably made, of owners provably gone ----
+
+def _user_things():
+    """Things users make that look like loadr's old names; none may be touched."""
+    tmp = tempfile.gettempdir()
+    dead = 4_000_000 + os.getpid()               # above any pid_max: no such process
+    made = []
+    for parent, name in ((tmp, 'loadr-2024-results'), (tmp, f'loadr-{dead}-runs'),
+                         (SHM_DIR, 'loadr-1-abc-x'), (SHM_DIR, f'loadr-{dead}-0badc0de-slot0'),
+                         (tmp, f'loadr-{dead}-' + 'ab' * 16),       # our name, no marker
+                         (SHM_DIR, f'loadr-{dead}-' + 'cd' * 16)):  # our name, a forged marker
+        path = os.path.join(parent, name)
+        if name.endswith('-x') or name.endswith('slot0'):
+            with open(path, 'w') as f:
+                f.write('precious')
+        else:
+            os.mkdir(path)
+            with open(os.path.join(path, 'results.csv'), 'w') as f:
+                f.write('precious')
+        made.append(path)
+    # A marker whose token is not the name's: not provably ours.
+    with open(os.path.join(made[-1], MARKER), 'w') as f:
+        json.dump({'loadr': 1, 'token': 'ef' * 16, 'pid': dead, 'boot': 'x', 'pidns': 'y',
+                   'start': 1}, f)
+    return made
+
+
+def test_a_loader_leaves_what_users_made_alone():
+    made = _user_things()
+    try:
+        with loadr.Loader(trivial(20), batch=4, workers=1) as loader:
+            next(iter(loader))
+        assert reclaim_stale() == []
+        for path in made:
+            assert os.path.exists(path), path
+    finally:
+        for path in made:
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.unlink(path)
+
+
+def test_leftovers_of_another_boot_are_reclaimed_and_of_a_live_owner_kept():
+    live = owned_dir(SHM_DIR)                    # ours, this process: alive
+    other_boot = owned_dir(tempfile.gettempdir())
+    marker = os.path.join(other_boot, MARKER)
+    with open(marker) as f:
+        record = json.load(f)
+    with open(marker, 'w') as f:
+        json.dump({**record, 'boot': 'a boot that is over'}, f)
+    try:
+        assert reclaim_stale() == [other_boot]
+        assert os.path.isdir(live) and not os.path.exists(other_boot)
+    finally:
+        shutil.rmtree(live, ignore_errors=True)
+        shutil.rmtree(other_boot, ignore_errors=True)
+
+
+# A loader in a pid namespace of its own (a container sharing /tmp and /dev/shm): its
+# pids mean nothing here, and the one it has may be free here.
+IN_NAMESPACE = '''
+    import json, os, sys
+    import loadr
+    from tests.loader_helpers import batch_digest, trivial
+
+    with loadr.Loader(trivial(100), batch=4, seed=1, workers=1) as loader:
+        it = iter(loader)
+        next(it)
+        print(json.dumps({'pid': os.getpid(), 'dirs': [loader._pool._dir,
+                                                       loader._pool._shm_dir]}), flush=True)
+        sys.stdin.readline()                      # the test reclaims meanwhile
+        print(json.dumps({'digest': batch_digest(next(it))}), flush=True)
+'''
+
+
+def test_a_live_loader_of_another_pid_namespace_is_never_reclaimed():
+    unshare = shutil.which('unshare')
+    probe = subprocess.run([unshare or 'unshare', '--pid', '--fork', '--mount-proc', 'true'],
+                           capture_output=True) if unshare else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip('cannot make a pid namespace here (needs unshare and root or user '
+                    'namespaces)')
+    # Burn pids inside the namespace so the loader's pid is above 300, then check that
+    # no process has that pid here: the old reclaim would have judged it dead.
+    code = textwrap.dedent(IN_NAMESPACE)
+    shell = ('while [ "$(sh -c \'echo $$\')" -lt 300 ]; do :; done; '
+             f'{sys.executable} -c "$0"')
+    proc = subprocess.Popen([unshare, '--pid', '--fork', '--mount-proc', 'sh', '-c', shell,
+                             code], cwd=ROOT, env={**os.environ, 'PYTHONPATH': str(ROOT)},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    STARTED.append(proc)
+    info = read_json_line(proc)
+    if running(info['pid']):
+        pytest.skip(f"pid {info['pid']} of the namespace also runs here: nothing to show")
+    for path in info['dirs']:
+        assert owner_of(path) is not None and os.path.isdir(path)
+    with loadr.Loader(trivial(20), batch=4, workers=1) as loader:
+        next(iter(loader))                         # a loader start reclaims
+    assert reclaim_stale() == []
+    for path in info['dirs']:
+        assert os.path.isdir(path), path
+    proc.stdin.write('\n')
+    proc.stdin.flush()
+    assert 'digest' in read_json_line(proc)        # it still works
+    finish(proc)
+    assert proc.returncode == 0
