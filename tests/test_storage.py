@@ -188,8 +188,6 @@ def test_listing_and_predicates(tmp_path):
 
 
 def test_storage_for_urls_and_options(tmp_path):
-    with pytest.raises(ConfigError, match='s3:// URLs are not supported yet'):
-        storage_for('s3://bucket/data')
     with pytest.raises(ConfigError, match='apply to URLs only'):
         storage_for(str(tmp_path), {'anon': True})
     assert storage.is_url('https://host/x') and not storage.is_url(str(tmp_path))
