@@ -552,15 +552,45 @@ def cmd_convert(args) -> int:
     return EXIT_OK
 
 
-def _ingest_done(summary: dict, bar: Progress) -> int:
+SHOWN_PER_LIST = 10    # files listed per kind of change (all of them with -v)
+
+
+def _listing(title: str, entries: list, verbose: bool) -> None:
+    """``title`` then each entry on its own line (the first few unless verbose), to stderr."""
+    if not entries:
+        return
+    _err(f'loadr: {title}:')
+    shown = entries if verbose else entries[:SHOWN_PER_LIST]
+    for entry in shown:
+        _err(f'  {entry}')
+    if len(shown) < len(entries):
+        _err(f'  … and {len(entries) - len(shown)} more (-v lists them all)')
+
+
+def _ingest_done(summary: dict, bar: Progress, verbose: bool = False) -> int:
     bar.close()
     for line in summary['skipped']:
         _err(f'loadr: skipped {line}')
+    changed = summary.get('changed', [])
+    _listing('stored differently from the file (what changed)',
+             [f'{path}: {", ".join(what)}' for path, what in changed], verbose)
+    _listing('kept as they are, but note',
+             [f'{path}: {", ".join(what)}' for path, what in summary.get('notes', [])], verbose)
+    _listing('not taken (not an image in a class folder)', summary.get('ignored', []), verbose)
     size, files = _disk_size(summary['out'])
     skipped = f", skipped {len(summary['skipped'])}" if summary['skipped'] else ''
     _out(f"wrote {_plural(summary['written'], 'datapoint')} "
          f"({_plural(summary['labels'], 'label')}{skipped}) to "
          f"{summary['out']} ({summary['format']}, {_size(size)}) in {bar.elapsed:.2f} s")
+    if 'image_type' in summary:        # images: say what the dataset holds against the files
+        parts = [f"images stored as {summary['image_type']}",
+                 f"{len(changed)} changed (re-encoded, converted, shrunk or rotated)",
+                 f"{len(summary['notes'])} with a note",
+                 f"{_plural(len(summary['ignored']), 'file')} not taken"]
+        if summary['empty_labels']:
+            parts.append(f"empty labels: {', '.join(summary['empty_labels'])}")
+        _out('; '.join(parts) + ('' if not (changed or summary['notes'] or summary['ignored'])
+                                 else ' (listed on stderr)'))
     return EXIT_OK
 
 
@@ -570,8 +600,10 @@ def cmd_ingest_images(args) -> int:
     bar = Progress(unit='images', label='ingest')
     summary = ingest_images(args.dir, args.out, format=args.format, workers=args.workers,
                             short_side=args.short_side, skip_bad=args.skip_bad, progress=bar,
-                            shardlen=args.shardlen, videos_per_chunk=args.videos_per_chunk)
-    return _ingest_done(summary, bar)
+                            shardlen=args.shardlen, videos_per_chunk=args.videos_per_chunk,
+                            image_type=args.image_type, allow_empty=args.allow_empty,
+                            exif_transpose=args.exif_transpose)
+    return _ingest_done(summary, bar, args.verbose)
 
 
 def cmd_ingest_videos(args) -> int:
@@ -798,13 +830,25 @@ def build_parser() -> argparse.ArgumentParser:
     ingest = p.add_subparsers(dest='what', metavar='WHAT')
     p.set_defaults(func=lambda a: _usage(p))
     q = _command(ingest, 'images', cmd_ingest_images,
-                 'Images in DIR/<label>/ (the folder is the label) into a bag (default) or gulp '
-                 'dataset. Bag spec: image jpg, label int, label_name utf8, path utf8.',
+                 'Images in DIR/<label>/ (the folder is the label, numbered in sorted order '
+                 "as torchvision's ImageFolder) into a bag (default) or gulp dataset. Bag spec: "
+                 'image jpg or png, label int, label_name utf8, path utf8. Every image stored '
+                 'differently from its file, and every file not taken, is listed.',
                  'loadr ingest images photos/ data/photos --workers 4 --short-side 256',
                  parents)
     q.add_argument('dir', help='the folder with one subfolder per label')
     q.add_argument('out', help='the new dataset (must not exist)')
     _ingest_options(q, 'bag', video=False)
+    q.add_argument('--image-type', choices=('auto', 'jpg', 'png'), default='auto',
+                   help="bag: what the image key holds; files of that format are stored as they "
+                        "are, others encoded (default auto: jpg when any file is a JPEG, else "
+                        "png, lossless)")
+    q.add_argument('--allow-empty', action='store_true',
+                   help='accept class folders without images (their labels keep their numbers, '
+                        "as torchvision's ImageFolder(allow_empty=True)); refused by default")
+    q.add_argument('--exif-transpose', action='store_true',
+                   help='rotate images by their EXIF orientation (re-encoding them); by default '
+                        "the pixels are stored as the file has them, as ImageFolder reads them")
     q = _command(ingest, 'videos', cmd_ingest_videos,
                  'Videos in DIR/<label>/ (video files, or folders of frame JPEGs) into a gulp '
                  '(default) or bag dataset. Video files need PyAV or an ffmpeg binary.',

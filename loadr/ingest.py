@@ -1,7 +1,9 @@
 """``loadr ingest``: folders of images or videos into a bag or gulp dataset.
 
 - ``ingest_images(DIR, OUT)``: ``DIR/<label>/<image>``; the label is the
-  folder. Bag spec ``{image: jpg, label: int, label_name: utf8, path: utf8}``;
+  folder, numbered as torchvision's ``ImageFolder`` numbers it (the class
+  folders' names, sorted; an empty class folder is refused unless allowed).
+  Bag spec ``{image: jpg|png, label: int, label_name: utf8, path: utf8}``;
   gulp: a one-frame video per image, id = the relative path, meta
   ``{label, label_idx}``, and ``label2idx.json``.
 - ``ingest_videos(DIR, OUT)``: ``DIR/<label>/<video>``, a video being a
@@ -15,9 +17,13 @@ or gulp videos with meta ``{label, label_idx, ...}`` and ``label2idx.json``
 (label -1 / no ``label_idx`` for an unlabelled entry). Labels are numbered
 in sorted order unless a mapping is given.
 
-JPEG files are stored as they are (checked by decoding them once); other
-images, and video frames, are encoded as JPEG (quality 90). ``short_side``
-shrinks anything larger (JPEG draft mode makes that cheap). Files are read
+Images are stored as they are where the stored type allows (a JPEG in a
+``jpg`` key, a PNG in a ``png`` key; checked by decoding them once); other
+images are encoded (JPEG quality 90, or lossless PNG) and video frames as
+JPEG. ``short_side`` shrinks anything larger (JPEG draft mode makes that
+cheap). Whatever is stored differently from the file (re-encoded, converted
+from CMYK or a palette, alpha dropped, shrunk, rotated by EXIF), and every
+file passed over, is listed in the summary; nothing changes silently. Files are read
 and encoded in a process pool; the writer in this process keeps the order of
 the sorted file list, so the output does not depend on the worker count. A
 file that cannot be read stops the ingest (nothing is written) unless
@@ -43,14 +49,15 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from typing import NamedTuple
 
-from .codecs import JPEG_QUALITY, image_problem
+from .codecs import JPEG_QUALITY, image_kind, image_problem
 from .errors import ConfigError, DecodeError, WriterError
 from .jsonfiles import read_json
 
 __all__ = ['IMAGE_EXTENSIONS', 'VIDEO_EXTENSIONS', 'NO_VIDEO_BACKEND', 'video_backend',
-           'find_images', 'find_videos', 'read_list', 'image_jpeg', 'video_frames',
-           'ingest_images', 'ingest_videos', 'ingest_json']
+           'ImageScan', 'scan_images', 'find_images', 'find_videos', 'read_list', 'image_bytes',
+           'image_jpeg', 'video_frames', 'ingest_images', 'ingest_videos', 'ingest_json']
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp', '.tif', '.tiff', '.ppm')
 INGEST_FORMATS = ('JPEG', 'PNG', 'BMP', 'GIF', 'WEBP', 'TIFF', 'PPM')   # Pillow's names
@@ -79,34 +86,87 @@ def _visible(names):
     return sorted((n for n in names if not n.startswith('.')), key=_natural)
 
 
-def find_images(root: str) -> tuple[list[tuple[str, str]], list[str]]:
+class ImageScan(NamedTuple):
+    """What :func:`scan_images` found: the images, the classes, and what it passed over."""
+
+    items: list          # [(relative path, label), ...] in natural order within each class
+    labels: list         # every class folder's name, sorted as torchvision's ImageFolder sorts
+    empty: list          # class folders without a single image (ImageFolder refuses them)
+    ignored: list        # relative paths of files and folders that are not taken, with why
+
+
+def scan_images(root: str) -> ImageScan:
+    """Every ``root/<label>/**/<image>``, every class folder, and what is not an image.
+
+    Class folders are the visible (not dot-named) folders in ``root``; their
+    names, sorted, number the labels 0, 1, ... exactly as torchvision's
+    ``ImageFolder`` numbers them (it would also take dot-named folders).
+
+    >>> scan_images('photos').labels          # doctest: +SKIP
+    ['cat', 'dog']
+    """
+    if not os.path.isdir(root):
+        raise ConfigError('not a directory', root)
+    items, loose, ignored, labels, empty = [], [], [], [], []
+    for name in sorted(os.listdir(root)):
+        top = os.path.join(root, name)
+        if name.startswith('.'):
+            ignored.append(f'{name}{"/" if os.path.isdir(top) else ""} (hidden)')
+        elif not os.path.isdir(top):
+            (loose if name.lower().endswith(IMAGE_EXTENSIONS) else ignored).append(name)
+            if not name.lower().endswith(IMAGE_EXTENSIONS):
+                ignored[-1] += ' (not in a class folder)'
+        else:
+            labels.append(name)
+    for label in sorted(labels, key=_natural):
+        found = 0
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, label)):
+            rel_dir = os.path.relpath(dirpath, root).replace(os.sep, '/')
+            ignored.extend(f'{rel_dir}/{d}/ (hidden)' for d in sorted(dirnames)
+                           if d.startswith('.'))
+            dirnames[:] = _visible(dirnames)
+            for name in sorted(filenames, key=_natural):
+                rel = f'{rel_dir}/{name}'
+                if name.startswith('.'):
+                    ignored.append(f'{rel} (hidden)')
+                elif not name.lower().endswith(IMAGE_EXTENSIONS):
+                    ignored.append(f'{rel} (not an image file by its extension)')
+                else:
+                    items.append((rel, label))
+                    found += 1
+        if not found:
+            empty.append(label)
+    if loose and not items:
+        raise ConfigError(f'images lie directly in the folder ({loose[0]!r}, …); put each in '
+                          f'a folder named after its label: DIR/<label>/<image>', root)
+    ignored.extend(f'{name} (not in a class folder)' for name in loose)
+    if not items:
+        raise ConfigError(f'no images found (looked for DIR/<label>/<image> with an extension '
+                          f'of {", ".join(IMAGE_EXTENSIONS)})', root)
+    return ImageScan(items, sorted(labels), sorted(empty), ignored)
+
+
+def find_images(root: str, allow_empty: bool = False) -> tuple[list[tuple[str, str]], list[str]]:
     """``([(relative path, label), ...], sorted labels)`` for ``root/<label>/**/<image>``.
+
+    A class folder without images is refused, as torchvision's ImageFolder
+    refuses it, unless ``allow_empty`` (its label keeps its number).
 
     >>> find_images('photos')          # doctest: +SKIP
     ([('cat/1.jpg', 'cat'), ('dog/7.png', 'dog')], ['cat', 'dog'])
     """
-    if not os.path.isdir(root):
-        raise ConfigError('not a directory', root)
-    items, loose = [], []
-    for label in _visible(os.listdir(root)):
-        top = os.path.join(root, label)
-        if not os.path.isdir(top):
-            if label.lower().endswith(IMAGE_EXTENSIONS):
-                loose.append(label)
-            continue
-        for dirpath, dirnames, filenames in os.walk(top):
-            dirnames[:] = _visible(dirnames)
-            for name in _visible(filenames):
-                if name.lower().endswith(IMAGE_EXTENSIONS):
-                    rel = os.path.relpath(os.path.join(dirpath, name), root)
-                    items.append((rel.replace(os.sep, '/'), label))
-    if loose and not items:
-        raise ConfigError(f'images lie directly in the folder ({loose[0]!r}, …); put each in '
-                          f'a folder named after its label: DIR/<label>/<image>', root)
-    if not items:
-        raise ConfigError(f'no images found (looked for DIR/<label>/<image> with an extension '
-                          f'of {", ".join(IMAGE_EXTENSIONS)})', root)
-    return items, sorted({label for _, label in items})
+    scan = scan_images(root)
+    _check_empty(scan, root, allow_empty)
+    return scan.items, scan.labels
+
+
+def _check_empty(scan: ImageScan, root: str, allow_empty: bool) -> None:
+    if scan.empty and not allow_empty:
+        names = ', '.join(repr(e) for e in scan.empty)
+        raise ConfigError(f'class folder(s) without any image: {names} (torchvision\'s '
+                          f'ImageFolder refuses them too); remove them, or allow them '
+                          f'(--allow-empty, allow_empty=True) to keep every label number as '
+                          f'ImageFolder(allow_empty=True) gives it', root)
 
 
 def _frame_files(folder: str) -> list[str]:
@@ -219,32 +279,101 @@ def _ingest_formats() -> list[str]:
     return [f for f in INGEST_FORMATS if f in Image.OPEN]
 
 
+# Modes a stored file may keep: what decode_image gives back as a plain array.
+_KEEP_MODES = {'jpg': ('RGB', 'L'), 'png': ('RGB', 'L', 'RGBA', 'I;16')}
+EXIF_ORIENTATION = 0x0112
+
+
+def _target_mode(img, target: str) -> str:
+    """The mode an image that must be encoded is stored in (no alpha in a JPEG)."""
+    alpha = img.mode in ('RGBA', 'LA', 'PA') or 'transparency' in img.info
+    if target == 'png':
+        if img.mode in _KEEP_MODES['png']:
+            return img.mode
+        if img.mode == '1':
+            return 'L'
+        return 'RGBA' if alpha else 'RGB'
+    return 'L' if img.mode in ('1', 'L', 'LA', 'I', 'I;16') else 'RGB'
+
+
+def image_bytes(data: bytes, target: str = 'jpg', short_side: int | None = None,
+                exif_transpose: bool = False) -> tuple[bytes, list[str], list[str]]:
+    """``(stored bytes, changes, notes)`` for one image file's bytes.
+
+    A JPEG (``target='jpg'``) or PNG (``target='png'``) in a mode that
+    decodes to a plain array is stored as it is; anything else is encoded:
+    as JPEG (quality 90) or as PNG (lossless). ``changes`` says, in words,
+    each way the stored image differs from the file (re-encoded, converted
+    from CMYK or a palette, alpha dropped, shrunk, rotated); ``notes`` what
+    was left as it is but a user may not expect (an EXIF orientation not
+    applied: the pixels are stored as the file has them, as torchvision's
+    ImageFolder reads them; ``exif_transpose=True`` rotates them instead).
+    The image is fully decoded once, so a broken file fails here
+    (DecodeError) rather than in training.
+
+    >>> image_bytes(open('cat.png', 'rb').read(), 'jpg')[1]       # doctest: +SKIP
+    ['PNG stored as JPEG (quality 90)']
+    """
+    from PIL import Image, ImageOps
+    if target not in _KEEP_MODES:
+        raise ConfigError(f"image type must be 'jpg' or 'png', got {target!r}")
+    changes, notes = [], []
+    try:
+        with Image.open(io.BytesIO(data), formats=_ingest_formats()) as img:
+            fmt, mode = img.format, img.mode
+            w, h = img.size
+            orientation = img.getexif().get(EXIF_ORIENTATION, 1) if fmt in (
+                'JPEG', 'PNG', 'WEBP', 'TIFF') else 1
+            rotate = exif_transpose and orientation not in (1, None)
+            needs_resize = bool(short_side) and min(w, h) > short_side
+            same = fmt == {'jpg': 'JPEG', 'png': 'PNG'}[target] and mode in _KEEP_MODES[target]
+            if orientation not in (1, None) and not rotate:
+                notes.append(f'EXIF orientation {orientation} not applied (pixels as stored)')
+            if same and not needs_resize and not rotate:
+                img.load()               # proves the whole file decodes
+                return bytes(data), changes, notes
+            if needs_resize and fmt == 'JPEG' and not rotate:
+                scale = short_side / min(w, h)
+                img.draft('RGB', (max(1, int(w * scale)), max(1, int(h * scale))))
+            new_mode = _target_mode(img, target)
+            if rotate:
+                img = ImageOps.exif_transpose(img)
+                changes.append(f'rotated by its EXIF orientation {orientation}')
+            if img.mode != new_mode:
+                dropped = img.mode in ('RGBA', 'LA', 'PA') or 'transparency' in img.info
+                changes.append(f'{img.mode} converted to {new_mode}' + (
+                    ' (alpha dropped: JPEG has none)' if dropped and target == 'jpg' else ''))
+                img = img.convert(new_mode)
+            if needs_resize:
+                img = _shrunk(img, short_side)
+                changes.append(f'shrunk from {w}x{h} to {img.size[0]}x{img.size[1]}')
+            encoded = _encode(img) if target == 'jpg' else _encode_png(img)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        problem = image_problem(data, exc, _EXPECTED, INGEST_FORMATS)
+        raise DecodeError(f'cannot decode image: {problem}') from exc
+    how = f'JPEG (quality {JPEG_QUALITY})' if target == 'jpg' else 'PNG (lossless)'
+    if fmt == {'jpg': 'JPEG', 'png': 'PNG'}[target]:
+        changes.append(f're-encoded as {how}')
+    else:
+        changes.append(f'{fmt} stored as {how}')
+    return encoded, changes, notes
+
+
+def _encode_png(img) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format='PNG')
+    return buf.getvalue()
+
+
 def image_jpeg(data: bytes, short_side: int | None = None) -> bytes:
     """JPEG bytes for one image file's bytes: a JPEG as it is, anything else encoded.
 
-    The image is fully decoded once, so a broken file fails here (DecodeError)
-    rather than in training.
+    ``image_bytes(data, 'jpg', short_side)[0]``: what video frames are stored as.
 
     >>> image_jpeg(open('cat.png', 'rb').read())[:2]      # doctest: +SKIP
     b'\\xff\\xd8'
     """
-    from PIL import Image
-    try:
-        with Image.open(io.BytesIO(data), formats=_ingest_formats()) as img:
-            is_jpeg = img.format == 'JPEG' and img.mode in ('RGB', 'L')
-            w, h = img.size
-            needs_resize = bool(short_side) and min(w, h) > short_side
-            if is_jpeg and not needs_resize:
-                img.load()               # proves the whole file decodes
-                return bytes(data)
-            if needs_resize and img.format == 'JPEG':
-                scale = short_side / min(w, h)
-                img.draft('RGB', (max(1, int(w * scale)), max(1, int(h * scale))))
-            img = img.convert('L' if img.mode in ('L', 'I;16', '1') else 'RGB')
-            return _encode(_shrunk(img, short_side))
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        problem = image_problem(data, exc, _EXPECTED, INGEST_FORMATS)
-        raise DecodeError(f'cannot decode image: {problem}') from exc
+    return image_bytes(data, 'jpg', short_side)[0]
 
 
 def video_backend(prefer: str = 'auto') -> str | None:
@@ -329,10 +458,10 @@ def video_frames(path: str, fps: float | None = None, short_side: int | None = N
 
 
 def _image_task(args):
-    path, short_side = args
+    path, target, short_side, exif_transpose = args
     try:
         with open(path, 'rb') as f:
-            return 'ok', image_jpeg(f.read(), short_side)
+            return 'ok', image_bytes(f.read(), target, short_side, exif_transpose)
     except OSError as exc:
         return 'error', f'cannot read: {exc.strerror or exc}'
     except DecodeError as exc:
@@ -389,16 +518,20 @@ def _default_workers(workers: int | None) -> int:
 
 
 def _write(out, fmt, jobs, task, workers, entries, label2idx, progress, skip_bad,
-           videos_per_chunk, shardlen, video: bool) -> dict:
-    """Run ``task`` over ``jobs`` and write each result with its ``entries`` row."""
+           videos_per_chunk, shardlen, video: bool, image_type: str = 'jpg') -> dict:
+    """Run ``task`` over ``jobs`` and write each result with its ``entries`` row.
+
+    An image task gives ``(bytes, changes, notes)``; they are collected per
+    file for the summary.
+    """
     from .writers import BagWriter, GulpWriter
     if fmt == 'bag':
         spec = ({'id': 'utf8', 'frames': 'jpg[]', 'label': 'int', 'meta': 'msgpack'} if video
-                else {'image': 'jpg', 'label': 'int', 'label_name': 'utf8', 'path': 'utf8'})
+                else {'image': image_type, 'label': 'int', 'label_name': 'utf8', 'path': 'utf8'})
         writer = BagWriter(out, spec, shardlen=shardlen)
     else:
         writer = GulpWriter(out, videos_per_chunk=videos_per_chunk, label2idx=label2idx or None)
-    written, skipped = 0, []
+    written, skipped, changed, notes = 0, [], [], []
     with writer:
         for (status, value), (source, id_, label, meta) in zip(
                 _results(task, jobs, workers), entries, strict=True):
@@ -410,6 +543,12 @@ def _write(out, fmt, jobs, task, workers, entries, label2idx, progress, skip_bad
                 if progress is not None:
                     progress.update(1)
                 continue
+            if not video:
+                value, its_changes, its_notes = value
+                if its_changes:
+                    changed.append((id_, its_changes))
+                if its_notes:
+                    notes.append((id_, its_notes))
             idx = label2idx.get(label, -1) if label is not None else -1
             if fmt == 'gulp':
                 gulp_meta = dict(meta)
@@ -426,29 +565,72 @@ def _write(out, fmt, jobs, task, workers, entries, label2idx, progress, skip_bad
         if written == 0:
             raise WriterError('every input was skipped; nothing written', out)
     return {'out': out, 'format': fmt, 'written': written, 'skipped': skipped,
-            'labels': len(label2idx)}
+            'labels': len(label2idx), 'changed': changed, 'notes': notes}
+
+
+def _stored_type(paths: list, image_type: str, fmt: str) -> str:
+    """'jpg' or 'png': what the bag's image key holds (gulp frames are always JPEG)."""
+    if image_type not in ('auto', 'jpg', 'png'):
+        raise ConfigError(f"image type must be 'auto', 'jpg' or 'png', got {image_type!r}")
+    if fmt == 'gulp':
+        if image_type == 'png':
+            raise ConfigError('gulp stores JPEG frames only: leave out --image-type png, or '
+                              'write a bag (--format bag)')
+        return 'jpg'
+    if image_type != 'auto':
+        return image_type
+    # Keep what can be kept: JPEG when there is any JPEG (re-encoding one would
+    # lose detail), else PNG (the other formats convert to it without loss).
+    for path in paths:
+        try:
+            with open(path, 'rb') as f:
+                if image_kind(f.read(16)) == 'JPEG':
+                    return 'jpg'
+        except OSError:
+            continue                    # reported when the file is read for real
+    return 'png'
 
 
 def ingest_images(src: str, out: str, format: str = 'bag', workers: int | None = None,  # noqa: A002
                   short_side: int | None = None, skip_bad: bool = False, progress=None,
-                  shardlen: int | None = None, videos_per_chunk: int = 100) -> dict:
+                  shardlen: int | None = None, videos_per_chunk: int = 100,
+                  image_type: str = 'auto', allow_empty: bool = False,
+                  exif_transpose: bool = False) -> dict:
     """Write every ``src/<label>/<image>`` into a new bag (default) or gulp dataset at ``out``.
 
-    Returns ``{'out', 'format', 'written', 'skipped', 'labels'}``.
+    Labels are numbered as torchvision's ``ImageFolder`` numbers them: the
+    class folders' names, sorted. A class folder without images is refused
+    (as ImageFolder refuses it) unless ``allow_empty``. ``image_type``: what
+    the bag's ``image`` key holds: ``'auto'`` (JPEG when any file is a JPEG,
+    else PNG), ``'jpg'`` or ``'png'``; files of that format are stored as
+    they are, others encoded (JPEG quality 90, or lossless PNG). Nothing is
+    changed silently: the summary lists each file stored differently from
+    how it was, and every file passed over.
+
+    Returns ``{'out', 'format', 'written', 'skipped', 'labels', 'image_type',
+    'changed': [(path, [what changed])], 'notes': [(path, [note])],
+    'ignored': [path (why)], 'empty_labels': [label]}``.
 
     Example::
 
         ingest_images('photos', 'data/photos', workers=4, short_side=256)
     """
     _check_out(out, format)
-    items, labels = find_images(src)
-    label2idx = {label: i for i, label in enumerate(labels)}
+    scan = scan_images(src)
+    _check_empty(scan, src, allow_empty)
+    label2idx = {label: i for i, label in enumerate(scan.labels)}
     if progress is not None:
-        progress.total = len(items)
-    jobs = [(os.path.join(src, rel), short_side) for rel, _ in items]
-    entries = [(os.path.join(src, rel), rel, label, {'label': label}) for rel, label in items]
-    return _write(out, format, jobs, _image_task, _default_workers(workers), entries, label2idx,
-                  progress, skip_bad, videos_per_chunk, shardlen, video=False)
+        progress.total = len(scan.items)
+    paths = [os.path.join(src, rel) for rel, _ in scan.items]
+    target = _stored_type(paths, image_type, format)
+    jobs = [(path, target, short_side, exif_transpose) for path in paths]
+    entries = [(path, rel, label, {'label': label})
+               for path, (rel, label) in zip(paths, scan.items, strict=True)]
+    summary = _write(out, format, jobs, _image_task, _default_workers(workers), entries,
+                     label2idx, progress, skip_bad, videos_per_chunk, shardlen, video=False,
+                     image_type=target)
+    summary.update(image_type=target, ignored=scan.ignored, empty_labels=scan.empty)
+    return summary
 
 
 def _need_backend(paths: list, backend: str) -> None:
