@@ -265,10 +265,22 @@ class Assembler:
                 value = np.asarray(value)
             if (value.dtype is not dtype and value.dtype != dtype) or value.shape != shape:
                 raise SpecError(f'key {key!r} is {value.dtype}{list(value.shape)}, the spec '
-                                f'says {dtype}{list(shape)}', index=index)
+                                f'says {dtype}{list(shape)}{_shape_hint(key, value.shape, shape)}',
+                                index=index)
             arrays[key][row] = value
         for key in self.list_keys:
             extras[key].append(dp[key])
+
+
+def _shape_hint(key, got: tuple, spec: tuple) -> str:
+    """How to fix a shape that differs from the spec's (images of different sizes, mostly)."""
+    if got == spec:
+        return ''
+    return (f'. A batch stacks each array key into one array, so every datapoint needs the same '
+            f'shape: give {key!r} one size with a fn (e.g. decode_jpeg(size=256) then '
+            f'center_crop(size=224) or random_resized_crop(size=224), or resize(size=(224, '
+            f'224))), or make it a list key (Loader(..., spec={{{key!r}: (object, ()), ...}}), '
+            f'every key listed) to get a list of arrays')
 
 
 def _inherited_read_batch(reader) -> bool:

@@ -1,0 +1,92 @@
+"""README's quickstart, run as written on a folder of photos of different sizes (issue 11, item 11).
+
+The shell lines of the quickstart run as commands, its Python blocks are
+executed in order in one namespace, in a folder holding ``photos/``. The one
+change: the training loop's ``range(1000)`` becomes ``range(STEPS)``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import loadr
+from loadr.errors import SpecError
+
+from .datasets import image_folder
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+STEPS = 5
+TIMEOUT_S = 120
+
+
+def quickstart_blocks() -> list[tuple[str, str]]:
+    """``[(language, code), ...]`` of README's Quickstart section, in order."""
+    text = (ROOT / 'README.md').read_text(encoding='utf-8')
+    section = text.split('\n## Quickstart\n', 1)[1].split('\n## ', 1)[0]
+    return re.findall(r'```(\w+)\n(.*?)```', section, flags=re.S)
+
+
+def run_shell(code: str, cwd: pathlib.Path) -> None:
+    for line in code.splitlines():
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        assert words[0] == 'loadr', line
+        done = subprocess.run([sys.executable, '-m', 'loadr.cli', *words[1:]], cwd=cwd,
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+        assert done.returncode == 0, (line, done.stderr)
+
+
+def test_the_quickstart_runs_on_photos_of_different_sizes(tmp_path, monkeypatch, capsys):
+    image_folder(tmp_path / 'photos', sizes=((24, 32), (40, 30), (33, 33), (20, 50), (64, 48)))
+    blocks = quickstart_blocks()
+    assert [lang for lang, _ in blocks] == ['sh', 'python', 'python']
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {'__name__': '__readme__'}
+    for lang, code in blocks:
+        if lang == 'sh':
+            run_shell(code, tmp_path)
+            continue
+        assert code.count('range(1000)') <= 1
+        exec(compile(code.replace('range(1000)', f'range({STEPS})'), 'README.md', 'exec'),
+             namespace)
+    batch, state, reader, fns = (namespace[k] for k in ('batch', 'state', 'reader', 'fns'))
+    assert batch['image'].shape == (64, 224, 224, 3) and batch['label'].shape == (64,)
+    assert state['step'] == STEPS * 64
+    assert namespace['report'].ok
+    # "exactly the batch that was due next": the next batch of one uninterrupted run.
+    with loadr.Loader(reader, batch=64, fns=fns, shuffle=True, seed=0, workers=0) as loader:
+        it = iter(loader)
+        for _ in range(STEPS):
+            next(it)
+        due = next(it)
+    assert np.array_equal(batch['image'], due['image'])
+    assert np.array_equal(batch['label'], due['label'])
+    assert 'cat' in capsys.readouterr().out           # the printed datapoint
+
+
+def test_without_a_size_fn_the_shape_error_says_how_to_fix_it(tmp_path):
+    image_folder(tmp_path / 'photos')
+    run_shell('loadr ingest images photos/ data/photos', tmp_path)
+    reader = loadr.open(tmp_path / 'data' / 'photos')
+    with loadr.Loader(reader, batch=4, shuffle=False, workers=0) as loader:
+        with pytest.raises(SpecError) as info:
+            next(iter(loader))
+    text = str(info.value)
+    assert "key 'image' is uint8[40, 30, 3], the spec says uint8[24, 32, 3]" in text
+    assert 'random_resized_crop(size=224)' in text and 'resize(size=(224, 224))' in text
+    assert "spec={'image': (object, ())" in text
+    # Following the hint's second way: a list of arrays of their own sizes.
+    spec = {'image': (object, ()), 'label': ('int64', ()), 'label_name': (object, ()),
+            'path': (object, ())}
+    with loadr.Loader(reader, batch=4, shuffle=False, workers=0, spec=spec) as loader:
+        batch = next(iter(loader))
+    assert [a.shape for a in batch['image']] == [(24, 32, 3), (40, 30, 3), (33, 33, 3),
+                                                 (20, 50, 3)]
