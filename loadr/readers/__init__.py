@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from ..errors import FormatError
-from ..storage import storage_for
+from ..storage import storage_for, using_storage_options
 from . import bag, ffrecord, gulp
 from .bag import BagReader
 from .base import Files, Format, Problem, Reader, check_index
@@ -56,4 +56,6 @@ def open(path: str | os.PathLike, **options) -> Reader:  # noqa: A001 - mirrors 
     >>> len(r)
     20
     """
-    return detect(path).reader(os.fspath(path), **options)
+    # A URL's storage_options apply to the detection too (loadr.storage).
+    with using_storage_options(options.get('storage_options')):
+        return detect(path).reader(os.fspath(path), **options)

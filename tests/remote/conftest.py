@@ -74,6 +74,17 @@ def moto(served_root, tmp_path_factory, s3_env):
         yield server
 
 
+@pytest.fixture(scope='session')
+def moto_auth(tmp_path_factory, s3_env):
+    """A second moto S3 server that checks credentials (and knows none of ours)."""
+    try:
+        server = start_moto(tmp_path_factory.mktemp('moto_auth'), auth=True)
+    except ServerUnavailable as exc:
+        _unavailable(str(exc))
+    with server:
+        yield server
+
+
 @pytest.fixture
 def proxy(nginx):
     """A fault-injecting proxy in front of nginx; a test sets its faults."""

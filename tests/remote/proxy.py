@@ -12,7 +12,8 @@ retries enough always succeeds. ``hang=True`` accepts requests and never
 answers (a server that stalls); :meth:`Proxy.stop` makes the server go away.
 
 It counts requests, faults and the body bytes it passed to clients
-(``proxy.stats``); over HTTP, ``GET /__proxy__/stats`` returns them as JSON and
+(``proxy.stats``; ``proxy.log`` lists each request's method, target and
+Range); over HTTP, ``GET /__proxy__/stats`` returns the counts as JSON and
 ``GET /__proxy__/reset`` zeroes them, for a proxy in another process
 (``python -m tests.remote.proxy --upstream http://127.0.0.1:8080 --delay-ms 20``).
 
@@ -72,6 +73,7 @@ class Proxy:
         """Zero the counters (and forget past attempts, so faults repeat from the start)."""
         self.stats = {'requests': 0, 'body_bytes': 0, 'error': 0, 'short': 0, 'reset': 0,
                       'hung': 0}
+        self.log: list[tuple[str, str, str]] = []      # (method, target, Range) of each request
         self._attempts = {}
 
     # ----------------------------------------------------------------- life cycle
@@ -160,6 +162,7 @@ class Proxy:
         if target.startswith('/__proxy__/'):
             return await self._control(target, writer)
         self.stats['requests'] += 1
+        self.log.append((method, target, h.get('range', '')))
         if self.hang:
             self.stats['hung'] += 1
             await asyncio.Event().wait()          # until the proxy stops and cancels us

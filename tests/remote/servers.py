@@ -192,14 +192,20 @@ def start_nginx(root: str | os.PathLike, workdir: str | os.PathLike) -> Server:
     return _start('nginx', argv, prefix)
 
 
-def start_moto(workdir: str | os.PathLike) -> Server:
-    """moto's S3 server at ``http://127.0.0.1:PORT`` (in-memory; gone when stopped)."""
+def start_moto(workdir: str | os.PathLike, auth: bool = False) -> Server:
+    """moto's S3 server at ``http://127.0.0.1:PORT`` (in-memory; gone when stopped).
+
+    ``auth=True`` turns on moto's IAM checks from the first request, so that
+    credentials it never issued (ours) are refused with 403.
+    """
     try:
         import moto.server  # noqa: F401 - only to know that it is installed
     except ImportError as exc:
         raise ServerUnavailable(f"moto's server is not installed (pip install 'moto[server]'): "
                                 f'{exc}') from exc
     env = {**os.environ, **S3_ENV}
+    if auth:
+        env['INITIAL_NO_AUTH_ACTION_COUNT'] = '0'
     return _start('moto', lambda port: [sys.executable, '-m', 'moto.server', '-H', '127.0.0.1',
                                         '-p', str(port)], pathlib.Path(workdir), env=env)
 

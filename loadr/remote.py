@@ -1,0 +1,946 @@
+"""Datasets behind URLs: the fsspec storage (``s3://``, ``gs://``, ``http(s)://``, any protocol).
+
+:func:`loadr.storage.storage_for` hands every ``scheme://`` path to
+:class:`RemoteStorage`, which implements the storage interface of
+:mod:`loadr.storage` on an fsspec filesystem. fsspec and the protocol's
+package (``s3fs``, ``gcsfs``, ``aiohttp``) come with the extras
+``loadr[s3]``, ``loadr[gcs]``, ``loadr[http]``; this module imports them only
+when a URL is opened, never on ``import loadr``.
+
+Reading. Every range is read with fsspec's async API on fsspec's IO thread,
+so many ranges are in flight at once: :meth:`RemoteStorage.read_many` reads a
+batch's records concurrently, merging ranges of a file that lie within
+``merge_gap_bytes`` of each other into one request. :meth:`RemoteStorage.prefetch`
+starts the reads of records that will be needed soon (a worker's next
+batches; the order is known) and returns at once; their bytes wait in a
+small per-process buffer (``readahead_bytes``) that the next :meth:`read`
+of a range inside them consumes. Sizes, listings and kinds (file or
+directory) are asked once per process and travel with the storage when a
+reader is pickled to a worker: a dataset is not expected to change while it
+is read.
+
+Failures. A transient failure (HTTP 5xx, 429 or 408, a connection reset or
+refused, a timeout, a body shorter than its Content-Length) is tried again
+after an exponential backoff with jitter, at most ``retries`` more times and
+never past ``timeout_s`` after the read began; then a :class:`ReadError`
+names the URL, the record and the attempts. The protocol libraries' own
+retries are turned off where we can (s3fs, botocore), so ``retries`` is the
+whole policy. Anything else (no such object or bucket, access denied, no
+credentials, a missing package) is a one-line loadr error naming the URL and
+the fix, raised without the library's traceback. Data that arrives whole but
+wrong is not our business here: an FFRecord CRC mismatch is the reader's
+ChecksumError, never retried into a silent success.
+
+Writing. :meth:`RemoteStorage.open_write` and :meth:`RemoteStorage.stage_dir`
+build the output in a local temporary file or directory, which the writers
+use exactly as they use local staging; ``commit()`` uploads it. One object is
+all-or-nothing (a PUT or a multipart upload only becomes visible when
+complete); a directory uploads its data files first and the small files that
+make it open as a dataset (``spec.json``, ``*.gmeta``, ``*.json``) last.
+
+Settings: ``storage_options`` go to the fsspec filesystem, except the key
+``'loadr'``, a dict of this module's settings (:data:`DEFAULTS`)::
+
+    loadr.open('s3://bucket/train', storage_options={
+        'endpoint_url': 'http://127.0.0.1:9000',
+        'loadr': {'retries': 3, 'timeout_s': 10}})
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import concurrent.futures
+import json
+import os
+import random
+import shutil
+import tempfile
+import threading
+import time
+from typing import Iterable, Sequence
+
+from .errors import ConfigError, FormatError, LoadrError, ReadError, WriterError
+from .storage import Storage
+
+__all__ = ['RemoteStorage', 'remote_storage', 'DEFAULTS', 'EXTRAS', 'split_url']
+
+DEFAULTS = {
+    # More attempts after the first, for a transient failure.
+    'retries': 5,
+    # One read (all its attempts and pauses) gives up this long after it began.
+    'timeout_s': 60.0,
+    # Backoff before attempt k+1: uniform(0.5, 1) * min(backoff_max_s, backoff_s * 2**k).
+    'backoff_s': 0.05,
+    'backoff_max_s': 2.0,
+    # Requests in flight at once, per process and storage.
+    'max_concurrency': 64,
+    # Ranges of one file this close are fetched as one request. Small, so that
+    # the bytes fetched stay within a percent or two of the bytes needed.
+    'merge_gap_bytes': 512,
+    # A merged request grows to at most this many bytes.
+    'max_request_bytes': 16 << 20,
+    # Bytes read ahead and not yet consumed, per process and storage; the
+    # oldest are dropped beyond it.
+    'readahead_bytes': 256 << 20,
+}
+
+# The extra that installs each protocol's package.
+EXTRAS = {'s3': 's3', 's3a': 's3', 'gs': 'gcs', 'gcs': 'gcs', 'http': 'http', 'https': 'http'}
+
+# Names of files that make a directory open as a dataset; uploaded last.
+_MARKER_SUFFIXES = ('.json', '.gmeta')
+
+_generation = 0
+
+
+def _after_fork() -> None:
+    # A forked child must not use the parent's filesystem objects (their
+    # sessions belong to the parent's IO thread) nor its read-ahead futures.
+    global _generation
+    _generation += 1
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(protocol, rest)`` of a URL.
+
+    >>> split_url('s3://bucket/train/refs.bag')
+    ('s3', 'bucket/train/refs.bag')
+    """
+    scheme, sep, rest = url.partition('://')
+    if not sep:
+        raise ConfigError('not a URL (expected scheme://...)', url)
+    return scheme.lower(), rest
+
+
+def _install_hint(protocol: str) -> str:
+    extra = EXTRAS.get(protocol)
+    if extra:
+        return f"pip install 'loadr[{extra}]'"
+    return f'install fsspec and the fsspec package for {protocol}:// (see fsspec\'s list)'
+
+
+def _settings(options: dict, url: str) -> dict:
+    given = options.pop('loadr', None) or {}
+    if not isinstance(given, dict):
+        raise ConfigError(f"storage_options['loadr'] must be a dict of {sorted(DEFAULTS)}", url)
+    unknown = sorted(set(given) - set(DEFAULTS))
+    if unknown:
+        raise ConfigError(f"unknown storage_options['loadr'] settings {unknown}; known: "
+                          f'{sorted(DEFAULTS)}', url)
+    settings = dict(DEFAULTS)
+    for key, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"storage_options['loadr'][{key!r}] must be a number >= 0, "
+                              f'not {value!r}', url)
+        settings[key] = value
+    return settings
+
+
+# ---------------------------------------------------------------------------
+# Errors
+
+
+class _ShortBody(Exception):
+    """Fewer bytes came than were asked for (a connection cut mid-body)."""
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status behind an exception of aiohttp, botocore or s3fs, if any."""
+    for e in (exc, exc.__cause__, exc.__context__):
+        if e is None:
+            continue
+        status = getattr(e, 'status', None)
+        if isinstance(status, int):
+            return status
+        response = getattr(e, 'response', None)
+        if isinstance(response, dict):
+            code = response.get('ResponseMetadata', {}).get('HTTPStatusCode')
+            if isinstance(code, int):
+                return code
+    return None
+
+
+def _names(exc: BaseException) -> set[str]:
+    """Class names of the exception, its bases and its causes (no import of the libraries)."""
+    names = set()
+    seen = 0
+    while exc is not None and seen < 4:
+        names.update(cls.__name__ for cls in type(exc).__mro__)
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return names
+
+
+_TRANSIENT_NAMES = {
+    '_ShortBody', 'TimeoutError', 'ClientPayloadError', 'ServerDisconnectedError',
+    'ClientConnectionError', 'ClientOSError', 'ServerTimeoutError', 'ConnectionError',
+    'EndpointConnectionError', 'ConnectionClosedError', 'ReadTimeoutError',
+    'ConnectTimeoutError', 'IncompleteReadError', 'ResponseStreamingError', 'IncompleteRead',
+    'ContentLengthError', 'FSTimeoutError', 'ResponseParserError',
+}
+_CREDENTIAL_NAMES = {'NoCredentialsError', 'PartialCredentialsError', 'CredentialRetrievalError',
+                     'InvalidAccessKeyId', 'SignatureDoesNotMatch', 'ExpiredToken',
+                     'DefaultCredentialsError', 'RefreshError'}
+
+
+def _kind(exc: BaseException) -> str:
+    """'transient', 'missing', 'denied', 'credentials' or 'other'."""
+    names = _names(exc)
+    if names & _CREDENTIAL_NAMES:
+        return 'credentials'
+    status = _status(exc)
+    if status is not None:
+        if status == 404:
+            return 'missing'
+        if status in (401, 403):
+            return 'denied'
+        if status in (408, 429) or status >= 500:
+            return 'transient'
+        if status >= 400:
+            return 'other'
+    if isinstance(exc, FileNotFoundError):
+        # fsspec's HTTP stat turns any failure, a refused connection too, into this.
+        cause = exc.__cause__
+        return 'transient' if cause is not None and _kind(cause) == 'transient' else 'missing'
+    if isinstance(exc, PermissionError):
+        return 'denied'
+    if names & _TRANSIENT_NAMES:
+        return 'transient'
+    return 'other'
+
+
+_KIND_TEXT = {
+    'missing': 'no such object, bucket or directory',
+    'denied': 'access denied: check the credentials and their permissions '
+              '(AWS_* variables, storage_options)',
+    'credentials': 'no valid credentials: set them in the environment (e.g. AWS_ACCESS_KEY_ID '
+                   'and AWS_SECRET_ACCESS_KEY), in storage_options, or use '
+                   "storage_options={'anon': True} for public data",
+}
+
+
+def _one_line(exc: BaseException) -> str:
+    text = ' '.join(str(exc).split()) or type(exc).__name__
+    return f'{type(exc).__name__}: {text[:200]}'
+
+
+def _error(exc: BaseException, url: str, index: int | None, attempts: int,
+           what: str = 'read') -> LoadrError:
+    """The loadr error for a failed operation on ``url`` (its library's exception as text)."""
+    if isinstance(exc, LoadrError):
+        return exc
+    kind = _kind(exc)
+    if kind in _KIND_TEXT:
+        err = ReadError(f'cannot {what}: {_KIND_TEXT[kind]} ({_one_line(exc)})', url, index)
+    else:
+        tries = f' after {attempts} attempts' if attempts > 1 else ''
+        err = ReadError(f'cannot {what}{tries}: {_one_line(exc)}', url, index)
+    err.attempts = attempts
+    # Our own retries are spent: the loader's retry policy must not start them again.
+    err.transient = False
+    err.kind = kind
+    return err
+
+
+# ---------------------------------------------------------------------------
+# The read-ahead buffer
+
+
+class _Span:
+    """Bytes ``[start, end)`` of one file, being fetched or fetched; ``uses`` reads expected."""
+
+    __slots__ = ('path', 'start', 'end', 'future', 'uses')
+
+    def __init__(self, path: str, start: int, end: int, future, uses: int):
+        self.path, self.start, self.end, self.future, self.uses = path, start, end, future, uses
+
+
+class _ReadAhead:
+    """Spans read ahead, by file, found by the range a read asks for.
+
+    A span goes when every read it was fetched for has taken its bytes, or,
+    oldest first, when the buffer holds more than ``max_bytes``.
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.by_path: dict[str, list[_Span]] = {}
+        self.age: collections.OrderedDict[int, _Span] = collections.OrderedDict()
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def find(self, path: str, offset: int, length: int) -> _Span | None:
+        spans = self.by_path.get(path)
+        if not spans:
+            return None
+        k = bisect.bisect_right([s.start for s in spans], offset) - 1
+        if k >= 0 and spans[k].end >= offset + length:
+            return spans[k]
+        return None
+
+    def add(self, span: _Span) -> None:
+        spans = self.by_path.setdefault(span.path, [])
+        bisect.insort(spans, span, key=lambda s: s.start)
+        self.age[id(span)] = span
+        self.bytes += span.end - span.start
+        while self.bytes > self.max_bytes and len(self.age) > 1:
+            self.drop(next(iter(self.age.values())))
+
+    def drop(self, span: _Span) -> None:
+        if self.age.pop(id(span), None) is None:
+            return
+        self.by_path[span.path].remove(span)
+        self.bytes -= span.end - span.start
+
+    def clear(self) -> None:
+        for span in self.age.values():
+            span.future.cancel()
+        self.by_path, self.age, self.bytes = {}, collections.OrderedDict(), 0
+
+
+def _merge(ranges: list[tuple[str, int, int]], gap: int, max_bytes: int
+           ) -> list[tuple[str, int, int, list[int]]]:
+    """Ranges grouped into requests: ``(path, start, end, [positions in ranges])``.
+
+    >>> _merge([('a', 0, 10), ('a', 12, 5), ('b', 0, 4), ('a', 100, 1)], 4, 1 << 20)
+    [('a', 0, 17, [0, 1]), ('a', 100, 101, [3]), ('b', 0, 4, [2])]
+    """
+    order = sorted(range(len(ranges)), key=lambda k: (ranges[k][0], ranges[k][1]))
+    out: list[tuple[str, int, int, list[int]]] = []
+    for k in order:
+        path, offset, length = ranges[k][0], ranges[k][1], ranges[k][2]
+        end = offset + length
+        if out:
+            p, s, e, members = out[-1]
+            if p == path and offset <= e + gap and max(e, end) - s <= max_bytes:
+                out[-1] = (p, s, max(e, end), members + [k])
+                continue
+        out.append((path, offset, end, [k]))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The storage
+
+
+class RemoteStorage(Storage):
+    """The storage of URLs of one fsspec protocol; see the module docstring.
+
+    Picklable: a copy keeps the protocol, the options and what was learnt
+    about the files (sizes, listings), and opens its own filesystem on first
+    use in its process.
+
+    Example::
+
+        s = RemoteStorage('s3://bucket/x', {'endpoint_url': 'http://127.0.0.1:9000'})
+        head = s.read('s3://bucket/x/refs.bag', 0, 8)
+    """
+
+    def __init__(self, url: str, storage_options: dict | None = None):
+        self.url = url
+        self.protocol, _ = split_url(url)
+        options = dict(storage_options or {})
+        self.settings = _settings(options, url)
+        self.options = options
+        self._sizes: dict[str, int] = {}
+        self._kinds: dict[str, str | None] = {}          # 'file' | 'directory' | None (absent)
+        self._listings: dict[str, list[str]] = {}
+        self._init_process()
+        self._filesystem_class()          # a missing package is told now, at open
+
+    def __getstate__(self):
+        return {'url': self.url, 'protocol': self.protocol, 'options': self.options,
+                'settings': self.settings, 'sizes': dict(self._sizes),
+                'kinds': dict(self._kinds), 'listings': dict(self._listings)}
+
+    def __setstate__(self, state):
+        self.url, self.protocol = state['url'], state['protocol']
+        self.options, self.settings = state['options'], state['settings']
+        self._sizes, self._kinds = state['sizes'], state['kinds']
+        self._listings = state['listings']
+        self._init_process()
+
+    def _init_process(self) -> None:
+        self._fs = None
+        self._generation = _generation
+        self._buffer = _ReadAhead(int(self.settings['readahead_bytes']))
+        self._semaphore = None
+        self._why: dict[str, str] = {}       # path -> why it is missing, for the message
+        self._random = random.Random()
+        self.requests = 0            # requests sent by this process (for tests and benchmarks)
+        self.bytes_fetched = 0
+
+    def __repr__(self) -> str:
+        return f'RemoteStorage({self.protocol}://)'
+
+    # -- the filesystem -----------------------------------------------------------------
+
+    def _filesystem_class(self):
+        try:
+            import fsspec
+        except ImportError:
+            raise ConfigError(f'reading {self.protocol}:// URLs needs fsspec, which is not '
+                              f'installed: {_install_hint(self.protocol)}', self.url) from None
+        try:
+            return fsspec.get_filesystem_class(self.protocol)
+        except ImportError as exc:
+            raise ConfigError(f'{self.protocol}:// needs a package that is not installed '
+                              f'({_one_line(exc)}): {_install_hint(self.protocol)}',
+                              self.url) from None
+        except ValueError:
+            raise ConfigError(f'unknown protocol {self.protocol}:// (not an fsspec protocol): '
+                              f'use a local path or a URL fsspec knows (s3://, gs://, '
+                              f'https://, ...)', self.url) from None
+
+    @property
+    def fs(self):
+        """The fsspec filesystem of this process (made on first use, again after a fork)."""
+        if self._generation != _generation:
+            self._init_process()
+        if self._fs is None:
+            self._fs = self._make_fs()
+        return self._fs
+
+    def _make_fs(self):
+        import fsspec.asyn
+
+        cls = self._filesystem_class()
+        options = dict(self.options)
+        if self.protocol in ('s3', 's3a'):
+            # We retry; botocore's own retries would multiply ours (and hide the count).
+            config = dict(options.get('config_kwargs') or {})
+            config.setdefault('retries', {'max_attempts': 1, 'mode': 'standard'})
+            options['config_kwargs'] = config
+        try:
+            fs = cls(skip_instance_cache=True, **options)
+        except Exception as exc:
+            raise ConfigError(f'cannot make the {self.protocol}:// filesystem with these '
+                              f'storage_options: {_one_line(exc)}', self.url) from None
+        if hasattr(fs, 'retries'):
+            fs.retries = 1                 # s3fs: one try per call, we retry
+        if not getattr(fs, 'async_impl', False):
+            from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
+            fs = AsyncFileSystemWrapper(fs, asynchronous=False)
+        self._loop = fsspec.asyn.get_loop()
+        return fs
+
+    def _run(self, coro, timeout_s: float | None = None):
+        """Run ``coro`` on fsspec's IO thread and wait for it."""
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop_of())
+        return future.result(timeout_s)
+
+    def _loop_of(self):
+        self.fs                            # noqa: B018 - makes the filesystem (and loop)
+        return self._loop
+
+    # -- one request, retried -----------------------------------------------------------
+
+    async def _retried(self, make, url: str, index: int | None, what: str = 'read'):
+        """``await make()`` with the retry policy; the result, or a loadr error."""
+        s = self.settings
+        deadline = time.monotonic() + s['timeout_s']
+        attempts = 0
+        while True:
+            attempts += 1
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise TimeoutError(f'no answer within timeout_s={s["timeout_s"]:g}')
+                return await asyncio.wait_for(make(), left)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if isinstance(exc, asyncio.TimeoutError) and not str(exc):
+                    exc = TimeoutError(f'no answer within timeout_s={s["timeout_s"]:g}')
+                pause = self._random.uniform(0.5, 1.0) * min(
+                    s['backoff_max_s'], s['backoff_s'] * 2 ** (attempts - 1))
+                if (_kind(exc) != 'transient' or attempts > s['retries']
+                        or time.monotonic() + pause >= deadline):
+                    raise _error(exc, url, index, attempts, what) from None
+                await asyncio.sleep(pause)
+
+    async def _limited(self, coro_fn):
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(int(self.settings['max_concurrency']) or 1)
+        async with self._semaphore:
+            return await coro_fn()
+
+    async def _fetch(self, path: str, start: int, end: int, index: int | None) -> bytes:
+        """Bytes ``[start, end)`` of ``path``, exactly, retried."""
+        fs = self.fs
+
+        async def once():
+            self.requests += 1
+            data = await fs._cat_file(path, start=start, end=end)
+            self.bytes_fetched += len(data)
+            if len(data) != end - start:
+                if start == 0 and len(data) == self._sizes.get(path, -1) >= end:
+                    return data[:end]          # a server that ignored Range (sent it all)
+                raise _ShortBody(f'got {len(data)} of {end - start} bytes at offset {start}')
+            return data
+        return await self._limited(lambda: self._retried(once, path, index))
+
+    # -- reading ------------------------------------------------------------------------
+
+    def size(self, path: str, index: int | None = None) -> int:
+        """Bytes in object ``path`` (asked once per process, then remembered)."""
+        size = self._sizes.get(path)
+        if size is None:
+            kind = self._stat(path, index)
+            if kind is None:
+                why = self._why.get(path.rstrip('/'))
+                raise ReadError(f'cannot open: {_KIND_TEXT["missing"]}'
+                                + (f' ({why})' if why else ''), path, index)
+            if kind == 'directory':
+                raise ReadError('cannot open: is a directory, not a file', path, index)
+            size = self._sizes.get(path)
+            if size is None:
+                info = self._run(self._retried(lambda: self.fs._info(path), path, index, 'open'))
+                if info.get('size') is None:
+                    raise ReadError('the server does not say the size of this file', path, index)
+                self._sizes[path] = size = int(info['size'])
+        return size
+
+    def _check_bounds(self, path: str, offset: int, length: int, index: int | None) -> None:
+        if offset < 0 or length < 0:
+            raise FormatError(f'negative offset {offset} or length {length}', path, index)
+        size = self.size(path, index)
+        if offset + length > size:
+            raise FormatError(f'file is truncated: wanted {length} bytes at offset {offset}, '
+                              f'got {max(0, min(length, size - offset))}', path, index)
+
+    def read(self, path: str, offset: int, length: int, index: int | None = None) -> bytes:
+        """Exactly ``length`` bytes at ``offset``: from the read-ahead buffer, or fetched now."""
+        if self._generation != _generation:
+            self._init_process()
+        data = self._take(path, offset, length, index)
+        if data is not None:
+            return data
+        self._check_bounds(path, offset, length, index)
+        if length == 0:
+            return b''
+        return self._run(self._fetch(path, offset, offset + length, index))
+
+    def _take(self, path: str, offset: int, length: int, index: int | None) -> bytes | None:
+        buffer = self._buffer
+        with buffer.lock:
+            span = buffer.find(path, offset, length)
+            if span is None:
+                return None
+            span.uses -= 1
+            if span.uses <= 0:
+                buffer.drop(span)
+        try:
+            data = span.future.result(self.settings['timeout_s'] + 5)
+        except concurrent.futures.CancelledError:
+            return None
+        except ReadError as exc:
+            # The read ahead failed after its retries: the same error, for this record.
+            err = ReadError(exc.message, path, index)
+            err.__dict__.update({k: v for k, v in exc.__dict__.items()
+                                 if k not in ('message', 'path', 'index')})
+            raise err from None
+        return data[offset - span.start:offset - span.start + length]
+
+    def read_many(self, ranges: Iterable[Sequence]) -> list[bytes]:
+        """The bytes of each ``(path, offset, length[, index])``, fetched concurrently."""
+        ranges = [tuple(r) for r in ranges]
+        out: list[bytes | None] = [None] * len(ranges)
+        todo = []
+        for k, r in enumerate(ranges):
+            index = r[3] if len(r) > 3 else None
+            out[k] = self._take(r[0], r[1], r[2], index)
+            if out[k] is None:
+                self._check_bounds(r[0], r[1], r[2], index)
+                todo.append(k)
+        if todo:
+            requests = _merge([ranges[k] for k in todo], int(self.settings['merge_gap_bytes']),
+                              int(self.settings['max_request_bytes']))
+
+            async def all_of():
+                return await asyncio.gather(*(
+                    self._fetch(path, start, end, _index_of(ranges[todo[members[0]]]))
+                    for path, start, end, members in requests))
+            datas = self._run(all_of())
+            for (path, start, end, members), data in zip(requests, datas):
+                for m in members:
+                    r = ranges[todo[m]]
+                    out[todo[m]] = data[r[1] - start:r[1] - start + r[2]]
+        return out
+
+    def prefetch(self, ranges: Iterable[Sequence]) -> None:
+        """Start reading ``(path, offset, length[, index])`` ranges now; returns at once.
+
+        The next :meth:`read` (or :meth:`read_many`) of a range inside one of
+        them takes its bytes from here. Ranges already buffered are not
+        fetched again; ranges past the end of their file are left for the
+        read to report.
+        """
+        if self._generation != _generation:
+            self._init_process()
+        buffer = self._buffer
+        fresh = []
+        with buffer.lock:
+            for r in ranges:
+                span = buffer.find(r[0], r[1], r[2])
+                if span is not None:
+                    span.uses += 1
+                else:
+                    fresh.append(tuple(r))
+        fresh = [r for r in fresh if r[2] > 0 and r[0] in self._sizes
+                 and r[1] + r[2] <= self._sizes[r[0]]]
+        if not fresh:
+            return
+        loop = self._loop_of()
+        requests = _merge(fresh, int(self.settings['merge_gap_bytes']),
+                          int(self.settings['max_request_bytes']))
+        with buffer.lock:
+            for path, start, end, members in requests:
+                future = asyncio.run_coroutine_threadsafe(
+                    self._fetch(path, start, end, _index_of(fresh[members[0]])), loop)
+                buffer.add(_Span(path, start, end, future, len(members)))
+
+    def read_all(self, path: str, index: int | None = None,
+                 max_bytes: int | None = None) -> bytes:
+        """The whole of a small file (at most ``max_bytes + 1`` bytes of it)."""
+        size = self.size(path, index)
+        want = size if max_bytes is None else min(size, max_bytes + 1)
+        return self.read(path, 0, want, index)
+
+    # -- names --------------------------------------------------------------------------
+
+    def _stat(self, path: str, index: int | None = None) -> str | None:
+        """'file', 'directory' or None (nothing there); asked once per process."""
+        path = path.rstrip('/') or path
+        if path in self._kinds:
+            return self._kinds[path]
+        parent, _, name = path.rpartition('/')
+        if name not in self._listings.get(parent, (name,)):
+            return None                     # its directory was listed, without it
+        stat = self._http_stat if self.protocol in ('http', 'https') else self._fs_stat
+        kind = self._run(self._retried(lambda: stat(path), path, index, 'open'))
+        self._kinds[path] = kind
+        return kind
+
+    async def _fs_stat(self, path: str) -> str | None:
+        try:
+            info = await self.fs._info(path)
+        except FileNotFoundError as exc:
+            if exc.__cause__ is not None and _kind(exc.__cause__) == 'transient':
+                raise
+            self._why[path] = _one_line(exc)
+            return None
+        if info.get('type') == 'directory':
+            return 'directory'
+        if info.get('size') is not None:
+            self._sizes.setdefault(path, int(info['size']))
+        return 'file'
+
+    async def _http_stat(self, url: str) -> str | None:
+        """A HEAD that does not follow redirects: nginx answers a directory with a 301 to url/."""
+        session = await self.fs.set_session()
+        async with session.head(url, allow_redirects=False) as r:
+            if r.status == 404:
+                self._why[url] = f'HTTP {r.status} {r.reason}'
+                return None
+            location = r.headers.get('Location', '')
+            if r.status in (301, 302, 307, 308) and location.rstrip('/').endswith(
+                    url.rpartition('/')[2]) and location.endswith('/'):
+                return 'directory'
+            if r.status >= 400:
+                r.raise_for_status()
+            if 'Content-Length' in r.headers and r.status == 200:
+                self._sizes.setdefault(url, int(r.headers['Content-Length']))
+            return 'file'
+
+    def list(self, path: str) -> list:
+        """The names in directory ``path``, sorted (asked once per process)."""
+        path = path.rstrip('/') or path
+        names = self._listings.get(path)
+        if names is None:
+            if self.protocol in ('http', 'https'):
+                entries = self._run(self._retried(lambda: self._http_list(path), path, None,
+                                                  'list'))
+            else:
+                entries = self._run(self._retried(lambda: self._fs_list(path), path, None,
+                                                  'list'))
+            names = sorted(name for name, _, _ in entries)
+            for name, kind, size in entries:
+                self._kinds[f'{path}/{name}'] = kind
+                if size is not None and kind == 'file':
+                    self._sizes[f'{path}/{name}'] = size
+            self._listings[path] = names
+            self._kinds[path] = 'directory'
+        return list(names)
+
+    async def _fs_list(self, path: str) -> list[tuple[str, str, int | None]]:
+        entries = await self.fs._ls(path, detail=True)
+        out = []
+        for e in entries:
+            name = e['name'].rstrip('/').rpartition('/')[2]
+            if e['name'].rstrip('/') == _strip_protocol(path).rstrip('/'):
+                raise NotADirectoryError(f'not a directory: {path}')
+            out.append((name, 'directory' if e.get('type') == 'directory' else 'file',
+                        e.get('size') if e.get('type') != 'directory' else None))
+        return out
+
+    async def _http_list(self, url: str) -> list[tuple[str, str, int | None]]:
+        """A directory page: nginx's JSON autoindex, else the links of an HTML index."""
+        fs = self.fs
+        body = await fs._cat_file(url + '/')
+        try:
+            entries = json.loads(body)
+        except ValueError:
+            entries = None
+        if isinstance(entries, list) and all(isinstance(e, dict) and 'name' in e
+                                             for e in entries):
+            return [(e['name'], 'directory' if e.get('type') == 'directory' else 'file',
+                     e.get('size')) for e in entries]
+        out = []
+        for link in await fs._ls(url + '/', detail=False):
+            rest = link[len(url) + 1:] if link.startswith(url + '/') else None
+            if rest and rest.rstrip('/') and '/' not in rest.rstrip('/'):
+                out.append((rest.rstrip('/'), 'directory' if rest.endswith('/') else 'file',
+                            None))
+        return out
+
+    def exists(self, path: str) -> bool:
+        try:
+            return self._stat(path) is not None
+        except LoadrError:
+            return False
+
+    def isdir(self, path: str) -> bool:
+        try:
+            return self._stat(path) == 'directory'
+        except LoadrError:
+            return False
+
+    def isfile(self, path: str) -> bool:
+        try:
+            return self._stat(path) == 'file'
+        except LoadrError:
+            return False
+
+    def occupied(self, path: str) -> bool:
+        """True if anything is at ``path`` or under ``path/`` (asked afresh, never cached)."""
+        self._forget(path)
+        kind = self._stat(path)
+        if kind == 'directory':
+            try:
+                return bool(self.list(path))
+            except LoadrError:
+                return True
+        return kind is not None
+
+    def _forget(self, path: str) -> None:
+        """Drop what we remembered about ``path`` and what lies under it (we are writing it)."""
+        path = path.rstrip('/')
+        for table in (self._sizes, self._kinds, self._listings):
+            for key in [k for k in table if k == path or k.startswith(path + '/')]:
+                del table[key]
+        parent = path.rpartition('/')[0]
+        self._listings.pop(parent, None)
+        if self._fs is not None and hasattr(self._fs, 'invalidate_cache'):
+            self._fs.invalidate_cache(path)
+
+    def close(self) -> None:
+        with self._buffer.lock:
+            self._buffer.clear()
+
+    # -- writing ------------------------------------------------------------------------
+
+    def _check_writable(self, path: str) -> None:
+        if self.protocol in ('http', 'https'):
+            raise ConfigError(f'{self.protocol}:// is read-only for loadr: write to a local '
+                              f'path or an object store (s3://, gs://)', path)
+
+    def open_write(self, path: str) -> 'RemoteStagedFile':
+        """A new object written locally first; ``commit()`` uploads it in one piece."""
+        self._check_writable(path)
+        return RemoteStagedFile(self, path)
+
+    def stage_dir(self, path: str, parents: bool = False) -> 'RemoteStagedDir':
+        """A new directory built locally; ``commit()`` uploads it, data first, markers last."""
+        self._check_writable(path)
+        return RemoteStagedDir(self, path)
+
+    def upload(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Upload ``(local file, url)`` pairs concurrently, each retried."""
+        fs = self.fs
+
+        async def all_of():
+            await asyncio.gather(*(self._limited(lambda lp=lp, u=u: self._retried(
+                lambda: fs._put_file(lp, u), u, None, 'write')) for lp, u in pairs))
+        self._run(all_of())
+
+
+_shared: dict[tuple, RemoteStorage] = {}
+_shared_generation = -1
+
+
+def remote_storage(url: str, storage_options: dict | None = None) -> RemoteStorage:
+    """The storage of ``url``: one per protocol and options in each process.
+
+    Shared, so that what one reader learnt (listings, sizes) serves the next
+    one and the writers' changes are seen by all; options that are not plain
+    data (an object in ``client_kwargs``) get a storage of their own.
+    """
+    global _shared_generation
+    if _shared_generation != _generation:
+        _shared.clear()
+        _shared_generation = _generation
+    protocol, _ = split_url(url)
+    try:
+        key = (protocol, json.dumps(storage_options or {}, sort_keys=True))
+    except (TypeError, ValueError):
+        return RemoteStorage(url, storage_options)
+    storage = _shared.get(key)
+    if storage is None:
+        storage = _shared[key] = RemoteStorage(url, storage_options)
+    return storage
+
+
+def _index_of(r: Sequence) -> int | None:
+    return r[3] if len(r) > 3 else None
+
+
+def _strip_protocol(url: str) -> str:
+    return url.partition('://')[2] if '://' in url else url
+
+
+# ---------------------------------------------------------------------------
+# Staged writes: built locally, uploaded on commit
+
+
+def _spool_dir() -> str:
+    return tempfile.mkdtemp(prefix='loadr-upload-')
+
+
+class RemoteStagedFile:
+    """One object, written to a local temporary file and uploaded by ``commit()``.
+
+    The same surface as :class:`loadr.storage.StagedFile` (``write``,
+    ``pwrite``, ``sync``, ``commit``, ``abort``); ``path`` is the local file.
+    """
+
+    def __init__(self, storage: RemoteStorage, url: str):
+        from .storage import WriteFile
+        self.storage, self.target = storage, url
+        self._dir = _spool_dir()
+        self.path = os.path.join(self._dir, url.rstrip('/').rpartition('/')[2] or 'object')
+        self._file = WriteFile(self.path, exclusive=True)
+        self.committed = False
+        self.closed = False
+
+    def write(self, data) -> None:
+        self._file.write(data)
+
+    def pwrite(self, data, offset: int) -> None:
+        self._file.pwrite(data, offset)
+
+    def sync(self) -> None:
+        self._file._file.flush()            # local spool: durability is the upload's business
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._file.close()
+
+    def commit(self, overwrite: bool = True) -> None:
+        """Upload the object; with ``overwrite=False`` an existing object is kept."""
+        try:
+            self.close()
+            storage = self.storage
+            if not overwrite and storage.occupied(self.target):
+                raise WriterError('the object appeared while it was being written', self.target)
+            storage._forget(self.target)
+            storage.upload([(self.path, self.target)])
+            storage._forget(self.target)
+        except BaseException:
+            self.abort()
+            raise
+        self.committed = True
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def abort(self) -> None:
+        """Drop the local file; nothing was uploaded."""
+        try:
+            self.close()
+        except OSError:
+            pass
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def discard(self) -> None:
+        self.abort()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None or not self.committed:
+            self.abort()
+
+
+class RemoteStagedDir:
+    """A directory built in a local temporary directory and uploaded by ``commit()``.
+
+    The same surface as :class:`loadr.storage.StagedDir` (``path``, ``join``,
+    ``open_write``, ``write_file``, ``mkdir``, ``commit``, ``abort``): the
+    writers write local files, as they do for a local target.
+    """
+
+    def __init__(self, storage: RemoteStorage, url: str, parents: bool = False):
+        self.storage, self.target = storage, url.rstrip('/')
+        self.path = _spool_dir()
+        self.done = False
+
+    def join(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def open_write(self, name: str):
+        from .storage import WriteFile
+        return WriteFile(self.join(name), exclusive=True)
+
+    def write_file(self, name: str, data: bytes, sync: bool = False) -> None:
+        with self.open_write(name) as f:
+            f.write(data)
+
+    def mkdir(self, name: str) -> str:
+        path = self.join(name)
+        os.mkdir(path)
+        return path
+
+    def commit(self, sync: bool = False) -> None:
+        """Upload every file (data first, the files that mark a dataset last)."""
+        try:
+            storage = self.storage
+            if storage.occupied(self.target):
+                raise WriterError('the target appeared, non-empty, while writing', self.target)
+            files = []
+            for folder, _, names in os.walk(self.path):
+                for name in names:
+                    local = os.path.join(folder, name)
+                    rel = os.path.relpath(local, self.path).replace(os.sep, '/')
+                    files.append((local, f'{self.target}/{rel}'))
+            data = [f for f in files if not f[0].endswith(_MARKER_SUFFIXES)]
+            markers = sorted(f for f in files if f[0].endswith(_MARKER_SUFFIXES))
+            storage.upload(data)
+            storage.upload(markers)
+            storage._forget(self.target)
+        except BaseException:
+            self.abort()
+            raise
+        self.abort()
+        self.done = True
+
+    def abort(self) -> None:
+        """Remove the local directory (ours: we made it)."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.done = True

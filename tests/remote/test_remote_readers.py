@@ -1,0 +1,203 @@
+"""Every format over HTTP (nginx) and S3 (moto): the datapoints, batches and files of local."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+import loadr
+import loadr.convert
+from loadr.readers import BagReader, FFRecordReader, GulpReader
+from loadr.storage import using_storage_options
+
+from ..loader_helpers import stream_digests
+from ..readers.common import assert_equal, check_reader_contract
+from ..test_loader_readers import PIPELINES
+from .proxy import Proxy
+from .servers import s3_client
+
+pytestmark = pytest.mark.timeout(120)
+
+DATASETS = ['gulp', 'ffrecord/single.ffr', 'ffrecord/multi', 'bag', 'bag_sharded', 'bag_types']
+FAST = {'backoff_s': 0.005, 'backoff_max_s': 0.05}
+
+
+@pytest.fixture(params=['http', 's3'])
+def remote(request):
+    """(base URL of the served fixtures, storage_options) for nginx and for moto's S3."""
+    if request.param == 'http':
+        return request.getfixturevalue('nginx').url, {}
+    return 's3://fixtures', {'endpoint_url': request.getfixturevalue('moto').url}
+
+
+def test_every_datapoint_equals_the_local_read(remote, served_root):
+    base, options = remote
+    for rel in DATASETS:
+        here = loadr.open(served_root / rel)
+        there = loadr.open(f'{base}/{rel}', storage_options=options)
+        assert type(there) is type(here) and len(there) == len(here), rel
+        assert there.spec == here.spec and there.identity() == here.identity(), rel
+        # Read ahead first where requests are dear (moto spends milliseconds of CPU on each):
+        # then the reads are served from what came back.
+        if base.startswith('s3'):
+            there.prefetch(range(len(there)))
+        for i in range(len(here)):
+            assert_equal(there[i], here[i], f'{rel}[{i}]')
+        if base.startswith('s3'):
+            continue
+        for i in range(len(here)):
+            assert there.available(i) == here.available(i)
+        order = list(range(len(here)))[::-1]
+        for i, dp in zip(order, there.read_batch(order)):
+            assert_equal(dp, here[i], f'{rel} batch [{i}]')
+
+
+def test_reader_classes_take_storage_options(remote, served_root):
+    base, options = remote
+    for cls, rel, kw in [(BagReader, 'bag_sharded', {}), (GulpReader, 'gulp', {}),
+                         (FFRecordReader, 'ffrecord/multi', {'decode': 'msgpack'})]:
+        there = cls(f'{base}/{rel}', storage_options=options, **kw)
+        here = cls(str(served_root / rel), **kw)
+        assert_equal(there[len(here) - 1], here[len(here) - 1], rel)
+
+
+def test_reader_contract_over_http(nginx, served_root):
+    """The shared reader checks (pickled to another process too), on a URL."""
+    everything = check_reader_contract(loadr.open(f'{nginx.url}/bag_sharded'))
+    here = loadr.open(served_root / 'bag_sharded')
+    for i, dp in enumerate(everything):
+        assert_equal(dp, here[i], f'bag_sharded[{i}]')
+
+
+def _table_offset(path) -> int:
+    with open(path, 'rb') as f:
+        f.seek(-8, 2)
+        return struct.unpack('<Q', f.read(8))[0]
+
+
+def test_index_tables_are_read_once_per_process(nginx, served_root):
+    """A second pass over a reader asks the server for records only, never a table again."""
+    with Proxy(nginx.url) as proxy:
+        for rel in ['gulp', 'ffrecord/multi', 'bag_sharded']:
+            reader = loadr.open(f'{proxy.url}/{rel}')
+            for i in range(len(reader)):
+                reader[i]
+            proxy.reset_stats()
+            for i in range(len(reader)):
+                reader[i]
+            targets = [t for _, t, _ in proxy.log]
+            assert targets and all(t.endswith(('.gulp', '.ffr', '.bag')) for t in targets), rel
+            for method, target, range_ in proxy.log:
+                assert method == 'GET' and range_.startswith('bytes='), (rel, target)
+                start = int(range_[6:].split('-')[0])
+                local = served_root / target.lstrip('/')
+                if target.endswith('.ffr'):
+                    assert start > 0, f'{rel}: FFRecord header read again'
+                if target.endswith('.bag'):
+                    assert start < _table_offset(local), f'{rel}: {target} table read again'
+
+
+def _remote_pipeline(name, url):
+    class Root(str):
+        def __truediv__(self, other):
+            return Root(f'{self}/{other}')
+    return PIPELINES[name](Root(url))
+
+
+@pytest.mark.parametrize('name', sorted(PIPELINES))
+def test_loader_through_faults_gives_the_local_batches(nginx, served_root, name):
+    """Delay, 503s, short bodies and resets: the same batch digests (2 workers) as locally."""
+    reader, pipeline = PIPELINES[name](served_root)
+    with loadr.Loader(reader, batch=5, fns=pipeline, seed=3, workers=0) as loader:
+        expected = stream_digests(loader, 10)
+    with Proxy(nginx.url, delay_s=0.005, error=0.1, short=0.1, reset=0.1, seed=11) as proxy:
+        with using_storage_options({'loadr': FAST}):
+            reader, pipeline = _remote_pipeline(name, proxy.url)
+        with loadr.Loader(reader, batch=5, fns=pipeline, seed=3, workers=2) as loader:
+            assert stream_digests(loader, 10) == expected
+        faults = proxy.stats['error'] + proxy.stats['short'] + proxy.stats['reset']
+        assert faults > 0, proxy.stats
+
+
+def test_loader_names_the_url_when_the_server_goes_away(nginx, served_root):
+    proxy = Proxy(nginx.url).start()
+    try:
+        reader = loadr.open(f'{proxy.url}/ffrecord/single.ffr', decode='msgpack',
+                            storage_options={'loadr': {**FAST, 'retries': 2, 'timeout_s': 3}})
+        with loadr.Loader(reader, batch=4, fns=PIPELINES['ffrecord'](served_root)[1], seed=0,
+                          workers=2) as loader:
+            it = iter(loader)
+            next(it)
+            proxy.stop()
+            with pytest.raises(loadr.LoadrError, match=r'single\.ffr.*(attempts|timeout)'):
+                for _ in range(20):
+                    next(it)
+    finally:
+        proxy.stop()
+
+
+# ---------------------------------------------------------------------------
+# Writing to S3
+
+
+def _download(moto_url: str, bucket: str, prefix: str, dest):
+    client = s3_client(moto_url)
+    keys = [o['Key'] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix + '/')
+            .get('Contents', [])]
+    for key in keys:
+        path = dest / key[len(prefix) + 1:]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(client.get_object(Bucket=bucket, Key=key)['Body'].read())
+    return sorted(k[len(prefix) + 1:] for k in keys)
+
+
+@pytest.mark.parametrize('source,target,kw', [
+    ('bag_sharded', 'bag', {'shardlen': 4}),
+    ('gulp', 'gulp', {'videos_per_chunk': 4}),
+    ('ffrecord/single.ffr', 'ffrecord', {}),
+])
+def test_writers_to_s3_write_the_local_bytes(moto, served_root, tmp_path, source, target, kw):
+    options = {'endpoint_url': moto.url}
+    suffix = '.ffr' if target == 'ffrecord' else ''
+    prefix = f'written/{target}{suffix}'
+    local = tmp_path / f'local{suffix}'
+    loadr.convert.convert(str(served_root / source), str(local), target, **kw)
+    with using_storage_options(options):
+        loadr.convert.convert(str(served_root / source), f's3://fixtures/{prefix}', target, **kw)
+    got = tmp_path / 'got'
+    if target == 'ffrecord':
+        got.mkdir()
+        (got / 'x.ffr').write_bytes(s3_client(moto.url).get_object(
+            Bucket='fixtures', Key=prefix)['Body'].read())
+        assert (got / 'x.ffr').read_bytes() == local.read_bytes()
+        got = got / 'x.ffr'
+    else:
+        names = _download(moto.url, 'fixtures', prefix, got)
+        assert names == sorted(p.relative_to(local).as_posix() for p in local.rglob('*')
+                               if p.is_file())
+        for name in names:
+            assert (got / name).read_bytes() == (local / name).read_bytes(), name
+    here, there = loadr.open(local), loadr.open(got)
+    for i in range(len(here)):
+        assert_equal(there[i], here[i], f'{target}[{i}]')
+
+
+def test_writer_with_storage_options_is_all_or_nothing(moto):
+    options = {'endpoint_url': moto.url}
+    url = 's3://fixtures/written/partial.ffr'
+    with pytest.raises(RuntimeError):
+        with loadr.writers.FFRecordWriter(url, 3, storage_options=options) as w:
+            w.write_one(b'one')
+            raise RuntimeError('interrupted')
+    storage = loadr.storage.storage_for(url, options)
+    assert not storage.exists(url)
+    with pytest.raises(loadr.errors.WriterError):
+        with loadr.writers.BagWriter('s3://fixtures/written/short', {'x': 'int'},
+                                     storage_options=options) as w:
+            w.append({'x': 1})
+            w.append({'y': 2})
+    assert not storage.occupied('s3://fixtures/written/short')
+    with loadr.writers.FFRecordWriter(url, 1, storage_options=options) as w:
+        w.write_one(b'one')
+    assert loadr.open(url, storage_options=options).read_one(0) == b'one'

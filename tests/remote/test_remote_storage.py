@@ -1,0 +1,284 @@
+"""RemoteStorage (loadr/remote.py) against nginx and moto's S3 on loopback, faults and all."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import multiprocess
+import pytest
+
+from loadr.errors import ConfigError, FormatError, ReadError, WriterError
+from loadr.remote import RemoteStorage
+
+from .proxy import Proxy
+from .servers import s3_client
+
+pytestmark = pytest.mark.timeout(90)
+
+FILE = 'ffrecord/single.ffr'
+FAST = {'backoff_s': 0.005, 'backoff_max_s': 0.05}
+
+
+@pytest.fixture(params=['http', 's3'])
+def remote(request, served_root):
+    """(storage, base URL of the served fixtures) for nginx and for moto's S3."""
+    if request.param == 'http':
+        web = request.getfixturevalue('nginx')
+        return RemoteStorage(web.url, {'loadr': FAST}), web.url
+    s3 = request.getfixturevalue('moto')
+    return RemoteStorage('s3://fixtures', {'endpoint_url': s3.url, 'loadr': FAST}), \
+        's3://fixtures'
+
+
+def _local_files(root):
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob('*') if p.is_file())
+
+
+def test_every_file_reads_as_locally(remote, served_root):
+    storage, base = remote
+    rels = [r for r in _local_files(served_root) if not r.endswith('.py')]
+    for rel in rels:
+        data = (served_root / rel).read_bytes()
+        url = f'{base}/{rel}'
+        assert storage.size(url) == len(data), rel
+        assert storage.read_all(url) == data, rel
+        if len(data) > 10:
+            assert storage.read(url, 3, len(data) - 10, 5) == data[3:-7], rel
+    # Many ranges of many files at once, close ones merged, in the order asked.
+    ranges = [(f'{base}/{rel}', off, 7, k) for k, rel in enumerate(rels)
+              for off in (0, 9, 20) if (served_root / rel).stat().st_size >= off + 7]
+    got = storage.read_many(ranges)
+    assert got == [(served_root / r[0][len(base) + 1:]).read_bytes()[r[1]:r[1] + 7]
+                   for r in ranges]
+
+
+def test_names_as_locally(remote, served_root):
+    storage, base = remote
+    for folder in ['bag', 'bag_sharded', 'bag_sharded/000001', 'gulp', 'ffrecord/multi']:
+        assert storage.list(f'{base}/{folder}') == sorted(os.listdir(served_root / folder))
+        assert storage.isdir(f'{base}/{folder}') and not storage.isfile(f'{base}/{folder}')
+    fresh = pickle.loads(pickle.dumps(storage))._init_process  # noqa: F841 - picklable
+    for rel in [FILE, 'bag/spec.json', 'bag_sharded/000002/refs.bag']:
+        other = type(storage)(base, storage.options)     # nothing listed: asks the server
+        assert other.isfile(f'{base}/{rel}') and not other.isdir(f'{base}/{rel}')
+        assert other.exists(f'{base}/{rel}')
+    for missing in ['nothing.bin', 'bag/nothing.bag', 'nothing/at/all']:
+        assert not storage.exists(f'{base}/{missing}')
+        assert not storage.isfile(f'{base}/{missing}') and not storage.isdir(f'{base}/{missing}')
+
+
+def test_truncated_read_is_a_format_error(remote, served_root):
+    storage, base = remote
+    size = (served_root / FILE).stat().st_size
+    with pytest.raises(FormatError, match='truncated') as info:
+        storage.read(f'{base}/{FILE}', size - 2, 5, 7)
+    assert info.value.index == 7 and info.value.path == f'{base}/{FILE}'
+
+
+def test_prefetched_ranges_are_read_without_new_requests(remote, served_root):
+    storage, base = remote
+    url = f'{base}/{FILE}'
+    data = (served_root / FILE).read_bytes()
+    storage.size(url)
+    ranges = [(url, off, 1000, k) for k, off in enumerate(range(0, 100_000, 5000))]
+    before = storage.requests
+    storage.prefetch(ranges)
+    assert [storage.read(*r) for r in ranges] == [data[o:o + 1000] for _, o, _, _ in ranges]
+    assert storage.requests == before + len(ranges)     # 4000-byte gaps: none merged
+    # Consumed: read again, they are fetched again.
+    assert storage.read(*ranges[0]) == data[:1000]
+    assert storage.requests == before + len(ranges) + 1
+
+
+def test_close_ranges_are_merged_into_one_request(nginx, served_root):
+    storage = RemoteStorage(nginx.url, {'loadr': {'merge_gap_bytes': 100}})
+    url = f'{nginx.url}/{FILE}'
+    data = (served_root / FILE).read_bytes()
+    ranges = [(url, off, 50) for off in range(0, 15_000, 150)]      # gaps of 100 bytes
+    assert storage.read_many(ranges) == [data[o:o + 50] for _, o, _ in ranges]
+    assert storage.requests == 1 and storage.bytes_fetched == 14_900
+
+
+def test_pickled_storage_reads_in_another_process(remote, served_root):
+    storage, base = remote
+    storage.list(f'{base}/bag')
+    blob = pickle.dumps(storage)
+    ctx = multiprocess.get_context('spawn')
+    with ctx.Pool(1) as pool:
+        got = pool.apply(_read_in_child, (blob, f'{base}/bag/refs.bag'))
+    assert got == (served_root / 'bag/refs.bag').read_bytes()
+
+
+def _read_in_child(blob, url):
+    storage = pickle.loads(blob)
+    size = storage.size(url)
+    assert storage.requests == 0              # the size came with the pickle
+    return storage.read(url, 0, size)
+
+
+# ---------------------------------------------------------------------------
+# Faults
+
+
+def test_faults_are_retried_to_the_same_bytes(nginx, moto, served_root):
+    data = (served_root / FILE).read_bytes()
+    for upstream, base, options in [(nginx.url, None, {}),
+                                    (moto.url, 's3://fixtures', {})]:
+        with Proxy(upstream, delay_s=0.002, error=0.2, short=0.2, reset=0.2, seed=3,
+                   max_faults=2) as proxy:
+            base = base or proxy.url
+            if base.startswith('s3'):
+                options = {'endpoint_url': proxy.url}
+            storage = RemoteStorage(base, {**options, 'loadr': {**FAST, 'retries': 2}})
+            url = f'{base}/{FILE}'
+            ranges = [(url, off, 700, k) for k, off in enumerate(range(0, 140_000, 1400))]
+            assert storage.read_many(ranges) == [data[o:o + 700] for _, o, _, _ in ranges]
+            storage.prefetch([(url, 1, 5000)])
+            assert storage.read(url, 1, 5000) == data[1:5001]
+            assert proxy.stats['error'] and proxy.stats['short'] and proxy.stats['reset']
+
+
+def test_persistent_failure_names_url_record_and_attempts(nginx):
+    with Proxy(nginx.url, error=1.0, max_faults=100) as proxy:
+        storage = RemoteStorage(proxy.url, {'loadr': {**FAST, 'retries': 2}})
+        url = f'{proxy.url}/{FILE}'
+        with pytest.raises(ReadError) as info:
+            storage.read(url, 0, 10, 42)
+        err = info.value
+        assert err.path == url and err.index == 42 and err.attempts == 3
+        assert 'after 3 attempts' in str(err) and '503' in str(err)
+        assert '\n' not in str(err) and err.__cause__ is None and err.__suppress_context__
+        assert proxy.stats['error'] == 3
+
+
+def test_failed_read_ahead_raises_for_the_record_read(nginx, served_root):
+    storage = RemoteStorage(nginx.url, {'loadr': {**FAST, 'retries': 1}})
+    with Proxy(nginx.url, error=1.0, max_faults=100) as proxy:
+        storage = RemoteStorage(proxy.url, {'loadr': {**FAST, 'retries': 1}})
+        url = f'{proxy.url}/{FILE}'
+        storage._sizes[url] = (served_root / FILE).stat().st_size
+        storage.prefetch([(url, 0, 10, 1), (url, 5000, 10, 2)])
+        with pytest.raises(ReadError, match='after 2 attempts') as info:
+            storage.read(url, 5000, 10, 2)
+        assert info.value.index == 2
+
+
+def test_server_that_hangs_times_out(nginx):
+    with Proxy(nginx.url, hang=True) as proxy:
+        storage = RemoteStorage(proxy.url, {'loadr': {**FAST, 'timeout_s': 0.5}})
+        with pytest.raises(ReadError, match='timeout_s=0.5') as info:
+            storage.read(f'{proxy.url}/{FILE}', 0, 10, 3)
+        assert info.value.index == 3
+
+
+def test_server_gone_is_a_clear_error(nginx):
+    proxy = Proxy(nginx.url).start()
+    proxy.stop()
+    storage = RemoteStorage(proxy.url, {'loadr': {**FAST, 'retries': 2}})
+    with pytest.raises(ReadError, match=r'after 3 attempts: ClientConnectorError') as info:
+        storage.read(f'{proxy.url}/{FILE}', 0, 10, 3)
+    assert info.value.path == f'{proxy.url}/{FILE}'
+
+
+# ---------------------------------------------------------------------------
+# One-line errors with the fix
+
+
+def test_missing_object_and_bucket(moto, nginx):
+    storage = RemoteStorage('s3://fixtures', {'endpoint_url': moto.url})
+    with pytest.raises(ReadError, match='no such object') as info:
+        storage.read('s3://fixtures/nothing.bin', 0, 1, 9)
+    assert info.value.index == 9 and '\n' not in str(info.value)
+    storage = RemoteStorage('s3://no-such-bucket', {'endpoint_url': moto.url})
+    with pytest.raises(ReadError, match='bucket does not exist'):
+        storage.size('s3://no-such-bucket/x')
+    storage = RemoteStorage(nginx.url)
+    with pytest.raises(ReadError, match=r'no such object.*404'):
+        storage.size(f'{nginx.url}/nothing.bin')
+
+
+def test_missing_package_names_the_extra():
+    pytest.importorskip('fsspec')
+    try:
+        import gcsfs  # noqa: F401
+        pytest.skip('gcsfs is installed here: no missing package to report')
+    except ImportError:
+        pass
+    with pytest.raises(ConfigError, match=r"pip install 'loadr\[gcs\]'") as info:
+        RemoteStorage('gs://bucket/x.ffr')
+    assert str(info.value).startswith('gs://bucket/x.ffr: ') and info.value.__cause__ is None
+    with pytest.raises(ConfigError, match='unknown protocol nosuch://'):
+        RemoteStorage('nosuch://x')
+
+
+def test_bad_and_missing_credentials(moto_auth, monkeypatch):
+    storage = RemoteStorage('s3://fixtures', {'endpoint_url': moto_auth.url})
+    with pytest.raises(ReadError, match='access denied: check the credentials'):
+        storage.size('s3://fixtures/x')
+    for name in list(os.environ):
+        if name.startswith('AWS_'):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv('AWS_SHARED_CREDENTIALS_FILE', '/nonexistent/credentials')
+    monkeypatch.setenv('AWS_CONFIG_FILE', '/nonexistent/config')
+    monkeypatch.setenv('AWS_EC2_METADATA_DISABLED', 'true')
+    storage = RemoteStorage('s3://fixtures', {'endpoint_url': moto_auth.url})
+    with pytest.raises(ReadError, match=r"no valid credentials.*'anon': True") as info:
+        storage.size('s3://fixtures/x')
+    assert '\n' not in str(info.value)
+
+
+def test_bad_settings_are_config_errors():
+    with pytest.raises(ConfigError, match='unknown'):
+        RemoteStorage('s3://b/x', {'loadr': {'retry': 3}})
+    with pytest.raises(ConfigError, match='>= 0'):
+        RemoteStorage('s3://b/x', {'loadr': {'retries': -1}})
+
+
+# ---------------------------------------------------------------------------
+# Writing
+
+
+def test_staged_object_is_uploaded_only_on_commit(moto):
+    storage = RemoteStorage('s3://fixtures', {'endpoint_url': moto.url})
+    client = s3_client(moto.url)
+    url = 's3://fixtures/out/one.bin'
+    with storage.open_write(url) as f:
+        f.write(b'x' * 100)
+        f.pwrite(b'HEAD', 0)
+        assert not storage.occupied(url)
+        f.commit()
+    assert client.get_object(Bucket='fixtures', Key='out/one.bin')['Body'].read() == \
+        b'HEAD' + b'x' * 96
+    with pytest.raises(RuntimeError):
+        with storage.open_write('s3://fixtures/out/two.bin') as f:
+            f.write(b'never')
+            raise RuntimeError('stop')
+    assert not storage.occupied('s3://fixtures/out/two.bin')
+    assert not os.path.exists(f.path)
+    with pytest.raises(WriterError, match='appeared'):
+        with storage.open_write(url) as f:
+            f.commit(overwrite=False)
+
+
+def test_staged_directory_is_uploaded_on_commit(moto):
+    storage = RemoteStorage('s3://fixtures', {'endpoint_url': moto.url})
+    target = 's3://fixtures/out/dir'
+    d = storage.stage_dir(target)
+    d.mkdir('000000')
+    d.write_file('000000/spec.json', b'{}')
+    with d.open_write('000000/a.bag') as f:
+        f.write(b'abc')
+    assert not storage.occupied(target)
+    d.commit()
+    assert not os.path.exists(d.path)
+    assert storage.list(target) == ['000000']
+    assert storage.list(f'{target}/000000') == ['a.bag', 'spec.json']
+    assert storage.read_all(f'{target}/000000/a.bag') == b'abc'
+    with pytest.raises(WriterError, match='non-empty'):
+        storage.stage_dir(target).commit()
+
+
+def test_http_is_read_only(nginx):
+    with pytest.raises(ConfigError, match='read-only'):
+        RemoteStorage(nginx.url).open_write(f'{nginx.url}/x.bin')
