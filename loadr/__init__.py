@@ -9,7 +9,7 @@ Example::
             ...
 """
 
-from . import errors, readers, writers
+from . import errors, fns, readers, writers
 from .check import Report, check
 from .errors import LoadrError
 from .loader import Loader
@@ -18,5 +18,5 @@ from .readers import open
 
 __version__ = '0.1.0'
 
-__all__ = ['Loader', 'open', 'check', 'Report', 'readers', 'writers', 'errors', 'LoadrError',
-           'pipeline', '__version__']
+__all__ = ['Loader', 'open', 'check', 'Report', 'readers', 'writers', 'errors', 'fns',
+           'LoadrError', 'pipeline', '__version__']

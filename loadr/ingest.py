@@ -102,8 +102,7 @@ def scan_images(root: str) -> ImageScan:
     names, sorted, number the labels 0, 1, ... exactly as torchvision's
     ``ImageFolder`` numbers them (it would also take dot-named folders).
 
-    >>> scan_images('photos').labels          # doctest: +SKIP
-    ['cat', 'dog']
+    Example: ``scan_images('photos').labels`` gives ``['cat', 'dog']``.
     """
     if not os.path.isdir(root):
         raise ConfigError('not a directory', root)
@@ -152,8 +151,8 @@ def find_images(root: str, allow_empty: bool = False) -> tuple[list[tuple[str, s
     A class folder without images is refused, as torchvision's ImageFolder
     refuses it, unless ``allow_empty`` (its label keeps its number).
 
-    >>> find_images('photos')          # doctest: +SKIP
-    ([('cat/1.jpg', 'cat'), ('dog/7.png', 'dog')], ['cat', 'dog'])
+    Example: ``find_images('photos')`` gives
+    ``([('cat/1.jpg', 'cat'), ('dog/7.png', 'dog')], ['cat', 'dog'])``.
     """
     scan = scan_images(root)
     _check_empty(scan, root, allow_empty)
@@ -311,8 +310,13 @@ def image_bytes(data: bytes, target: str = 'jpg', short_side: int | None = None,
     The image is fully decoded once, so a broken file fails here
     (DecodeError) rather than in training.
 
-    >>> image_bytes(open('cat.png', 'rb').read(), 'jpg')[1]       # doctest: +SKIP
+    >>> import numpy as np
+    >>> from loadr.codecs import encode_image
+    >>> png = encode_image(np.zeros((4, 4, 3), np.uint8), 'PNG')
+    >>> image_bytes(png, 'jpg')[1]
     ['PNG stored as JPEG (quality 90)']
+    >>> image_bytes(png, 'png')[0] == png
+    True
     """
     from PIL import Image, ImageOps
     if target not in _KEEP_MODES:
@@ -370,7 +374,9 @@ def image_jpeg(data: bytes, short_side: int | None = None) -> bytes:
 
     ``image_bytes(data, 'jpg', short_side)[0]``: what video frames are stored as.
 
-    >>> image_jpeg(open('cat.png', 'rb').read())[:2]      # doctest: +SKIP
+    >>> import numpy as np
+    >>> from loadr.codecs import encode_image
+    >>> image_jpeg(encode_image(np.zeros((4, 4, 3), np.uint8), 'PNG'))[:2]
     b'\\xff\\xd8'
     """
     return image_bytes(data, 'jpg', short_side)[0]

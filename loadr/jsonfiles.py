@@ -18,9 +18,10 @@ def read_json(path, what: str, kind: type, shape: str):
     """The JSON value of ``path``, which must be a ``kind`` (dict or list); else a
     ConfigError naming the file and ``what`` it was meant to be.
 
-    >>> read_json('missing.json', 'the label list', dict, '{label: index}')  # doctest: +SKIP
+    >>> read_json('missing.json', 'the label list', dict, '{label: index}')
     Traceback (most recent call last):
-    loadr.errors.ConfigError: [missing.json]: cannot read the label list: No such file ...
+        ...
+    loadr.errors.ConfigError: missing.json: cannot read the label list: No such file or directory
     """
     try:
         with open(path, encoding='utf-8') as f:
