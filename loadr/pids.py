@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ['running', 'proc_stat', 'frozen', 'cgroup_dir', 'me', 'owner_gone']
+__all__ = ['running', 'proc_stat', 'same_process', 'frozen', 'cgroup_dir', 'me', 'owner_gone']
 
 
 def running(pid: int) -> bool:
@@ -60,6 +60,20 @@ def proc_stat(pid: int) -> tuple[str, int, int] | None:
         return fields[0].decode(), int(fields[11]) + int(fields[12]), int(fields[19])
     except (IndexError, ValueError):
         return None
+
+
+def same_process(pid: int, start: int | None) -> bool:
+    """True while the process ``pid`` that started at ``start`` (ticks, from
+    :func:`proc_stat`) runs; a zombie does not run, a reused pid is another process.
+    Without ``/proc`` (or ``start``), whether any process has that pid.
+
+    >>> same_process(os.getpid(), proc_stat(os.getpid())[2])
+    True
+    """
+    stat = proc_stat(pid)
+    if stat is None:
+        return running(pid) if start is None or proc_stat(os.getpid()) is None else False
+    return stat[0] != 'Z' and (start is None or stat[2] == start)
 
 
 def _mounts() -> list[tuple[str, str, str, str]]:

@@ -26,12 +26,15 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import signal
 import tempfile
+import threading
 import time
+import weakref
 
 import numpy as np
 import zmq
@@ -68,6 +71,99 @@ def _restore_sigmask(old) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+@contextlib.contextmanager
+def _sigint_deferred():
+    """Ctrl-C during the block is held back and raised (or handled) once it ends.
+
+    For the stretches that take or give back what must not leak (segments,
+    directories, processes): a second Ctrl-C landing in close() used to stop
+    it halfway, after the workers had gone and before the memory was freed.
+    Only the main thread gets Python's signal handlers; elsewhere a Ctrl-C
+    cannot interrupt us and this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None:                # set outside Python: we could not put it back
+        yield
+        return
+    caught = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(signal.SIGINT, caught[-1])     # Python's: KeyboardInterrupt
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
+
+
+class _Held:
+    """What a pool holds that must be given back: filled as it is taken, emptied by
+    :func:`_release`, which also runs at garbage collection or interpreter exit when
+    nobody called close() (or a Ctrl-C cut in before the Loader kept the pool)."""
+
+    def __init__(self, workers: int):
+        self.workers: list = [None] * workers
+        self.ctx = self.sock = None
+        self.segments: list[Segment] = []
+        self.dirs: list[str] = []
+        self.released = False
+
+
+def _release(held: _Held) -> None:
+    """The shutdown order, written down once; every step can be run again if an
+    earlier run was cut short:
+
+    1. ask every worker to STOP (non-blocking), so idle ones exit between tasks;
+    2. give them JOIN_TIMEOUT_S together, then SIGKILL whatever is left and reap
+       it: a hung or stopped worker cannot be asked;
+    3. close the socket with linger 0 and end the context, so nothing waits on
+       messages nobody will read;
+    4. only now, with no process mapping them, unlink the shared memory and
+       remove the owned directories (in ``finally``: whatever happened above).
+    """
+    if held.released:
+        return
+    with _sigint_deferred():
+        try:
+            live = [w for w in held.workers if w is not None]
+            if held.sock is not None:
+                for w in live:
+                    try:
+                        held.sock.send_multipart([w.identity, *protocol.stop()], zmq.NOBLOCK)
+                    except zmq.ZMQError:
+                        pass
+            deadline = time.monotonic() + JOIN_TIMEOUT_S
+            for w in live:
+                w.process.join(max(0.0, deadline - time.monotonic()))
+            for w in live:
+                if w.process.exitcode is None:
+                    try:
+                        os.kill(w.process.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    w.process.join(JOIN_TIMEOUT_S)
+            held.workers[:] = [None] * len(held.workers)
+            if held.sock is not None:
+                held.sock.close(0)
+                held.sock = None
+            if held.ctx is not None:
+                held.ctx.term()
+                held.ctx = None
+        finally:
+            while held.segments:
+                seg = held.segments.pop()
+                seg.close()
+                seg.unlink()
+            while held.dirs:
+                remove_owned(held.dirs.pop())
+            held.released = True
+
+
 class _Worker:
     def __init__(self, wid: int, incarnation: int, process, identity: bytes):
         self.wid, self.incarnation = wid, incarnation
@@ -89,61 +185,77 @@ class WorkerPool:
         import multiprocess
 
         self.closed = False
-        self._segments: list[Segment] = []
+        # Everything taken is recorded in held at once, and given back by close(),
+        # or by this finaliser if the pool is dropped (or the interpreter exits) first.
+        self._held = held = _Held(workers)
+        self._finalizer = weakref.finalize(self, _release, held)
+        self.workers: list[_Worker | None] = held.workers
+        self._segments = held.segments
         self._dir = self._shm_dir = None
         self._ctx = self._sock = None
-        self.workers: list[_Worker | None] = [None] * workers
         try:
-            reclaim_stale()
-            check_space(layout.nbytes * slots + 16 * workers)
-            self._mp = multiprocess.get_context(start_method)
-            self._dir = owned_dir(tempfile.gettempdir())   # mode 0700: ours alone
-            self.endpoint = f'ipc://{self._dir}/tasks'
-            # Ctrl-C inside Socket() would leave a socket that nothing closes,
-            # and close() would then wait forever in Context.term().
-            blocked = _block_sigint()
-            try:
-                self._ctx = zmq.Context(1)
-                self._sock = self._ctx.socket(zmq.ROUTER)
-            finally:
-                _restore_sigmask(blocked)
-            self._sock.setsockopt(zmq.LINGER, 0)
-            self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            self._sock.bind(self.endpoint)
-            self._shm_dir = owned_dir(SHM_DIR)
-            self._segments = [Segment.create(os.path.join(self._shm_dir, f'slot{i}'),
-                                             layout.nbytes) for i in range(slots)]
-            self._status = Segment.create(os.path.join(self._shm_dir, 'status'),
-                                          StatusCells.nbytes(workers))
-            self._segments.append(self._status)
-            cells = StatusCells(self._status.buf, workers)
-            self.progress = cells.progress_rows()
-            self.progress[:] = -1           # [position, index] in hand; -1: none yet
-            self._cancelled = cells.cancelled()
-            self._cancelled[0] = -1
-            self._beats = cells.heartbeats()
-            self._liveness_at = time.monotonic()
-            self.layout = layout
-            self.views = [layout.views(seg.buf) for seg in self._segments[:slots]]
-            self._template = dict(
-                reader=reader, fns=list(fns), spec=spec, layout=layout,
-                slot_paths=[s.path for s in self._segments[:slots]],
-                status_path=self._status.path, owned_dirs=[self._shm_dir, self._dir],
-                parent_pid=os.getpid(), n=n,
-                shuffle=shuffle, on_error=on_error, endpoint=self.endpoint, workers=workers,
-                order_version=order_version)
-            self.task_timeout_s = task_timeout_s
-            self.tasks: dict[int, tuple] = {}      # task id -> (worker id, message frames)
-            self.deaths: dict[int, int] = {}       # stream position -> workers it killed
-            self.read_one_by_one: set[int] = set()  # task starts to read sample by sample
-            self.restarts = 0
-            self.startup_failures = 0
-            self._incarnations = 0
-            for wid in range(workers):
-                self._start(wid)
+            with _sigint_deferred():
+                self._open(reader, fns, spec, layout, workers, slots, n, shuffle, on_error,
+                           multiprocess.get_context(start_method), task_timeout_s,
+                           order_version)
         except BaseException:
             self.close()
             raise
+
+    def _open(self, reader, fns, spec, layout, workers, slots, n, shuffle, on_error, mp,
+              task_timeout_s, order_version) -> None:
+        held = self._held
+        reclaim_stale()
+        check_space(layout.nbytes * slots + StatusCells.nbytes(workers))
+        self._mp = mp
+        self._dir = owned_dir(tempfile.gettempdir())   # mode 0700: ours alone
+        held.dirs.append(self._dir)
+        self.endpoint = f'ipc://{self._dir}/tasks'
+        # Ctrl-C inside Socket() would leave a socket that nothing closes,
+        # and close() would then wait forever in Context.term().
+        blocked = _block_sigint()
+        try:
+            self._ctx = held.ctx = zmq.Context(1)
+            self._sock = held.sock = self._ctx.socket(zmq.ROUTER)
+        finally:
+            _restore_sigmask(blocked)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.bind(self.endpoint)
+        self._shm_dir = owned_dir(SHM_DIR)
+        held.dirs.append(self._shm_dir)
+        for i in range(slots):
+            held.segments.append(Segment.create(os.path.join(self._shm_dir, f'slot{i}'),
+                                                layout.nbytes))
+        self._status = Segment.create(os.path.join(self._shm_dir, 'status'),
+                                      StatusCells.nbytes(workers))
+        held.segments.append(self._status)
+        cells = StatusCells(self._status.buf, workers)
+        self.progress = cells.progress_rows()
+        self.progress[:] = -1           # [position, index] in hand; -1: none yet
+        self._cancelled = cells.cancelled()
+        self._cancelled[0] = -1
+        self._beats = cells.heartbeats()
+        self._liveness_at = time.monotonic()
+        self.layout = layout
+        self.views = [layout.views(seg.buf) for seg in self._segments[:slots]]
+        me = pids.proc_stat(os.getpid())
+        self._template = dict(
+            reader=reader, fns=list(fns), spec=spec, layout=layout,
+            slot_paths=[s.path for s in self._segments[:slots]],
+            status_path=self._status.path, owned_dirs=[self._shm_dir, self._dir],
+            parent_pid=os.getpid(), parent_start=None if me is None else me[2], n=n,
+            shuffle=shuffle, on_error=on_error, endpoint=self.endpoint, workers=workers,
+            order_version=order_version)
+        self.task_timeout_s = task_timeout_s
+        self.tasks: dict[int, tuple] = {}      # task id -> (worker id, message frames)
+        self.deaths: dict[int, int] = {}       # stream position -> workers it killed
+        self.read_one_by_one: set[int] = set()  # task starts to read sample by sample
+        self.restarts = 0
+        self.startup_failures = 0
+        self._incarnations = 0
+        for wid in range(workers):
+            self._start(wid)
 
     # -- processes ---------------------------------------------------------
 
@@ -184,9 +296,10 @@ class WorkerPool:
             self.startup_failures += 1
             if self.startup_failures >= MAX_STARTUP_FAILURES:
                 hint = ''
-                if self._mp.get_start_method() != 'fork':
-                    hint = (" (with start_method='spawn' the main module is imported again in "
-                            "each worker: guard the script with if __name__ == '__main__':)")
+                method = self._mp.get_start_method()
+                if method != 'fork':
+                    hint = (f' (with start_method={method!r} the main module is imported again '
+                            "in each worker: guard the script with if __name__ == '__main__':)")
                 self.workers[w.wid] = None
                 return [('fatal', None, protocol.Failure(
                     'loadr.errors.WorkerError',
@@ -379,49 +492,9 @@ class WorkerPool:
     # -- shutdown ----------------------------------------------------------
 
     def close(self) -> None:
-        """Stop everything and free everything; safe to call twice.
-
-        The shutdown order, written down once:
-        1. ask every worker to STOP (non-blocking), so idle ones exit between tasks;
-        2. give them JOIN_TIMEOUT_S together, then SIGKILL whatever is left and reap
-           it: a hung or stopped worker cannot be asked;
-        3. close the socket with linger 0 and end the context, so nothing waits on
-           messages nobody will read;
-        4. only now, with no process mapping them, unlink the shared memory and
-           remove the socket directory.
-        """
-        if self.closed:
-            return
+        """Stop everything and free everything (in the order of :func:`_release`); safe
+        to call twice, and a Ctrl-C meanwhile waits until it is done."""
         self.closed = True
-        live = [w for w in self.workers if w is not None]
-        if self._sock is not None:
-            for w in live:
-                try:
-                    self._sock.send_multipart([w.identity, *protocol.stop()], zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
-        for w in live:
-            w.process.join(max(0.0, deadline - time.monotonic()))
-        for w in live:
-            if w.process.exitcode is None:
-                try:
-                    os.kill(w.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                w.process.join(JOIN_TIMEOUT_S)
-        self.workers = [None] * len(self.workers)
-        if self._sock is not None:
-            self._sock.close(0)
-        if self._ctx is not None:
-            self._ctx.term()
         self.views = []
         self.progress = self._cancelled = self._beats = None
-        for seg in self._segments:
-            seg.close()
-            seg.unlink()
-        self._segments = []
-        for path in (self._shm_dir, self._dir):
-            if path is not None:
-                remove_owned(path)
-
+        _release(self._held)

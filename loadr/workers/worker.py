@@ -42,6 +42,7 @@ class WorkerArgs:
     status_path: str
     owned_dirs: list            # the pool's directories (segments, socket): see shm.py
     parent_pid: int
+    parent_start: int | None    # its start time (pids.proc_stat): a pid alone can be reused
     n: int
     shuffle: bool
     on_error: str
@@ -49,17 +50,29 @@ class WorkerArgs:
     workers: int = 1
 
 
-def _watch_parent(parent_pid: int, owned_dirs: list, beat) -> None:
+def _parent_alive(args: WorkerArgs) -> bool:
+    """Whether the main process that made us still runs.
+
+    It is our parent with fork and spawn (the cheap check); with forkserver
+    our parent is the fork server, so the main process is found by pid and
+    start time.
+    """
+    from ..pids import same_process
+
+    return os.getppid() == args.parent_pid or same_process(args.parent_pid, args.parent_start)
+
+
+def _watch_parent(args: WorkerArgs, beat) -> None:
     from .shm import remove_owned
 
     def watch():
         while True:
             time.sleep(PARENT_CHECK_S)
             beat[0] += 1            # "this process runs" (see the pool's frozen check)
-            if os.getppid() != parent_pid:
+            if not _parent_alive(args):
                 # The main process died without closing us: nobody else will
                 # remove what it made (segments, sockets), so we do, then leave.
-                for path in owned_dirs:
+                for path in args.owned_dirs:
                     remove_owned(path)
                 os._exit(0)
 
@@ -80,7 +93,7 @@ def run(args: WorkerArgs) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, 'pthread_sigmask'):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    if os.getppid() != args.parent_pid:
+    if not _parent_alive(args):
         return
     try:
         segments = [Segment.attach(path) for path in args.slot_paths]
@@ -89,8 +102,8 @@ def run(args: WorkerArgs) -> None:
         # Only the pool unlinks them: it closed (Ctrl-C while we started). Leave quietly.
         return
     cells = StatusCells(status.buf, args.workers)
-    _watch_parent(args.parent_pid, args.owned_dirs, cells.heartbeat(args.wid))
-    if os.getppid() != args.parent_pid:
+    _watch_parent(args, cells.heartbeat(args.wid))
+    if not _parent_alive(args):
         return
     views = [args.layout.views(seg.buf) for seg in segments]
     # Memoryviews, not ndarrays: progress is set twice per sample, and a

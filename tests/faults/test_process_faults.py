@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 
 import pytest
 
@@ -45,7 +47,9 @@ LOOP = '''
     from tests.loader_helpers import batch_digest, slowed, trivial
 
     slow = slowed(0.001)
-    loader = loadr.Loader(trivial(300), batch=8, fns=[slow], seed=1, workers=2)
+    method = sys.argv[2] if len(sys.argv) > 2 else None
+    loader = loadr.Loader(trivial(300), batch=8, fns=[slow], seed=1, workers=2,
+                          start_method=method)
     it = iter(loader)
     digests = [batch_digest(next(it)) for _ in range(3)]
     try:
@@ -93,8 +97,10 @@ def test_ctrl_c_during_iteration_exits_cleanly(mode):
     assert not os.path.exists(info['dir'])
 
 
-def test_sigkill_of_the_main_process_ends_its_workers_and_their_memory():
-    proc = start_script(LOOP, 'raise')
+@pytest.mark.parametrize('method', ['fork', 'forkserver'])
+def test_sigkill_of_the_main_process_ends_its_workers_and_their_memory(method):
+    # With forkserver the workers' parent is the fork server, not the main process.
+    proc = start_script(LOOP, 'raise', method)
     info = read_json_line(proc)
     # 4 slots (prefetch 2 * 2 workers), 2 to lend batches the caller holds, the status
     assert len(segments(info['pid'])) == 4 + LEASED_SLOTS + 1
@@ -105,6 +111,55 @@ def test_sigkill_of_the_main_process_ends_its_workers_and_their_memory():
     assert took < 2.0
     assert segments(info['pid']) == []           # unlinked by the workers' watchdogs
     assert not os.path.exists(info['dir'])
+
+
+# Ctrl-C twice: the second lands anywhere in the shutdown the first one started.
+TWICE = '''
+    import json, os
+    import loadr
+    from tests.loader_helpers import trivial
+
+    with loadr.Loader(trivial(300), batch=8, seed=1, workers=2) as loader:
+        it = iter(loader)
+        next(it)
+        print(json.dumps({'pid': os.getpid(), 'workers': loader.worker_pids,
+                          'dirs': [loader._pool._dir, loader._pool._shm_dir]}), flush=True)
+        while True:
+            next(it)
+'''
+
+
+def test_a_double_ctrl_c_leaks_no_shared_memory_and_no_directory():
+    # It used to leak about one run in two: a second KeyboardInterrupt inside close(),
+    # after the workers had gone and before the segments were unlinked.
+    rng = random.Random(8)
+    for _ in range(8):
+        proc = start_script(TWICE)
+        info = read_json_line(proc)
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(rng.uniform(0, 0.03))
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+        _, err = finish(proc)
+        assert proc.returncode == -signal.SIGINT, err
+        assert err.rstrip().endswith('KeyboardInterrupt'), err
+        wait_until_gone(info['workers'], 2.0)
+        left = [path for path in info['dirs'] if os.path.exists(path)]
+        assert left == [], err
+
+
+def test_forkserver_workers_start_and_give_the_same_batches():
+    # The workers' parent check compared os.getppid() with the main process: under
+    # forkserver it is the fork server's pid, and no worker ever started.
+    data = trivial(200)
+    with loadr.Loader(data, batch=8, fns=[noisy], seed=4, workers=0) as ref:
+        expected = stream_digests(ref, 30)
+    with loadr.Loader(data, batch=8, fns=[noisy], seed=4, workers=2,
+                      start_method='forkserver') as loader:
+        assert stream_digests(loader, 30) == expected
+        assert loader._pool.restarts == 0 and len(loader.worker_pids) == 2
 
 
 def test_segments_of_a_dead_owner_are_reclaimed_by_the_next_loader():
