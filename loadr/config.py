@@ -65,6 +65,7 @@ LOADER_TYPES: dict[str, tuple[str, ...]] = {
     'max_error_fraction': ('number',),
     'timeout': ('number', 'null'),
     'start_method': ('str', 'null'),
+    'order_version': ('int', 'null'),
 }
 _REQUIRED_LOADER_KEYS = ('batch',)
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 from .conftest import HOW_TO_GET, ROOT
 
@@ -23,16 +25,20 @@ LOCAL = 'tests/test_loader_readers.py::test_resume_over_a_real_reader'
 
 def run_pytest(tmp_path, *args, ci: bool = False) -> tuple[subprocess.CompletedProcess, list]:
     """pytest in a child with the fixtures absent and its own TMPDIR; (result, what it left)."""
-    tmp = tmp_path / 'tmp'
-    tmp.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != 'CI'}
-    env.update(LOADR_FIXTURES=str(tmp_path / 'no-fixtures'), TMPDIR=str(tmp))
-    if ci:
-        env['CI'] = 'true'
-    done = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-ra', '-p', 'no:cacheprovider',
-                           '--basetemp', str(tmp_path / 'basetemp'), *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    return done, sorted(os.listdir(tmp))
+    # A short TMPDIR: the workers' socket paths under it must fit in 107 bytes.
+    tmp = tempfile.mkdtemp(prefix='loadr-nofix-')
+    try:
+        env = {k: v for k, v in os.environ.items() if k != 'CI'}
+        env.update(LOADR_FIXTURES=str(tmp_path / 'no-fixtures'), TMPDIR=tmp)
+        if ci:
+            env['CI'] = 'true'
+        done = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-ra', '-p',
+                               'no:cacheprovider', '--basetemp', str(tmp_path / 'basetemp'),
+                               *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+        return done, sorted(os.listdir(tmp))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def counts(output: str) -> dict:
