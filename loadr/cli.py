@@ -30,6 +30,7 @@ import traceback
 from . import __version__
 from .errors import ConfigError, LoadrError, WorkerError
 from .progress import Progress, format_count
+from .readers import formats
 
 __all__ = ['main', 'build_parser']
 
@@ -453,31 +454,14 @@ def _summary_text(s: dict) -> str:
 
 def cmd_inspect(args) -> int:
     """Describe a dataset and one datapoint: ``loadr inspect data/train --json``."""
-    from .convert import _ffrecord_decode
-    from .readers import FFRecordReader, detect
+    from .readers import detect
     path = args.path
     fmt = detect(path)
-    extra = {}
-    if fmt.name == 'ffrecord':
-        probe = FFRecordReader(path)
-        decode = _ffrecord_decode(probe, 'auto')
-        extra['files'] = len(probe.files)
-        probe.close()
-        reader = FFRecordReader(path, decode=decode)
-        extra['decode'] = decode or 'none (raw bytes)'
-    else:
-        options = {'allow_pickle': True} if fmt.name == 'gulp' and args.allow_pickle else {}
-        reader = fmt.reader(path, **options)
+    # What to show besides the datapoint is the format's to say (its reader's details()).
+    reader = fmt.reader.probe(path, allow_pickle=args.allow_pickle)
     with reader:
         n = len(reader)
-        if fmt.name == 'gulp':
-            extra['chunks'] = len({os.path.basename(p) for p in os.listdir(path)
-                                   if p.startswith('data_') and p.endswith('.gulp')})
-            extra['frames'] = sum(len(reader.frame_info(i)) for i in range(n))
-            extra['label2idx'] = (f'{len(reader.label2idx)} labels' if reader.label2idx
-                                  else 'none')
-        elif fmt.name == 'bag':
-            extra['shards'] = reader.shards
+        extra = reader.details()
         size, files = _disk_size(path)
         info = {'path': path, 'format': fmt.name, 'datapoints': n,
                 'spec': {str(k): str(v) for k, v in reader.spec.items()},
@@ -540,11 +524,13 @@ def cmd_convert(args) -> int:
     """Copy a dataset into another format: ``loadr convert a.ffr b --to bag``."""
     from .convert import convert, open_source, plan_conversion
     source = open_source(args.src, args.decode, allow_pickle=args.allow_pickle)
-    plan = plan_conversion(source, args.dst, args.to, _list_arg(args.keys), args.frames)
+    # Each target takes the options it knows (frames, shardlen, videos_per_chunk).
+    options = {'frames': args.frames, 'shardlen': args.shardlen,
+               'videos_per_chunk': args.videos_per_chunk}
+    plan = plan_conversion(source, args.dst, args.to, _list_arg(args.keys), **options)
     _err(f'loadr convert: {plan.describe()}')
     bar = Progress(total=len(source), unit='datapoints', label='convert')
-    convert(source, args.dst, args.to, keys=_list_arg(args.keys), frames=args.frames,
-            shardlen=args.shardlen, videos_per_chunk=args.videos_per_chunk, progress=bar)
+    convert(source, args.dst, args.to, keys=_list_arg(args.keys), progress=bar, **options)
     bar.close()
     size, files = _disk_size(args.dst)
     _out(f'wrote {_plural(len(source), "datapoint")} to {args.dst} ({args.to}, {_size(size)} in '
@@ -808,7 +794,7 @@ def build_parser() -> argparse.ArgumentParser:
                  'loadr convert train.ffr data/train_bag --to bag --shardlen 10000', parents)
     p.add_argument('src', help='the dataset to read (any format)')
     p.add_argument('dst', help='the new dataset (must not exist; ffrecord: a .ffr file)')
-    p.add_argument('--to', required=True, choices=('bag', 'ffrecord', 'gulp'),
+    p.add_argument('--to', required=True, choices=[f.name for f in formats()],
                    help='the output format')
     p.add_argument('--keys', help='copy only these keys (comma-separated)')
     p.add_argument('--frames', help='gulp: the key holding the frames (default: the jpg[] key)')

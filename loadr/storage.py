@@ -181,10 +181,14 @@ _OPTIONS = contextvars.ContextVar('loadr_storage_options', default=None)
 def using_storage_options(storage_options: dict | None):
     """Within the block, URLs opened without ``storage_options`` get these.
 
+    ``None`` keeps those of an enclosing block (the command line's, say).
+
     >>> with using_storage_options({'anon': True}):
-    ...     pass
+    ...     with using_storage_options(None):
+    ...         _OPTIONS.get()
+    {'anon': True}
     """
-    token = _OPTIONS.set(storage_options)
+    token = _OPTIONS.set(_OPTIONS.get() if storage_options is None else storage_options)
     try:
         yield
     finally:
@@ -536,6 +540,13 @@ class WriteFile:
         if not self.closed:
             self.closed = True
             self._file.close()
+
+    def commit(self, overwrite: bool = False) -> None:
+        """The bytes are final: close (a file written in place has nothing to rename)."""
+        self.close()
+
+    def abort(self) -> None:
+        self.discard()
 
     def discard(self) -> None:
         """Close and remove the file (we created it)."""

@@ -55,7 +55,7 @@ import numpy as np
 from .. import codecs
 from ..errors import ConfigError, DecodeError, FormatError, LoadrError, ReadError, WriterError
 from ..storage import Storage, WriteFile, storage_for
-from .base import Format, Problem, Reader, check_index
+from .base import Format, Plan, Problem, Reader, Source, Writer, _known, check_index
 
 __all__ = ['Bag', 'BagFileWriter', 'BagReader', 'BagWriter', 'FORMAT', 'check', 'detect',
            'parse_type']
@@ -71,6 +71,7 @@ IMAGE_TYPES = ('jpg', 'png')
 _KEY_FORBIDDEN = re.compile(r'[/\\\x00]')
 # granular's DatasetWriter asks that keys and types start with [a-z_].
 _GRANULAR_NAME = re.compile(r'[a-z_]')
+_CONVERTIBLE_KEY = re.compile(r'[a-z_][^/\\\x00]*\Z')
 
 _u64 = struct.Struct('<Q')
 
@@ -264,13 +265,15 @@ class Bag:
         # decreases also never runs past the data.
 
 
-class BagFileWriter:
+class BagFileWriter(Writer):
     """Write one bag file, version 2 (granular's default) or 1.
 
     Records go to a temporary sibling that is renamed into place on a clean
-    ``close()``; an existing file is refused. Zero-byte records are refused,
-    as granular refuses them: in version 2 a leading empty record would read
-    back as a version-1 file.
+    ``close()``; an existing file is refused (the lifecycle of
+    :class:`~loadr.readers.base.Writer`). With ``out`` (a file inside a
+    directory that is itself staged) or ``atomic=False`` the file is written
+    in place. Zero-byte records are refused, as granular refuses them: in
+    version 2 a leading empty record would read back as a version-1 file.
 
     Example::
 
@@ -278,25 +281,26 @@ class BagFileWriter:
             w.append(b'\\x01')
     """
 
+    directory = False
+
     def __init__(self, path: str | os.PathLike, version: int = 2, atomic: bool = True,
                  out: WriteFile | None = None):
         if version not in (1, 2):
             raise WriterError(f'bag version must be 1 or 2, not {version!r}', path)
         self.path = os.fspath(path)
         self.version = version
-        storage = storage_for(self.path)
-        if out is None and storage.exists(self.path):
-            raise WriterError('refusing to overwrite an existing file', self.path)
-        # atomic: a staged file renamed into place; else a new file written in place
-        # (``out``, e.g. inside a directory that is itself staged).
-        self._atomic = atomic and out is None
-        if out is None:
-            out = storage.open_write(self.path) if atomic else WriteFile(self.path, exclusive=True)
-        self._file = out
-        self._tmp = out.path
         self._ends = array.array('Q')
         self._offset = 0
-        self.closed = False
+        if out is None and atomic:
+            self._stage()
+        else:
+            if out is None:
+                if storage_for(self.path).exists(self.path):
+                    raise WriterError('refusing to overwrite an existing file', self.path)
+                out = WriteFile(self.path, exclusive=True)
+            self._out, self.closed = out, False
+        self._file = self._out
+        self._tmp = self._out.path
 
     def __len__(self) -> int:
         return len(self._ends)
@@ -321,33 +325,12 @@ class BagFileWriter:
         self._ends.append(self._offset)
         return len(self._ends) - 1
 
-    def close(self) -> None:
-        """Write the table and put the file in place."""
-        if self.closed:
-            return
+    def _finish(self) -> None:
+        """Write the table."""
         table = array.array('Q', [0]) + self._ends if self.version == 1 else self._ends
         if sys.byteorder == 'big':
             table.byteswap()
         self._file.write(table.tobytes())
-        self.closed = True
-        if self._atomic:
-            self._file.commit(overwrite=False)
-        else:
-            self._file.close()
-
-    def abort(self) -> None:
-        """Stop and remove what was written."""
-        self.closed = True
-        self._file.discard()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 # ---------------------------------------------------------------------------
@@ -677,6 +660,15 @@ class BagReader(Reader):
         """``{key: type}`` with sorted keys, as spec.json."""
         return self._shards[0].spec_dict
 
+    def details(self) -> dict:
+        return {'shards': self.shards}
+
+    @classmethod
+    def source(cls, path: str, **options) -> Source:
+        """The dataset with images as their encoded bytes, typed by its spec."""
+        reader = cls(path, **dict(_known(cls, options), decode_images=False))
+        return Source(path, cls.format_name, reader, dict(reader.spec))
+
     @property
     def shards(self) -> int:
         """How many dataset directories this reader spans (1 when not sharded)."""
@@ -693,6 +685,29 @@ class BagReader(Reader):
         shard, local = self._locate(index)
         return shard.read(local, mask, self.decode_images)
 
+    def _ranges(self, indices: list[int]) -> list[tuple]:
+        # Two steps: the refs records (fetched now, concurrently, and kept for
+        # the read itself: hence asked twice), then the value records they name.
+        located = [(*self._locate(index), index) for index in indices]
+        refs = []
+        for shard, local, index in located:
+            bag = shard.bags[REFS_KEY]
+            a, b = bag._bounds(local, local + 1, index)
+            refs.append((bag.path, a, b - a, index))
+        self._files.prefetch(refs)
+        self._files.prefetch(refs)
+        out = []
+        for shard, local, index in located:
+            for (key, _), ref in zip(shard.spec, shard.refs(local)):
+                bag = shard.bags[key]
+                lo, hi = (ref, ref + 1) if not shard._types[key][1] else \
+                    (ref[0], ref[0] + ref[1]) if ref else (0, 0)
+                if bag.cache_data or hi <= lo:
+                    continue
+                bounds = bag._bounds(lo, hi, index)
+                out.append((bag.path, bounds[0], bounds[-1] - bounds[0], index))
+        return out
+
     def available(self, index: int) -> dict:
         """``{key: True | range(n)}`` for datapoint ``index``, from refs.bag alone."""
         shard, local = self._locate(check_index(index, self._length))
@@ -703,7 +718,7 @@ class BagReader(Reader):
 # The writer
 
 
-class BagWriter:
+class BagWriter(Writer):
     """Write a dataset (or, with ``shardlen``, a sharded one) that granular reads.
 
     Bags are version 2, ``spec.json`` and refs are written exactly as
@@ -726,8 +741,10 @@ class BagWriter:
             w.append({'frames': [img0, img1], 'label': 7})
     """
 
+    format_name = 'bag'
+
     def __init__(self, directory: str | os.PathLike, spec: Mapping[str, str],
-                 shardlen: int | None = None):
+                 shardlen: int | None = None, storage_options: dict | None = None):
         self.path = os.fspath(directory)
         problem = _spec_problem(dict(spec) if isinstance(spec, Mapping) else spec)
         if problem is None:
@@ -746,15 +763,12 @@ class BagWriter:
         self.spec = dict(sorted(spec.items()))
         self._types = {k: parse_type(t) for k, t in self.spec.items()}
         self.shardlen = shardlen
-        if storage_for(self.path).occupied(self.path):
-            raise WriterError('refusing to write into an existing non-empty path', self.path)
-        self._out = storage_for(self.path).stage_dir(self.path, parents=True)
-        self._tmp = self._out.path
         self._dataset_dirs: list[str] = []       # relative to the staged directory
         self._bags: dict[str, BagFileWriter] | None = None
         self._shard_count = 0          # datapoints in the open shard
         self._length = 0
-        self.closed = False
+        self._stage(storage_options)
+        self._tmp = self._out.path
 
     def __len__(self) -> int:
         return self._length
@@ -835,41 +849,44 @@ class BagWriter:
             self._close_shard()
         return number
 
-    def close(self) -> None:
-        """Finish every bag, write spec.json, and rename the output into place."""
-        if self.closed:
-            return
-        try:
-            if self._bags is None and not self._dataset_dirs:
-                self._open_shard()          # no datapoints: still a valid, empty dataset
-            if self._bags is not None:
-                self._close_shard()
-            spec_json = json.dumps(self.spec).encode('utf-8')   # granular's exact bytes
-            for directory in self._dataset_dirs:
-                self._out.write_file(os.path.join(directory, SPEC_NAME), spec_json)
-            self._out.commit()
-        except BaseException:
-            self.abort()
-            raise
-        self.closed = True
+    # -- conversion into a bag dataset (loadr convert) --------------------------
 
-    def abort(self) -> None:
-        """Stop and remove the temporary output."""
+    @classmethod
+    def plan(cls, plan: Plan, dst: str, types: dict, **options) -> None:
+        bad = [k for k in types if not _CONVERTIBLE_KEY.match(k)]
+        if bad:
+            raise ConfigError(f'key {bad[0]!r} cannot be a bag key (a bag key starts with a-z '
+                              f'or _); leave it out with --keys', plan.source.path)
+        plan.settings['spec'] = dict(types)
+
+    @classmethod
+    def describe_plan(cls, plan: Plan) -> str:
+        return f'bag with spec {plan.settings["spec"]}'
+
+    @classmethod
+    def from_plan(cls, plan: Plan, dst: str, shardlen: int | None = None,
+                  **options) -> BagWriter:
+        return cls(dst, plan.settings['spec'], shardlen=shardlen, **_known(cls, options))
+
+    @classmethod
+    def datapoint_for(cls, plan: Plan, index: int, dp):
+        return {'data': dp} if plan.source.raw else dp
+
+    def _finish(self) -> None:
+        """Finish every bag and write spec.json (last, so a cut write never opens)."""
+        if self._bags is None and not self._dataset_dirs:
+            self._open_shard()          # no datapoints: still a valid, empty dataset
+        if self._bags is not None:
+            self._close_shard()
+        spec_json = json.dumps(self.spec).encode('utf-8')   # granular's exact bytes
+        for directory in self._dataset_dirs:
+            self._out.write_file(os.path.join(directory, SPEC_NAME), spec_json)
+
+    def _release(self) -> None:
         if self._bags is not None:
             for bag in self._bags.values():
                 bag.abort()
             self._bags = None
-        self._out.abort()
-        self.closed = True
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 # ---------------------------------------------------------------------------

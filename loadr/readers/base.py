@@ -37,10 +37,11 @@ import json
 import os
 from typing import Any, Callable, Iterable, Sequence
 
+from ..errors import WriterError
 from ..storage import LocalStorage as Files
-from ..storage import read_error
+from ..storage import read_error, storage_for
 
-__all__ = ['Reader', 'Files', 'Format', 'Problem', 'check_index', 'read_error']
+__all__ = ['Reader', 'Writer', 'Files', 'Format', 'Problem', 'check_index', 'read_error']
 
 # Above this many files, identity() lists them by a hash of their names and sizes.
 IDENTITY_MAX_FILES = 16
@@ -93,12 +94,64 @@ class Reader:
         """Datapoints for ``indices``, in order. Example: ``r.read_batch([4, 0, 9])``."""
         return [self[i] for i in indices]
 
+    @property
+    def prefetches(self) -> bool:
+        """True when :meth:`prefetch` does something: the reader's files are remote."""
+        return getattr(getattr(self, '_files', None), 'prefetch', None) is not None
+
+    def prefetch(self, indices: Iterable[int]) -> None:
+        """Start reading the records of ``indices`` now, for reads soon (``loadr.remote``).
+
+        A hint: it returns at once, and does nothing on local files (or for a
+        reader without ``_ranges``). Whatever is wrong with a record is left
+        for its read to report. Example: ``r.prefetch([4, 0, 9])``.
+        """
+        storage = getattr(self, '_files', None)
+        if getattr(storage, 'prefetch', None) is None:
+            return
+        try:
+            ranges = self._ranges([check_index(i, len(self)) for i in indices])
+        except Exception:
+            return
+        storage.prefetch(ranges)
+
+    def _ranges(self, indices: list[int]) -> list[tuple]:
+        """``(path, offset, length, index)`` of the bytes the datapoints need (for prefetch)."""
+        return []
+
     def __iter__(self):
         for i in range(len(self)):
             yield self[i]
 
     # The format's name in the table of loadr.readers; each reader sets it.
     format_name: str = ''
+
+    # -- what generic code (inspect, convert) asks of a format, without naming it ----
+
+    @classmethod
+    def probe(cls, path: str, **options) -> Reader:
+        """The reader that shows ``path`` best (``loadr inspect``); unknown options are ignored.
+
+        ``options`` are the command line's (``allow_pickle``, ``decode``, …):
+        each format takes the ones it knows.
+        """
+        return cls(path, **_known(cls, options))
+
+    def details(self) -> dict:
+        """What ``loadr inspect`` shows besides datapoints and spec (chunks, shards, …)."""
+        return {}
+
+    @classmethod
+    def source(cls, path: str, **options) -> Source:
+        """``path`` opened for copying into another format: encoded images stay bytes.
+
+        The default reads datapoints as they are, typed by :func:`value_type`
+        of datapoint 0; formats with a spec or undecoded images override it.
+        """
+        reader = cls(path, **_known(cls, options))
+        first = reader[0] if len(reader) else {}
+        return Source(path, reader.format_name, reader,
+                      {str(k): value_type(v) for k, v in first.items()})
 
     def _identity_files(self) -> dict[str, int]:  # pragma: no cover - abstract
         """``{path: size in bytes}`` of every file the reader reads, as it saw them when made."""
@@ -142,6 +195,213 @@ class Reader:
     def __repr__(self) -> str:
         path = getattr(self, 'path', '?')
         return f'{type(self).__name__}({str(path)!r}, {len(self)} datapoints)'
+
+
+def _known(cls, options: dict) -> dict:
+    """The entries of ``options`` that ``cls(path, ...)`` accepts by name."""
+    import inspect
+    names = inspect.signature(cls).parameters
+    return {k: v for k, v in options.items() if k in names}
+
+
+_JPEG_MAGIC = b'\xff\xd8'
+_PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+
+
+def value_type(value) -> str:
+    """The bag type (:mod:`loadr.codecs`) that stores ``value`` as it is.
+
+    >>> value_type(b'\\xff\\xd8...'), value_type(3), value_type({'a': 1})
+    ('jpg', 'int', 'msgpack')
+    """
+    import numpy as np
+    if isinstance(value, bool) or value is None:
+        return 'msgpack'
+    if isinstance(value, int):
+        return 'int'
+    if isinstance(value, str):
+        return 'utf8' if value else 'msgpack'
+    if isinstance(value, np.ndarray):
+        return 'array'
+    if isinstance(value, (bytes, bytearray)):
+        if value.startswith(_JPEG_MAGIC):
+            return 'jpg'
+        if value.startswith(_PNG_MAGIC):
+            return 'png'
+        return 'bytes' if value else 'msgpack'
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(v, (bytes, bytearray)) for v in value):
+        if all(v.startswith(_JPEG_MAGIC) for v in value):
+            return 'jpg[]'
+        if all(v.startswith(_PNG_MAGIC) for v in value):
+            return 'png[]'
+    return 'msgpack'
+
+
+@dataclasses.dataclass
+class Source:
+    """A dataset opened for copying (:meth:`Reader.source`): images stay encoded bytes.
+
+    ``types`` is ``{key: bag type}``; ``raw`` is True for samples that are
+    opaque bytes (``{'data': bytes}``); ``extras`` holds what a target may
+    keep besides datapoints (``label2idx``).
+    """
+
+    path: str
+    format: str
+    reader: object
+    types: dict
+    raw: bool = False
+    extras: dict = dataclasses.field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+
+@dataclasses.dataclass
+class Plan:
+    """How the datapoints of ``source`` map onto the format ``target`` (its writer decides).
+
+    ``settings`` holds the target's decisions (a bag spec, which key holds
+    gulp frames, …); :meth:`describe`, :meth:`open` and :meth:`datapoint`
+    ask the writer class.
+    """
+
+    source: Source
+    target: str
+    keys: list
+    writer: type
+    settings: dict = dataclasses.field(default_factory=dict)
+
+    def describe(self) -> str:
+        """One line saying what becomes of the data."""
+        return f'{self.source.format} {self.source.path} -> {self.writer.describe_plan(self)}'
+
+    def open(self, dst: str, **options):
+        """The writer of ``dst``; ``options`` are the command line's, each format takes its own."""
+        return self.writer.from_plan(self, dst, **options)
+
+    def datapoint(self, index: int, dp):
+        """What the writer appends for datapoint ``index`` of the source."""
+        return self.writer.datapoint_for(self, index, dp)
+
+
+class Writer:
+    """The one staged-write lifecycle every writer shares.
+
+    Output goes to a hidden sibling of ``path`` (a directory, or one file:
+    ``directory``) that becomes ``path`` only on a clean :meth:`close`; an
+    exception inside ``with``, :meth:`abort`, or a failed close removes it,
+    and a target that exists (a file, or a non-empty directory) is refused
+    before anything is written, unless ``overwrite`` (a single file replaced
+    whole on success, as ffrecord's own writer does). Subclasses validate their arguments, call
+    :meth:`_stage`, and implement ``append(datapoint) -> int`` (one datapoint,
+    a dict, the same shape for every format), :meth:`_finish` (what is
+    written last) and, if they hold parts open, :meth:`_release`.
+
+    Example::
+
+        with loadr.writers.BagWriter('out', {'label': 'int'}) as w:
+            w.append({'label': 3})
+    """
+
+    format_name: str = ''
+    directory: bool = True
+    overwrite: bool = False
+    path: str
+
+    def _stage(self, storage_options: dict | None = None) -> None:
+        """Refuse an occupied target, then open the staged output as ``self._out``."""
+        storage = storage_for(self.path, storage_options)
+        if storage.occupied(self.path) and not (self.overwrite and storage.isfile(self.path)):
+            what = ('an existing non-empty directory' if storage.isdir(self.path)
+                    else 'an existing file')
+            raise WriterError(f'refusing to overwrite {what}', self.path)
+        self._out = (storage.stage_dir(self.path, parents=True) if self.directory
+                     else storage.open_write(self.path))
+        self.closed = False
+
+    def append(self, datapoint) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- conversion into this format (loadr convert), asked through the format table -
+
+    @classmethod
+    def plan(cls, plan: Plan, dst: str, types: dict, **options) -> None:
+        """Fill ``plan.settings`` for ``types`` (``{key: bag type}``) or raise ConfigError.
+
+        The ConfigError says why the data does not fit and what would.
+        """
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    @classmethod
+    def describe_plan(cls, plan: Plan) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def from_plan(cls, plan: Plan, dst: str, **options) -> Writer:  # pragma: no cover
+        raise NotImplementedError
+
+    @classmethod
+    def datapoint_for(cls, plan: Plan, index: int, dp):
+        """The source's datapoint as this writer appends it (the default: as it is)."""
+        return dp
+
+    def _finish(self) -> None:  # pragma: no cover - abstract
+        """Write what comes last (tables, headers, specs) into the staged output."""
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        """Close the parts still open, without raising (the output is being dropped)."""
+
+    def close(self) -> None:
+        """Finish and put the output in place; on any failure nothing is left. Idempotent."""
+        if getattr(self, 'closed', True):
+            return
+        try:
+            self._finish()
+            if self.directory:
+                self._out.commit(sync=True)
+            else:
+                self._out.commit(overwrite=self.overwrite)
+        except WriterError:
+            self.abort()
+            raise
+        except OSError as exc:
+            self.abort()
+            raise WriterError(f'cannot finish writing: {exc.strerror or exc}; nothing was '
+                              f'kept', self.path) from exc
+        except BaseException:
+            self.abort()
+            raise
+        self.closed = True
+
+    def abort(self) -> None:
+        """Stop and remove everything written; ``path`` is left as it was."""
+        if getattr(self, '_out', None) is None:
+            return
+        try:
+            self._release()
+        finally:
+            self._out.abort()
+            self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+        return False
+
+    def __del__(self):
+        try:
+            if not getattr(self, 'closed', True):
+                self.abort()
+        except Exception:
+            pass
 
 
 @dataclasses.dataclass(frozen=True)

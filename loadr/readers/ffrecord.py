@@ -40,9 +40,9 @@ import numpy as np
 from ..errors import ChecksumError, ConfigError, DecodeError, FormatError, LoadrError, \
     SpecError, WriterError
 from ..storage import Storage, storage_for
-from .base import Format, Problem, Reader, check_index
+from .base import Format, Plan, Problem, Reader, Source, Writer, _known, check_index, value_type
 
-__all__ = ['FFRecordReader', 'FFRecordWriter', 'FORMAT', 'check', 'detect']
+__all__ = ['FFRecordReader', 'FFRecordWriter', 'FORMAT', 'check', 'detect', 'pack_msgpack']
 
 SUFFIX = '.ffr'
 PREAMBLE_BYTES = 12          # u32 meta_crc + i64 N
@@ -57,6 +57,7 @@ MAX_COALESCED_SAMPLE_BYTES = 16 << 10
 CHECK_BLOCK_BYTES = 16 << 20
 
 DECODERS = ('msgpack', 'json', 'pickle')
+_NO_MSGPACK = ('array', 'tree')                         # numpy values
 
 
 def header_bytes(n: int) -> int:
@@ -317,6 +318,52 @@ class FFRecordReader(Reader):
     def _identity_files(self) -> dict[str, int]:
         return {h.path: int(h.bounds[-1]) for h in self._load()}
 
+    # -- for inspect and convert (through the format table) --------------------
+
+    @classmethod
+    def _chosen_decode(cls, path: str, decode, options: dict):
+        """``decode``, or for ``'auto'`` what sample 0 is: a msgpack map, a JSON object, bytes."""
+        if decode != 'auto':
+            return None if decode in (None, 'none') else decode
+        with cls(path, **_known(cls, options)) as probe:
+            if len(probe) == 0:
+                return None
+            data = probe.read_one(0)
+        try:
+            if isinstance(msgpack.unpackb(data, raw=False, strict_map_key=False), dict):
+                return 'msgpack'
+        except Exception:   # noqa: BLE001 - any failure just means "not msgpack"
+            pass
+        try:
+            if isinstance(json.loads(data), dict):
+                return 'json'
+        except ValueError:
+            pass
+        return None
+
+    @classmethod
+    def probe(cls, path: str, decode='auto', **options) -> FFRecordReader:
+        """The reader with ``decode`` detected from sample 0 (``'auto'``)."""
+        return cls(path, decode=cls._chosen_decode(path, decode, options),
+                   **_known(cls, options))
+
+    def details(self) -> dict:
+        decode = self.decode if self.decode is None or isinstance(self.decode, str) \
+            else getattr(self.decode, '__name__', 'a function')
+        return {'files': len(self.files), 'decode': decode or 'none (raw bytes)'}
+
+    @classmethod
+    def source(cls, path: str, decode='auto', **options) -> Source:
+        """Samples decoded as ``decode`` (``'auto'``: detected); opaque bytes stay ``raw``."""
+        chosen = cls._chosen_decode(path, decode, options)
+        if chosen is None:
+            return Source(path, cls.format_name, cls(path, **_known(cls, options)),
+                          {'data': 'bytes'}, raw=True)
+        reader = cls(path, decode=chosen, **_known(cls, options))
+        first = reader[0] if len(reader) else {}
+        return Source(path, cls.format_name, reader,
+                      {str(k): value_type(v) for k, v in first.items()})
+
     def _locate(self, index: int) -> tuple[_Header, int]:
         headers = self._load()
         if len(headers) == 1:
@@ -488,6 +535,14 @@ class FFRecordReader(Reader):
         wanted = [check_index(i, self._n) for i in indices]
         return [self._decoded(i, data) for i, data in zip(wanted, self.read(wanted))]
 
+    def _ranges(self, indices: list[int]) -> list[tuple]:
+        out = []
+        for index in indices:
+            h, local = self._locate(index)
+            start = int(h.bound_at[local])
+            out.append((h.path, start, int(h.bound_at[local + 1]) - start, index))
+        return out
+
     def available(self, index: int) -> dict:
         """``{key: True}`` for each key of datapoint ``index``.
 
@@ -514,22 +569,30 @@ class FFRecordReader(Reader):
         return self._spec
 
 
-class FFRecordWriter:
+class FFRecordWriter(Writer):
     """Writes ``n`` samples to one ``.ffr`` file, byte-identical to ffrecord's FileWriter.
 
     The header is reserved, samples are appended, and the header is filled on
     close. Everything goes to a hidden temporary file beside ``path`` that is
     renamed to ``path`` only when all ``n`` samples were written; otherwise it
-    is removed, so nothing that looks complete is left behind.
+    is removed, so nothing that looks complete is left behind (the staged
+    lifecycle of :class:`~loadr.readers.base.Writer`).
+
+    ``write_one(bytes)`` appends a sample as it is; ``append(datapoint)``
+    appends a dict as one msgpack map (what ``decode='msgpack'`` reads back).
 
     Example::
 
         with FFRecordWriter('out.ffr', n=2) as w:
             w.write_one(b'first')
-            w.write_one(b'second')
+            w.append({'label': 2})
     """
 
-    def __init__(self, path: str | os.PathLike, n: int):
+    format_name = 'ffrecord'
+    directory = False
+    overwrite = True            # as ffrecord's FileWriter: an existing file is replaced on success
+
+    def __init__(self, path: str | os.PathLike, n: int, storage_options: dict | None = None):
         if isinstance(n, bool) or not hasattr(n, '__index__'):
             raise TypeError(f'n must be an integer, not {type(n).__name__}')
         n = n.__index__()
@@ -542,12 +605,12 @@ class FFRecordWriter:
         self._offsets = np.zeros(n, '<i8')
         self._pos = header_bytes(n)
         # Hidden and not ending in .ffr: a directory reader never picks it up.
-        self._out = storage_for(self.path).open_write(self.path)
+        self._stage(storage_options)
         self._tmp = self._out.path
 
     def write_one(self, data: bytes | bytearray | memoryview) -> None:
         """Append one sample. Example: ``w.write_one(msgpack.packb({'label': 3}))``."""
-        if self._out is None:
+        if self.closed:
             raise WriterError('writer is closed', self.path, self.count)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise WriterError(f'a sample must be bytes, bytearray or memoryview, '
@@ -566,46 +629,63 @@ class FFRecordWriter:
         self._pos += len(view)
         self.count += 1
 
-    def close(self) -> None:
-        """Fill the header and rename into place; WriterError (and no file) if short of ``n``."""
-        if self._out is None:
-            return
+    def append(self, datapoint) -> int:
+        """Append a datapoint (a dict, stored as a msgpack map) or raw bytes; returns its index.
+
+        Example: ``w.append({'label': 3, 'image': jpeg_bytes})``.
+        """
+        if isinstance(datapoint, (bytes, bytearray, memoryview)):
+            data = datapoint
+        elif isinstance(datapoint, dict):
+            data = pack_msgpack(datapoint, self.path, self.count)
+        else:
+            raise WriterError(f'a datapoint must be a dict (or bytes), not '
+                              f'{type(datapoint).__name__}', self.path, self.count)
+        self.write_one(data)
+        return self.count - 1
+
+    # -- conversion into FFRecord (loadr convert) -------------------------------
+
+    @classmethod
+    def plan(cls, plan: Plan, dst: str, types: dict, **options) -> None:
+        if not dst.endswith(SUFFIX):
+            raise ConfigError(f'an ffrecord output is one file ending in {SUFFIX}', dst)
+        bad = [k for k, t in types.items() if t.removesuffix('[]') in _NO_MSGPACK]
+        if bad:
+            raise ConfigError(f'key {bad[0]!r} holds numpy arrays ({types[bad[0]]}), which an '
+                              f'ffrecord msgpack sample cannot hold; leave it out with --keys '
+                              f'(e.g. --keys {",".join(k for k in types if k not in bad)}) '
+                              f'or convert to bag', plan.source.path)
+
+    @classmethod
+    def describe_plan(cls, plan: Plan) -> str:
+        what = 'raw sample bytes' if plan.source.raw else f'msgpack maps of {plan.keys}'
+        return f'ffrecord, {what}'
+
+    @classmethod
+    def from_plan(cls, plan: Plan, dst: str, **options) -> FFRecordWriter:
+        return cls(dst, len(plan.source), **_known(cls, options))
+
+    def _finish(self) -> None:
+        """Fill the header; WriterError (and no file) if short of ``n``."""
         if self.count != self.n:
-            self.abort()
             raise WriterError(f'closed after {self.count} of {self.n} samples; '
                               f'the file was not written', self.path)
         body = struct.pack('<q', self.n) + self._crcs.tobytes() + self._offsets.tobytes()
-        header = struct.pack('<I', zlib.crc32(body)) + body
-        try:
-            self._out.pwrite(header, 0)
-            self._out.commit()
-            self._out = None
-        except BaseException:
-            self.abort()
-            raise
+        self._out.pwrite(struct.pack('<I', zlib.crc32(body)) + body, 0)
 
-    def abort(self) -> None:
-        """Stop and remove the temporary file; ``path`` is left untouched."""
-        out, self._out = self._out, None
-        if out is not None:
-            out.abort()
 
-    def __enter__(self):
-        return self
+def pack_msgpack(datapoint: dict, path: str | None = None, index: int | None = None) -> bytes:
+    """One datapoint as the msgpack map an FFRecord sample holds.
 
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
-            self.abort()
-            return False
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            if getattr(self, '_out', None) is not None:
-                self.abort()
-        except Exception:
-            pass
+    >>> msgpack.unpackb(pack_msgpack({'label': 3}))
+    {'label': 3}
+    """
+    try:
+        return msgpack.packb(datapoint, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise WriterError(f'datapoint {index} cannot be stored as msgpack: {exc}', path,
+                          index) from exc
 
 
 def check(path: str | os.PathLike) -> list[Problem]:

@@ -41,6 +41,7 @@ import json
 import os
 import pickle
 import re
+from collections.abc import Mapping
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -48,8 +49,8 @@ import numpy as np
 from ..codecs import JPEG_QUALITY, decode_image, encode_image
 from ..errors import (ConfigError, DecodeError, FormatError, LoadrError, UnsafeFormatError,
                       WriterError)
-from ..storage import Storage, storage_for
-from .base import Format, Problem, Reader, check_index
+from ..storage import Storage, is_url, storage_for
+from .base import Format, Plan, Problem, Reader, Source, Writer, _known, check_index
 
 __all__ = ['GulpReader', 'GulpWriter', 'check', 'detect', 'FORMAT']
 
@@ -60,6 +61,8 @@ PAD_MULTIPLE_BYTES = 4
 JPEG_SOI = b'\xff\xd8'
 PICKLE_PROTO_BYTE = b'\x80'      # every pickle of protocol 2+ starts with PROTO
 SPEC = {'id': 'utf8', 'frames': 'jpg[]', 'meta': 'json'}
+# Types of values (or lists of them) that a video's JSON meta can hold.
+_JSON_TYPES = ('utf8', 'int', 'i64', 'u64', 'msgpack')
 
 # gulpio2 pickles its frame triples as this namedtuple; gulpio2 is not a
 # dependency, so the restricted unpickler maps its name to this local twin.
@@ -435,12 +438,34 @@ class GulpReader(Reader):
         """
         return list(self._index()[check_index(index, len(self))].frames)
 
+    def details(self) -> dict:
+        videos = self._index()
+        return {'chunks': len({v.chunk.k for v in videos}),
+                'frames': sum(len(v.frames) for v in videos),
+                'label2idx': f'{len(self.label2idx)} labels' if self.label2idx else 'none'}
+
+    @classmethod
+    def source(cls, path: str, **options) -> Source:
+        """Videos with their frames as JPEG bytes; the meta is a map (``msgpack``)."""
+        reader = cls(path, **dict(_known(cls, options), decode_images=False))
+        return Source(path, cls.format_name, reader, dict(reader.spec, meta='msgpack'),
+                      extras={'label2idx': reader.label2idx})
+
     @property
     def label2idx(self) -> dict | None:
         """The ``label2idx.json`` mapping, or None when the directory has none."""
         if self._label2idx is _UNSET:
             self._label2idx = _load_label2idx(self._files, self.path)
         return self._label2idx
+
+    def _ranges(self, indices: list[int]) -> list[tuple]:
+        videos = self._index()
+        out = []
+        for index in indices:
+            video = videos[index]
+            out.extend((video.chunk.data_path, offset, length, index)
+                       for offset, _, length in video.frames)
+        return out
 
     def available(self, index: int) -> dict:
         video = self._index()[check_index(index, len(self))]
@@ -515,29 +540,36 @@ def _load_label2idx(storage: Storage, path: str) -> dict | None:
 
 # ----------------------------------------------------------------------------- writer
 
-class GulpWriter:
+class GulpWriter(Writer):
     """Writes a gulp directory that gulpio2 reads, byte for byte as gulpio2 writes it.
 
     Frames are uint8 arrays (H×W×3 or H×W, JPEG-encoded with Pillow at
     quality 90) or JPEG bytes (stored as they are). Every ``videos_per_chunk``
     videos start a new chunk. Output goes to a hidden sibling directory
     that is renamed to ``path`` on a clean close; an exception inside the
-    ``with`` removes it.
+    ``with`` removes it (the lifecycle of :class:`~loadr.readers.base.Writer`).
+
+    ``append`` takes a datapoint as the reader gives it, ``{'id', 'frames',
+    'meta'}`` (id and meta optional: the video's number and ``{}``), or, as
+    before, ``append(id, meta, frames)``.
 
     Example::
 
         with GulpWriter('out/gulp', videos_per_chunk=2, label2idx={'run': 0}) as w:
-            w.append('clip1', {'label': 'run'}, [np.zeros((8, 8, 3), np.uint8)])
+            w.append({'id': 'clip1', 'meta': {'label': 'run'},
+                      'frames': [np.zeros((8, 8, 3), np.uint8)]})
             w.append('clip2', {'label': 'run'}, [jpeg_bytes])
     """
 
+    format_name = 'gulp'
+
     def __init__(self, path: str | os.PathLike, videos_per_chunk: int = 100,
-                 label2idx: dict | None = None):
+                 label2idx: dict | None = None, storage_options: dict | None = None):
         if isinstance(videos_per_chunk, bool) or not isinstance(videos_per_chunk, int) \
                 or videos_per_chunk < 1:
             raise WriterError(f'videos_per_chunk must be a positive int, not {videos_per_chunk!r}')
-        self.path = os.path.abspath(os.fspath(path))
-        _refuse_existing(storage_for(self.path), self.path)
+        path = os.fspath(path)
+        self.path = path if is_url(path) else os.path.abspath(path)
         self.videos_per_chunk = videos_per_chunk
         self._label2idx_json = None
         if label2idx is not None:
@@ -545,28 +577,38 @@ class GulpWriter:
                 raise WriterError(f'label2idx must be a dict, not {type(label2idx).__name__}',
                                   self.path)
             self._label2idx_json = _json_bytes(label2idx, 'label2idx', self.path)
-        self._out = storage_for(self.path).stage_dir(self.path)
-        self._tmp = self._out.path
         self._ids: set[str] = set()
         self._chunk = -1          # chunk being written; its data file is open in _data
         self._data = None
         self._offset = 0          # bytes written to the current data file
         self._meta: list[str] = []   # '"id": {entry}' JSON of each video in the chunk
-        self._closed = False
+        self._count = 0
+        self._stage(storage_options)
+        self._tmp = self._out.path
 
-    def __enter__(self):
-        return self
+    def append(self, datapoint, meta: dict | None = None, frames: Sequence | None = None
+               ) -> int:
+        """Add one video, ``{'id', 'frames', 'meta'}`` or ``(id, meta, frames)``; its index.
 
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-    def append(self, id_: str, meta: dict, frames: Sequence) -> None:
-        """Add one video: its id (str, or an int that is stored as str), meta dict, frames."""
-        if self._closed:
+        The id is a str (an int is stored as str); meta a JSON-able dict.
+        """
+        if self.closed:
             raise WriterError('append() after close()', self.path)
+        if meta is None and frames is None and isinstance(datapoint, Mapping):
+            extra = sorted(set(map(str, datapoint)) - set(SPEC))
+            if extra or 'frames' not in datapoint:
+                raise WriterError(f'a gulp datapoint has the keys {sorted(SPEC)} (id and meta '
+                                  f'optional); this one has {sorted(map(str, datapoint))}',
+                                  self.path, self._count)
+            id_, meta = datapoint.get('id', str(self._count)), datapoint.get('meta', {})
+            frames = datapoint['frames']
+        else:
+            id_ = datapoint
+        self._append(id_, meta, frames)
+        self._count += 1
+        return self._count - 1
+
+    def _append(self, id_: str, meta: dict, frames: Sequence) -> None:
         if isinstance(id_, int) and not isinstance(id_, bool):
             id_ = str(id_)
         if not isinstance(id_, str):
@@ -618,49 +660,88 @@ class GulpWriter:
         self._out.write_file(f'meta_{self._chunk}.gmeta',
                              ('{' + ', '.join(self._meta) + '}').encode('ascii'), sync=True)
 
-    def close(self) -> None:
-        """Finish the last chunk and move the directory into place. Idempotent."""
-        if self._closed:
-            return
+    # -- conversion into gulp (loadr convert) -----------------------------------
+
+    @classmethod
+    def plan(cls, plan: Plan, dst: str, types: dict, frames: str | None = None,
+             **options) -> None:
+        """Frames from the ``jpg[]`` key (or one ``jpg`` key), id from ``id``, meta: the rest."""
+        path = plan.source.path
+        if plan.source.raw:
+            raise ConfigError('these samples are opaque bytes (not maps of keys), so there are '
+                              'no frames to make a gulp video of', path)
+        if frames is None:
+            sequences = [k for k, t in types.items() if t == 'jpg[]']
+            singles = [k for k, t in types.items() if t == 'jpg']
+            if 'frames' in sequences:
+                frames = 'frames'
+            elif len(sequences) == 1:
+                frames = sequences[0]
+            elif not sequences and len(singles) == 1:
+                frames = singles[0]
+            elif sequences or singles:
+                raise ConfigError(f'several JPEG keys ({sequences + singles}); choose the '
+                                  f'frames with --frames KEY', path)
+            else:
+                raise ConfigError(f'gulp holds videos of JPEG frames, and no key holds JPEGs '
+                                  f'(keys: {types}); convert to another format instead', path)
+        elif types.get(frames) not in ('jpg', 'jpg[]'):
+            raise ConfigError(f'--frames {frames!r} must name a jpg or jpg[] key; the keys are '
+                              f'{types}', path)
+        rest = [k for k in types if k != frames]
+        id_key = None
+        if 'id' in rest and types['id'] in ('utf8', 'int', 'i64', 'u64'):
+            id_key = 'id'
+            rest.remove('id')
+        bad = [k for k in rest if types[k].removesuffix('[]') not in _JSON_TYPES]
+        if bad:
+            raise ConfigError(f'key {bad[0]!r} ({types[bad[0]]}) has no place in a gulp video: '
+                              f'the meta holds JSON values only; leave it out with --keys', path)
+        plan.settings.update(frames=frames, sequence=types[frames] == 'jpg[]', id_key=id_key,
+                             meta_keys=rest,
+                             meta_is_map=rest == ['meta'] and types['meta'] == 'msgpack')
+
+    @classmethod
+    def describe_plan(cls, plan: Plan) -> str:
+        s = plan.settings
+        id_from = f'key {s["id_key"]!r}' if s['id_key'] else 'the datapoint index'
+        meta = ('the meta map' if s['meta_is_map']
+                else f'keys {s["meta_keys"]}' if s['meta_keys'] else 'nothing')
+        return f'gulp: frames from {s["frames"]!r}, id from {id_from}, meta from {meta}'
+
+    @classmethod
+    def from_plan(cls, plan: Plan, dst: str, videos_per_chunk: int = 100,
+                  **options) -> GulpWriter:
+        return cls(dst, videos_per_chunk=videos_per_chunk,
+                   label2idx=plan.source.extras.get('label2idx'), **_known(cls, options))
+
+    @classmethod
+    def datapoint_for(cls, plan: Plan, index: int, dp) -> dict:
+        s = plan.settings
+        video = dp[s['frames']]
+        if s['meta_is_map'] and isinstance(dp['meta'], dict):
+            meta = dp['meta']
+        else:
+            meta = {k: dp[k] for k in s['meta_keys']}
+        return {'id': dp[s['id_key']] if s['id_key'] else str(index), 'meta': meta,
+                'frames': list(video) if s['sequence'] else [video]}
+
+    def _finish(self) -> None:
+        """Finish the last chunk and write label2idx.json."""
         if self._data is None:
-            self.abort()
             raise WriterError('no videos were appended; nothing written', self.path)
-        try:
-            self._finish_chunk()
-            self._data = None
-            if self._label2idx_json is not None:
-                self._out.write_file(LABEL2IDX_NAME, self._label2idx_json, sync=True)
-            _refuse_existing(storage_for(self.path), self.path)
-            self._out.commit(sync=True)
-        except WriterError:
-            self.abort()
-            raise
-        except OSError as exc:
-            self.abort()
-            raise WriterError(f'cannot finish the gulp directory: {exc.strerror or exc}',
-                              self.path) from exc
-        self._closed = True
+        self._finish_chunk()
+        self._data = None
+        if self._label2idx_json is not None:
+            self._out.write_file(LABEL2IDX_NAME, self._label2idx_json, sync=True)
 
-    def abort(self) -> None:
-        """Drop everything written so far; nothing is left at ``path``."""
+    def _release(self) -> None:
         if self._data is not None:
-            self._data.close()
+            try:
+                self._data.close()
+            except OSError:
+                pass
             self._data = None
-        self._out.abort()
-        self._closed = True
-
-    def __del__(self):
-        try:
-            if not self._closed:
-                self.abort()
-        except Exception:
-            pass
-
-
-def _refuse_existing(storage: Storage, path: str) -> None:
-    if storage.occupied(path):
-        what = 'a non-empty directory' if storage.isdir(path) else 'an existing file'
-        raise WriterError(f'refusing to overwrite {what}', path)
 
 
 def _json_bytes(value, what: str, path: str) -> bytes:
