@@ -13,10 +13,11 @@ from . import errors, fns, readers, writers
 from .check import Report, check
 from .errors import LoadrError
 from .loader import Loader
+from .mix import Mix
 from .config import pipeline
 from .readers import open
 
 __version__ = '0.1.0'
 
-__all__ = ['Loader', 'open', 'check', 'Report', 'readers', 'writers', 'errors', 'fns',
+__all__ = ['Loader', 'Mix', 'open', 'check', 'Report', 'readers', 'writers', 'errors', 'fns',
            'LoadrError', 'pipeline', '__version__']

@@ -452,10 +452,44 @@ def _summary_text(s: dict) -> str:
     return f"{kind} {s['value']!r}"
 
 
+def _inspect_mix(args) -> int:
+    """``loadr inspect mix.yaml``: each source's size, weight and epochs per 10^6 samples."""
+    from .config import load_config
+    from .mix import Mix
+    reader = load_config(args.path).build_reader()
+    if not isinstance(reader, Mix):
+        raise ConfigError(f'{args.path}: inspect takes a pipeline file only for a mix '
+                          f'(reader: {{mix: ...}}); give the dataset path itself')
+    per = 10**6
+    info = {'path': args.path, 'format': 'mix', 'datapoints': len(reader),
+            'source_key': reader.source_key, 'schedule': []}
+    for position, _ in reader.schedule:
+        weights = reader.weights_at(position)
+        info['schedule'].append({'from': position, 'sources': [
+            {'name': name, 'datapoints': size, 'weight': weights[name],
+             'epochs_per_million': weights[name] * per / size}
+            for name, size in zip(reader.names, reader.sizes)]})
+    if args.json:
+        _out(json.dumps(info, indent=2))
+        return EXIT_OK
+    _out(f'{args.path}: a mix of {len(reader.names)} sources, {len(reader)} datapoints in all')
+    for part in info['schedule']:
+        if len(info['schedule']) > 1:
+            _out(f"  from position {part['from']}:")
+        width = max(len(s['name']) for s in part['sources'])
+        _out(f"  {'source':<{width}}  {'datapoints':>12}  {'weight':>8}  epochs per 10^6 samples")
+        for s in part['sources']:
+            _out(f"  {s['name']:<{width}}  {s['datapoints']:>12}  {s['weight']:>8.4g}  "
+                 f"{s['epochs_per_million']:.4g}")
+    return EXIT_OK
+
+
 def cmd_inspect(args) -> int:
     """Describe a dataset and one datapoint: ``loadr inspect data/train --json``."""
     from .readers import detect
     path = args.path
+    if path.endswith(('.yaml', '.yml')) and os.path.isfile(path):
+        return _inspect_mix(args)
     fmt = detect(path)
     # What to show besides the datapoint is the format's to say (its reader's details()).
     reader = fmt.reader.probe(path, allow_pickle=args.allow_pickle)
@@ -769,7 +803,8 @@ def build_parser() -> argparse.ArgumentParser:
                  'Show a dataset: format, datapoints, spec, size on disk, and one datapoint '
                  '(shapes, dtypes, first values).',
                  'loadr inspect data/train\n  loadr inspect train.ffr --json --index 5', parents)
-    p.add_argument('path', help='a gulp directory, .ffr file or directory, or bag dataset')
+    p.add_argument('path', help='a gulp directory, .ffr file or directory, or bag dataset '
+                   '(or a pipeline YAML whose reader is a mix: its sources)')
     p.add_argument('--json', action='store_true', help='print JSON instead of text')
     p.add_argument('--index', type=int, default=0, help='the datapoint to show (default 0)')
     p.add_argument('--allow-pickle', action='store_true',

@@ -396,14 +396,76 @@ class Config:
             raise self.error('loader', ('loader',), exc.message) from exc
 
     def build_reader(self):
-        """The reader the ``reader`` section describes (format detected when not given)."""
+        """The reader the ``reader`` section describes (format detected when not given).
+
+        ``reader: {mix: {name: {path: ..., weight: ..., fns: [...]}, ...}}``
+        makes a :class:`loadr.Mix` of several (see :meth:`build_mix`).
+        """
         section = self._section('reader', required=True)
+        if 'mix' in section:
+            return self.build_mix(section)
+        return self._build_one(section, ('reader',))
+
+    def build_mix(self, section: dict):
+        """A :class:`loadr.Mix` from ``reader: {mix: {...}, source_key: ..., weights: ...}``.
+
+        Each source is a reader section of its own plus ``weight`` and ``fns``.
+        ``reader.weights``, a list of ``[position, {name: weight}]``, gives a
+        weight schedule instead of per-source weights. No weights at all:
+        proportional to the sources' sizes.
+        """
+        from .mix import Mix
+
+        for key in section:
+            if key not in ('mix', 'source_key', 'weights'):
+                raise self.error(f'unknown key {key!r} in reader', ('reader', key),
+                                 _did_you_mean(key, ['mix', 'source_key', 'weights']) +
+                                 ' (a mix names each source\'s path under reader.mix)')
+        mix = section['mix']
+        if not isinstance(mix, dict) or not mix:
+            raise self.error('reader.mix must map source names to {path: ..., weight: ...}',
+                             ('reader', 'mix'))
+        readers, weights, fns = {}, {}, {}
+        for name, source in mix.items():
+            keys = ('reader', 'mix', name)
+            if not isinstance(source, dict):
+                raise self.error(f'reader.mix.{name} must be a mapping {{path: ..., weight: ...}},'
+                                 f' got {_kind(source)}', keys)
+            own = {k: v for k, v in source.items() if k not in ('weight', 'fns')}
+            readers[str(name)] = self._build_one(own, keys)
+            if 'weight' in source:
+                weights[str(name)] = source['weight']
+            chain = source.get('fns')
+            if chain is not None:
+                if not isinstance(chain, list):
+                    raise self.error(f'reader.mix.{name}.fns must be a list', keys + ('fns',))
+                fns[str(name)] = [self._fn(i, entry, keys + ('fns', i))
+                                  for i, entry in enumerate(chain)]
+        schedule = section.get('weights')
+        if schedule is not None and weights:
+            raise self.error('give the weights per source or as reader.weights, not both',
+                             ('reader', 'weights'))
+        if weights and len(weights) != len(readers):
+            missing = sorted(set(readers) - set(weights))
+            raise self.error(f'every source of the mix needs a weight; missing: {missing}',
+                             ('reader', 'mix', missing[0]))
+        if schedule is not None:
+            weights = _plain(schedule)
+        try:
+            return Mix(readers, weights=weights or None, fns=fns,
+                       source_key=section.get('source_key', 'source'))
+        except ConfigError as exc:
+            raise self.error('reader.mix', ('reader', 'mix'), exc.message) from exc
+
+    def _build_one(self, section: dict, where: tuple):
+        """One reader from its section; ``where`` is the section's key path."""
+        dotted = '.'.join(map(str, where))
         if 'path' not in section:
-            raise self.error('reader needs a path', ('reader',),
+            raise self.error(f'{dotted} needs a path', where,
                              'add e.g. "path: data/train" (relative to this file)')
-        path = self._path(section['path'], ('reader', 'path'))
+        path = self._path(section['path'], where + ('path',))
         if not os.path.exists(path):
-            raise self.error(f'reader.path {section["path"]!r} does not exist', ('reader', 'path'),
+            raise self.error(f'{dotted}.path {section["path"]!r} does not exist', where + ('path',),
                              f'looked for {path}')
         known = {f.name: f for f in formats()}
         fmt_name = section.get('format')
@@ -411,12 +473,12 @@ class Config:
             try:
                 fmt = detect(path)
             except DataError as exc:
-                raise self.error(f'reader.path {section["path"]!r} is not a dataset loadr knows',
-                                 ('reader', 'path'), f'{exc.message} ({path}); set format: '
+                raise self.error(f'{dotted}.path {section["path"]!r} is not a dataset loadr knows',
+                                 where + ('path',), f'{exc.message} ({path}); set format: '
                                  f'{"|".join(known)} if it is one') from exc
         else:
             if fmt_name not in known:
-                raise self.error(f'unknown reader format {fmt_name!r}', ('reader', 'format'),
+                raise self.error(f'unknown reader format {fmt_name!r}', where + ('format',),
                                  _did_you_mean(fmt_name, list(known)))
             fmt = known[fmt_name]
             if not fmt.detect(path):
@@ -424,8 +486,8 @@ class Config:
                     actual = f'it looks like {detect(path).name}'
                 except DataError:
                     actual = 'it is not a dataset loadr recognises'
-                raise self.error(f'reader.path {section["path"]!r} is not a {fmt_name} dataset',
-                                 ('reader', 'format'), f'{actual} ({path})')
+                raise self.error(f'{dotted}.path {section["path"]!r} is not a {fmt_name} dataset',
+                                 where + ('format',), f'{actual} ({path})')
         params = {name: p for name, p in inspect.signature(fmt.reader).parameters.items()
                   if name != 'path' and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
         options = {}
@@ -433,17 +495,17 @@ class Config:
             if key in ('format', 'path'):
                 continue
             if key not in params:
-                raise self.error(f'unknown key {key!r} in reader', ('reader', key),
+                raise self.error(f'unknown key {key!r} in {dotted}', where + (key,),
                                  _did_you_mean(key, ['format', 'path', *params]))
             default = params[key].default
             if isinstance(default, bool) and not isinstance(value, bool):
-                raise self.error(f'reader.{key} must be true or false, got {value!r}',
-                                 ('reader', key))
+                raise self.error(f'{dotted}.{key} must be true or false, got {value!r}',
+                                 where + (key,))
             if key == 'decode' and isinstance(value, str) and ':' in value:
                 try:
                     value = fns_module.resolve(value, self.import_dirs())
                 except ConfigError as exc:
-                    raise self.error(f'reader.decode {section[key]!r} not found', ('reader', key),
+                    raise self.error(f'{dotted}.decode {section[key]!r} not found', where + (key,),
                                      exc.message) from exc
             options[key] = _plain(value)
         try:
@@ -452,7 +514,7 @@ class Config:
             raise            # names the file and index already
         except (ConfigError, TypeError, ValueError) as exc:
             message = exc.message if isinstance(exc, ConfigError) else str(exc)
-            raise self.error('reader', ('reader',), message) from exc
+            raise self.error(dotted, where, message) from exc
 
     def build_fns(self) -> list:
         """The transforms of the ``fns`` section, in order."""
@@ -464,12 +526,12 @@ class Config:
                              f'{_kind(entries)}', ('fns',))
         return [self._fn(i, entry) for i, entry in enumerate(entries)]
 
-    def _fn(self, i: int, entry):
+    def _fn(self, i: int, entry, keys: tuple | None = None):
+        keys = ('fns', i) if keys is None else keys     # a mix source's fns: its own keys
         name = _fn_name(entry)
         if name is None:
             raise self.error(f'fn {i} must be a name or a one-key mapping {{name: {{args}}}}, '
-                             f'got {entry!r}', ('fns', i))
-        keys = ('fns', i)
+                             f'got {entry!r}', keys)
         factory = self._resolve(name, keys)
         raw_args = entry[name] if isinstance(entry, dict) else None
         builtin = name in fns_module.REGISTRY

@@ -272,3 +272,19 @@ def test_version_2_stream_is_pinned():
         50592, 29672, 19359, 28332, 4596, 53032, 12840, 58491]
     # Per-sample seeds do not depend on the version.
     assert Order(100, 2).seeds(0, 3) == Order(100, 2, version=1).seeds(0, 3)
+
+
+def test_indices_many_gives_each_orders_own_indices():
+    from loadr.order import indices_many
+
+    rng = np.random.default_rng(3)
+    requests = []
+    for n in [1, 5, 700, 70_001, 10**6 + 3, 4**9, 10**10]:
+        for version in (1, 2):
+            for shuffle in (True, False):
+                order = Order(n, int(rng.integers(2**63)), shuffle, version)
+                start = int(rng.integers(0, 3 * n))
+                requests.append((order, start, int(rng.integers(0, 300))))
+    got = indices_many(requests)
+    for (order, start, count), indices in zip(requests, got):
+        assert np.array_equal(indices, order.indices(start, count)), order

@@ -1,0 +1,438 @@
+"""loadr.Mix: exact proportions, once per source epoch, schedules, resume, workers, YAML."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import loadr
+from loadr.errors import ConfigError, DecodeError, LoadrError
+from loadr.mix import BLOCK, Mix, MixOrder, _source_seed
+from loadr.order import Order
+
+SEVEN = {f's{i}': w for i, w in enumerate([0.31, 0.22, 0.17, 0.13, 0.09, 0.05, 0.03])}
+WEIGHT_SETS = {
+    '0.8/0.2': {'web': 0.8, 'curated': 0.2},
+    '0.999/0.001': {'big': 0.999, 'tiny': 0.001},
+    'seven': SEVEN,
+    'thirds': {'a': 1, 'b': 1, 'c': 1},
+    'odd': {'a': 0.314159, 'b': 0.271828, 'c': 0.141421, 'd': 0.0008, 'e': 0.2725},
+}
+
+
+def counts_table(order: MixOrder, start: int, count: int) -> np.ndarray:
+    """Running counts per source: row ``i`` counts positions ``[start, start + i)``."""
+    src = order.sources(start, count)
+    table = np.zeros((count + 1, len(order.names)), dtype=np.int64)
+    for s in range(len(order.names)):
+        table[1:, s] = np.cumsum(src == s)
+    return table
+
+
+def normalised(weights: dict) -> np.ndarray:
+    total = sum(weights.values())
+    return np.array([weights[k] / total for k in weights])
+
+
+@pytest.mark.parametrize('name', list(WEIGHT_SETS))
+def test_proportions_window_by_window(name):
+    weights = WEIGHT_SETS[name]
+    order = MixOrder(list(weights), [1000] * len(weights), [(0, weights)], seed=5)
+    n = 10**6
+    cum = counts_table(order, 0, n)
+    w = normalised(weights)
+    want = w * BLOCK
+    aligned = cum[BLOCK::BLOCK] - cum[:-BLOCK:BLOCK]            # [k*1024, (k+1)*1024)
+    assert np.abs(aligned - want).max() <= 1, np.abs(aligned - want).max(axis=0)
+    sliding = cum[BLOCK:] - cum[:-BLOCK]                         # every window of 1024
+    assert np.abs(sliding - want).max() <= 2, np.abs(sliding - want).max(axis=0)
+    drift = np.abs(cum - np.arange(n + 1)[:, None] * w).max()
+    assert drift <= 4, drift
+    # Far out in the stream too (counts there come from the floor sums).
+    far = 10**12 - 12345
+    cum = counts_table(order, far, 20 * BLOCK) + order.counts(far)
+    drift = np.abs(cum - (far + np.arange(20 * BLOCK + 1))[:, None] * w).max()
+    assert drift <= 4, drift
+
+
+def test_counts_match_the_schedule_from_anywhere():
+    order = MixOrder(list(SEVEN), [10] * 7, [(0, SEVEN)], seed=0)
+    src = order.sources(0, 50_000)
+    for p in [0, 1, 1023, 1024, 1025, 4097, 33_333, 50_000]:
+        assert order.counts(p).tolist() == np.bincount(src[:p], minlength=7).tolist(), p
+    fresh = MixOrder(list(SEVEN), [10] * 7, [(0, SEVEN)], seed=0)
+    # A cold order (no block cache) at a far position agrees with a walk to it.
+    assert fresh.counts(10**6 + 77).tolist() == (
+        order.counts(10**6) + np.bincount(order.sources(10**6, 77), minlength=7)).tolist()
+
+
+def test_once_per_source_epoch_for_each_source():
+    sizes = {'a': 7, 'b': 50, 'c': 1000, 'd': 70_001}
+    weights = {'a': 0.1, 'b': 0.2, 'c': 0.3, 'd': 0.4}
+    order = MixOrder(list(sizes), list(sizes.values()), [(0, weights)], seed=9)
+    src, index = order.locate(0, 200_000)
+    for s, (name, n) in enumerate(sizes.items()):
+        stream = index[src == s]
+        epochs = len(stream) // n
+        assert epochs >= 1 or name == 'd'
+        for e in range(epochs):
+            assert sorted(stream[e * n:(e + 1) * n].tolist()) == list(range(n)), (name, e)
+        # Keyed by (seed, source name, source epoch): the source's own Order.
+        ref = Order(n, _source_seed(9, name)).indices(0, len(stream))
+        assert np.array_equal(stream, ref), name
+    # Composite indices are the sources laid end to end.
+    composite = order.indices(0, 1000)
+    s, i = order.locate(0, 1000)
+    assert np.array_equal(composite, order.offsets[s] + i)
+
+
+def test_a_source_stream_does_not_depend_on_the_other_sources():
+    one = MixOrder(['a', 'b'], [30, 100], [(0, {'a': 0.5, 'b': 0.5})], seed=2)
+    two = MixOrder(['x', 'a', 'y'], [5, 30, 9], [(0, {'x': 1, 'a': 3, 'y': 2})], seed=2)
+    s1, i1 = one.locate(0, 5000)
+    s2, i2 = two.locate(0, 5000)
+    a1, a2 = i1[s1 == 0], i2[s2 == 1]
+    k = min(len(a1), len(a2))
+    assert np.array_equal(a1[:k], a2[:k])
+    # Another seed gives another stream.
+    s3, i3 = MixOrder(['a', 'b'], [30, 100], [(0, {'a': 0.5, 'b': 0.5})], seed=3).locate(0, 5000)
+    assert not np.array_equal(i3[s3 == 0][:60], a1[:60])
+
+
+def test_a_weight_schedule_leaves_the_stream_before_each_change_untouched():
+    names, sizes = ['web', 'curated', 'code'], [10_000, 300, 2000]
+    first = {'web': 0.8, 'curated': 0.2}
+    change, later = 1_000_000, {'web': 0.5, 'curated': 0.1, 'code': 0.4}
+    plain = MixOrder(names, sizes, [(0, first)], seed=4)
+    sched = MixOrder(names, sizes, [(0, first), (change, later)], seed=4)
+    for start in (0, change - 3000):
+        assert np.array_equal(plain.indices(start, 3000), sched.indices(start, 3000))
+    # The counts at the change point carry over: each source's stream goes on
+    # where it was (no index repeats early, none is skipped).
+    before = plain.counts(change)
+    assert sched.counts(change).tolist() == before.tolist()
+    src, index = sched.locate(change, 50_000)
+    for s, (name, n) in enumerate(zip(names, sizes)):
+        ref = Order(n, _source_seed(4, name)).indices(int(before[s]), int((src == s).sum()))
+        assert np.array_equal(index[src == s], ref), name
+    # After the change the new weights hold, window by window from the change point.
+    cum = counts_table(sched, change, 200 * BLOCK)
+    w = normalised(later)
+    drift = np.abs(cum - np.arange(200 * BLOCK + 1)[:, None] * w).max()
+    assert drift <= 4, drift
+    aligned_start = -(-change // BLOCK) * BLOCK - change      # first aligned window after it
+    windows = cum[aligned_start + BLOCK::BLOCK] - cum[aligned_start:-BLOCK:BLOCK]
+    assert np.abs(windows - w * BLOCK).max() <= 1
+    # A source left out has weight 0 and does not appear.
+    off = MixOrder(names, sizes, [(0, first)], seed=4)
+    assert (off.sources(0, 100_000) != 2).all()
+
+
+def test_seeds_are_per_mixed_position_and_unique_across_sources():
+    order = MixOrder(['a', 'b'], [3, 4], [(0, {'a': 1, 'b': 1})], seed=6)
+    seeds = order.seeds(0, 10_000)
+    assert len(set(seeds)) == 10_000
+    assert seeds == Order(7, 6).seeds(0, 10_000)
+
+
+def test_the_order_is_small_picklable_and_instant_far_away():
+    sizes = [10**9, 10**3]
+    order = MixOrder(['web', 'curated'], sizes, [(0, {'web': 0.8, 'curated': 0.2})], seed=1)
+    assert len(pickle.dumps(order)) < 400
+    copy = pickle.loads(pickle.dumps(order))
+    far = 10**12
+    idx = copy.indices(far, 4096)
+    assert np.array_equal(idx, order.indices(far, 4096))
+    s, i = order.locate(far, 4096)
+    assert ((0 <= i) & (i < np.array(sizes)[s])).all()
+    assert abs(int(order.counts(far)[1]) - 0.2 * far) <= 4
+
+
+def test_alternative_stays_in_the_source():
+    order = MixOrder(['a', 'b', 'c'], [5, 1000, 3], [(0, {'a': 1, 'b': 1, 'c': 1})], seed=0)
+    for index in [0, 4, 5, 500, 1004, 1005, 1007]:
+        s, _ = order.decode(index)
+        for k in range(1, 17):
+            assert order.decode(order.alternative(index, k))[0] == s
+
+
+# -- the Mix reader and the Loader -----------------------------------------------
+
+
+def two_sources(web=40, curated=6):
+    return ({'web': [{'x': i} for i in range(web)],
+             'curated': [{'x': 1000 + i} for i in range(curated)]})
+
+
+def test_mix_reads_the_composite_index_with_per_source_fns():
+    seen = []
+
+    def tag(dp, seed=None):
+        seen.append(seed)
+        return {**dp, 'x': dp['x'] + 1}
+
+    mix = Mix(two_sources(), weights={'web': 0.75, 'curated': 0.25}, fns={'curated': [tag]})
+    assert len(mix) == 46
+    assert mix[3] == {'x': 3, 'source': 'web'}
+    assert mix.read_seeded(40, seed=77) == {'x': 1001, 'source': 'curated'}
+    assert seen == [77]
+    assert Mix(two_sources(), source_key=None)[0] == {'x': 0}
+    sources = two_sources()
+    Mix(sources)[0]
+    assert sources['web'][0] == {'x': 0}            # the reader's own dict is untouched
+    with pytest.raises(IndexError):
+        mix[46]
+
+
+def test_identity_names_sources_and_weights():
+    a = Mix(two_sources(), weights={'web': 0.8, 'curated': 0.2})
+    b = Mix(two_sources(), weights={'web': 0.7, 'curated': 0.3})
+    ident = a.identity()
+    json.dumps(ident)
+    assert [s['name'] for s in ident['sources']] == ['web', 'curated']
+    assert ident['sources'][0]['identity'] == {'type': 'list', 'n': 40}
+    assert ident != b.identity()
+
+
+@pytest.mark.parametrize('bad, message', [
+    ({'weights': {'web': 1, 'nope': 1}}, 'unknown sources'),
+    ({'weights': {'web': -1, 'curated': 1}}, 'finite number >= 0'),
+    ({'weights': {'web': 0, 'curated': 0}}, 'all 0'),
+    ({'weights': [(5, {'web': 1})]}, 'starts at position 0'),
+    ({'weights': [(0, {'web': 1}), (0, {'curated': 1})]}, 'increasing'),
+    ({'fns': {'nope': []}}, 'unknown sources'),
+    ({'source_key': 3}, 'source_key'),
+])
+def test_bad_arguments_are_config_errors(bad, message):
+    with pytest.raises(ConfigError, match=message):
+        Mix(two_sources(), **bad)
+    with pytest.raises(ConfigError, match='empty'):
+        Mix({'web': []})
+
+
+def batches(loader, count):
+    it = iter(loader)
+    out = [next(it) for _ in range(count)]
+    return [(b['x'].tolist(), list(b['source'])) for b in out]
+
+
+def test_the_loader_follows_the_mix_order():
+    mix = Mix(two_sources(), weights={'web': 0.75, 'curated': 0.25})
+    with loadr.Loader(mix, batch=8, seed=3, workers=0) as loader:
+        got = batches(loader, 10)
+    order = mix.make_order(3)
+    want = [mix[i]['x'] for i in order.indices(0, 80).tolist()]
+    assert [x for xs, _ in got for x in xs] == want
+    sources = [s for _, ss in got for s in ss]
+    assert sources.count('curated') == 20
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_resume_at_random_steps(workers):
+    mix = Mix(two_sources(), weights=[(0, {'web': 0.75, 'curated': 0.25}),
+                                      (100, {'web': 0.5, 'curated': 0.5})])
+    with loadr.Loader(mix, batch=4, seed=11, workers=0) as loader:
+        it = iter(loader)
+        states, reference = [], []
+        for _ in range(60):
+            states.append(loader.save())
+            b = next(it)
+            reference.append((b['x'].tolist(), list(b['source'])))
+    rng = np.random.default_rng(0)
+    for at in sorted(rng.choice(55, size=4, replace=False).tolist()):
+        with loadr.Loader(mix, batch=4, seed=11, workers=workers) as loader:
+            loader.load(states[at])
+            assert batches(loader, 5) == reference[at:at + 5], at
+
+
+def test_load_at_step_10_to_the_12_with_huge_and_tiny_sources():
+    class Huge:
+        def __len__(self):
+            return 10**9
+
+        def __getitem__(self, i):
+            return {'x': i}
+
+    mix = Mix({'web': Huge(), 'curated': [{'x': -i} for i in range(1000)]},
+              weights={'web': 0.8, 'curated': 0.2})
+    with loadr.Loader(mix, batch=8, seed=1, workers=0) as loader:
+        state = loader.save()
+        state['step'] = 10**12
+        loader.load(state)
+        xs, sources = batches(loader, 1)[0]
+    order = mix.make_order(1)
+    assert xs == [mix[i]['x'] for i in order.indices(10**12, 8).tolist()]
+    assert set(sources) <= {'web', 'curated'}
+
+
+def test_worker_and_shard_invariance():
+    mix = Mix(two_sources(), weights={'web': 0.6, 'curated': 0.4})
+    with loadr.Loader(mix, batch=6, seed=2, workers=0) as loader:
+        reference = batches(loader, 12)
+    with loadr.Loader(mix, batch=6, seed=2, workers=2, prefetch=3) as loader:
+        assert batches(loader, 12) == reference
+    halves = []
+    for shard in (0, 1):
+        with loadr.Loader(mix, batch=3, seed=2, workers=shard * 2, shard_id=shard,
+                          num_shards=2) as loader:
+            halves.append(batches(loader, 12))
+    for g in range(12):
+        xs = halves[0][g][0] + halves[1][g][0]
+        ss = halves[0][g][1] + halves[1][g][1]
+        assert (xs, ss) == reference[g]
+
+
+def test_per_source_fns_get_each_positions_seed_under_any_worker_count():
+    def stamp(dp, seed=None):
+        return {**dp, 'seed': seed % 1000}
+
+    mix = Mix(two_sources(), weights={'web': 0.5, 'curated': 0.5},
+              fns={'web': [stamp], 'curated': [stamp]})
+    runs = []
+    for workers in (0, 2):
+        with loadr.Loader(mix, batch=5, seed=8, workers=workers) as loader:
+            it = iter(loader)
+            runs.append([next(it)['seed'].tolist() for _ in range(4)])
+    assert runs[0] == runs[1]
+    seeds = mix.make_order(8).seeds(0, 20)
+    assert sum(runs[0], []) == [s % 1000 for s in seeds]
+
+
+class Broken:
+    """A source whose datapoint 3 is corrupt, as a reader reports it."""
+
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, i):
+        if i == 3:
+            raise DecodeError('not a JPEG file', path='curated/part-0.bag', index=i)
+        return {'x': i}
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_errors_name_the_source_the_file_and_the_index(workers):
+    mix = Mix({'web': [{'x': 10 + i} for i in range(5)], 'curated': Broken()},
+              weights={'web': 0.5, 'curated': 0.5})
+    with pytest.raises(DecodeError) as info:
+        mix[5 + 3]
+    assert str(info.value) == "curated/part-0.bag [index 3]: source 'curated': not a JPEG file"
+    assert (info.value.path, info.value.index) == ('curated/part-0.bag', 3)
+    with loadr.Loader(mix, batch=10, seed=0, workers=workers) as loader:
+        with pytest.raises(DecodeError) as info:
+            for _ in zip(range(3), loader):
+                pass
+    assert "source 'curated': not a JPEG file" in str(info.value)
+    assert (info.value.path, info.value.index) == ('curated/part-0.bag', 3)
+    # Other errors say the source in a note.
+    bad = Mix({'web': [{'x': 1}], 'odd': [{'x': 1}]},
+              fns={'odd': [lambda dp, seed=None: dp['missing']]})
+    with pytest.raises(KeyError) as info:
+        bad[1]
+    assert "source 'odd'" in ''.join(getattr(info.value, '__notes__', []))
+
+
+def test_skip_replaces_a_bad_datapoint_from_the_same_source():
+    mix = Mix({'web': [{'x': 10 + i} for i in range(5)], 'curated': Broken()},
+              weights={'web': 0.5, 'curated': 0.5})
+    with loadr.Loader(mix, batch=10, seed=0, workers=0, on_error='skip',
+                      max_error_fraction=0.5) as loader:
+        got = batches(loader, 3)
+    for xs, sources in got:
+        for x, s in zip(xs, sources):
+            assert (s == 'web') == (x >= 10)
+
+
+# -- YAML and the command line ------------------------------------------------------
+
+
+def write_sources(tmp_path):
+    from loadr.writers import BagWriter
+
+    with BagWriter(tmp_path / 'web', {'idx': 'int', 'name': 'utf8'}) as w:
+        for i in range(30):
+            w.append({'idx': i, 'name': f'web-{i}'})
+    with BagWriter(tmp_path / 'curated', {'num': 'int', 'name': 'utf8'}) as w:
+        for i in range(5):
+            w.append({'num': 100 + i, 'name': f'cur-{i}'})
+
+
+MIX_YAML = """
+reader:
+  mix:
+    web: {path: web, weight: 0.8}
+    curated: {path: curated, weight: 0.2, fns: [rename: {mapping: {num: idx}}]}
+loader: {batch: 10, seed: 3, workers: 0}
+"""
+
+
+def test_yaml_mix(tmp_path):
+    write_sources(tmp_path)
+    (tmp_path / 'mix.yaml').write_text(MIX_YAML)
+    with loadr.pipeline(tmp_path / 'mix.yaml') as loader:
+        assert isinstance(loader.reader, Mix)
+        it = iter(loader)
+        got = [next(it) for _ in range(10)]
+    sources = [s for b in got for s in b['source']]
+    assert sources.count('curated') == 20
+    for b in got:
+        for idx, name, s in zip(b['idx'].tolist(), b['name'], b['source']):
+            assert name == (f'web-{idx}' if s == 'web' else f'cur-{idx - 100}')
+    mix = loadr.pipeline(tmp_path / 'mix.yaml').reader
+    assert mix.weights_at(0) == {'web': 0.8, 'curated': 0.2}
+    # A schedule, and no source key.
+    text = MIX_YAML.replace(', weight: 0.8', '').replace(', weight: 0.2', '').replace(
+        'reader:\n', 'reader:\n  source_key: null\n  weights: [[0, {web: 1}], '
+        '[10, {web: 1, curated: 1}]]\n')
+    (tmp_path / 'sched.yaml').write_text(text)
+    with loadr.pipeline(tmp_path / 'sched.yaml') as loader:
+        it = iter(loader)
+        first, second = next(it), next(it)
+    assert 'source' not in first and (first['idx'] < 100).all()
+    assert ((second['idx'] >= 100).sum()) == 5
+
+
+@pytest.mark.parametrize('edit, message', [
+    (('weight: 0.2, ', ''), "every source of the mix needs a weight; missing: ['curated']"),
+    (('path: web,', 'path: nowhere,'), "reader.mix.web.path 'nowhere' does not exist"),
+    (('web: {', 'web: {colour: red, '), "unknown key 'colour' in reader.mix.web"),
+    (('rename: {mapping', 'renam: {mapping'), "unknown fn 'renam'"),
+    (('  mix:', '  bogus: 1\n  mix:'), "unknown key 'bogus' in reader"),
+])
+def test_yaml_mix_mistakes_name_the_line(tmp_path, edit, message):
+    write_sources(tmp_path)
+    (tmp_path / 'mix.yaml').write_text(MIX_YAML.replace(*edit))
+    with pytest.raises(ConfigError) as info:
+        loadr.pipeline(tmp_path / 'mix.yaml')
+    assert message in str(info.value)
+    assert info.value.line is not None
+
+
+def test_inspect_a_mix_yaml(tmp_path):
+    write_sources(tmp_path)
+    (tmp_path / 'mix.yaml').write_text(MIX_YAML)
+    done = subprocess.run([sys.executable, '-m', 'loadr.cli', 'inspect',
+                           str(tmp_path / 'mix.yaml')], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert 'a mix of 2 sources, 35 datapoints' in lines[0]
+    web = next(line for line in lines if line.split()[:1] == ['web'])
+    curated = next(line for line in lines if line.split()[:1] == ['curated'])
+    assert web.split()[1:] == ['30', '0.8', '2.667e+04']       # 0.8 * 10^6 / 30
+    assert curated.split()[1:] == ['5', '0.2', '4e+04']
+    done = subprocess.run([sys.executable, '-m', 'loadr.cli', 'inspect', '--json',
+                           str(tmp_path / 'mix.yaml')], capture_output=True, text=True,
+                          timeout=120)
+    info = json.loads(done.stdout)
+    assert info['schedule'][0]['sources'][1]['epochs_per_million'] == pytest.approx(40_000)
+
+
+def test_mix_is_exported_and_light():
+    assert 'Mix' in loadr.__all__ and loadr.Mix is Mix
+    assert issubclass(ConfigError, LoadrError)
