@@ -250,6 +250,22 @@ def test_resume_at_random_steps(workers):
             assert batches(loader, 5) == reference[at:at + 5], at
 
 
+def test_a_state_from_another_mixture_is_refused():
+    from loadr.errors import StateError
+
+    states = []
+    for weights in ({'web': 0.8, 'curated': 0.2}, {'web': 0.7, 'curated': 0.3}):
+        with loadr.Loader(Mix(two_sources(), weights=weights), batch=4, seed=0,
+                          workers=0) as loader:
+            next(iter(loader))
+            states.append(loader.save())
+    with loadr.Loader(Mix(two_sources(), weights={'web': 0.8, 'curated': 0.2}), batch=4,
+                      seed=0, workers=0) as loader:
+        loader.load(states[0])
+        with pytest.raises(StateError):
+            loader.load(states[1])
+
+
 def test_load_at_step_10_to_the_12_with_huge_and_tiny_sources():
     class Huge:
         def __len__(self):
