@@ -918,11 +918,18 @@ def _error_line(exc: BaseException) -> str:
         text = str(exc)
     else:
         text = f'{type(exc).__name__}: {exc}'
+    # Up to a blank line (a traceback may follow), its lines joined: a message that
+    # lists what differs, one item a line, stays whole.
+    lines = [ln.strip() for ln in text.split('\n\n')[0].split('\n') if ln.strip()]
+    text = ''
+    for line in lines:
+        line = line[2:] if line.startswith('- ') else line
+        text += ('' if not text else ' ' if text.endswith((':', '.', ';')) else '; ') + line
     if isinstance(cause, WorkerError) and cause.index is not None:
         index = getattr(exc, 'index', None)
         if index is None or f'[index {index}]' not in text:
             text += f' (at dataset index {cause.index})'
-    return ' '.join(text.split('\n')[0:1]) if text else type(exc).__name__
+    return text or type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
