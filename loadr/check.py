@@ -15,6 +15,7 @@ import os
 
 from .errors import LoadrError
 from .readers import detect
+from .storage import using_storage_options
 from .readers.base import Problem
 
 __all__ = ['check', 'Report']
@@ -44,15 +45,18 @@ class Report:
         return '\n'.join(lines)
 
 
-def check(path: str | os.PathLike) -> Report:
+def check(path: str | os.PathLike, storage_options: dict | None = None) -> Report:
     """Check every file of the dataset at ``path``; never raises for bad data.
+
+    ``storage_options`` are those of a URL (``s3://``, ``https://``; see loadr.remote).
 
     >>> check('../shared/fixtures/bag').ok
     True
     """
     path = os.fspath(path)
-    try:
-        fmt = detect(path)
-    except LoadrError as exc:
-        return Report(path, None, [Problem(exc.path or path, exc.index, exc.message)])
-    return Report(path, fmt.name, list(fmt.check(path)))
+    with using_storage_options(storage_options):
+        try:
+            fmt = detect(path)
+        except LoadrError as exc:
+            return Report(path, None, [Problem(exc.path or path, exc.index, exc.message)])
+        return Report(path, fmt.name, list(fmt.check(path)))

@@ -31,6 +31,7 @@ from . import __version__
 from .errors import ConfigError, LoadrError, WorkerError
 from .progress import Progress, format_count
 from .readers import formats
+from .storage import using_storage_options
 
 __all__ = ['main', 'build_parser']
 
@@ -754,6 +755,10 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument('-v', '--verbose', action='store_true',
                         help='show full tracebacks and info logs')
+    common.add_argument('--storage-option', action='append', default=[], metavar='KEY=VALUE',
+                        help='an fsspec storage option for URLs (s3://, https://, ...), e.g. '
+                             'endpoint_url=http://127.0.0.1:9000 or loadr.retries=3; repeat for '
+                             'more (AWS_* variables and the credentials chain apply too)')
     parser = argparse.ArgumentParser(
         prog='loadr', parents=[common],
         description='loadr: a deterministic, resumable, multiprocess data loader.',
@@ -932,6 +937,30 @@ def _error_line(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+def _storage_options(pairs: list[str]) -> dict:
+    """``--storage-option`` pairs as a dict; a dotted key nests, values are YAML scalars.
+
+    >>> _storage_options(['anon=true', 'loadr.retries=3', 'endpoint_url=http://h:9000'])
+    {'anon': True, 'loadr': {'retries': 3}, 'endpoint_url': 'http://h:9000'}
+    """
+    import yaml
+
+    options: dict = {}
+    for pair in pairs:
+        key, sep, text = pair.partition('=')
+        if not sep or not key:
+            raise ConfigError(f'--storage-option {pair!r}: expected KEY=VALUE')
+        *parents, last = key.split('.')
+        where = options
+        for name in parents:
+            where = where.setdefault(name, {})
+        try:
+            where[last] = yaml.safe_load(text) if text else ''
+        except yaml.YAMLError:
+            where[last] = text
+    return options
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``loadr`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit code.
 
@@ -945,7 +974,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, 'func', None):
         return _usage(parser)
     try:
-        return args.func(args)
+        with using_storage_options(_storage_options(args.storage_option) or None):
+            return args.func(args)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         _err('loadr: interrupted')

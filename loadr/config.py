@@ -44,6 +44,7 @@ import yaml
 from . import fns as fns_module
 from .errors import ConfigError, DataError
 from .readers import detect, formats
+from .storage import is_url, storage_for, using_storage_options
 
 __all__ = ['pipeline', 'load_config', 'parse_override', 'Config', 'SECTIONS', 'LOADER_TYPES']
 
@@ -359,6 +360,8 @@ class Config:
     def _path(self, value, keys: tuple) -> str:
         if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
             raise self.error(f'{".".join(map(str, keys))} must be a path, got {value!r}', keys)
+        if is_url(value):
+            return os.fspath(value)        # s3://, https://: not relative to this file
         value = os.path.expanduser(os.fspath(value))
         base = self.base_dir
         for n in range(len(keys), 0, -1):
@@ -464,7 +467,13 @@ class Config:
             raise self.error(f'{dotted} needs a path', where,
                              'add e.g. "path: data/train" (relative to this file)')
         path = self._path(section['path'], where + ('path',))
-        if not os.path.exists(path):
+        # A URL's storage_options apply to the detection too (loadr.storage).
+        with using_storage_options(_plain(section.get('storage_options'))):
+            return self._build_at(section, where, path)
+
+    def _build_at(self, section: dict, where: tuple, path: str):
+        dotted = '.'.join(map(str, where))
+        if not storage_for(path).exists(path):
             raise self.error(f'{dotted}.path {section["path"]!r} does not exist', where + ('path',),
                              f'looked for {path}')
         known = {f.name: f for f in formats()}

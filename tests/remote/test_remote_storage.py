@@ -38,7 +38,10 @@ def _local_files(root):
 def test_every_file_reads_as_locally(remote, served_root):
     storage, base = remote
     rels = [r for r in _local_files(served_root) if not r.endswith('.py')]
-    for rel in rels:
+    # moto spends milliseconds of CPU per request: one file of each folder there.
+    some = rels if base.startswith('http') else sorted({r.rpartition('/')[0]: r
+                                                        for r in rels}.values())
+    for rel in some:
         data = (served_root / rel).read_bytes()
         url = f'{base}/{rel}'
         assert storage.size(url) == len(data), rel
@@ -100,8 +103,9 @@ def test_close_ranges_are_merged_into_one_request(nginx, served_root):
     assert storage.requests == 1 and storage.bytes_fetched == 14_900
 
 
-def test_pickled_storage_reads_in_another_process(remote, served_root):
-    storage, base = remote
+def test_pickled_storage_reads_in_another_process(moto, served_root):
+    base = 's3://fixtures'
+    storage = RemoteStorage(base, {'endpoint_url': moto.url})
     storage.list(f'{base}/bag')
     blob = pickle.dumps(storage)
     ctx = multiprocess.get_context('spawn')
@@ -132,7 +136,7 @@ def test_faults_are_retried_to_the_same_bytes(nginx, moto, served_root):
                 options = {'endpoint_url': proxy.url}
             storage = RemoteStorage(base, {**options, 'loadr': {**FAST, 'retries': 2}})
             url = f'{base}/{FILE}'
-            ranges = [(url, off, 700, k) for k, off in enumerate(range(0, 140_000, 1400))]
+            ranges = [(url, off, 700, k) for k, off in enumerate(range(0, 140_000, 3500))]
             assert storage.read_many(ranges) == [data[o:o + 700] for _, o, _, _ in ranges]
             storage.prefetch([(url, 1, 5000)])
             assert storage.read(url, 1, 5000) == data[1:5001]
