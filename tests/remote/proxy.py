@@ -11,9 +11,10 @@ reads meet the same faults in every run whatever the timing; after
 retries enough always succeeds. ``hang=True`` accepts requests and never
 answers (a server that stalls); :meth:`Proxy.stop` makes the server go away.
 
-It counts requests, faults and the body bytes it passed to clients
-(``proxy.stats``; ``proxy.log`` lists each request's method, target and
-Range); over HTTP, ``GET /__proxy__/stats`` returns the counts as JSON and
+It counts requests, faults, the body bytes it passed to clients and the
+most requests it held in their delay at once (``proxy.stats``; ``proxy.log``
+lists each request's method, target and Range); over HTTP,
+``GET /__proxy__/stats`` returns the counts as JSON and
 ``GET /__proxy__/reset`` zeroes them, for a proxy in another process
 (``python -m tests.remote.proxy --upstream http://127.0.0.1:8080 --delay-ms 20``).
 
@@ -72,7 +73,8 @@ class Proxy:
     def reset_stats(self) -> None:
         """Zero the counters (and forget past attempts, so faults repeat from the start)."""
         self.stats = {'requests': 0, 'body_bytes': 0, 'error': 0, 'short': 0, 'reset': 0,
-                      'hung': 0}
+                      'hung': 0, 'max_in_flight': 0}
+        self._in_flight = 0
         self.log: list[tuple[str, str, str]] = []      # (method, target, Range) of each request
         self._attempts = {}
 
@@ -167,7 +169,13 @@ class Proxy:
             self.stats['hung'] += 1
             await asyncio.Event().wait()          # until the proxy stops and cancels us
         if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+            # Requests waiting here at once: how many a client keeps in flight.
+            self._in_flight += 1
+            self.stats['max_in_flight'] = max(self.stats['max_in_flight'], self._in_flight)
+            try:
+                await asyncio.sleep(self.delay_s)
+            finally:
+                self._in_flight -= 1
         fault = self._fault(method, target, h.get('range', ''))
         if fault == 'reset':
             self.stats['reset'] += 1

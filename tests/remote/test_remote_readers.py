@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import struct
 
 import pytest
@@ -201,3 +203,49 @@ def test_writer_with_storage_options_is_all_or_nothing(moto):
     with loadr.writers.FFRecordWriter(url, 1, storage_options=options) as w:
         w.write_one(b'one')
     assert loadr.open(url, storage_options=options).read_one(0) == b'one'
+
+
+@contextlib.contextmanager
+def _removed_after(path):
+    # The served copy is the session's: other tests list it and expect the fixtures only.
+    try:
+        yield
+    finally:
+        shutil.rmtree(path)
+
+
+def test_checksum_mismatch_is_never_retried_into_success(nginx, served_root):
+    """A corrupt FFRecord sample served whole: ChecksumError, not transient, every time."""
+    from loadr.errors import ChecksumError
+    from loadr.storage import transient
+
+    here = loadr.open(served_root / 'ffrecord/single.ffr')
+    info = here.locate(3)
+    data = bytearray((served_root / 'ffrecord/single.ffr').read_bytes())
+    data[info['offset'] + info['length'] // 2] ^= 0xFF
+    (served_root / 'corrupt').mkdir(exist_ok=True)
+    (served_root / 'corrupt/single.ffr').write_bytes(bytes(data))
+    with Proxy(nginx.url) as proxy, _removed_after(served_root / 'corrupt'):
+        reader = loadr.open(f'{proxy.url}/corrupt/single.ffr')
+        for attempt in range(2):
+            with pytest.raises(ChecksumError) as err:
+                reader[3]
+            assert err.value.index == 3 and not transient(err.value)
+        reader.prefetch([3, 4])
+        with pytest.raises(ChecksumError):
+            reader.read_batch([4, 3])
+        assert_equal(reader[4], here[4])
+        sample_reads = [r for _, t, r in proxy.log if r.startswith(f'bytes={info["offset"]}-')]
+        assert 0 < len(sample_reads) <= 8          # bounded: no retry loop on a bad CRC
+
+
+def test_reads_of_a_batch_and_the_next_are_in_flight_together(nginx, served_root):
+    """Read-ahead: one worker keeps more requests in flight than one batch has records."""
+    reader, pipeline = PIPELINES['ffrecord'](served_root)
+    with loadr.Loader(reader, batch=4, fns=pipeline, seed=2, workers=0) as loader:
+        expected = stream_digests(loader, 8)
+    with Proxy(nginx.url, delay_s=0.05) as proxy:
+        reader, pipeline = _remote_pipeline('ffrecord', proxy.url)
+        with loadr.Loader(reader, batch=4, fns=pipeline, seed=2, workers=1) as loader:
+            assert stream_digests(loader, 8) == expected
+        assert proxy.stats['max_in_flight'] > 4, proxy.stats
