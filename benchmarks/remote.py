@@ -1,0 +1,195 @@
+"""Remote storage (issue 13): the JPEG pipeline over HTTP at 20 ms per request, against local disk.
+
+The images workload of the benchmarks (375×500 JPEGs in a bag; Pillow
+decode, random 224×224 crop, random flip; batch 64; true global shuffle) is
+read three ways, each by a new Loader (no warm cache), for one epoch:
+
+- ``local disk``: the bag in a temporary directory;
+- ``nginx + 20 ms``: the same directory served by nginx on loopback, through
+  our proxy (``tests/remote/proxy.py``, in its own process) that holds every
+  request for ``--delay-ms`` before passing it on, as a far server would;
+- ``moto s3`` (``--s3``): moto's S3 server, direct (it spends milliseconds of
+  CPU per request on a small machine, so it serves correctness, not speed;
+  only ``--s3-batches`` batches are read).
+
+Per case: samples/s over the epoch (from the loader's creation) and in the
+steady state (after the first batch), the bytes the proxy passed (the
+records' bytes are what the batches need; index tables are read once per
+process on top), and the time of the first batch after ``load()`` of a state
+at a far step. Needs nginx (``apt-get install nginx``) and the ``test``
+extra (fsspec, aiohttp; moto for ``--s3``).
+
+Example::
+
+    python -m benchmarks.remote --images 1024 --delay-ms 20 --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from . import workloads as W
+
+SEED = 0
+
+
+def _proxy(upstream: str, delay_ms: float):
+    """Our fault proxy in a process of its own (no GIL shared with the loader); (process, url)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, '-m', 'tests.remote.proxy', '--upstream', upstream,
+                             '--delay-ms', str(delay_ms)], cwd=root, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    url = proc.stdout.readline().strip()
+    if not url.startswith('http://'):
+        proc.kill()
+        raise RuntimeError('the proxy did not start')
+    return proc, url
+
+
+def _proxy_stats(url: str, reset: bool = False) -> dict:
+    with urllib.request.urlopen(f'{url}/__proxy__/{"reset" if reset else "stats"}',
+                                timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _record_bytes(path: str) -> int:
+    """Bytes of every record of the bag dataset at ``path`` (tables and spec left out)."""
+    from loadr.readers.bag import Bag
+    return sum(Bag(os.path.join(path, name)).index_offset
+               for name in os.listdir(path) if name.endswith('.bag'))
+
+
+def _servers(pids) -> set[int]:
+    """The server processes (and their children) among ours: not the loader's CPU."""
+    import psutil
+    out = set()
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            out |= {pid, *(c.pid for c in proc.children(recursive=True))}
+        except psutil.Error:
+            pass
+    return out
+
+
+def run_case(name: str, path: str, options: dict | None, n: int, workers: int, batches: int,
+             far_step: int, proxy_url: str | None, server_pids=()) -> dict:
+    """One epoch (or ``batches`` batches) of the JPEG pipeline read from ``path``.
+
+    CPU seconds are split between the loader (this process and its workers)
+    and the servers (nginx or moto, and the proxy), all on the same cores.
+    """
+    import loadr
+
+    from .measure import tree_cpu_s
+
+    if proxy_url:
+        _proxy_stats(proxy_url, reset=True)
+    t_open = time.perf_counter()
+    reader = loadr.open(path, decode_images=False, storage_options=options)
+    opened_s = time.perf_counter() - t_open
+    servers = _servers(server_pids)
+    cpu0 = tree_cpu_s()
+    loader = loadr.Loader(reader, batch=W.IMAGE_BATCH, fns=[W.image_fn], shuffle=True,
+                          seed=SEED, workers=workers)
+    try:
+        t0 = time.perf_counter()
+        samples = 0
+        first_s = None
+        for k, batch in enumerate(loader.epoch(0)):
+            samples += len(batch['label'])
+            if first_s is None:
+                first_s = time.perf_counter() - t0
+                t_first, first_samples = time.perf_counter(), samples
+            if k + 1 == batches:
+                break
+        t_end = time.perf_counter()
+        total_s = t_end - t0
+        cpu1 = tree_cpu_s()         # before close: the workers' CPU dies with them
+        spent = {pid: v - cpu0.get(pid, 0.0) for pid, v in cpu1.items()}
+        server_cpu = sum(v for pid, v in spent.items() if pid in servers)
+        loader_cpu = sum(v for pid, v in spent.items() if pid not in servers)
+        fetched = _proxy_stats(proxy_url)['body_bytes'] if proxy_url else None
+        # The first batch after load() at a far step, on the running loader.
+        state = loader.save()
+        state['step'] = far_step
+        loader.load(state)
+        t_far = time.perf_counter()
+        next(iter(loader))
+        far_s = time.perf_counter() - t_far
+    finally:
+        loader.close()
+    steady = (samples - first_samples) / (t_end - t_first) if samples > first_samples else None
+    return {'case': name, 'samples': samples, 'open_s': opened_s, 'first_batch_s': first_s,
+            'epoch_samples_per_s': samples / total_s, 'steady_samples_per_s': steady,
+            'fetched_bytes': fetched, 'far_first_batch_s': far_s,
+            'loader_cpu_ms_per_sample': 1000 * loader_cpu / samples,
+            'server_cpu_ms_per_sample': 1000 * server_cpu / samples}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--images', type=int, default=1024, help='images in the dataset')
+    p.add_argument('--delay-ms', type=float, default=20.0, help='added to every request')
+    p.add_argument('--workers', type=int, default=2)
+    p.add_argument('--far-step', type=int, default=10_000_000,
+                   help='the step load() jumps to (default 10 million samples in)')
+    p.add_argument('--s3', action='store_true', help="also read from moto's S3 server")
+    p.add_argument('--s3-batches', type=int, default=4)
+    p.add_argument('--json', action='store_true', help='print the results as JSON too')
+    args = p.parse_args(argv)
+
+    from tests.remote.servers import S3_ENV, start_moto, start_nginx, upload
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix='loadr-bench-remote-') as tmp:
+        data = W.make_images(tmp, args.images)
+        needed = _record_bytes(data.path)
+        batches = -(-args.images // W.IMAGE_BATCH)
+        results.append(run_case('local disk', data.path, None, args.images, args.workers,
+                                batches, args.far_step, None))
+        with start_nginx(tmp, os.path.join(tmp, '.nginx')) as web:
+            proxy, url = _proxy(web.url, args.delay_ms)
+            try:
+                results.append(run_case(f'nginx + {args.delay_ms:g} ms', f'{url}/images', None,
+                                        args.images, args.workers, batches, args.far_step, url,
+                                        (web.proc.pid, proxy.pid)))
+            finally:
+                proxy.terminate()
+                proxy.wait(10)
+        if args.s3:
+            os.environ.update(S3_ENV)
+            with start_moto(os.path.join(tmp, '.moto')) as s3:
+                upload(s3.url, 'bench', data.path, 'images')
+                results.append(run_case('moto s3 (direct)', 's3://bench/images',
+                                        {'endpoint_url': s3.url}, args.images, args.workers,
+                                        args.s3_batches, args.far_step, None, (s3.proc.pid,)))
+    local = results[0]['epoch_samples_per_s']
+    print(f'JPEG pipeline, {args.images} images (375x500), batch {W.IMAGE_BATCH}, '
+          f'{args.workers} workers, shuffle, one epoch from a new loader; '
+          f'record bytes {needed / 1e6:.1f} MB')
+    head = (f'{"case":<20} {"samples/s":>10} {"steady/s":>9} {"vs local":>8} '
+            f'{"1st batch":>9} {"fetched/needed":>14} {"far load() 1st":>14} '
+            f'{"CPU ms/sample loader+servers":>29}')
+    print(head)
+    print('-' * len(head))
+    for r in results:
+        ratio = f'{r["fetched_bytes"] / needed:.3f}' if r['fetched_bytes'] is not None else '-'
+        print(f'{r["case"]:<20} {r["epoch_samples_per_s"]:>10.0f} '
+              f'{r["steady_samples_per_s"] or 0:>9.0f} {r["epoch_samples_per_s"] / local:>7.2f}x '
+              f'{r["first_batch_s"]:>8.2f}s {ratio:>14} {r["far_first_batch_s"]:>13.2f}s '
+              f'{r["loader_cpu_ms_per_sample"]:>20.2f} + {r["server_cpu_ms_per_sample"]:.2f}')
+    if args.json:
+        print(json.dumps({'args': vars(args), 'record_bytes': needed, 'results': results}))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
