@@ -131,7 +131,7 @@ def cmd_demo(args) -> int:
                 _out(f'     {line}')
         overrides = {'loader.workers': args.workers}
         with pipeline(yaml_path, **overrides) as loader:
-            steps = max(DEMO_RESUME_AFTER + 1, 2 * len(loader))
+            steps = max(DEMO_RESUME_AFTER + 1, 2 * _epoch_batches(loader))
             _out(f'3. Running {steps} batches of {loader.batch} ({steps * loader.batch} samples, '
                  f'{steps * loader.batch / len(loader.reader):.0f} epochs) with '
                  f'{loader.workers} worker processes:')
