@@ -53,8 +53,12 @@ ENTRY_BYTES = 12             # u32 crc + i64 offset, per sample
 # 1 KB samples 25% faster, 8 KB 10%, 30 KB and up slower, hence the caps.
 MAX_COALESCED_READ_BYTES = 120 << 10
 MAX_COALESCED_SAMPLE_BYTES = 16 << 10
-# check() streams samples larger than this in pieces instead of reading them whole.
+# check() streams samples larger than this in pieces instead of reading them whole,
+# and reads a file's table this many entries (12 bytes each) at a time.
 CHECK_BLOCK_BYTES = 16 << 20
+CHECK_TABLE_ENTRIES = 1 << 20
+# check() lists at most this many problems per file (a table of garbage has N of them).
+MAX_PROBLEMS_PER_FILE = 1000
 
 DECODERS = ('msgpack', 'json', 'pickle')
 _NO_MSGPACK = ('array', 'tree')                         # numpy values
@@ -711,50 +715,177 @@ def check(path: str | os.PathLike) -> list[Problem]:
 
 
 def _check_file(files: Storage, path: str, base: int, problems: list[Problem]) -> int:
-    """Append this file's problems; return its sample count (0 if the header is unreadable)."""
+    """Append this file's problems; return its sample count (0 if the header is unreadable).
+
+    The table is read :data:`CHECK_TABLE_ENTRIES` entries at a time, so the
+    memory used does not grow with the number of samples (a file may claim
+    any N its size allows, e.g. a sparse file of holes); the metadata CRC is
+    summed over the pieces as they pass. At most :data:`MAX_PROBLEMS_PER_FILE`
+    problems are listed per file, then one line counting the rest.
+    """
     try:
-        meta_crc, n, crcs, offsets, size, covered = _read_table(files, path)
+        size = files.size(path)
+        if size < PREAMBLE_BYTES:
+            raise FormatError(f'too short for an FFRecord header: {size} bytes, '
+                              f'need at least {PREAMBLE_BYTES}', path)
+        preamble = files.read(path, 0, PREAMBLE_BYTES)
+        meta_crc, n = struct.unpack('<Iq', preamble)
+        if n < 0:
+            raise FormatError(f'header claims a negative number of samples ({n})', path)
+        if n > (size - PREAMBLE_BYTES) // ENTRY_BYTES:
+            raise FormatError(f'header claims {n} samples, whose table needs '
+                              f'{header_bytes(n)} bytes, but the file has only {size}', path)
     except LoadrError as exc:
         problems.append(Problem(exc.path or path, exc.index, exc.message))
         return 0
-    actual_meta = zlib.crc32(covered)
-    if meta_crc != 0 and actual_meta != meta_crc:
-        problems.append(Problem(path, None, f'metadata checksum mismatch: stored '
-                                            f'{meta_crc:#010x}, computed {actual_meta:#010x}'))
+    found: list[Problem] = []
     if n == 0 and size != PREAMBLE_BYTES:
-        problems.append(Problem(path, None, f'header claims 0 samples but '
-                                            f'{size - PREAMBLE_BYTES} bytes follow it'))
-    where, reasons = _bad_offsets(n, offsets, size)
-    for local, reason in zip(where.tolist(), reasons):
-        problems.append(Problem(path, base + local, f'sample {local} of this file: {reason}'))
-    bounds = np.empty(n + 1, np.int64)
-    bounds[:n] = offsets
-    bounds[n] = size
-    # A sample's CRC can be checked when both its ends are sane (the file
-    # size always is); the others are reported above.
-    bad = np.zeros(n + 1, bool)
-    bad[where] = True
-    readable = np.flatnonzero(~bad[:-1] & ~bad[1:]).tolist()
+        found.append(Problem(path, None, f'header claims 0 samples but '
+                                         f'{size - PREAMBLE_BYTES} bytes follow it'))
+    # The CRC covers N, crc[] and offset[], in that order; both tables are read a piece at
+    # a time, so the two parts are summed apart and joined at the end.
+    crc_head = zlib.crc32(preamble[4:]) if meta_crc else 0
+    crc_offsets = 0
+    start = header_bytes(n)
+    crc_table, offset_table = PREAMBLE_BYTES, PREAMBLE_BYTES + 4 * n
+    previous = start               # the offset before this piece's first (as stored)
     try:
-        for start, end, run in _runs(readable, bounds, CHECK_BLOCK_BYTES):
-            if end - start > CHECK_BLOCK_BYTES:       # one big sample: stream it
-                crc = 0
-                for at in range(start, end, CHECK_BLOCK_BYTES):
-                    piece = files.read(path, at, min(CHECK_BLOCK_BYTES, end - at), base + run[0])
-                    crc = zlib.crc32(piece, crc)
-                actual = {run[0]: crc}
-            else:
-                view = memoryview(files.read(path, start, end - start, base + run[0]))
-                actual = {i: zlib.crc32(view[int(bounds[i]) - start:int(bounds[i + 1]) - start])
-                          for i in run}
-            for i, crc in actual.items():
-                if crc != int(crcs[i]):
-                    problems.append(Problem(path, base + i, f'sample {i} of this file: CRC32 is '
-                                                            f'{crc:#010x}, header says '
-                                                            f'{int(crcs[i]):#010x}'))
+        for lo in range(0, n, CHECK_TABLE_ENTRIES):
+            hi = min(n, lo + CHECK_TABLE_ENTRIES)
+            raw_crcs = files.read(path, crc_table + 4 * lo, 4 * (hi - lo))
+            raw_offsets = files.read(path, offset_table + 8 * lo, 8 * (hi - lo))
+            if meta_crc:
+                crc_head = zlib.crc32(raw_crcs, crc_head)
+                crc_offsets = zlib.crc32(raw_offsets, crc_offsets)
+            crcs = np.frombuffer(raw_crcs, '<u4')
+            offsets = np.frombuffer(raw_offsets, '<i8')
+            following = size if hi == n else struct.unpack(
+                '<q', files.read(path, offset_table + 8 * hi, 8))[0]
+            _check_piece(files, path, base, lo, start, size, previous, following, crcs,
+                         offsets, found)
+            previous = int(offsets[-1])
+            if len(found) > MAX_PROBLEMS_PER_FILE:
+                break
     except LoadrError as exc:
-        problems.append(Problem(exc.path or path, exc.index, exc.message))
+        found.append(Problem(exc.path or path, exc.index, exc.message))
+    if meta_crc and len(found) <= MAX_PROBLEMS_PER_FILE:
+        actual = crc32_combine(crc_head, crc_offsets, 8 * n)
+        if actual != meta_crc:
+            found.insert(0, Problem(path, None, f'metadata checksum mismatch: stored '
+                                                f'{meta_crc:#010x}, computed {actual:#010x}'))
+    if len(found) > MAX_PROBLEMS_PER_FILE:
+        found[MAX_PROBLEMS_PER_FILE:] = [Problem(path, None, (
+            f'more than {MAX_PROBLEMS_PER_FILE} problems in this file; the check stopped '
+            f'after listing {MAX_PROBLEMS_PER_FILE}'))]
+    problems += found
     return n
+
+
+def _check_piece(files: Storage, path: str, base: int, lo: int, start: int, size: int,
+                 previous: int, following: int, crcs: np.ndarray, offsets: np.ndarray,
+                 found: list[Problem]) -> None:
+    """The problems of samples ``lo .. lo + len(offsets) - 1`` of one file.
+
+    ``previous`` is the stored offset before ``offsets[0]`` (the end of the
+    header for sample 0), ``following`` the one after the last (the file
+    size after the last sample). A sample's CRC is checked when both its
+    ends are sane; the others are reported as bad offsets.
+    """
+    count = len(offsets)
+    # bounds[i] .. bounds[i + 1] is sample lo + i; around them the offsets just outside.
+    edges = np.empty(count + 2, np.int64)
+    edges[0], edges[1:-1], edges[-1] = previous, offsets, following
+    steps = np.diff(edges)                 # steps[i]: offsets[i] - the one before it
+    bad = (steps[:-1] < 0) | (offsets > size)
+    if lo == 0:
+        bad[0] |= offsets[0] != start
+    before = edges[:-2]
+    for i in np.flatnonzero(bad).tolist():
+        off = int(offsets[i])
+        if off > size:
+            reason = f'offset {off} lies past the end of the file ({size} bytes)'
+        elif lo + i == 0:
+            reason = (f'first offset is {off}, but the samples start at {start} '
+                      f'(the end of the header)')
+        else:
+            reason = f'offset {off} goes back before the previous sample\'s offset {int(before[i])}'
+        found.append(Problem(path, base + lo + i, f'sample {lo + i} of this file: {reason}'))
+    # The last bound is the next piece's first offset (or the file size), bad if it goes
+    # back or past the end.
+    bounds = edges[1:]
+    lengths = steps[1:]
+    last_bad = following != size and (following < offsets[-1] or following > size)
+    if bad.any() or last_bad:
+        bad_bound = np.empty(count + 1, bool)
+        bad_bound[:count] = bad
+        bad_bound[count] = last_bad
+        sane = ~bad_bound[:-1] & ~bad_bound[1:]
+    else:
+        sane = np.ones(count, bool)
+    # Empty samples need no read: their CRC32 is 0. Listed with the others in index order.
+    mismatches: list[Problem] = []
+    for i in np.flatnonzero(sane & (lengths == 0) & (crcs != 0)).tolist():
+        mismatches.append(Problem(path, base + lo + i, f'sample {lo + i} of this file: CRC32 is '
+                                                  f'0x00000000, header says {int(crcs[i]):#010x}'))
+    readable = np.flatnonzero(sane & (lengths > 0)).tolist()
+    for first, end, run in _runs(readable, bounds, CHECK_BLOCK_BYTES):
+        if end - first > CHECK_BLOCK_BYTES:       # one big sample: stream it
+            crc = 0
+            for at in range(first, end, CHECK_BLOCK_BYTES):
+                piece = files.read(path, at, min(CHECK_BLOCK_BYTES, end - at),
+                                   base + lo + run[0])
+                crc = zlib.crc32(piece, crc)
+            actual = {run[0]: crc}
+        else:
+            view = memoryview(files.read(path, first, end - first, base + lo + run[0]))
+            actual = {i: zlib.crc32(view[int(bounds[i]) - first:int(bounds[i + 1]) - first])
+                      for i in run}
+        for i, crc in actual.items():
+            if crc != int(crcs[i]):
+                mismatches.append(Problem(path, base + lo + i, f'sample {lo + i} of this file: '
+                                                               f'CRC32 is {crc:#010x}, header '
+                                                               f'says {int(crcs[i]):#010x}'))
+    found += sorted(mismatches, key=lambda p: p.index)
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The CRC32 of ``a + b`` from ``crc32(a)``, ``crc32(b)`` and ``len(b)`` (zlib's algorithm).
+
+    >>> crc32_combine(zlib.crc32(b'head'), zlib.crc32(b'tail'), 4) == zlib.crc32(b'headtail')
+    True
+    """
+    if len2 <= 0:
+        return crc1
+
+    def times(matrix, vector):
+        total, i = 0, 0
+        while vector:
+            if vector & 1:
+                total ^= matrix[i]
+            vector >>= 1
+            i += 1
+        return total
+
+    def square(matrix):
+        return [times(matrix, matrix[k]) for k in range(32)]
+
+    odd = [0xEDB88320] + [1 << k for k in range(31)]     # one zero bit
+    even = square(odd)                                   # two zero bits
+    odd = square(even)                                   # four zero bits
+    while True:                                          # apply len2 zero bytes to crc1
+        even = square(odd)
+        if len2 & 1:
+            crc1 = times(even, crc1)
+        len2 >>= 1
+        if not len2:
+            break
+        odd = square(even)
+        if len2 & 1:
+            crc1 = times(odd, crc1)
+        len2 >>= 1
+        if not len2:
+            break
+    return crc1 ^ crc2
 
 
 def detect(path: str | os.PathLike) -> bool:

@@ -707,3 +707,66 @@ def test_detect(fixtures, manifest, tmp_path):
     assert not detect(tmp_path)                # files are looked for directly inside only
     for odd in (None, 3, 'bad\0path', b'x'):
         assert detect(odd) is False
+
+
+def test_check_streams_the_table_of_a_huge_sparse_file(tmp_path):
+    # 4 KB of data claiming 10^8 samples (a 1.2 GB table, all holes): check() must read the
+    # table in pieces, in memory that does not grow with N; here the whole process gets a
+    # 1 GiB address space, less than the table. (10^9 works the same, in ten times the time.)
+    n = 10 ** 8
+    path = tmp_path / 'sparse.ffr'
+    with open(path, 'wb') as f:
+        f.write(struct.pack('<Iq', 0, n))       # meta CRC 0: an old-version file, not summed
+        f.write(b'\0' * 4084)
+        f.truncate(12 + 12 * n)
+    script = ('import resource, sys\n'
+              'resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n'
+              'from loadr.readers.ffrecord import check\n'
+              'for p in check(sys.argv[1]):\n'
+              '    print(p.index, p.message)\n')
+    done = subprocess.run([sys.executable, '-c', script, str(path)], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, last = done.stdout.splitlines()
+    # Every offset is 0: the first does not start where the header ends, the rest are empty
+    # samples (CRC 0, no read) but the last, which runs to the end of the file.
+    assert first.startswith('0 sample 0 of this file: first offset is 0')
+    assert last.startswith(f'{n - 1} sample {n - 1} of this file: CRC32 is ')
+
+
+def test_check_across_table_pieces_and_its_problem_limit(tmp_path):
+    # More samples than one piece of the table: the metadata CRC summed over the pieces,
+    # a bad sample just past the first piece and an offset at the seam are all found.
+    n = ffrecord.CHECK_TABLE_ENTRIES + 10
+    seam = ffrecord.CHECK_TABLE_ENTRIES
+    path = tmp_path / 'many.ffr'
+    # Written here in one go (a million write_one calls take long): samples are empty but
+    # for one byte in each of a few around the seam, and 5000 at the start.
+    lengths = np.zeros(n, np.int64)
+    lengths[list(range(5000)) + list(range(seam - 3, seam + 5))] = 1
+    data = bytes(i % 251 + 1 for i in range(int(lengths.sum())))
+    offsets = ffrecord.header_bytes(n) + np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    crcs = np.zeros(n, '<u4')
+    crcs[lengths == 1] = [zlib.crc32(data[k:k + 1]) for k in range(len(data))]
+    body = struct.pack('<q', n) + crcs.tobytes() + offsets.astype('<i8').tobytes()
+    path.write_bytes(struct.pack('<I', zlib.crc32(body)) + body + data)
+    assert check(path) == []
+    with open(path, 'r+b') as f:
+        f.seek(int(offsets[seam + 3]))             # sample 2^20 + 3's one byte
+        f.write(b'\0')
+    assert [(p.index, 'CRC32' in p.message) for p in check(path)] == [
+        (ffrecord.CHECK_TABLE_ENTRIES + 3, True)]
+    with open(path, 'r+b') as f:                  # the first offset of the second piece
+        f.seek(12 + 4 * n + 8 * ffrecord.CHECK_TABLE_ENTRIES)
+        f.write(struct.pack('<q', 5))
+    found = [(p.index, p.message.split('file: ', 1)[-1][:24]) for p in check(path)]
+    assert found[0] == (None, 'metadata checksum mismat')
+    assert (seam, 'offset 5 goes back befor') in found
+    assert (seam + 3, 'CRC32 is 0xd202ef8d, hea') in found      # crc32(b'\0')
+    # A table of garbage does not make a list of N problems.
+    with open(path, 'r+b') as f:
+        f.seek(12)
+        f.write(b'\xff' * 4 * 5000)               # 5000 wrong CRCs
+    problems = check(path)
+    assert len(problems) == ffrecord.MAX_PROBLEMS_PER_FILE + 1
+    assert 'more than 1000 problems' in problems[-1].message
