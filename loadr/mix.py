@@ -547,6 +547,21 @@ class Mix:
             dp[self.source_key] = name
         return dp
 
+    @property
+    def prefetches(self) -> bool:
+        """True when some source reads ahead (its files are remote; see loadr.remote)."""
+        return any(getattr(r, 'prefetches', False) for r in self.sources.values())
+
+    def prefetch(self, indices) -> None:
+        """Start reading composite ``indices`` ahead, each in its source (a hint)."""
+        wanted: dict[str, list[int]] = {}
+        for index in indices:
+            name, i = self.decode(index)
+            wanted.setdefault(name, []).append(i)
+        for name, local in wanted.items():
+            if getattr(self.sources[name], 'prefetches', False):
+                self.sources[name].prefetch(local)
+
     def __getitem__(self, index: int) -> dict:
         """Composite ``index``, its source's fns called with seed 0 (the Loader
         gives every position its own seed through :meth:`read_seeded`)."""

@@ -270,23 +270,26 @@ class _ReadAhead:
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self.by_path: dict[str, list[_Span]] = {}
+        self.by_path: dict[str, tuple[list[int], list[_Span]]] = {}    # starts, spans
         self.age: collections.OrderedDict[int, _Span] = collections.OrderedDict()
         self.bytes = 0
         self.lock = threading.Lock()
 
     def find(self, path: str, offset: int, length: int) -> _Span | None:
-        spans = self.by_path.get(path)
-        if not spans:
+        found = self.by_path.get(path)
+        if not found:
             return None
-        k = bisect.bisect_right([s.start for s in spans], offset) - 1
+        starts, spans = found
+        k = bisect.bisect_right(starts, offset) - 1
         if k >= 0 and spans[k].end >= offset + length:
             return spans[k]
         return None
 
     def add(self, span: _Span) -> None:
-        spans = self.by_path.setdefault(span.path, [])
-        bisect.insort(spans, span, key=lambda s: s.start)
+        starts, spans = self.by_path.setdefault(span.path, ([], []))
+        k = bisect.bisect_right(starts, span.start)
+        starts.insert(k, span.start)
+        spans.insert(k, span)
         self.age[id(span)] = span
         self.bytes += span.end - span.start
         while self.bytes > self.max_bytes and len(self.age) > 1:
@@ -295,7 +298,9 @@ class _ReadAhead:
     def drop(self, span: _Span) -> None:
         if self.age.pop(id(span), None) is None:
             return
-        self.by_path[span.path].remove(span)
+        starts, spans = self.by_path[span.path]
+        k = spans.index(span)
+        del starts[k], spans[k]
         self.bytes -= span.end - span.start
 
     def clear(self) -> None:
@@ -312,17 +317,19 @@ def _merge(ranges: list[tuple[str, int, int]], gap: int, max_bytes: int
     [('a', 0, 17, [0, 1]), ('a', 100, 101, [3]), ('b', 0, 4, [2])]
     """
     order = sorted(range(len(ranges)), key=lambda k: (ranges[k][0], ranges[k][1]))
-    out: list[tuple[str, int, int, list[int]]] = []
+    out: list[list] = []
     for k in order:
         path, offset, length = ranges[k][0], ranges[k][1], ranges[k][2]
         end = offset + length
         if out:
-            p, s, e, members = out[-1]
-            if p == path and offset <= e + gap and max(e, end) - s <= max_bytes:
-                out[-1] = (p, s, max(e, end), members + [k])
+            last = out[-1]
+            if last[0] == path and offset <= last[2] + gap and max(last[2], end) - last[1] \
+                    <= max_bytes:
+                last[2] = max(last[2], end)
+                last[3].append(k)
                 continue
-        out.append((path, offset, end, [k]))
-    return out
+        out.append([path, offset, end, [k]])
+    return [tuple(r) for r in out]
 
 
 # ---------------------------------------------------------------------------
@@ -593,8 +600,13 @@ class RemoteStorage(Storage):
                     span.uses += 1
                 else:
                     fresh.append(tuple(r))
-        fresh = [r for r in fresh if r[2] > 0 and r[0] in self._sizes
-                 and r[1] + r[2] <= self._sizes[r[0]]]
+        sizes = {}
+        for path in {r[0] for r in fresh}:
+            try:
+                sizes[path] = self.size(path)       # known already, but for a first read
+            except LoadrError:
+                sizes[path] = -1                    # left for the read to report
+        fresh = [r for r in fresh if r[2] > 0 and r[1] >= 0 and r[1] + r[2] <= sizes[r[0]]]
         if not fresh:
             return
         loop = self._loop_of()
@@ -646,6 +658,8 @@ class RemoteStorage(Storage):
         """A HEAD that does not follow redirects: nginx answers a directory with a 301 to url/."""
         session = await self.fs.set_session()
         async with session.head(url, allow_redirects=False) as r:
+            if r.status in (405, 501):              # a server without HEAD
+                return await self._fs_stat(url)
             if r.status == 404:
                 self._why[url] = f'HTTP {r.status} {r.reason}'
                 return None

@@ -249,3 +249,24 @@ def test_reads_of_a_batch_and_the_next_are_in_flight_together(nginx, served_root
         with loadr.Loader(reader, batch=4, fns=pipeline, seed=2, workers=1) as loader:
             assert stream_digests(loader, 8) == expected
         assert proxy.stats['max_in_flight'] > 4, proxy.stats
+
+
+def _image_label(dp, seed):
+    import numpy as np
+    return {'label': np.int64(dp.get('label', dp.get('idx', 0)) if not isinstance(
+        dp.get('label'), str) else len(dp['label']))}
+
+
+def test_a_mix_of_remote_sources_reads_ahead_and_matches_local(nginx, served_root):
+    def mix(root):
+        return loadr.Mix({'bag': loadr.open(f'{root}/bag_sharded'),
+                          'ffr': loadr.open(f'{root}/ffrecord/multi', decode='msgpack')},
+                         weights={'bag': 0.5, 'ffr': 0.5}, source_key=None)
+    with loadr.Loader(mix(served_root), batch=4, fns=[_image_label], seed=1,
+                      workers=0) as loader:
+        expected = stream_digests(loader, 6)
+    with Proxy(nginx.url, delay_s=0.05) as proxy:
+        with loadr.Loader(mix(proxy.url), batch=4, fns=[_image_label], seed=1,
+                          workers=0) as loader:
+            assert stream_digests(loader, 6) == expected
+        assert proxy.stats['max_in_flight'] > 1, proxy.stats
