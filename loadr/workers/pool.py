@@ -41,6 +41,7 @@ import zmq
 
 from .. import pids
 from . import protocol
+from .memory import resident, steady_memory_default
 from .shm import (SHM_DIR, Segment, StatusCells, check_space, owned_dir, reclaim_stale,
                   remove_owned)
 from .worker import WorkerArgs, run
@@ -181,7 +182,8 @@ class WorkerPool:
 
     def __init__(self, reader, fns, spec, layout, workers: int, slots: int, n: int,
                  shuffle: bool, on_error: str, start_method: str = 'spawn',
-                 task_timeout_s: float | None = None, order_version: int | None = None):
+                 task_timeout_s: float | None = None, order_version: int | None = None,
+                 steady_memory: bool | None = None):
         import multiprocess
 
         self.closed = False
@@ -197,13 +199,13 @@ class WorkerPool:
             with _sigint_deferred():
                 self._open(reader, fns, spec, layout, workers, slots, n, shuffle, on_error,
                            multiprocess.get_context(start_method), task_timeout_s,
-                           order_version)
+                           order_version, steady_memory)
         except BaseException:
             self.close()
             raise
 
     def _open(self, reader, fns, spec, layout, workers, slots, n, shuffle, on_error, mp,
-              task_timeout_s, order_version) -> None:
+              task_timeout_s, order_version, steady_memory) -> None:
         held = self._held
         reclaim_stale()
         check_space(layout.nbytes * slots + StatusCells.nbytes(workers))
@@ -246,7 +248,8 @@ class WorkerPool:
             status_path=self._status.path, owned_dirs=[self._shm_dir, self._dir],
             parent_pid=os.getpid(), parent_start=None if me is None else me[2], n=n,
             shuffle=shuffle, on_error=on_error, endpoint=self.endpoint, workers=workers,
-            order_version=order_version)
+            order_version=order_version,
+            steady_memory=steady_memory_default() if steady_memory is None else steady_memory)
         self.task_timeout_s = task_timeout_s
         self.tasks: dict[int, tuple] = {}      # task id -> (worker id, message frames)
         self.deaths: dict[int, int] = {}       # stream position -> workers it killed
@@ -479,6 +482,17 @@ class WorkerPool:
     @property
     def pids(self) -> list[int]:
         return [w.process.pid for w in self.workers if w is not None]
+
+    def memory(self) -> dict[int, dict]:
+        """Worker id -> ``{'pid', 'rss_bytes', 'heap_bytes'}``: what each live worker holds
+        (resident; and its private anonymous part, the heap that steady memory keeps)."""
+        found = {}
+        for w in self.workers:
+            if w is not None:
+                held = resident(w.process.pid)
+                if held is not None:
+                    found[w.wid] = {'pid': w.process.pid, **held}
+        return found
 
     def fresh_views(self, slot: int) -> tuple[np.ndarray, dict]:
         """New arrays over ``slot`` and the one array they all hang from.

@@ -48,6 +48,7 @@ class WorkerArgs:
     on_error: str
     order_version: int | None = None    # None: the default (loadr.order.ORDER_VERSION)
     workers: int = 1
+    steady_memory: bool = True  # glibc malloc thresholds for a steady heap (memory.py)
 
 
 def _parent_alive(args: WorkerArgs) -> bool:
@@ -85,7 +86,7 @@ def run(args: WorkerArgs) -> None:
 
     from ..assemble import Assembler, Cancelled, SampleFailure
     from ..order import ORDER_VERSION, order_for
-    from . import protocol
+    from . import memory, protocol
     from .shm import Segment, StatusCells
 
     # Ctrl-C belongs to the main process; it stops us in order. The pool
@@ -95,6 +96,8 @@ def run(args: WorkerArgs) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if not _parent_alive(args):
         return
+    if args.steady_memory:
+        memory.set_steady()         # before the reader and fns allocate anything
     try:
         segments = [Segment.attach(path) for path in args.slot_paths]
         status = Segment.attach(args.status_path)
@@ -121,14 +124,20 @@ def run(args: WorkerArgs) -> None:
     sock.connect(args.endpoint)
     sock.send_multipart(protocol.hello(os.getpid()))
     pending = None          # the next task, received early so that its reads start early
+    last_task, trimmed = time.monotonic(), True
     try:
         while True:
             if pending is not None:
                 frames, pending = pending, None
             elif not sock.poll(RECV_POLL_MS):
+                if (args.steady_memory and not trimmed
+                        and time.monotonic() - last_task > memory.IDLE_TRIM_S):
+                    memory.trim()   # idle: give back the heap kept for speed
+                    trimmed = True
                 continue
             else:
                 frames = sock.recv_multipart()
+            last_task, trimmed = time.monotonic(), False
             kind, fields = protocol.parse(frames[0])
             if kind == protocol.STOP:
                 break
