@@ -98,8 +98,18 @@ class Proxy:
         loop, self._loop = self._loop, None
 
         async def shut():
+            # shutdown(), not only close(): a process forked from this one (a Loader's
+            # worker) holds copies of our sockets, which would keep them listening and
+            # connected; shutdown acts on the socket itself, as a dead server's would.
+            for sock in self._server.sockets:
+                _shutdown(sock)
             self._server.close()
+            # Connections accepted just now start their handler on the next turns of the
+            # loop: let them, so that every socket we accepted is closed too.
+            for _ in range(3):
+                await asyncio.sleep(0)
             for w in list(self._writers):
+                _shutdown(w.get_extra_info('socket'))
                 w.transport.abort()
             for task in list(self._tasks):
                 task.cancel()
@@ -181,6 +191,7 @@ class Proxy:
             self.stats['reset'] += 1
             sock = writer.get_extra_info('socket')
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack('ii', 1, 0))
+            _shutdown(sock)         # cut even where a forked process holds a copy of it
             writer.transport.abort()
             return False
         if fault == 'error':
@@ -195,6 +206,7 @@ class Proxy:
             self.stats['body_bytes'] += len(resp_body) // 2     # counted before the client sees it
             writer.write(status_head + resp_body[:len(resp_body) // 2])
             await writer.drain()
+            _shutdown(writer.get_extra_info('socket'))
             writer.transport.abort()
             return False
         self.stats['body_bytes'] += len(resp_body)
@@ -249,6 +261,13 @@ class Proxy:
                      b'Content-Length: %d\r\n\r\n' % len(data) + data)
         await writer.drain()
         return True
+
+
+def _shutdown(sock) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 async def _read_body(reader: asyncio.StreamReader, h: dict) -> bytes:

@@ -122,17 +122,23 @@ def test_loader_through_faults_gives_the_local_batches(nginx, served_root, name)
         assert faults > 0, proxy.stats
 
 
-def test_loader_names_the_url_when_the_server_goes_away(nginx, served_root):
+@pytest.mark.parametrize('how', ['gone', 'hangs'])
+def test_loader_names_the_url_when_the_server_goes_away(nginx, served_root, how):
+    """A clear error from the workers within timeout_s (the test's own timeout: a hang)."""
     proxy = Proxy(nginx.url).start()
     try:
         reader = loadr.open(f'{proxy.url}/ffrecord/single.ffr', decode='msgpack',
-                            storage_options={'loadr': {**FAST, 'retries': 2, 'timeout_s': 3}})
+                            storage_options={'loadr': {**FAST, 'retries': 2, 'timeout_s': 2}})
         with loadr.Loader(reader, batch=4, fns=PIPELINES['ffrecord'](served_root)[1], seed=0,
                           workers=2) as loader:
             it = iter(loader)
             next(it)
-            proxy.stop()
-            with pytest.raises(loadr.LoadrError, match=r'single\.ffr.*(attempts|timeout)'):
+            if how == 'gone':
+                proxy.stop()
+            else:
+                proxy.hang = True
+            expected = 'attempts' if how == 'gone' else 'timeout_s=2'
+            with pytest.raises(loadr.LoadrError, match=rf'single\.ffr.*{expected}'):
                 for _ in range(20):
                     next(it)
     finally:
@@ -265,7 +271,7 @@ def test_a_mix_of_remote_sources_reads_ahead_and_matches_local(nginx, served_roo
     with loadr.Loader(mix(served_root), batch=4, fns=[_image_label], seed=1,
                       workers=0) as loader:
         expected = stream_digests(loader, 6)
-    with Proxy(nginx.url, delay_s=0.05) as proxy:
+    with Proxy(nginx.url, delay_s=0.02) as proxy:
         with loadr.Loader(mix(proxy.url), batch=4, fns=[_image_label], seed=1,
                           workers=0) as loader:
             assert stream_digests(loader, 6) == expected
