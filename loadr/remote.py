@@ -83,7 +83,7 @@ DEFAULTS = {
     'max_request_bytes': 16 << 20,
     # Bytes read ahead and not yet consumed, per process and storage; the
     # oldest are dropped beyond it.
-    'readahead_bytes': 256 << 20,
+    'readahead_bytes': 64 << 20,
 }
 
 # The extra that installs each protocol's package.
@@ -547,6 +547,10 @@ class RemoteStorage(Storage):
             data = span.future.result(self.settings['timeout_s'] + 5)
         except concurrent.futures.CancelledError:
             return None
+        except concurrent.futures.TimeoutError:
+            # Its own deadline should have ended it: the IO thread is stuck.
+            raise ReadError(f'cannot read: the read ahead did not finish within timeout_s='
+                            f'{self.settings["timeout_s"]:g}', path, index) from None
         except ReadError as exc:
             # The read ahead failed after its retries: the same error, for this record.
             err = ReadError(exc.message, path, index)
@@ -557,6 +561,8 @@ class RemoteStorage(Storage):
 
     def read_many(self, ranges: Iterable[Sequence]) -> list[bytes]:
         """The bytes of each ``(path, offset, length[, index])``, fetched concurrently."""
+        if self._generation != _generation:
+            self._init_process()
         ranges = [tuple(r) for r in ranges]
         out: list[bytes | None] = [None] * len(ranges)
         todo = []
