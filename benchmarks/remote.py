@@ -116,7 +116,9 @@ def run_case(name: str, path: str, options: dict | None, n: int, workers: int, b
         spent = {pid: v - cpu0.get(pid, 0.0) for pid, v in cpu1.items()}
         server_cpu = sum(v for pid, v in spent.items() if pid in servers)
         loader_cpu = sum(v for pid, v in spent.items() if pid not in servers)
-        fetched = _proxy_stats(proxy_url)['body_bytes'] if proxy_url else None
+        main_cpu = spent.get(os.getpid(), 0.0)
+        stats = _proxy_stats(proxy_url) if proxy_url else {}
+        fetched, requests = stats.get('body_bytes'), stats.get('requests')
         # The first batch after load() at a far step, on the running loader.
         state = loader.save()
         state['step'] = far_step
@@ -130,7 +132,8 @@ def run_case(name: str, path: str, options: dict | None, n: int, workers: int, b
     return {'case': name, 'samples': samples, 'open_s': opened_s, 'first_batch_s': first_s,
             'epoch_samples_per_s': samples / total_s, 'steady_samples_per_s': steady,
             'fetched_bytes': fetched, 'far_first_batch_s': far_s,
-            'loader_cpu_ms_per_sample': 1000 * loader_cpu / samples,
+            'requests': requests, 'loader_cpu_ms_per_sample': 1000 * loader_cpu / samples,
+            'main_cpu_ms_per_sample': 1000 * main_cpu / samples,
             'server_cpu_ms_per_sample': 1000 * server_cpu / samples}
 
 
@@ -186,6 +189,10 @@ def main(argv=None) -> int:
               f'{r["steady_samples_per_s"] or 0:>9.0f} {r["epoch_samples_per_s"] / local:>7.2f}x '
               f'{r["first_batch_s"]:>8.2f}s {ratio:>14} {r["far_first_batch_s"]:>13.2f}s '
               f'{r["loader_cpu_ms_per_sample"]:>20.2f} + {r["server_cpu_ms_per_sample"]:.2f}')
+    for r in results:
+        if r['requests']:
+            print(f'{r["case"]}: {r["requests"] / r["samples"]:.2f} requests per sample; '
+                  f'CPU of the main process {r["main_cpu_ms_per_sample"]:.2f} ms per sample')
     if args.json:
         print(json.dumps({'args': vars(args), 'record_bytes': needed, 'results': results}))
     return 0
