@@ -441,7 +441,13 @@ class RemoteStorage(Storage):
         if hasattr(fs, 'retries'):
             fs.retries = 1                 # s3fs: one try per call, we retry
         if not getattr(fs, 'async_impl', False):
-            from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
+            # A synchronous filesystem (sftp, memory, ...): its calls run in threads.
+            try:
+                from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
+            except ImportError:
+                raise ConfigError(f'{self.protocol}:// is a synchronous fsspec filesystem, '
+                                  f'which needs fsspec >= 2024.12: pip install -U fsspec',
+                                  self.url) from None
             fs = AsyncFileSystemWrapper(fs, asynchronous=False)
         self._loop = fsspec.asyn.get_loop()
         return fs

@@ -8,9 +8,11 @@ import pickle
 import multiprocess
 import pytest
 
+import loadr
 from loadr.errors import ConfigError, FormatError, ReadError, WriterError
 from loadr.remote import RemoteStorage
 
+from ..readers.common import assert_equal
 from .proxy import Proxy
 from .servers import s3_client
 
@@ -286,3 +288,21 @@ def test_staged_directory_is_uploaded_on_commit(moto):
 def test_http_is_read_only(nginx):
     with pytest.raises(ConfigError, match='read-only'):
         RemoteStorage(nginx.url).open_write(f'{nginx.url}/x.bin')
+
+
+def test_a_synchronous_fsspec_filesystem_works_too(served_root):
+    """memory:// has no async API: its calls run in threads (one process: it is in memory)."""
+    import fsspec
+
+    memory = fsspec.filesystem('memory')
+    memory.pipe('/loadr-test/single.ffr', (served_root / FILE).read_bytes())
+    try:
+        here = loadr.open(served_root / FILE)
+        there = loadr.open('memory://loadr-test/single.ffr')
+        there.prefetch(range(len(there)))
+        for i in range(len(here)):
+            assert_equal(there[i], here[i], f'[{i}]')
+        with pytest.raises(ReadError, match='no such object'):
+            loadr.open('memory://loadr-test/single.ffr')._files.size('memory://loadr-test/x')
+    finally:
+        memory.rm('/loadr-test', recursive=True)
