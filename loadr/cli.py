@@ -829,7 +829,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, 'convert', cmd_convert,
                  'Copy a dataset into another format (images stay encoded: nothing is lost). '
                  'Refuses, saying why, where the data does not fit; the output appears only '
-                 'when complete.',
+                 'when complete. In an FFRecord sample (a msgpack map) a numpy array is stored '
+                 'as msgpack-numpy stores it, a map {nd: true, type: dtype string, kind: "", '
+                 'shape, data: the C-order bytes} (a numpy scalar: {nd: false, type, data}); '
+                 'loadr reads it back as an array with decode msgpack.',
                  'loadr convert data/train train.ffr --to ffrecord --keys image,label\n'
                  'loadr convert train.ffr data/train_bag --to bag --shardlen 10000', parents)
     p.add_argument('src', help='the dataset to read (any format)')

@@ -189,3 +189,58 @@ def test_every_writer_appends_the_datapoints_its_reader_gives(fixtures, tmp_path
             assert a.keys() == b.keys() and all(
                 np.array_equal(a[k], b[k]) if isinstance(a[k], np.ndarray) else a[k] == b[k]
                 for k in a), (rel, i)
+
+
+# -- numpy arrays in FFRecord msgpack samples (issue 11 item 15) -------------------------------
+
+def _same(a, b, where):
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        assert (a.dtype, a.shape, a.tobytes()) == (b.dtype, b.shape, b.tobytes()), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            _same(a[k], b[k], f'{where}[{k!r}]')
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f'{where}[{i}]')
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize('rel', ['bag', 'bag_types'])
+def test_bag_with_arrays_to_ffrecord_and_back(fixtures, tmp_path, rel):
+    original = loadr.open(fixtures / rel, decode_images=False)
+    convert(fixtures / rel, tmp_path / 'a.ffr', 'ffrecord')
+    ffr = loadr.open(tmp_path / 'a.ffr', decode='msgpack')
+    for i in range(len(original)):
+        _same(ffr[i], original[i], f'ffrecord datapoint {i}')
+    convert(tmp_path / 'a.ffr', tmp_path / 'back', 'bag')
+    back = loadr.open(tmp_path / 'back', decode_images=False)
+    for i in range(len(original)):
+        _same(back[i], original[i], f'bag again, datapoint {i}')
+    assert loadr.check(tmp_path / 'a.ffr').ok and loadr.check(tmp_path / 'back').ok
+
+
+def test_arrays_are_stored_as_msgpack_numpy_stores_them(tmp_path):
+    # {b'nd': True, b'type': dtype.str, b'kind': b'', b'shape': shape, b'data': bytes}:
+    # what msgpack_numpy.encode gives, so msgpack-numpy users read these samples as they are.
+    arr = np.arange(6, dtype='<f4').reshape(2, 3)
+    with loadr.writers.FFRecordWriter(tmp_path / 'x.ffr', 1) as w:
+        w.append({'x': arr, 's': np.int16(-3)})
+    raw = loadr.open(tmp_path / 'x.ffr').read_one(0)
+    plain = __import__('msgpack').unpackb(raw, raw=False)
+    assert plain == {'x': {b'nd': True, b'type': '<f4', b'kind': b'', b'shape': [2, 3],
+                           b'data': arr.tobytes()},
+                     's': {b'nd': False, b'type': '<i2', b'data': np.int16(-3).tobytes()}}
+    dp = loadr.open(tmp_path / 'x.ffr', decode='msgpack')[0]
+    _same(dp['x'], arr, 'x')
+    assert dp['s'] == -3 and dp['s'].dtype == np.int16
+
+
+def test_convert_help_says_how_arrays_are_stored(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(['convert', '--help'])
+    text = ' '.join(capsys.readouterr().out.split())
+    assert 'msgpack-numpy' in text and 'shape, data: the C-order bytes' in text

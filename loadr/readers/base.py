@@ -221,7 +221,7 @@ def value_type(value) -> str:
         return 'int'
     if isinstance(value, str):
         return 'utf8' if value else 'msgpack'
-    if isinstance(value, np.ndarray):
+    if isinstance(value, (np.ndarray, np.generic)):
         return 'array'
     if isinstance(value, (bytes, bytearray)):
         if value.startswith(_JPEG_MAGIC):
@@ -235,7 +235,21 @@ def value_type(value) -> str:
             return 'jpg[]'
         if all(v.startswith(_PNG_MAGIC) for v in value):
             return 'png[]'
+    if _holds_array(value, np):
+        return 'tree'                   # lists and maps with arrays inside
     return 'msgpack'
+
+
+def _holds_array(value, np, depth: int = 0) -> bool:
+    if isinstance(value, (np.ndarray, np.generic)):
+        return True
+    if depth > 32:
+        return False
+    if isinstance(value, dict):
+        value = value.values()
+    elif not isinstance(value, (list, tuple)):
+        return False
+    return any(_holds_array(v, np, depth + 1) for v in value)
 
 
 @dataclasses.dataclass

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable
 import msgpack
 import numpy as np
 
+from ..codecs import array_from_parts
 from ..errors import ChecksumError, ConfigError, DecodeError, FormatError, LoadrError, \
     SpecError, WriterError
 from ..storage import Storage, storage_for
@@ -61,7 +62,6 @@ CHECK_TABLE_ENTRIES = 1 << 20
 MAX_PROBLEMS_PER_FILE = 1000
 
 DECODERS = ('msgpack', 'json', 'pickle')
-_NO_MSGPACK = ('array', 'tree')                         # numpy values
 
 
 def header_bytes(n: int) -> int:
@@ -258,7 +258,8 @@ class FFRecordReader(Reader):
 
     - ``None``: ``{'data': bytes}``
     - ``'msgpack'`` / ``'json'``: the map as a dict (any other value ->
-      ``{'data': value}``)
+      ``{'data': value}``); numpy values stored as msgpack-numpy stores them
+      (what :class:`FFRecordWriter` writes) come back as arrays
     - ``'pickle'``: ``pickle.loads``, unsafe on untrusted files, so only when named
     - a callable ``f(bytes)``: a dict it returns is the datapoint, any other
       value becomes ``{'data': value}``
@@ -500,7 +501,8 @@ class FFRecordReader(Reader):
             return {'data': data}
         try:
             if decode == 'msgpack':
-                value = msgpack.unpackb(data, raw=False, strict_map_key=False)
+                value = msgpack.unpackb(data, raw=False, strict_map_key=False,
+                                        object_hook=_unpack_numpy)
             elif decode == 'json':
                 value = json.loads(data)
             elif decode == 'pickle':
@@ -652,14 +654,10 @@ class FFRecordWriter(Writer):
 
     @classmethod
     def plan(cls, plan: Plan, dst: str, types: dict, **options) -> None:
+        """Any keys fit: one msgpack map per datapoint, numpy values as msgpack-numpy stores
+        them (:func:`pack_msgpack`); samples that are opaque bytes are copied as they are."""
         if not dst.endswith(SUFFIX):
             raise ConfigError(f'an ffrecord output is one file ending in {SUFFIX}', dst)
-        bad = [k for k, t in types.items() if t.removesuffix('[]') in _NO_MSGPACK]
-        if bad:
-            raise ConfigError(f'key {bad[0]!r} holds numpy arrays ({types[bad[0]]}), which an '
-                              f'ffrecord msgpack sample cannot hold; leave it out with --keys '
-                              f'(e.g. --keys {",".join(k for k in types if k not in bad)}) '
-                              f'or convert to bag', plan.source.path)
 
     @classmethod
     def describe_plan(cls, plan: Plan) -> str:
@@ -680,16 +678,54 @@ class FFRecordWriter(Writer):
 
 
 def pack_msgpack(datapoint: dict, path: str | None = None, index: int | None = None) -> bytes:
-    """One datapoint as the msgpack map an FFRecord sample holds.
+    """One datapoint as the msgpack map an FFRecord sample holds; numpy values as msgpack-numpy.
+
+    An array becomes ``{b'nd': True, b'type': dtype.str, b'kind': b'', b'shape': shape,
+    b'data': C-order bytes}`` and a numpy scalar ``{b'nd': False, b'type', b'data'}``,
+    exactly what ``msgpack_numpy.encode`` gives, so its users read the samples as they
+    are; ``decode='msgpack'`` turns them back into arrays.
 
     >>> msgpack.unpackb(pack_msgpack({'label': 3}))
     {'label': 3}
     """
     try:
-        return msgpack.packb(datapoint, use_bin_type=True)
+        return msgpack.packb(datapoint, use_bin_type=True, default=_pack_numpy)
     except (TypeError, ValueError, OverflowError) as exc:
         raise WriterError(f'datapoint {index} cannot be stored as msgpack: {exc}', path,
                           index) from exc
+
+
+def _pack_numpy(value):
+    if isinstance(value, (np.ndarray, np.generic)):
+        if value.dtype.hasobject or value.dtype.kind == 'V':
+            raise TypeError(f'numpy values of dtype {value.dtype} cannot be stored as bytes')
+        if isinstance(value, np.generic):
+            return {b'nd': False, b'type': value.dtype.str, b'data': value.tobytes()}
+        if not value.flags.c_contiguous:      # (ascontiguousarray would make 0-d arrays 1-d)
+            value = value.copy(order='C')
+        return {b'nd': True, b'type': value.dtype.str, b'kind': b'', b'shape': value.shape,
+                b'data': value.tobytes()}
+    raise TypeError(f'can not serialize {type(value).__name__!r} object')
+
+
+def _unpack_numpy(obj: dict):
+    """``object_hook`` of the msgpack decoder: msgpack-numpy's maps back into numpy values.
+
+    Arrays come back read-only, checked before anything is allocated
+    (:func:`loadr.codecs.array_from_parts`); structured (``kind`` V) and object
+    dtypes are refused.
+    """
+    nd = obj.get(b'nd')
+    if nd is None or b'type' not in obj or b'data' not in obj:
+        return obj
+    if nd is True:
+        if obj.get(b'kind', b'') != b'':
+            raise DecodeError(f'a numpy array of kind {obj[b"kind"]!r} (structured) is not '
+                              f'supported')
+        return array_from_parts(obj[b'type'], obj.get(b'shape'), obj[b'data'])
+    if nd is False:
+        return array_from_parts(obj[b'type'], [], obj[b'data'])[()]
+    return obj
 
 
 def check(path: str | os.PathLike) -> list[Problem]:
