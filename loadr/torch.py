@@ -39,10 +39,12 @@ It wraps a :class:`loadr.Loader` (``batch=batch_size`` per rank,
 
 from __future__ import annotations
 
+import atexit
 import os
 import warnings
 import weakref
 
+import multiprocess.util  # noqa: F401 - registers its exit hook before ours (see _close_live)
 import numpy as np
 import torch
 
@@ -219,6 +221,45 @@ def _to_device(tensors, device):
     return _map_tensors(tensors, lambda t: t.to(device, non_blocking=True))
 
 
+_live: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live() -> None:
+    # Exit hooks run last registered first. multiprocess's hook terminates its
+    # daemon processes with SIGTERM and then waits for them without a limit; a
+    # worker that inherited a SIGTERM handler from the main process (Lightning's
+    # Trainer installs one) lives on, and the exit waits forever. This hook runs
+    # first: every DataLoader still open is closed (STOP, then SIGKILL).
+    for dl in list(_live):
+        dl.close()
+
+
+class _Epoch:
+    """What ``iter(dl)`` returns: one epoch, claimed at its first ``next()``."""
+
+    def __init__(self, dl: DataLoader, token: int):
+        self.dl, self.token = dl, token
+        self._gen = None
+        self._over = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._gen is None:
+            self._gen = None if self._over else self.dl._claim(self)
+            if self._gen is None:           # superseded before it started
+                self._over = True
+                raise StopIteration
+        return next(self._gen)
+
+    def close(self) -> None:
+        self._over = True
+        if self._gen is not None:
+            self._gen.close()
+
+
 class DataLoader:
     """Epochs of torch tensors from a loadr Loader; see the module docstring.
 
@@ -278,12 +319,15 @@ class DataLoader:
                 cudart.cudaHostUnregister)
         # Holds the loader, so the slots are unregistered before it can unmap them.
         self._finalizer = weakref.finalize(self, _release, self._pinner, self.loader)
+        _live.add(self)
         # Where the stream is: the epoch of the current iteration, the loader
         # step after the last batch handed out, and whether the next iter()
         # goes on from there (a fresh loader, load_state_dict, a finished
         # epoch) or starts the next epoch (torch's rule for a new iter()).
         self._epoch, self._step, self._resume = 0, 0, True
-        self._current = None              # the live epoch generator
+        self._current = None              # the _Epoch being iterated
+        self._latest = 0                  # the newest iter(): only it may start
+        self._unstarted = False           # it has not yielded yet
         self.closed = False
 
     @staticmethod
@@ -316,15 +360,30 @@ class DataLoader:
         return max(0, -(-(step - epoch * self.loader.n) // self.loader.global_batch))
 
     def __iter__(self):
+        """One epoch: the rest of the current one after a load (or at the start),
+        else the next. It is claimed at its first ``next()``, so an iterator never
+        advanced costs no epoch (Lightning calls ``iter()`` once just to check)."""
         if self.closed:
             raise LoadrError('this DataLoader is closed')
+        self._latest += 1
+        self._unstarted = True
+        return _Epoch(self, self._latest)
+
+    def _next_start(self) -> tuple[int, int]:
+        if self._resume:
+            return self._epoch, self._step
+        return self._epoch + 1, (self._epoch + 1) * self.loader.n
+
+    def _claim(self, it: _Epoch):
+        """The generator of ``it``'s epoch; None if a newer iter() or a load came first."""
+        if it.token != self._latest or self.closed:
+            return None
         self._stop_current()
-        if not self._resume:
-            self._epoch += 1
-            self._step = self._epoch * self.loader.n
-        self._resume = False
-        self._current = self._run(self._epoch, self._step)
-        return self._current
+        self._epoch, self._step = self._next_start()
+        # From here a new iter() starts the next epoch (torch's rule), until
+        # this epoch runs to its end or a state is loaded.
+        self._resume, self._unstarted, self._current = False, False, it
+        return self._run(self._epoch, self._step)
 
     def _stop_current(self) -> None:
         # Closing the abandoned epoch gives its prefetched slots back now.
@@ -412,9 +471,11 @@ class DataLoader:
         Inside an epoch: the batch after the last one handed out. The same on
         every rank; load it on any number of ranks with the same global batch.
         """
+        # After iter() and before its first batch: the start of that epoch.
+        epoch, step = self._next_start() if self._unstarted else (self._epoch, self._step)
         loader = self.loader.save()
-        loader['step'] = self._step
-        return {'version': STATE_VERSION, 'epoch': self._epoch, 'loader': loader}
+        loader['step'] = step
+        return {'version': STATE_VERSION, 'epoch': epoch, 'loader': loader}
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
         """Go on from ``state``: the next ``iter(dl)`` yields the batch that was due.
@@ -433,6 +494,8 @@ class DataLoader:
             raise StateError(f"DataLoader state version {state['version']} is newer than this "
                              f'loadr understands ({STATE_VERSION}); upgrade loadr')
         self._stop_current()
+        self._latest += 1                 # an iterator made before the load does not start
+        self._unstarted = False
         if strict:
             self.loader.load(state['loader'])
         else:

@@ -8,7 +8,8 @@ end of epoch, many epochs, JSON round trip, another worker count) to ours.
 from __future__ import annotations
 
 import json
-import os
+import pathlib
+import re
 import subprocess
 import sys
 import warnings
@@ -102,13 +103,28 @@ def test_a_new_iter_after_a_break_starts_the_next_epoch(workers, reference):
         assert next(old, None) is None     # a superseded iterator yields nothing more
 
 
+def test_an_iterator_never_advanced_costs_no_epoch(reference):
+    with make() as dl:
+        iter(dl)                     # Lightning does this once, to check the loader
+        assert [digest(b) for b in dl] == reference[0]
+        probe = iter(dl)
+        assert dl.state_dict()['epoch'] == 1        # what that iterator would start
+        assert [digest(b) for b in dl] == reference[1]
+        assert next(probe, None) is None            # a newer one started first
+        before_load = iter(dl)
+        dl.load_state_dict(dl.state_dict())
+        assert next(before_load, None) is None      # made before a load: never starts
+        assert [digest(b) for b in dl] == reference[2]
+
+
 def test_tensors_are_the_lent_shared_memory_not_copies(reference):
     def in_loadr_shm(t) -> bool:
         address = t.data_ptr()
         with open('/proc/self/maps') as f:
             for line in f:
                 parts = line.split()
-                if len(parts) >= 6 and os.path.basename(parts[5]).startswith('loadr-'):
+                # /dev/shm/loadr-<pid>-..., a directory of that name, or /memfd:loadr-...
+                if len(parts) >= 6 and re.search(r'(^|[/:])loadr-', parts[5]):
                     lo, hi = (int(x, 16) for x in parts[0].split('-'))
                     if lo <= address < hi:
                         return True
@@ -389,6 +405,23 @@ def test_on_cuda_batches_arrive_pinned_and_overlapped(reference):
             == reference[0]
         dl.load_state_dict(state)
         assert [digest({k: v.cpu() for k, v in b.items()}) for b in dl] == rest
+
+
+def test_exit_without_close_does_not_wait_on_workers_that_ignore_sigterm(tmp_path):
+    # Lightning's Trainer installs a SIGTERM handler; workers forked after it
+    # inherit it and survive the SIGTERM of multiprocess's exit hook, whose
+    # join then waited forever.
+    script = tmp_path / 'exit.py'
+    script.write_text(
+        'import signal\n'
+        'from loadr.torch import DataLoader\n'
+        'signal.signal(signal.SIGTERM, lambda *a: None)\n'
+        'dl = DataLoader([{"x": i} for i in range(10)], batch_size=2, num_workers=1)\n'
+        'print(next(iter(dl))["x"].tolist())\n')
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60, cwd=pathlib.Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)) == 2
 
 
 def test_import_loadr_imports_no_torch():
