@@ -13,21 +13,27 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from . import digests
 from .errors import LoadrError
 from .readers import detect
 from .storage import using_storage_options
 from .readers.base import Problem
 
-__all__ = ['check', 'Report']
+__all__ = ['check', 'Report', 'DIGESTS']
+
+DIGESTS = 'digests recorded by loadr check --write-digests'
 
 
 @dataclasses.dataclass
 class Report:
-    """What ``check`` found: the format (None if unknown) and every problem."""
+    """What ``check`` found: the format (None if unknown), every problem, and what the bytes
+    were checked against (``checksums``: the format's own, digests recorded beside the
+    dataset, or None when neither exists and only structure and decoding were checked)."""
 
     path: str
     format: str | None
     problems: list[Problem]
+    checksums: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -48,7 +54,11 @@ class Report:
 def check(path: str | os.PathLike, storage_options: dict | None = None) -> Report:
     """Check every file of the dataset at ``path``; never raises for bad data.
 
-    ``storage_options`` are those of a URL (``s3://``, ``https://``; see loadr.remote).
+    The format's own check (structure, every image and frame decoded, its
+    checksums if it has any), then, if the dataset has digests beside it
+    (``loadr check --write-digests``, :mod:`loadr.digests`), every file
+    compared with them. ``storage_options`` are those of a URL (``s3://``,
+    ``https://``; see loadr.remote).
 
     >>> check('../shared/fixtures/bag').ok
     True
@@ -59,4 +69,14 @@ def check(path: str | os.PathLike, storage_options: dict | None = None) -> Repor
             fmt = detect(path)
         except LoadrError as exc:
             return Report(path, None, [Problem(exc.path or path, exc.index, exc.message)])
-        return Report(path, fmt.name, list(fmt.check(path)))
+        problems = list(fmt.check(path))
+        against = [fmt.checksums] if fmt.checksums else []
+        try:
+            recorded = digests.load(path, storage_options)
+        except LoadrError as exc:
+            problems.append(Problem(exc.path or path, exc.index, exc.message))
+            recorded = None
+        if recorded is not None:
+            problems += digests.verify(path, recorded, storage_options)
+            against.append(DIGESTS)
+        return Report(path, fmt.name, problems, '; '.join(against) or None)

@@ -526,21 +526,33 @@ def cmd_inspect(args) -> int:
 
 def cmd_check(args) -> int:
     """Check datasets; exit 1 if any has a problem: ``loadr check data/train``."""
+    from . import digests
     from .check import check
     reports = []
     for path in args.paths:
         t0 = time.perf_counter()
         report = check(path)
         reports.append(report)
+        wrote = None
+        if args.write_digests and report.ok:
+            wrote = digests.write(path)
         if args.json:
             continue
         if report.ok:
-            _out(f'{report.path}: {report.format}, OK: no problems '
-                 f'({time.perf_counter() - t0:.2f} s)')
+            # Say what was checked: no checksum is promised where the format has none.
+            what = (f'checked against {report.checksums}' if report.checksums else
+                    f'structure and decoding only: {report.format} has no checksums; '
+                    f'loadr check --write-digests records digests to check against')
+            _out(f'{report.path}: {report.format}, OK: no problems ({what}; '
+                 f'{time.perf_counter() - t0:.2f} s)')
         else:
             _out(str(report))
+        if wrote:
+            _out(f'{report.path}: wrote digests of every file and record to {wrote}')
+        elif args.write_digests:
+            _out(f'{report.path}: digests not written: the check found problems')
     if args.json:
-        out = [{'path': r.path, 'format': r.format, 'ok': r.ok,
+        out = [{'path': r.path, 'format': r.format, 'ok': r.ok, 'checksums': r.checksums,
                 'problems': [{'path': p.path, 'index': p.index, 'message': p.message}
                              for p in r.problems]} for r in reports]
         _out(json.dumps(out[0] if len(out) == 1 else out, indent=2))
@@ -817,14 +829,20 @@ def build_parser() -> argparse.ArgumentParser:
                         'only: unpickling can run code; restricted to what gulpio2 writes)')
 
     p = _command(sub, 'check', cmd_check,
-                 'Check every file of one or more datasets (checksums, index tables, sizes, '
-                 'duplicate ids). Exit code 0 only when all are clean; each problem names the '
-                 'file and the index.',
+                 'Check every file of one or more datasets: index tables, sizes, duplicate '
+                 'ids, every image and frame decoded, and the bytes against checksums where '
+                 'there are any (FFRecord has a CRC32 per sample; bag and gulp have none, so '
+                 '--write-digests records digests beside the dataset that later checks, and '
+                 'readers opened with verify=True, compare). Exit code 0 only when all are '
+                 'clean; each problem names the file and the index.',
                  'loadr check data/train && echo clean\n'
                  'loadr check data/train data/val --json', parents)
     p.add_argument('paths', nargs='+', metavar='PATH',
                    help='gulp directories, .ffr files or directories, or bag datasets')
     p.add_argument('--json', action='store_true', help='print JSON instead of text')
+    p.add_argument('--write-digests', action='store_true',
+                   help='after a clean check, record a digest of every file and record in '
+                        'PATH.loadr-digests beside the dataset (the dataset is not touched)')
 
     p = _command(sub, 'convert', cmd_convert,
                  'Copy a dataset into another format (images stay encoded: nothing is lost). '

@@ -54,6 +54,7 @@ import numpy as np
 
 from .. import codecs
 from ..errors import ConfigError, DecodeError, FormatError, LoadrError, ReadError, WriterError
+from ..digests import check_record
 from ..storage import Storage, WriteFile, storage_for
 from .base import Format, Plan, Problem, Reader, Source, Writer, _known, check_index
 
@@ -134,6 +135,7 @@ class Bag:
         self.cache_data = cache_data
         self._table = None       # per-process caches, filled lazily
         self._data = None
+        self.digests = None      # (record digests, sidecar) when verified (loadr.digests)
         self._read_header()
 
     def _read_header(self) -> None:
@@ -239,7 +241,12 @@ class Bag:
         bounds = self._bounds(start, stop, index)
         first = bounds[0]
         data = self._pread(first, bounds[-1] - first, start if index is None else index)
-        return [data[a - first:b - first] for a, b in zip(bounds[:-1], bounds[1:])]
+        records = [data[a - first:b - first] for a, b in zip(bounds[:-1], bounds[1:])]
+        if self.digests is not None:
+            for k, record in enumerate(records):
+                check_record(self.digests, self.path, start + k, record,
+                             start + k if index is None else index)
+        return records
 
     @property
     def limits(self) -> list[int]:
@@ -596,6 +603,8 @@ def _decode(base: str, raw: bytes, decode_images: bool, path: str, index: int, w
 class BagReader(Reader):
     """A granular dataset directory, or a sharded directory of them, as a Reader.
 
+    ``verify`` checks every record read against the digests that ``loadr
+    check --write-digests`` recorded (:mod:`loadr.digests`).
     ``cache_index`` keeps every bag's index table in memory (8 bytes per
     record), ``cache_keys`` keeps the named bags (``'refs'`` included)
     whole in memory; both fill lazily, once per process, and are never
@@ -617,7 +626,7 @@ class BagReader(Reader):
 
     def __init__(self, path: str | os.PathLike, cache_index: bool = True,
                  cache_keys: Sequence[str] = (), decode_images: bool = True,
-                 storage_options: dict | None = None):
+                 storage_options: dict | None = None, verify: bool = False):
         self.path = os.fspath(path)
         if isinstance(cache_keys, str) or not all(isinstance(k, str) for k in cache_keys):
             raise ConfigError(f'cache_keys must be a list of key names, not {cache_keys!r}')
@@ -647,6 +656,14 @@ class BagReader(Reader):
             raise ConfigError(f'cache_keys names {unknown[0]!r}, which is not in the spec '
                               f'{sorted(self.spec)} (or "refs")')
         self.size = sum(self._identity_files().values())
+        self.verify = bool(verify)
+        if self.verify:
+            # The digests of each bag travel with it to workers (8 bytes a record).
+            from ..digests import load
+            recorded = load(self.path, storage_options, required=True)
+            for shard in self._shards:
+                for bag in shard.bags.values():
+                    bag.digests = recorded.for_file(bag.path)
 
     def _identity_files(self) -> dict[str, int]:
         out = {}
@@ -975,6 +992,32 @@ def _check_dataset(files: Storage, directory: str, start: int, first_spec: dict 
     return len(dataset), first_spec or spec_dict
 
 
+def records(path: str | os.PathLike) -> dict:
+    """Where the records of each file lie and whose they are, for :mod:`loadr.digests`.
+
+    Every bag's records (with the datapoint each belongs to, from refs.bag);
+    spec.json as a whole.
+    """
+    from ..digests import FileRecords
+    out: dict = {}
+    with BagReader(path, decode_images=False) as reader:
+        for shard in reader._shards:
+            out[os.path.join(shard.path, SPEC_NAME)] = None
+            owners = {key: np.full(len(bag), -1, np.int64) for key, bag in shard.bags.items()}
+            owners[REFS_KEY][:] = shard.start + np.arange(len(shard))
+            for local in range(len(shard)):
+                for (key, _), ref in zip(shard.spec, shard.refs(local)):
+                    if not shard._types[key][1]:
+                        owners[key][ref] = shard.start + local
+                    elif ref:
+                        owners[key][ref[0]:ref[0] + ref[1]] = shard.start + local
+            for key, bag in shard.bags.items():
+                ends = bag._load_table(None).astype(np.int64)
+                starts = np.concatenate([np.zeros(1, np.int64), ends[:-1]])
+                out[bag.path] = FileRecords(starts, ends, owners[key])
+    return out
+
+
 def check(path: str | os.PathLike) -> list[Problem]:
     """Every problem of a bag dataset or sharded dataset, each naming file and index.
 
@@ -1005,5 +1048,5 @@ def check(path: str | os.PathLike) -> list[Problem]:
     return problems
 
 
-FORMAT = Format('bag', detect, BagReader, BagWriter, check)
+FORMAT = Format('bag', detect, BagReader, BagWriter, check, records=records)
 

@@ -436,7 +436,11 @@ class Format:
     """One row of the detection table in ``loadr.readers``.
 
     ``detect(path) -> bool`` must be cheap and must not raise; ``check(path)``
-    returns every :class:`Problem` it finds.
+    returns every :class:`Problem` it finds. ``checksums`` says what the
+    format itself guards its bytes with (None: nothing, so ``loadr check``
+    promises none); ``records(path)`` says where the records of each file lie,
+    ``{file: FileRecords or None}``, for the digests of :mod:`loadr.digests`
+    (without it, files get whole-file digests only).
     """
 
     name: str
@@ -444,3 +448,5 @@ class Format:
     reader: type
     writer: type
     check: Callable[[str], Sequence[Problem]]
+    checksums: str | None = None
+    records: Callable[[str], dict] | None = None

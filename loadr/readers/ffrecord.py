@@ -40,6 +40,7 @@ import numpy as np
 from ..codecs import array_from_parts
 from ..errors import ChecksumError, ConfigError, DecodeError, FormatError, LoadrError, \
     SpecError, WriterError
+from ..digests import check_record
 from ..storage import Storage, storage_for
 from .base import Format, Plan, Problem, Reader, Source, Writer, _known, check_index, value_type
 
@@ -88,6 +89,8 @@ class _Header:
     # fraction of a numpy scalar and its int(), and the read loop does it per sample.
     crc_at: memoryview = dataclasses.field(init=False, repr=False)
     bound_at: memoryview = dataclasses.field(init=False, repr=False)
+    # (record digests, sidecar) when the reader verifies against loadr.digests
+    digests: tuple | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self):
         self.crcs = np.ascontiguousarray(self.crcs, dtype=np.uint32)
@@ -254,7 +257,9 @@ class FFRecordReader(Reader):
     """Reads one ``.ffr`` file, or a directory of them as one index space.
 
     ``check_data`` verifies the metadata CRC on open and each sample's CRC32
-    on read. ``decode`` turns a sample's bytes into the datapoint:
+    on read; ``verify`` also checks each sample against the digests that
+    ``loadr check --write-digests`` recorded (:mod:`loadr.digests`).
+    ``decode`` turns a sample's bytes into the datapoint:
 
     - ``None``: ``{'data': bytes}``
     - ``'msgpack'`` / ``'json'``: the map as a dict (any other value ->
@@ -278,10 +283,12 @@ class FFRecordReader(Reader):
 
     def __init__(self, path: str | os.PathLike, check_data: bool = True,
                  decode: None | str | Callable[[bytes], Any] = None,
-                 storage_options: dict | None = None):
+                 storage_options: dict | None = None, verify: bool = False):
         self.path = os.fspath(path)
         self._files = storage_for(self.path, storage_options)
         self.check_data = bool(check_data)
+        self.verify = bool(verify)
+        self._storage_options = storage_options
         if decode is not None and not callable(decode):
             if not isinstance(decode, str):
                 raise TypeError(f'decode must be None, a name or a callable, '
@@ -317,6 +324,11 @@ class FFRecordReader(Reader):
                                       f'{expected[k]} samples, now {h.n}', path)
                 headers.append(h)
                 base += h.n
+            if self.verify:
+                from ..digests import load
+                recorded = load(self.path, self._storage_options, required=True)
+                for h in headers:
+                    h.digests = recorded.for_file(h.path)
             self._headers = headers
         return headers
 
@@ -409,6 +421,8 @@ class FFRecordReader(Reader):
         return self._n
 
     def _verified(self, h: _Header, local: int, data) -> None:
+        if h.digests is not None:
+            check_record(h.digests, h.path, local, data, h.base + local)
         if self.check_data:
             actual = zlib.crc32(data)
             stored = h.crc_at[local]
@@ -461,7 +475,11 @@ class FFRecordReader(Reader):
             datas = self._files.read_many([
                 (path, bound_at[local], bound_at[local + 1] - bound_at[local], base + local)
                 for local in lone])
-            if check:
+            if h.digests is not None:
+                for local, data in zip(lone, datas):
+                    self._verified(h, local, data)
+                    found[base + local] = data
+            elif check:
                 crc32 = zlib.crc32
                 for local, data in zip(lone, datas):
                     if crc32(data) != crc_at[local]:
@@ -728,6 +746,15 @@ def _unpack_numpy(obj: dict):
     return obj
 
 
+def records(path: str | os.PathLike) -> dict:
+    """Where the samples of each file lie, for :mod:`loadr.digests`: ``{file: FileRecords}``."""
+    from ..digests import FileRecords
+    with FFRecordReader(path, check_data=False) as reader:
+        return {h.path: FileRecords(h.bounds[:-1].copy(), h.bounds[1:].copy(),
+                                    h.base + np.arange(h.n, dtype=np.int64))
+                for h in reader._load()}
+
+
 def check(path: str | os.PathLike) -> list[Problem]:
     """Every problem in an FFRecord file or directory: header, offsets, each sample's CRC.
 
@@ -831,8 +858,8 @@ def _check_piece(files: Storage, path: str, base: int, lo: int, start: int, size
     # bounds[i] .. bounds[i + 1] is sample lo + i; around them the offsets just outside.
     edges = np.empty(count + 2, np.int64)
     edges[0], edges[1:-1], edges[-1] = previous, offsets, following
-    steps = np.diff(edges)                 # steps[i]: offsets[i] - the one before it
-    bad = (steps[:-1] < 0) | (offsets > size)
+    # Compared, not subtracted: a table of garbage holds offsets whose differences overflow.
+    bad = (offsets < edges[:-2]) | (offsets > size)
     if lo == 0:
         bad[0] |= offsets[0] != start
     before = edges[:-2]
@@ -849,7 +876,8 @@ def _check_piece(files: Storage, path: str, base: int, lo: int, start: int, size
     # The last bound is the next piece's first offset (or the file size), bad if it goes
     # back or past the end.
     bounds = edges[1:]
-    lengths = steps[1:]
+    with np.errstate(over='ignore'):       # only the lengths of sane samples are used
+        lengths = bounds[1:] - bounds[:-1]
     last_bad = following != size and (following < offsets[-1] or following > size)
     if bad.any() or last_bad:
         bad_bound = np.empty(count + 1, bool)
@@ -943,4 +971,5 @@ def detect(path: str | os.PathLike) -> bool:
     return False
 
 
-FORMAT = Format('ffrecord', detect, FFRecordReader, FFRecordWriter, check)
+FORMAT = Format('ffrecord', detect, FFRecordReader, FFRecordWriter, check,
+                checksums='CRC32 of every sample', records=records)

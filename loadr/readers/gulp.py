@@ -49,6 +49,7 @@ import numpy as np
 from ..codecs import JPEG_QUALITY, decode_image, encode_image
 from ..errors import (ConfigError, DecodeError, FormatError, LoadrError, UnsafeFormatError,
                       WriterError)
+from ..digests import check_record
 from ..storage import Storage, is_url, storage_for
 from .base import Format, Plan, Problem, Reader, Source, Writer, _known, check_index
 
@@ -77,18 +78,21 @@ _PICKLE_ALLOWED = {
 # ----------------------------------------------------------------------------- layout
 
 class _Chunk:
-    __slots__ = ('k', 'data_path', 'meta_path', 'data_size', 'meta_size')
+    __slots__ = ('k', 'data_path', 'meta_path', 'data_size', 'meta_size', 'frames', 'digests')
 
     def __init__(self, k: int, data_path: str, meta_path: str):
         self.k, self.data_path, self.meta_path = k, data_path, meta_path
         self.data_size = self.meta_size = 0          # bytes, once the index is loaded
+        self.frames = 0                              # frames of the videos before, so far
+        self.digests = None                          # (digests, sidecar) when verifying
 
 
 class _Video:
-    __slots__ = ('id', 'chunk', 'frames', 'meta')
+    __slots__ = ('id', 'chunk', 'frames', 'meta', 'first')
 
-    def __init__(self, id_: str, chunk: _Chunk, frames: tuple, meta: Any):
+    def __init__(self, id_: str, chunk: _Chunk, frames: tuple, meta: Any, first: int = 0):
         self.id, self.chunk, self.frames, self.meta = id_, chunk, frames, meta
+        self.first = first          # the record number of frame 0 in its chunk's .gulp
 
 
 def _list_chunks(storage: Storage, path: str) -> tuple[list[_Chunk], list[tuple[str, str]]]:
@@ -284,7 +288,8 @@ def _load_index(storage: Storage, path: str, allow_pickle: bool
                                   chunk.meta_path, index)
             where[id_] = index
             frames = tuple(tuple(t) for t in entry['frame_info'])
-            videos.append(_Video(id_, chunk, frames, entry['meta_data'][0]))
+            videos.append(_Video(id_, chunk, frames, entry['meta_data'][0], chunk.frames))
+            chunk.frames += len(frames)
     return videos, where
 
 
@@ -342,9 +347,11 @@ class GulpReader(Reader):
 
     ``decode_images=False`` returns each frame as its JPEG bytes;
     ``allow_pickle=True`` accepts a pickled ``.gmeta`` (restricted to what
-    gulpio2 writes). The ``.gmeta`` files are parsed once per process:
-    here when the reader is built (so bad metadata fails at open), and in
-    another process on first use after unpickling.
+    gulpio2 writes); ``verify=True`` checks every frame read against the
+    digests ``loadr check --write-digests`` recorded (:mod:`loadr.digests`).
+    The ``.gmeta`` files are parsed once per process: here when the reader is
+    built (so bad metadata fails at open), and in another process on first
+    use after unpickling.
 
     Example::
 
@@ -357,10 +364,13 @@ class GulpReader(Reader):
     format_name = 'gulp'
 
     def __init__(self, path: str | os.PathLike, decode_images: bool = True,
-                 allow_pickle: bool = False, storage_options: dict | None = None):
+                 allow_pickle: bool = False, storage_options: dict | None = None,
+                 verify: bool = False):
         self.path = os.fspath(path)
         self.decode_images = decode_images
         self.allow_pickle = allow_pickle
+        self.verify = bool(verify)
+        self._storage_options = storage_options
         self._files = storage_for(self.path, storage_options)
         self._videos: list[_Video] | None = None
         self._where: dict[str, int] | None = None
@@ -371,7 +381,8 @@ class GulpReader(Reader):
         # The index is rebuilt by each process from the files; the options travel, and
         # the storage (which remembers the files as this process first saw them).
         return {'path': self.path, 'decode_images': self.decode_images,
-                'allow_pickle': self.allow_pickle, '_files': self._files}
+                'allow_pickle': self.allow_pickle, '_files': self._files,
+                'verify': self.verify, '_storage_options': self._storage_options}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -380,7 +391,13 @@ class GulpReader(Reader):
 
     def _index(self) -> list[_Video]:
         if self._videos is None:
-            self._videos, self._where = _load_index(self._files, self.path, self.allow_pickle)
+            videos, where = _load_index(self._files, self.path, self.allow_pickle)
+            if self.verify:
+                from ..digests import load
+                recorded = load(self.path, self._storage_options, required=True)
+                for chunk in {id(v.chunk): v.chunk for v in videos}.values():
+                    chunk.digests = recorded.for_file(chunk.data_path)
+            self._videos, self._where = videos, where
         return self._videos
 
     def _identity_files(self) -> dict[str, int]:
@@ -495,10 +512,18 @@ class GulpReader(Reader):
 
     def _frames(self, index: int, video: _Video, positions: Sequence[int]) -> list:
         path = video.chunk.data_path
+        digests = video.chunk.digests
         jpegs = []
+        k = 0
         for offset, length, cuts in _read_plan(video.frames, positions):
             buf = self._files.read(path, offset, length, index)
-            jpegs.extend(buf[a:b] for a, b in cuts)
+            for a, b in cuts:
+                if digests is not None:     # the frame's record: its JPEG and its padding
+                    p = positions[k]
+                    check_record(digests, path, video.first + p,
+                                 buf[a:a + video.frames[p][2]], index)
+                k += 1
+                jpegs.append(buf[a:b])
         out = []
         for p, jpeg in zip(positions, jpegs):
             if jpeg[:2] != JPEG_SOI:
@@ -776,8 +801,9 @@ def check(path: str | os.PathLike) -> list[Problem]:
     Checks what gulpio2's sanity check does (empty files, a ``.gulp`` whose
     size is not the end of its last frame, an id in two chunks) and also
     unreadable or malformed metadata, frames past the end of the file, pads
-    that are not NUL, frames that do not start with a JPEG SOI marker, and
-    missing or misnumbered chunk files.
+    that are not NUL, every frame decoded (a JPEG SOI marker first), and
+    missing or misnumbered chunk files. Gulp has no checksums: a changed byte
+    that still decodes is found only with digests (:mod:`loadr.digests`).
 
     >>> check('../shared/fixtures/gulp')
     []
@@ -855,12 +881,12 @@ def _check_sizes(files: Storage, chunk: _Chunk, problems: list[Problem]
 
 def _frame_problems(files: Storage, chunk: _Chunk, id_: str, info: list, index: int | None
                     ) -> list[Problem]:
-    """Frames of one video that do not start with a JPEG SOI or whose pad is not NUL."""
+    """Frames of one video that do not decode (a JPEG SOI first) or whose pad is not NUL."""
     problems = []
     for j, (offset, pad, length) in enumerate(info):
         try:
-            head = files.read(chunk.data_path, offset, min(2, length - pad), index)
-            tail = files.read(chunk.data_path, offset + length - pad, pad, index)
+            record = files.read(chunk.data_path, offset, length, index)
+            head, tail = record[:min(2, length - pad)], record[length - pad:]
         except LoadrError as exc:
             problems.append(Problem(chunk.data_path, index, f'video {id_!r} frame {j}: '
                                                             f'{exc.message}'))
@@ -869,6 +895,13 @@ def _frame_problems(files: Storage, chunk: _Chunk, id_: str, info: list, index: 
             problems.append(Problem(chunk.data_path, index,
                                     f'video {id_!r} frame {j} does not start with a JPEG '
                                     f'SOI marker (ff d8) but with {head.hex() or "nothing"}'))
+        else:
+            try:            # a damaged header past the SOI fails only here
+                decode_image(record[:length - pad])
+            except DecodeError as exc:
+                problems.append(Problem(chunk.data_path, index,
+                                        f'video {id_!r} frame {j} does not decode: '
+                                        f'{exc.message}'))
         if tail.strip(b'\0'):
             problems.append(Problem(chunk.data_path, index,
                                     f'video {id_!r} frame {j}: padding is {tail.hex()}, '
@@ -893,4 +926,28 @@ def detect(path: str | os.PathLike) -> bool:
         return False
 
 
-FORMAT = Format('gulp', detect, GulpReader, GulpWriter, check)
+def records(path: str | os.PathLike) -> dict:
+    """Where the frames of each ``.gulp`` lie and whose they are, for :mod:`loadr.digests`;
+    ``.gmeta`` and ``label2idx.json`` as whole files."""
+    from ..digests import FileRecords
+    path = os.fspath(path)
+    storage = storage_for(path)
+    videos, _ = _load_index(storage, path, allow_pickle=False)
+    chunks, _ = _list_chunks(storage, path)
+    frames: dict[str, list] = {c.data_path: [] for c in chunks}
+    for index, video in enumerate(videos):
+        frames[video.chunk.data_path] += [(off, off + length, index)
+                                          for off, _, length in video.frames]
+    out: dict = {}
+    for chunk in chunks:
+        table = np.array(frames[chunk.data_path], np.int64).reshape(-1, 3)
+        out[chunk.data_path] = FileRecords(table[:, 0].copy(), table[:, 1].copy(),
+                                           table[:, 2].copy())
+        out[chunk.meta_path] = None
+    label2idx = os.path.join(path, LABEL2IDX_NAME)
+    if storage.exists(label2idx):
+        out[label2idx] = None
+    return out
+
+
+FORMAT = Format('gulp', detect, GulpReader, GulpWriter, check, records=records)

@@ -1,0 +1,124 @@
+"""loadr check: every image and frame decoded, no checksum promised where a format has none,
+and digests recorded beside a dataset that catch any changed byte (issue 11 item 5)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+import loadr
+from loadr import cli, digests
+from loadr.errors import ChecksumError, ConfigError
+
+
+def copy(fixtures, rel, tmp_path):
+    dst = tmp_path / os.path.basename(rel)
+    (shutil.copytree if (fixtures / rel).is_dir() else shutil.copy)(fixtures / rel, dst)
+    for p in [dst, *dst.rglob('*')] if dst.is_dir() else [dst]:
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    return dst
+
+
+def flip(path, offset: int) -> None:
+    with open(path, 'r+b') as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+def jpeg_scan_offset(jpeg: bytes) -> int:
+    """Where the entropy-coded data of a JPEG starts (after the SOS header)."""
+    sos = jpeg.index(b'\xff\xda')
+    return sos + 2 + int.from_bytes(jpeg[sos + 2:sos + 4], 'big')
+
+
+def test_a_flipped_byte_in_a_bag_is_found_with_digests(fixtures, tmp_path, capsys):
+    data = copy(fixtures, 'bag', tmp_path)
+    before = sorted(os.listdir(data))
+    assert cli.main(['check', '--write-digests', str(data)]) == 0
+    sidecar = digests.sidecar_path(str(data))
+    assert os.path.isfile(sidecar) and os.path.dirname(sidecar) == str(tmp_path)
+    assert sorted(os.listdir(data)) == before          # nothing inside the dataset
+    assert 'wrote digests' in capsys.readouterr().out
+    # A byte inside datapoint 7's JPEG scan data: it still decodes, with other pixels.
+    r = loadr.open(data, decode_images=False)
+    ref = r._shards[0].refs(7)[sorted(r.spec).index('image')]
+    bag = r._shards[0].bags['image']
+    start = bag.limits[ref - 1] if ref else 0
+    jpeg = r[7]['image']
+    flip(data / 'image.bag', start + jpeg_scan_offset(jpeg) + 20)
+    changed = loadr.open(data)[7]['image']               # decodes: only digests see it
+    assert (changed != loadr.open(fixtures / 'bag')[7]['image']).any()
+    report = loadr.check(data)
+    assert not report.ok
+    assert [(p.path, p.index) for p in report.problems] == [(str(data / 'image.bag'), 7)]
+    assert 'digest' in report.problems[0].message
+    # The readers: opt-in verify names file and index; without it they read as before.
+    checked = loadr.open(data, verify=True)
+    assert checked[6]['idx'] == loadr.open(fixtures / 'bag')[6]['idx']
+    with pytest.raises(ChecksumError) as err:
+        checked[7]
+    assert (err.value.path, err.value.index) == (str(data / 'image.bag'), 7)
+    loadr.open(data)[7]                                  # the original reader ignores it
+    assert cli.main(['check', str(data)]) == 1
+    assert f'{data / "image.bag"} [index 7]' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('rel, damage', [
+    ('gulp', 'data_1.gulp'), ('ffrecord/multi', 'PART_00001.ffr'), ('bag_sharded', None)])
+def test_digests_catch_a_change_in_any_format_and_any_file(fixtures, tmp_path, rel, damage):
+    data = copy(fixtures, rel, tmp_path)
+    digests.write(str(data))
+    assert loadr.check(data).ok
+    files = sorted(p for p in data.rglob('*') if p.is_file())
+    target = data / damage if damage else files[len(files) // 2]
+    flip(target, os.path.getsize(target) // 2)
+    problems = loadr.check(data).problems
+    assert problems and all(p.path.startswith(str(data)) for p in problems)
+    assert any(p.path == str(target) and 'digest' in p.message for p in problems), problems
+
+
+def test_verify_needs_the_digests(fixtures, tmp_path):
+    data = copy(fixtures, 'gulp', tmp_path)
+    with pytest.raises(ConfigError, match='--write-digests'):
+        loadr.open(data, verify=True)
+    digests.write(str(data))
+    r = loadr.open(data, verify=True)
+    assert [len(r[i]['frames']) for i in range(len(r))] == [
+        len(dp['frames']) for dp in loadr.open(fixtures / 'gulp')]
+
+
+def test_a_gulp_frame_with_a_destroyed_header_fails_check(fixtures, tmp_path, capsys):
+    data = copy(fixtures, 'gulp', tmp_path)
+    r = loadr.open(data)
+    offset, pad, length = r.frame_info(4)[1]            # video 4, frame 1
+    with open(data / 'data_1.gulp', 'r+b') as f:         # keep the SOI marker, zero the rest
+        f.seek(offset + 2)                               # of the header
+        f.write(b'\0' * 200)
+    problems = loadr.check(data).problems
+    assert [(p.path, p.index) for p in problems] == [(str(data / 'data_1.gulp'), 4)]
+    assert 'frame 1' in problems[0].message
+
+
+def test_check_promises_checksums_only_where_the_format_has_them(fixtures, tmp_path, capsys):
+    assert loadr.check(fixtures / 'ffrecord' / 'single.ffr').checksums == 'CRC32 of every sample'
+    assert loadr.check(fixtures / 'bag').checksums is None
+    assert cli.main(['check', str(fixtures / 'bag'), str(fixtures / 'ffrecord/single.ffr')]) == 0
+    bag_line, ffr_line = capsys.readouterr().out.splitlines()
+    assert 'no checksums' in bag_line and '--write-digests' in bag_line
+    assert 'CRC32 of every sample' in ffr_line
+    data = copy(fixtures, 'bag', tmp_path)
+    digests.write(str(data))
+    assert loadr.check(data).checksums == 'digests recorded by loadr check --write-digests'
+
+
+def test_write_digests_refuses_a_dataset_with_problems(fixtures, tmp_path, capsys):
+    data = copy(fixtures, 'gulp', tmp_path)
+    with open(data / 'data_0.gulp', 'r+b') as f:
+        f.truncate(1000)
+    assert cli.main(['check', '--write-digests', str(data)]) == 1
+    assert not os.path.exists(digests.sidecar_path(str(data)))
+    assert 'not written' in capsys.readouterr().out
