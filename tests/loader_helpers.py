@@ -49,8 +49,16 @@ def stream_digests(loader, count):
 
 
 def our_segments(pid=None):
+    """The shared memory ``pid`` holds: its /dev/shm entries and its loadr memfds."""
     pid = os.getpid() if pid is None else pid
-    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(f'{PREFIX}{pid}-'))
+    found = [n for n in os.listdir(SHM_DIR) if n.startswith(f'{PREFIX}{pid}-')]
+    for fd in os.listdir(f'/proc/{pid}/fd'):
+        try:
+            if os.readlink(f'/proc/{pid}/fd/{fd}').startswith(f'/memfd:{PREFIX}'):
+                found.append(f'/proc/{pid}/fd/{fd}')
+        except OSError:
+            pass
+    return sorted(found)
 
 
 def alive(pid):

@@ -42,8 +42,8 @@ import zmq
 from .. import pids
 from . import protocol
 from .memory import resident, steady_memory_default
-from .shm import (SHM_DIR, Segment, StatusCells, check_space, owned_dir, reclaim_stale,
-                  remove_owned)
+from .shm import (SHM_DIR, Segment, StatusCells, owned_dir, plan_slots, reclaim_stale,
+                  remove_owned, shm_budget, size_text, use_memfd)
 from .worker import WorkerArgs, run
 
 __all__ = ['WorkerPool', 'MAX_TASKS_PER_WORKER', 'MAX_DEATHS_PER_POSITION', 'JOIN_TIMEOUT_S',
@@ -183,7 +183,7 @@ class WorkerPool:
     def __init__(self, reader, fns, spec, layout, workers: int, slots: int, n: int,
                  shuffle: bool, on_error: str, start_method: str = 'spawn',
                  task_timeout_s: float | None = None, order_version: int | None = None,
-                 steady_memory: bool | None = None):
+                 steady_memory: bool | None = None, shm_bytes: int | None = None):
         import multiprocess
 
         self.closed = False
@@ -199,16 +199,26 @@ class WorkerPool:
             with _sigint_deferred():
                 self._open(reader, fns, spec, layout, workers, slots, n, shuffle, on_error,
                            multiprocess.get_context(start_method), task_timeout_s,
-                           order_version, steady_memory)
+                           order_version, steady_memory, shm_bytes)
         except BaseException:
             self.close()
             raise
 
     def _open(self, reader, fns, spec, layout, workers, slots, n, shuffle, on_error, mp,
-              task_timeout_s, order_version, steady_memory) -> None:
+              task_timeout_s, order_version, steady_memory, shm_bytes) -> None:
         held = self._held
         reclaim_stale()
-        check_space(layout.nbytes * slots + StatusCells.nbytes(workers))
+        memfd = use_memfd()
+        # Fewer slots than asked if the budget says so (the window shrinks to
+        # fit), an error before anything is made if not one per worker plus one.
+        status_bytes = StatusCells.nbytes(workers)
+        self.slot_count = plan_slots(layout.nbytes, slots, workers,
+                                     shm_budget(shm_bytes, memfd), status_bytes)
+        if self.slot_count < slots:
+            log.warning('loadr: the shared-memory budget holds %d of the %d batch slots asked '
+                        'for (%s each); the prefetch window shrinks to fit (raise shm_bytes '
+                        'for more)', self.slot_count, slots, size_text(layout.nbytes))
+        slots = self.slot_count
         self._mp = mp
         self._dir = owned_dir(tempfile.gettempdir())   # mode 0700: ours alone
         held.dirs.append(self._dir)
@@ -224,13 +234,18 @@ class WorkerPool:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.bind(self.endpoint)
-        self._shm_dir = owned_dir(SHM_DIR)
-        held.dirs.append(self._shm_dir)
+        if memfd:
+            def make(what, size):
+                return Segment.create_memfd(f'{os.getpid()}-{what}', size)
+        else:
+            self._shm_dir = owned_dir(SHM_DIR)
+            held.dirs.append(self._shm_dir)
+
+            def make(what, size):
+                return Segment.create(os.path.join(self._shm_dir, what), size)
         for i in range(slots):
-            held.segments.append(Segment.create(os.path.join(self._shm_dir, f'slot{i}'),
-                                                layout.nbytes))
-        self._status = Segment.create(os.path.join(self._shm_dir, 'status'),
-                                      StatusCells.nbytes(workers))
+            held.segments.append(make(f'slot{i}', layout.nbytes))
+        self._status = make('status', status_bytes)
         held.segments.append(self._status)
         cells = StatusCells(self._status.buf, workers)
         self.progress = cells.progress_rows()
@@ -244,8 +259,8 @@ class WorkerPool:
         me = pids.proc_stat(os.getpid())
         self._template = dict(
             reader=reader, fns=list(fns), spec=spec, layout=layout,
-            slot_paths=[s.path for s in self._segments[:slots]],
-            status_path=self._status.path, owned_dirs=[self._shm_dir, self._dir],
+            slot_specs=[s.spec for s in self._segments[:slots]],
+            status_spec=self._status.spec, owned_dirs=list(held.dirs),
             parent_pid=os.getpid(), parent_start=None if me is None else me[2], n=n,
             shuffle=shuffle, on_error=on_error, endpoint=self.endpoint, workers=workers,
             order_version=order_version,

@@ -1,15 +1,22 @@
-"""Shared-memory batch slots: allocate, map, release, never leak.
+"""Shared-memory batch slots: allocate, map, release, never leak, within a budget.
 
-A slot is one file holding every array of one batch at fixed offsets (the
-:class:`Layout`). Ownership, written down once:
+A slot is one segment holding every array of one batch at fixed offsets (the
+:class:`Layout`). Segments are ``memfd_create`` memory where the system has
+it: anonymous, not capped by the size of the ``/dev/shm`` mount (Docker's
+default is 64 MiB, less than one batch of 256 images of 224x224x3), and
+freed by the kernel when the last process holding it exits, however it
+exits. Elsewhere, or with ``LOADR_SHM=devshm``, they are files in an owned
+directory in ``/dev/shm``. Ownership, written down once:
 
-- The **main process** makes an owned directory in ``/dev/shm`` and one in
-  the temp dir (for its sockets), creates every segment inside the first
-  (``Segment.create``) and is the one that removes both, in
-  ``Loader.close()`` or its finaliser.
-- **Workers** only map segments by path. A worker that finds its parent gone
-  removes the two directories too, so a SIGKILLed main process leaves
-  nothing behind.
+- The **main process** creates every segment (``Segment.create_memfd`` or
+  ``Segment.create``) and is the one that gives them back, in
+  ``WorkerPool.close()`` or its finaliser. It keeps each memfd open while
+  the pool lives; a worker opens it as ``/proc/<main pid>/fd/<n>`` (with
+  fork it has the descriptor already), checked by inode.
+- **Workers** only map segments. A worker that finds its parent gone removes
+  the pool's owned directories (the socket directory, and the /dev/shm one
+  if any), so a SIGKILLed main process leaves nothing behind; memfd memory
+  goes with the last process anyway.
 - If the whole process group is killed at once, :func:`reclaim_stale`
   removes its directories the next time any loader starts, and only what
   loadr provably made (:func:`owned_dir`): a directory named
@@ -20,22 +27,26 @@ A slot is one file holding every array of one batch at fixed offsets (the
   fails every one of these checks; a live loader of another pid namespace
   is never judged dead.
 
-The space is reserved with ``posix_fallocate`` when the segment is made, so
-a /dev/shm too small for the batches asked for is a clear
-:class:`~loadr.errors.ResourceError` before the first batch, not a SIGBUS
-in the middle of a write.
+The budget (:func:`shm_budget`: ``shm_bytes``, ``LOADR_SHM_BYTES``, or a
+quarter of the memory available, and no more than /dev/shm has free for
+the /dev/shm segments) decides how many slots are made (:func:`plan_slots`):
+fewer than asked shrinks the prefetch window; fewer than one per worker
+plus one is a :class:`~loadr.errors.ResourceError` before the first batch
+that gives the sizes and the fix. The space is reserved with
+``posix_fallocate`` when a segment is made, so memory that is not there is
+that same clear error, not a SIGBUS in the middle of a write.
 
 Example::
 
     layout = Layout({'image': (np.dtype('uint8'), (224, 224, 3))}, batch=64)
-    home = owned_dir(SHM_DIR)
-    seg = Segment.create(os.path.join(home, 'slot0'), layout.nbytes)
+    seg = Segment.create_memfd('slot0', layout.nbytes)
     views = layout.views(seg.buf)         # {'image': array of shape (64, 224, 224, 3)}
-    seg.close(); remove_owned(home)
+    seg.close()
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import mmap
@@ -45,14 +56,16 @@ import secrets
 import shutil
 import stat
 import tempfile
+import weakref
 
 import numpy as np
 
 from ..errors import ResourceError
-from ..pids import me, owner_gone
+from ..pids import cgroup_dir, me, owner_gone
 
-__all__ = ['SHM_DIR', 'PREFIX', 'MARKER', 'Layout', 'Segment', 'StatusCells', 'owned_dir',
-           'remove_owned', 'owner_of', 'reclaim_stale', 'check_space']
+__all__ = ['SHM_DIR', 'PREFIX', 'MARKER', 'DEFAULT_SHM_FRACTION', 'Layout', 'Segment',
+           'StatusCells', 'owned_dir', 'remove_owned', 'owner_of', 'reclaim_stale', 'use_memfd',
+           'available_memory', 'shm_budget', 'plan_slots', 'free_bytes']
 
 SHM_DIR = '/dev/shm'
 PREFIX = 'loadr-'
@@ -61,6 +74,7 @@ ALIGN_BYTES = 64
 TOKEN_HEX = 32                  # 128 random bits: a name nobody picks by chance
 _OWNED = re.compile(r'^loadr-(\d+)-([0-9a-f]{%d})$' % TOKEN_HEX)
 _MARKER_MAX_BYTES = 4096
+DEFAULT_SHM_FRACTION = 0.25     # of the memory available, when no budget is given
 
 
 class Layout:
@@ -117,16 +131,17 @@ class StatusCells:
 
     # Memoryviews for the worker: it sets progress twice per sample, and a
     # memoryview's item assignment costs a third of numpy's.
+    def _cells(self, at: int, nbytes: int) -> memoryview:
+        return memoryview(self.buf).cast('B')[at:at + nbytes].cast('q')
+
     def progress(self, wid: int) -> memoryview:
-        return memoryview(self.buf)[16 * wid:16 * wid + 16].cast('q')
+        return self._cells(16 * wid, 16)
 
     def cancelled(self) -> memoryview:
-        at = 16 * self.workers
-        return memoryview(self.buf)[at:at + 8].cast('q')
+        return self._cells(16 * self.workers, 8)
 
     def heartbeat(self, wid: int) -> memoryview:
-        at = 16 * self.workers + 8 + 8 * wid
-        return memoryview(self.buf)[at:at + 8].cast('q')
+        return self._cells(16 * self.workers + 8 + 8 * wid, 8)
 
     # Arrays for the pool, which reads them a row at a time.
     def progress_rows(self) -> np.ndarray:
@@ -138,32 +153,32 @@ class StatusCells:
 
 
 class Segment:
-    """One mapped file in an owned directory."""
+    """One mapped shared-memory segment: a memfd, or a file in an owned directory.
 
-    def __init__(self, path: str, size: int, buf: mmap.mmap):
-        self.path, self.size, self.buf = path, size, buf
+    ``spec`` is what a worker needs to map it (:meth:`attach`).
+    """
+
+    def __init__(self, path: str, size: int, buf: mmap.mmap, fd: int | None = None,
+                 ino: int | None = None):
+        self.path, self.size, self.buf, self.fd, self.ino = path, size, buf, fd, ino
 
     @property
     def name(self) -> str:
         return os.path.basename(self.path)
 
+    @property
+    def spec(self) -> dict:
+        return {'path': self.path, 'size': self.size, 'fd': self.fd, 'ino': self.ino}
+
     @classmethod
     def create(cls, path: str, size: int) -> 'Segment':
-        """Make, reserve and map a new segment of ``size`` bytes at ``path``."""
+        """Make, reserve and map a new file segment of ``size`` bytes at ``path``."""
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise ResourceError(f'cannot create shared memory: {exc.strerror}', path) from exc
         try:
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
-                    raise
-                raise ResourceError(
-                    f'{SHM_DIR} has no room for a {_mib(size)} batch slot '
-                    f'({_mib(free_bytes())} free); enlarge it, or lower batch or prefetch',
-                    path) from exc
+            _reserve(fd, size, path)
             buf = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
@@ -173,25 +188,107 @@ class Segment:
         return cls(path, size, buf)
 
     @classmethod
-    def attach(cls, path: str) -> 'Segment':
-        """Map an existing segment (in a worker)."""
+    def create_memfd(cls, name: str, size: int) -> 'Segment':
+        """Make, reserve and map a new memfd segment of ``size`` bytes; it stays open
+        (``fd``) until :meth:`close`, for workers to open by ``/proc/<pid>/fd/<fd>``."""
+        try:
+            fd = os.memfd_create(f'{PREFIX}{name}', os.MFD_CLOEXEC)
+        except OSError as exc:
+            raise ResourceError(f'cannot create shared memory (memfd): {exc.strerror}') from exc
+        try:
+            os.fchmod(fd, 0o600)
+            _reserve(fd, size, None)
+            buf = _map_shared(fd, size)
+            ino = os.fstat(fd).st_ino
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(f'/proc/{os.getpid()}/fd/{fd}', size, buf, fd, ino)
+
+    @classmethod
+    def attach(cls, spec: dict) -> 'Segment':
+        """Map an existing segment (in a worker), from its :attr:`spec`.
+
+        A memfd is the descriptor inherited at fork if it is still the same
+        file (inode), else ``/proc/<main pid>/fd/<n>`` opened anew, checked
+        by inode too: FileNotFoundError if the main process has let go of it.
+        """
+        path, ino = spec['path'], spec['ino']
+        if spec['fd'] is not None:
+            try:
+                if os.fstat(spec['fd']).st_ino == ino:
+                    return cls(path, spec['size'], mmap.mmap(spec['fd'], spec['size']))
+            except OSError:
+                pass
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
-            size = os.fstat(fd).st_size
-            buf = mmap.mmap(fd, size)
+            info = os.fstat(fd)
+            if ino is not None and info.st_ino != ino:
+                raise FileNotFoundError(errno.ENOENT, 'shared memory segment is gone', path)
+            buf = mmap.mmap(fd, info.st_size)
         finally:
             os.close(fd)
-        return cls(path, size, buf)
+        return cls(path, info.st_size, buf)
 
     def close(self) -> None:
-        try:
-            self.buf.close()
-        except BufferError:
-            # A user still holds a view (ring mode); the mapping goes when they drop it.
-            pass
+        """Unmap (unless a user still holds a view) and, for a memfd, let go of it."""
+        if isinstance(self.buf, mmap.mmap):
+            try:
+                self.buf.close()
+            except BufferError:
+                # A user still holds a view (a lent batch); the mapping goes when they
+                # drop it.
+                pass
+        self.buf = None         # a memfd mapping goes with the last view of it
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     def unlink(self) -> None:
-        _unlink(self.path)
+        """Remove a file segment's name (a memfd has none)."""
+        if self.ino is None:
+            _unlink(self.path)
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+def _map_shared(fd: int, size: int):
+    """A writable buffer over the first ``size`` bytes of ``fd`` that holds no descriptor.
+
+    Python's mmap keeps a duplicate of the descriptor for as long as it
+    lives, so a batch lent past close() would keep the memfd open; this
+    mapping is undone when the last object using it is collected (numpy
+    arrays and memoryviews keep it alive), and never earlier.
+    """
+    libc = _libc()
+    addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == ctypes.c_void_p(-1).value:
+        err = ctypes.get_errno()
+        raise ResourceError(f'cannot map shared memory: {os.strerror(err)}')
+    buf = (ctypes.c_ubyte * size).from_address(addr)
+    # Not at interpreter exit: arrays over it may outlive the finalisers then.
+    weakref.finalize(buf, libc.munmap, addr, size).atexit = False
+    return buf
+
+
+def _reserve(fd: int, size: int, path: str | None) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
+            raise
+        where = f'{SHM_DIR} has' if path is not None else 'the system has'
+        free = free_bytes() if path is not None else available_memory()
+        raise ResourceError(
+            f'no room for a {_mib(size)} batch slot ({where} {_mib(free or 0)} free); '
+            'lower batch, workers or prefetch, or free memory', path) from exc
 
 
 def _unlink(path: str) -> None:
@@ -210,17 +307,110 @@ def free_bytes() -> int:
     return st.f_bavail * st.f_frsize
 
 
-def check_space(nbytes: int) -> None:
-    """Raise ResourceError now if /dev/shm cannot hold ``nbytes`` more."""
-    if not os.path.isdir(SHM_DIR):
-        raise ResourceError(f'{SHM_DIR} does not exist; loadr needs POSIX shared memory '
-                            'for workers > 0 (or use workers=0)', SHM_DIR)
-    free = free_bytes()
-    if nbytes > free:
+def use_memfd() -> bool:
+    """Whether segments are memfds: where the system has memfd_create, unless
+    ``LOADR_SHM=devshm`` asks for files in /dev/shm.
+
+    >>> use_memfd() in (True, False)
+    True
+    """
+    return hasattr(os, 'memfd_create') and os.environ.get('LOADR_SHM', '') != 'devshm'
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None        # 'max': no limit
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process could still take: the kernel's MemAvailable, and
+    no more than its cgroup's limit (v2 or v1) leaves; None where unknown.
+
+    >>> available_memory() is None or available_memory() > 0
+    True
+    """
+    found = []
+    try:
+        with open('/proc/meminfo') as f:
+            for line in f:
+                if line.startswith('MemAvailable:'):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    for base, limit, usage in ((cgroup_dir('self', None), 'memory.max', 'memory.current'),
+                               (cgroup_dir('self', 'memory'), 'memory.limit_in_bytes',
+                                'memory.usage_in_bytes')):
+        if base is None:
+            continue
+        cap, used = _read_int(os.path.join(base, limit)), _read_int(os.path.join(base, usage))
+        if cap is not None and used is not None and cap < 2**60:
+            found.append(max(0, cap - used))
+    return min(found) if found else None
+
+
+def shm_budget(shm_bytes: int | None = None, memfd: bool = True) -> tuple[int, str]:
+    """``(bytes, where it comes from)``: what the slots may take altogether.
+
+    ``shm_bytes`` if given, else ``LOADR_SHM_BYTES``, else
+    ``DEFAULT_SHM_FRACTION`` of :func:`available_memory`; for /dev/shm
+    files, no more than /dev/shm has free.
+    """
+    if shm_bytes is None and os.environ.get('LOADR_SHM_BYTES', '').strip():
+        text = os.environ['LOADR_SHM_BYTES'].strip()
+        if not text.isdigit():
+            raise ResourceError(f'LOADR_SHM_BYTES must be a number of bytes, got {text!r}')
+        shm_bytes = int(text)
+    if shm_bytes is not None:
+        budget, how = int(shm_bytes), f'shm_bytes={int(shm_bytes)}'
+    else:
+        avail = available_memory()
+        if avail is None:
+            budget, how = 2**62, 'no limit known'
+        else:
+            budget = int(avail * DEFAULT_SHM_FRACTION)
+            how = (f'by default {DEFAULT_SHM_FRACTION:g} of the {_mib(avail)} of memory '
+                   'free')
+    if not memfd:
+        if not os.path.isdir(SHM_DIR):
+            raise ResourceError(f'{SHM_DIR} does not exist; loadr needs shared memory for '
+                                'workers > 0 (or use workers=0)', SHM_DIR)
+        free = free_bytes()
+        if free < budget:
+            budget, how = free, f'{SHM_DIR} has {_mib(free)} free'
+    return budget, how
+
+
+def plan_slots(slot_bytes: int, wanted: int, workers: int, budget: tuple[int, str],
+               extra_bytes: int = 0) -> int:
+    """How many slots of ``slot_bytes`` to make: ``wanted``, or as many as the budget
+    holds; ResourceError if that is less than one per worker plus one.
+
+    >>> plan_slots(100, wanted=10, workers=2, budget=(650, 'shm_bytes=650'))
+    6
+    >>> plan_slots(100, wanted=10, workers=8, budget=(650, 'x'))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    loadr.errors.ResourceError: the batches need at least 900 B of shared memory (...), more \
+than the budget of 650 B (x); lower batch or workers, or raise shm_bytes (or LOADR_SHM_BYTES)
+    """
+    fits = max(0, budget[0] - extra_bytes) // max(1, slot_bytes)
+    least = workers + 1
+    if fits < least:
         raise ResourceError(
-            f'the batches need {_mib(nbytes)} of shared memory but {SHM_DIR} has '
-            f'{_mib(free)} free; enlarge it (docker: --shm-size), or lower batch or prefetch',
-            SHM_DIR)
+            f'the batches need at least {size_text(least * slot_bytes)} of shared memory (one '
+            f'batch slot of {size_text(slot_bytes)} for each of the {workers} workers, plus '
+            f'one), more than the budget of {size_text(budget[0])} ({budget[1]}); lower batch or '
+            'workers, or raise shm_bytes (or LOADR_SHM_BYTES)')
+    return min(wanted, fits)
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes for a message: '900 B', or '36.8 MiB' from 1 MiB up."""
+    return f'{n} B' if n < 2**20 else _mib(n)
 
 
 # -- owned directories ------------------------------------------------------------------

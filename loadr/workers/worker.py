@@ -38,9 +38,9 @@ class WorkerArgs:
     fns: list
     spec: dict
     layout: object
-    slot_paths: list
-    status_path: str
-    owned_dirs: list            # the pool's directories (segments, socket): see shm.py
+    slot_specs: list            # Segment.spec of each slot, then of the status segment
+    status_spec: dict
+    owned_dirs: list            # the pool's directories (socket; /dev/shm segments): shm.py
     parent_pid: int
     parent_start: int | None    # its start time (pids.proc_stat): a pid alone can be reused
     n: int
@@ -99,8 +99,8 @@ def run(args: WorkerArgs) -> None:
     if args.steady_memory:
         memory.set_steady()         # before the reader and fns allocate anything
     try:
-        segments = [Segment.attach(path) for path in args.slot_paths]
-        status = Segment.attach(args.status_path)
+        segments = [Segment.attach(spec) for spec in args.slot_specs]
+        status = Segment.attach(args.status_spec)
     except FileNotFoundError:
         # Only the pool unlinks them: it closed (Ctrl-C while we started). Leave quietly.
         return

@@ -36,9 +36,10 @@ SCRIPT_TIMEOUT_S = 30
 STARTED: list[subprocess.Popen] = []
 
 
-def start_script(code: str, *args: str) -> subprocess.Popen:
-    """Run ``code`` (dedented) in a new Python process in its own session and group."""
-    env = {**os.environ, 'PYTHONPATH': str(ROOT)}
+def start_script(code: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """Run ``code`` (dedented) in a new Python process in its own session and group,
+    with ``env`` added to the environment."""
+    env = {**os.environ, 'PYTHONPATH': str(ROOT), **(env or {})}
     proc = subprocess.Popen([sys.executable, '-c', textwrap.dedent(code), *args], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -137,10 +138,30 @@ def owned_dirs(pid: int | None = None, parent: str = SHM_DIR) -> list[str]:
                   if n.startswith(f'{PREFIX}{pid}-'))
 
 
-def segments(pid: int | None = None) -> list[str]:
-    """The /dev/shm segments that ``pid`` (default: this process) owns, as paths relative
-    to /dev/shm (``loadr-<pid>-<token>/slot0``); markers are not segments."""
+def memfds(pid: int | None = None) -> list[str]:
+    """The loadr memfd segments that ``pid`` (default: this process) holds open, as
+    ``/proc/<pid>/fd/<n>`` paths."""
+    pid = os.getpid() if pid is None else pid
     found = []
+    try:
+        fds = os.listdir(f'/proc/{pid}/fd')
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+    for fd in fds:
+        path = f'/proc/{pid}/fd/{fd}'
+        try:
+            if os.readlink(path).startswith(f'/memfd:{PREFIX}'):
+                found.append(path)
+        except OSError:
+            pass
+    return sorted(found)
+
+
+def segments(pid: int | None = None) -> list[str]:
+    """The shared-memory segments that ``pid`` (default: this process) owns: its memfds
+    (``/proc/<pid>/fd/<n>``) and its /dev/shm files, as paths relative to /dev/shm
+    (``loadr-<pid>-<token>/slot0``); markers are not segments. Either joins onto SHM_DIR."""
+    found = memfds(pid)
     for path in owned_dirs(pid):
         try:
             found += [os.path.join(os.path.basename(path), n) for n in os.listdir(path)

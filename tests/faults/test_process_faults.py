@@ -97,10 +97,16 @@ def test_ctrl_c_during_iteration_exits_cleanly(mode):
     assert not os.path.exists(info['dir'])
 
 
-@pytest.mark.parametrize('method', ['fork', 'forkserver'])
-def test_sigkill_of_the_main_process_ends_its_workers_and_their_memory(method):
+# Segments are memfds by default (they go with the last process that holds them);
+# LOADR_SHM=devshm makes them files in /dev/shm, which somebody must remove.
+BACKENDS = {'memfd': {}, 'devshm': {'LOADR_SHM': 'devshm'}}
+
+
+@pytest.mark.parametrize('method,backend', [('fork', 'memfd'), ('fork', 'devshm'),
+                                            ('forkserver', 'memfd')])
+def test_sigkill_of_the_main_process_ends_its_workers_and_their_memory(method, backend):
     # With forkserver the workers' parent is the fork server, not the main process.
-    proc = start_script(LOOP, 'raise', method)
+    proc = start_script(LOOP, 'raise', method, env=BACKENDS[backend])
     info = read_json_line(proc)
     # 4 slots (prefetch 2 * 2 workers), 2 to lend batches the caller holds, the status
     assert len(segments(info['pid'])) == 4 + LEASED_SLOTS + 1
@@ -123,18 +129,19 @@ TWICE = '''
         it = iter(loader)
         next(it)
         print(json.dumps({'pid': os.getpid(), 'workers': loader.worker_pids,
-                          'dirs': [loader._pool._dir, loader._pool._shm_dir]}), flush=True)
+                          'dirs': loader._pool._held.dirs}), flush=True)
         while True:
             next(it)
 '''
 
 
-def test_a_double_ctrl_c_leaks_no_shared_memory_and_no_directory():
+@pytest.mark.parametrize('backend', ['memfd', 'devshm'])
+def test_a_double_ctrl_c_leaks_no_shared_memory_and_no_directory(backend):
     # It used to leak about one run in two: a second KeyboardInterrupt inside close(),
     # after the workers had gone and before the segments were unlinked.
     rng = random.Random(8)
-    for _ in range(8):
-        proc = start_script(TWICE)
+    for _ in range(6):
+        proc = start_script(TWICE, env=BACKENDS[backend])
         info = read_json_line(proc)
         os.killpg(proc.pid, signal.SIGINT)
         time.sleep(rng.uniform(0, 0.03))
@@ -143,8 +150,9 @@ def test_a_double_ctrl_c_leaks_no_shared_memory_and_no_directory():
         except ProcessLookupError:
             pass
         _, err = finish(proc)
-        assert proc.returncode == -signal.SIGINT, err
-        assert err.rstrip().endswith('KeyboardInterrupt'), err
+        # (A second Ctrl-C that lands while the interpreter shuts down is reported by
+        # Python itself, after the traceback, so the text need not end with it.)
+        assert proc.returncode == -signal.SIGINT and 'KeyboardInterrupt' in err, err
         wait_until_gone(info['workers'], 2.0)
         left = [path for path in info['dirs'] if os.path.exists(path)]
         assert left == [], err
@@ -162,15 +170,19 @@ def test_forkserver_workers_start_and_give_the_same_batches():
         assert loader._pool.restarts == 0 and len(loader.worker_pids) == 2
 
 
-def test_segments_of_a_dead_owner_are_reclaimed_by_the_next_loader():
+@pytest.mark.parametrize('backend', ['memfd', 'devshm'])
+def test_segments_of_a_dead_owner_are_reclaimed_by_the_next_loader(backend):
     # The whole group SIGKILLed at once (an OOM kill of the job): nobody unlinks.
-    proc = start_script(LOOP, 'raise')
+    proc = start_script(LOOP, 'raise', env=BACKENDS[backend])
     info = read_json_line(proc)
     os.killpg(proc.pid, signal.SIGKILL)
     finish(proc)
     wait_until_gone([info['pid'], *info['workers']], 2.0)
     left = segments(info['pid'])
-    assert len(left) == 4 + LEASED_SLOTS + 1 and os.path.isdir(info['dir'])
+    if backend == 'memfd':
+        assert left == [] and os.path.isdir(info['dir'])    # the kernel took the memory
+    else:
+        assert len(left) == 4 + LEASED_SLOTS + 1 and os.path.isdir(info['dir'])
     # A segment of a live owner (pid 1 always runs) must survive the reclaim.
     alive_name = 'loadr-1-0badc0de-slot0'
     alive_path = os.path.join(SHM_DIR, alive_name)
@@ -278,8 +290,7 @@ IN_NAMESPACE = '''
     with loadr.Loader(trivial(100), batch=4, seed=1, workers=1) as loader:
         it = iter(loader)
         next(it)
-        print(json.dumps({'pid': os.getpid(), 'dirs': [loader._pool._dir,
-                                                       loader._pool._shm_dir]}), flush=True)
+        print(json.dumps({'pid': os.getpid(), 'dirs': loader._pool._held.dirs}), flush=True)
         sys.stdin.readline()                      # the test reclaims meanwhile
         print(json.dumps({'digest': batch_digest(next(it))}), flush=True)
 '''
@@ -297,14 +308,17 @@ def test_a_live_loader_of_another_pid_namespace_is_never_reclaimed():
     code = textwrap.dedent(IN_NAMESPACE)
     shell = ('while [ "$(sh -c \'echo $$\')" -lt 300 ]; do :; done; '
              f'{sys.executable} -c "$0"')
+    # LOADR_SHM=devshm: a directory in /dev/shm as well as the one in the temp dir.
     proc = subprocess.Popen([unshare, '--pid', '--fork', '--mount-proc', 'sh', '-c', shell,
-                             code], cwd=ROOT, env={**os.environ, 'PYTHONPATH': str(ROOT)},
+                             code], cwd=ROOT, env={**os.environ, 'PYTHONPATH': str(ROOT),
+                                                   'LOADR_SHM': 'devshm'},
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     STARTED.append(proc)
     info = read_json_line(proc)
     if running(info['pid']):
         pytest.skip(f"pid {info['pid']} of the namespace also runs here: nothing to show")
+    assert len(info['dirs']) == 2                  # its sockets', its segments'
     for path in info['dirs']:
         assert owner_of(path) is not None and os.path.isdir(path)
     with loadr.Loader(trivial(20), batch=4, workers=1) as loader:
