@@ -429,3 +429,78 @@ def test_import_loadr_imports_no_torch():
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                          check=True, timeout=60)
     assert out.stdout.split() == ['False', 'False']
+
+
+# -- examples -------------------------------------------------------------------
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / 'examples'
+
+
+def load_example(name: str):
+    import importlib.util
+    sys.path.insert(0, str(EXAMPLES))     # the examples import each other
+    try:
+        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f'{name}.py')
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    return module
+
+
+@pytest.fixture(scope='module')
+def demo_images(tmp_path_factory):
+    from loadr.demo import make_images
+    path = tmp_path_factory.mktemp('demo') / 'images'
+    make_images(str(path), n=64)          # 4 batches of 16 per epoch
+    return path
+
+
+def test_train_torch_example_killed_and_resumed_ends_with_the_same_weights(tmp_path,
+                                                                           demo_images):
+    example = load_example('train_torch')
+    common = ['--data', str(demo_images), '--steps', '10', '--checkpoint-every', '3']
+    straight = example.main(['--dir', str(tmp_path / 'straight'), '--workers', '0', *common])
+    run = [sys.executable, str(EXAMPLES / 'train_torch.py'), '--dir', str(tmp_path / 'killed'),
+           *common]
+    killed = subprocess.run([*run, '--workers', '1', '--kill-at', '8'], capture_output=True,
+                            text=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr       # SIGKILLed after step 8, saved at 6
+    resumed = subprocess.run([*run, '--workers', '2'], capture_output=True, text=True,
+                             timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert 'resumed at step 6 (epoch 1)' in resumed.stdout
+    assert resumed.stdout.split()[-1] == straight
+
+
+def test_lightning_example_resumes_the_data_through_lightnings_checkpoint(tmp_path,
+                                                                          demo_images):
+    try:
+        import lightning  # noqa: F401
+    except ImportError:
+        if in_ci():
+            raise
+        pytest.skip('lightning is not installed (pip install lightning)')
+    example = load_example('train_lightning')
+    log = tmp_path / 'steps.log'
+    common = ['--dir', str(tmp_path), '--data', str(demo_images), '--workers', '1',
+              '--log', str(log)]
+    torch_example = load_example('train_torch')
+    with DataLoader(torch_example.open_images(str(demo_images)), batch_size=16,
+                    fns=torch_example.make_pipeline(), seed=0, num_workers=0) as dl:
+        expected = [example.batch_digest(b) for _ in range(2) for b in dl]
+
+    def trained(args) -> list[tuple]:
+        log.write_text('')
+        example.main([*common, *args])
+        return [(int(step), digest) for step, digest in
+                (line.split() for line in log.read_text().splitlines())]
+
+    # 4 batches per epoch, a checkpoint every 2 steps: step 2 is inside epoch 0,
+    # step 4 its end (Lightning stops at len(dl), before the epoch's StopIteration).
+    assert trained(['--steps', '6', '--checkpoint-every', '2']) == \
+        list(enumerate(expected[:6], start=1))
+    for start in (2, 4):
+        ckpt = tmp_path / 'checkpoints' / f'epoch=0-step={start}.ckpt'
+        resumed = trained(['--steps', '6', '--resume', str(ckpt), '--checkpoint-every', '100'])
+        assert resumed == list(enumerate(expected[start:6], start=start + 1))

@@ -32,7 +32,7 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 from loadr.torch import DataLoader  # noqa: E402
 
-from .dist.job import dataset, noisy  # noqa: E402
+from .dist.data import dataset, noisy  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 JOB = ROOT / 'tests' / 'dist' / 'job.py'

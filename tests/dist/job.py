@@ -26,29 +26,9 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from loadr.torch import DataLoader
+from tests.dist.data import FailOn, dataset, noisy
 
 GROUP_TIMEOUT_S = 60
-
-
-def dataset(n: int) -> list[dict]:
-    return [{'label': i, 'vec': np.full(4, i, np.float32)} for i in range(n)]
-
-
-def noisy(dp, seed):
-    rng = np.random.default_rng(seed)
-    return {'label': dp['label'], 'vec': dp['vec'] + rng.standard_normal(4).astype(np.float32)}
-
-
-class FailOn:
-    """``noisy``, but datapoint ``label`` raises (a bad record on one rank)."""
-
-    def __init__(self, label: int):
-        self.label = label
-
-    def __call__(self, dp, seed):
-        if dp['label'] == self.label:
-            raise ValueError(f'datapoint {self.label} is broken')
-        return noisy(dp, seed)
 
 
 def make(args, fns=(noisy,), **kw):
