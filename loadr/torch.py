@@ -236,20 +236,31 @@ def _close_live() -> None:
 
 
 class _Epoch:
-    """What ``iter(dl)`` returns: one epoch, claimed at its first ``next()``."""
+    """What ``iter(dl)`` returns: one epoch, claimed at its first ``next()``.
+
+    A state loaded while it runs moves it: it goes on from the loaded state
+    (as a :class:`loadr.Loader` does), so ``load_state_dict(state_dict())`` in
+    the middle of an epoch changes nothing.
+    """
 
     def __init__(self, dl: DataLoader, token: int):
         self.dl, self.token = dl, token
         self._gen = None
+        self._loads = None                  # dl._loads when the generator was made
         self._over = False
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self._gen is None:
-            self._gen = None if self._over else self.dl._claim(self)
-            if self._gen is None:           # superseded before it started
+        if self._gen is None or self._loads != self.dl._loads:
+            if self._over:
+                raise StopIteration
+            if self._gen is not None:
+                self._gen.close()
+            self._loads = self.dl._loads
+            self._gen = self.dl._claim(self)
+            if self._gen is None:           # a newer iter() started first
                 self._over = True
                 raise StopIteration
         return next(self._gen)
@@ -328,6 +339,7 @@ class DataLoader:
         self._current = None              # the _Epoch being iterated
         self._latest = 0                  # the newest iter(): only it may start
         self._unstarted = False           # it has not yielded yet
+        self._loads = 0                   # load_state_dict() calls
         self.closed = False
 
     @staticmethod
@@ -378,7 +390,8 @@ class DataLoader:
         """The generator of ``it``'s epoch; None if a newer iter() or a load came first."""
         if it.token != self._latest or self.closed:
             return None
-        self._stop_current()
+        if self._current is not it:
+            self._stop_current()
         self._epoch, self._step = self._next_start()
         # From here a new iter() starts the next epoch (torch's rule), until
         # this epoch runs to its end or a state is loaded.
@@ -478,7 +491,10 @@ class DataLoader:
         return {'version': STATE_VERSION, 'epoch': epoch, 'loader': loader}
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
-        """Go on from ``state``: the next ``iter(dl)`` yields the batch that was due.
+        """Go on from ``state``: the next batch is the one that was due.
+
+        It comes from the iteration in progress, if there is one, else from
+        the next ``iter(dl)`` (which then continues the state's epoch).
 
         ``{}`` changes nothing (as in torchdata). ``strict=False`` is passed
         to :meth:`loadr.Loader.load`.
@@ -493,8 +509,7 @@ class DataLoader:
         if state.get('version', STATE_VERSION) > STATE_VERSION:
             raise StateError(f"DataLoader state version {state['version']} is newer than this "
                              f'loadr understands ({STATE_VERSION}); upgrade loadr')
-        self._stop_current()
-        self._latest += 1                 # an iterator made before the load does not start
+        self._loads += 1                  # the iterator in progress goes on from here
         self._unstarted = False
         if strict:
             self.loader.load(state['loader'])

@@ -30,6 +30,7 @@ from loadr.errors import ConfigError, StateError, WorkerError  # noqa: E402
 from loadr.torch import DataLoader, _SlotPinner, rank_and_world_size, to_torch  # noqa: E402
 
 from .loader_helpers import batch_digest, noisy, trivial  # noqa: E402
+from .state_harness import Stateful, run_save_load_state  # noqa: E402
 
 N = 23                                   # 6 batches of 4 per epoch, the last one short
 
@@ -111,10 +112,24 @@ def test_an_iterator_never_advanced_costs_no_epoch(reference):
         assert dl.state_dict()['epoch'] == 1        # what that iterator would start
         assert [digest(b) for b in dl] == reference[1]
         assert next(probe, None) is None            # a newer one started first
-        before_load = iter(dl)
-        dl.load_state_dict(dl.state_dict())
-        assert next(before_load, None) is None      # made before a load: never starts
         assert [digest(b) for b in dl] == reference[2]
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_state_loaded_during_an_epoch_moves_the_iteration_in_progress(workers, reference):
+    with make(workers) as dl:
+        it = iter(dl)
+        head = [digest(next(it)) for _ in range(2)]
+        dl.load_state_dict(dl.state_dict())          # changes nothing
+        head.append(digest(next(it)))
+        state = dl.state_dict()
+        head.append(digest(next(it)))
+        dl.load_state_dict(state)                    # one batch back
+        assert head + [digest(b) for b in it] == reference[0][:4] + reference[0][3:]
+        later = iter(dl)
+        dl.load_state_dict(state)                    # an iterator not started yet
+        assert [digest(b) for b in later] == reference[0][3:]
+        assert [digest(b) for b in dl] == reference[1]
 
 
 def test_tensors_are_the_lent_shared_memory_not_copies(reference):
@@ -182,6 +197,35 @@ def test_ranks_split_each_global_batch_with_no_sample_twice(n, drop_last):
             dl.close()
 
 
+def test_a_four_rank_state_resumes_on_two_ranks_and_on_one():
+    def joined(parts) -> str:
+        return digest({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
+
+    def ranks(world):
+        return [make(batch=8 // world, rank=r, world_size=world, workers=r % 2)
+                for r in range(world)]
+
+    with make(batch=8) as one:                    # the same global batch of 8
+        whole = epochs(one, 2)
+    four = ranks(4)
+    its = [iter(dl) for dl in four]
+    for k in range(2):
+        assert joined([next(it) for it in its]) == whole[0][k]
+    state = json.loads(json.dumps(four[0].state_dict()))
+    for dl in four:
+        dl.close()
+    for world in (2, 1):
+        resumed = ranks(world)
+        resumed[0].load_state_dict(state)
+        for dl in resumed[1:]:
+            dl.load_state_dict(state)
+        for want in (whole[0][2:], whole[1]):
+            parts = [list(dl) for dl in resumed]
+            assert [joined(batch) for batch in zip(*parts)] == want
+        for dl in resumed:
+            dl.close()
+
+
 def test_rank_and_world_size_come_from_the_environment(monkeypatch):
     monkeypatch.setenv('RANK', '2')
     monkeypatch.setenv('WORLD_SIZE', '4')
@@ -235,6 +279,30 @@ def test_interrupt_at_every_step_resumes_exactly(workers, resume_workers, refere
                 assert [digest(b) for b in resumed] == rest
                 # ... and after it, the next epoch, as in the uninterrupted run.
                 assert [digest(b) for b in resumed] == reference[epoch + 1]
+
+
+def harness_epoch(dl):
+    """One epoch for the shared harness, which wants the next epoch's batches after a
+    state taken after an epoch's last batch: ours (torchdata's rule, tested below)
+    first finishes that epoch, with no batch."""
+    it = iter(dl)
+    first = next(it, None)
+    if first is None:
+        it = iter(dl)
+        first = next(it, None)
+    if first is not None:
+        yield first
+        del first
+        yield from it
+
+
+def test_the_dataloader_passes_the_shared_save_load_harness():
+    covered = run_save_load_state(Stateful(
+        make=lambda workers: make(workers, batch=3, rank=1, world_size=2),
+        epoch=harness_epoch, save=lambda dl: dl.state_dict(),
+        load=lambda dl, state: dl.load_state_dict(state), digest=digest),
+        worker_counts=(0, 1, 2), epochs=2)
+    assert covered == {'batches': 8, 'resumed': 3 * 9}
 
 
 def test_resume_in_a_new_dataloader_on_another_worker_count(reference):
