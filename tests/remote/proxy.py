@@ -104,10 +104,15 @@ class Proxy:
             for sock in self._server.sockets:
                 _shutdown(sock)
             self._server.close()
-            # Connections accepted just now start their handler on the next turns of the
-            # loop: let them, so that every socket we accepted is closed too.
-            for _ in range(3):
+            # Connections accepted just now reach their handler some turns of the loop
+            # later (accept task, transport, protocol, handler task): wait until every
+            # task is a handler we know, so that every socket we accepted is closed too.
+            me = asyncio.current_task()
+            for _ in range(200):
                 await asyncio.sleep(0)
+                if all(t is me or t in self._tasks for t in asyncio.all_tasks()):
+                    break
+            await asyncio.sleep(0.01)
             for w in list(self._writers):
                 _shutdown(w.get_extra_info('socket'))
                 w.transport.abort()
