@@ -14,10 +14,17 @@ and it has been seen so for ``FROZEN_AFTER_S``: found within seconds, not at
 the task deadline. A worker that is merely slow (a long fn, a read waiting
 on a disk, C code holding the GIL) runs on until the task deadline.
 
+The pool makes ``slots`` batch slots, or fewer if the shared-memory budget
+(``shm_bytes``, see :func:`~loadr.workers.shm.shm_budget`) holds fewer:
+``pool.slot_count`` is what it made, and the window must use only those.
+Workers run with steady memory (:mod:`loadr.workers.memory`) unless
+``steady_memory=False``; ``pool.memory()`` says what each one holds.
+
 Example::
 
     pool = WorkerPool(reader, fns, spec, layout, workers=2, slots=4, n=len(reader),
                       shuffle=True, on_error='raise')
+    pool.slot_count                           # 4, or fewer within the budget
     pool.submit(task_id=0, slot=0, seed=0, start=0, count=64)
     for event in pool.poll(100):
         ...                                   # ('done', 0, extras, replaced)
