@@ -338,6 +338,7 @@ class DataLoader:
         self._epoch, self._step, self._resume = 0, 0, True
         self._current = None              # the _Epoch being iterated
         self._latest = 0                  # the newest iter(): only it may start
+        self._fetched = 0                 # batches taken from the Loader in this epoch
         self._unstarted = False           # it has not yielded yet
         self._loads = 0                   # load_state_dict() calls
         self.closed = False
@@ -405,8 +406,10 @@ class DataLoader:
             current.close()
 
     def _run(self, epoch: int, step: int):
-        if self._done(epoch, step) < len(self):
+        due = len(self) - self._done(epoch, step)
+        if due > 0:
             host = self.loader.epoch(epoch, self.drop_last)
+            self._fetched = 0
             try:
                 if self.device is not None and self.device.type == 'cuda':
                     yield from self._overlapped(host)
@@ -414,14 +417,29 @@ class DataLoader:
                     yield from self._on_host(host)
             finally:
                 host.close()
+            # Every rank yields len(dl) batches, or a DDP all-reduce would wait
+            # forever on a rank that has finished: a shard of the core Loader
+            # left without rows at the end of an epoch gets empty batches.
+            for _ in range(due - self._fetched):
+                self._step = self.loader.step
+                yield self._empty_batch()
         # The epoch ran to its end: the next iter() starts the next epoch
         # fresh, and so does a state taken now.
         self._epoch, self._step, self._resume = epoch + 1, (epoch + 1) * self.loader.n, True
+
+    def _empty_batch(self) -> dict:
+        """A batch of zero rows with the keys, dtypes and shapes of every other batch."""
+        out = {}
+        for key, (dtype, shape) in self.loader.spec.items():
+            dtype = np.dtype(dtype)
+            out[key] = [] if dtype.kind == 'O' else _tensor(np.empty((0, *shape), dtype))
+        return out if self.device is None else _to_device(out, self.device)
 
     def _host_batch(self, host):
         batch = next(host, None)
         if batch is None:
             return None, None, None
+        self._fetched += 1
         out = to_torch(batch)
         if self._pinner is not None:
             out = self._pinner.pin(batch, out)
