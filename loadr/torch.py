@@ -421,7 +421,8 @@ class DataLoader:
             # forever on a rank that has finished: a shard of the core Loader
             # left without rows at the end of an epoch gets empty batches.
             for _ in range(due - self._fetched):
-                self._step = self.loader.step
+                # Only the last, partial global batch can leave a shard empty.
+                self._step = (epoch + 1) * self.loader.n
                 yield self._empty_batch()
         # The epoch ran to its end: the next iter() starts the next epoch
         # fresh, and so does a state taken now.
