@@ -184,8 +184,15 @@ def test_ranks_split_each_global_batch_with_no_sample_twice(n, drop_last):
     try:
         assert len({len(dl) for dl in ranks}) == 1 and len(ranks[0]) == len(whole[0])
         for e in range(2):
-            parts = [list(dl) for dl in ranks]
+            parts, inside = [], []
+            for dl in ranks:
+                parts.append([])
+                for batch in dl:
+                    parts[-1].append(batch)
+                    state = dl.state_dict()
+                inside.append(state)       # after the last batch, inside the loop
             assert all(len(p) == len(ranks[0]) for p in parts)     # nobody waits in DDP
+            assert inside[1] == inside[0] and inside[2] == inside[0]
             for k, global_batch in enumerate(whole[e]):
                 for key in ('label', 'vec', 'seed'):
                     joined = torch.cat([p[k][key] for p in parts])
