@@ -25,7 +25,7 @@ from loadr.loader import LEASED_SLOTS
 from loadr.pids import running
 from loadr.workers.shm import MARKER, SHM_DIR, free_bytes, owned_dir, owner_of, reclaim_stale
 
-from ..loader_helpers import noisy, stream_digests, trivial
+from ..loader_helpers import noisy, slowed, stream_digests, trivial
 from .helpers import (
     ROOT,
     STARTED,
@@ -86,7 +86,9 @@ def test_ctrl_c_during_iteration_exits_cleanly(mode):
         with loadr.Loader(trivial(300), batch=8, fns=[slow], seed=1, workers=0) as ref:
             expected = stream_digests(ref, len(digests) + 5)
         assert digests == expected[:len(digests)]
-        with loadr.Loader(trivial(300), batch=8, fns=[slow], seed=5, workers=0) as resumed:
+        # Resumed as a user would: the same pipeline (a state belongs to its loader).
+        with loadr.Loader(trivial(300), batch=8, fns=[slowed(0.001)], seed=1,
+                          workers=0) as resumed:
             resumed.load(state)
             assert stream_digests(resumed, 5) == expected[len(digests):]
     else:
