@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
 
 import multiprocess
 import pytest
@@ -306,3 +308,13 @@ def test_a_synchronous_fsspec_filesystem_works_too(served_root):
             loadr.open('memory://loadr-test/single.ffr')._files.size('memory://loadr-test/x')
     finally:
         memory.rm('/loadr-test', recursive=True)
+
+
+def test_import_loadr_and_local_reads_never_import_fsspec(served_root):
+    code = ('import sys, loadr; r = loadr.open(sys.argv[1]); r[0]; r.prefetch([0]); '
+            'print(r.prefetches, sorted(m for m in sys.modules if m == "loadr.remote" or '
+            'm.split(".")[0] in ("fsspec", "s3fs", "aiohttp", "botocore")))')
+    out = subprocess.run([sys.executable, '-c', code, str(served_root / 'bag')],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ['False', '[]']
