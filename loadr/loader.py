@@ -32,6 +32,8 @@ import numpy as np
 
 from .assemble import OBJECT, Assembler, infer_spec
 from .errors import ConfigError, LoadrError, StateError, WorkerError
+from . import state as state_fields
+from .state import STATE_VERSION
 from .order import ORDER_VERSION, check_seed, check_version, order_for
 from .workers import protocol
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
@@ -40,7 +42,6 @@ __all__ = ['Loader', 'STATE_VERSION', 'LEASED_SLOTS']
 
 log = logging.getLogger('loadr')
 
-STATE_VERSION = 1
 DEFAULT_TASK_TIMEOUT_S = 300.0
 MIN_ERRORS_BEFORE_RAISE = 4
 
@@ -178,6 +179,8 @@ class Loader:
         self.start_method = start_method
         self.step = 0
         self._orders = {}
+        self._fingerprint_cache = None
+        self._order_switch_logged = False
         self.n = self._order().n        # positions per epoch (a Mix may differ from len)
         self._spec = _normalize_spec(spec) if spec is not None else None
         self._pool = None
@@ -219,43 +222,80 @@ class Loader:
     def global_batch(self) -> int:
         return self.batch * self.num_shards
 
+    def _fingerprint(self) -> dict:
+        # Kept: the reader's identity and the fns do not change under a loader,
+        # and save() stays a dict copy (a few microseconds) at any step.
+        if self._fingerprint_cache is None or self._fingerprint_cache['order'] != \
+                self.order_version:
+            self._fingerprint_cache = state_fields.fingerprint(
+                self.reader, self.fns, self.n, self.shuffle, self.global_batch,
+                self.order_version)
+        return self._fingerprint_cache
+
     def save(self) -> dict:
-        """A small JSON-serialisable state: where the stream goes on from.
+        """A small JSON state (well under 1 KB): where the stream goes on from, and what
+        makes it (see :mod:`loadr.state`); the same on every shard.
 
-        >>> Loader([{'x': 1}], batch=1, workers=0).save()['step']
-        0
+        >>> state = Loader([{'x': 1}], batch=1, workers=0).save()
+        >>> state['step'], state['version']
+        (0, 2)
         """
-        return {'version': STATE_VERSION, 'step': self.step, 'seed': self.seed,
-                'n': self.n, 'shuffle': self.shuffle, 'global_batch': self.global_batch}
+        state = {'version': state_fields.STATE_VERSION, 'step': self.step, 'seed': self.seed,
+                 **self._fingerprint()}
+        state['fns'] = list(state['fns'])
+        state['dataset'] = dict(state['dataset'])
+        return state
 
-    def load(self, state: dict) -> None:
-        """Go on from ``state`` (from ``save()``); the next batch is the one that was due."""
-        if not isinstance(state, dict) or 'step' not in state or 'seed' not in state:
-            raise StateError(f"a loader state is a dict with 'step' and 'seed', got {state!r}")
-        version = state.get('version', STATE_VERSION)
-        if version > STATE_VERSION:
-            raise StateError(f'state version {version} is newer than this loadr '
-                             f'understands ({STATE_VERSION}); upgrade loadr')
-        if 'n' in state and state['n'] != self.n:
-            raise StateError(f"the state was saved for a dataset of {state['n']} datapoints, this "
-                             f'reader has {self.n}: load it with the same dataset')
-        if 'shuffle' in state and bool(state['shuffle']) != self.shuffle:
-            raise StateError(f"the state was saved with shuffle={state['shuffle']}; create the "
-                             f'Loader with the same shuffle to resume')
-        step = state['step']
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise StateError(f'step must be an int >= 0, got {step!r}')
-        try:
-            seed = check_seed(state['seed'])
-        except ValueError as exc:
-            raise StateError(str(exc)) from exc
-        gb = state.get('global_batch', self.global_batch)
-        if gb != self.global_batch:
-            log.warning('loadr: state saved with global batch %s, resuming with %s: the '
-                        'batches from here on are grouped differently', gb, self.global_batch)
-        self.step, self.seed = int(step), seed
+    def load(self, state: dict, strict: bool = True) -> None:
+        """Go on from ``state`` (from ``save()``): the next batch is the one that was due.
+
+        The state must belong to this loader: same dataset, fns, shuffle, seed
+        and global batch (the number of shards and workers may differ). A
+        state that does not is refused with a :class:`~loadr.errors.StateError`
+        that lists what differs; ``strict=False`` goes on from it anyway, with
+        the state's step, seed and order, and logs what differs.
+
+        States of loadr 0.1 (version 1) still load. Their stream was made with
+        order version 1 (0.1's shuffle), so a version 1 state of a shuffled
+        stream switches this loader to order version 1, and says so once in
+        the log: the batches go on exactly as they would have in 0.1. A dict
+        without a version (``{'step': 640, 'seed': 0}``) is checked for the
+        fields it has and keeps this loader's order.
+
+        >>> loader = Loader([{'x': i} for i in range(10)], batch=2, seed=1, workers=0)
+        >>> loader.load({'step': 4, 'seed': 1})
+        >>> next(iter(loader))['x'].tolist() == loader._order().indices(4, 2).tolist()
+        True
+        """
+        parsed = state_fields.parse(state)
+        mine = {'seed': self.seed, **self._fingerprint()}
+        diffs = state_fields.differences(parsed, mine,
+                                         [state_fields.fn_name(fn) for fn in self.fns])
+        if diffs and strict:
+            raise StateError('this state does not belong to this loader:\n  - '
+                             + '\n  - '.join(diffs) + '\nCreate the Loader as it was when '
+                             'the state was saved, or call load(state, strict=False) to go on '
+                             "from the state's step with its seed and order anyway.")
+        for line in diffs:
+            log.warning('loadr: load(strict=False) of a state that differs: %s', line)
+        order = parsed.get('order', self.order_version)
+        if order != self.order_version and (self.shuffle or hasattr(self.reader, 'make_order')):
+            if not self._order_switch_logged:
+                log.warning('loadr: the state was saved with order version %d (this loader: '
+                            '%d); going on with order version %d, as its stream was made',
+                            order, self.order_version, order)
+                self._order_switch_logged = True
+            self._set_order_version(order)
+        self.step, self.seed = parsed['step'], parsed['seed']
         if self._window is not None:
             self._window.reset()        # every iterator goes on from the new step
+
+    def _set_order_version(self, version: int) -> None:
+        self.order_version = version
+        self._orders.clear()
+        # The workers and the inline window build their orders with the
+        # version they were made with: make them again, lazily.
+        self._close_window()
 
     # -- iteration -----------------------------------------------------------
 
@@ -291,13 +331,15 @@ class Loader:
         if self.closed:
             raise LoadrError('this loader is closed')
         spec = self.spec
-        window = self._ensure_window(spec)
-        gen = None
+        window = gen = None
         try:
             while True:
-                if gen is None or not window.live(gen):
+                if self.closed:
+                    raise LoadrError('this loader is closed')
+                if gen is None or window is not self._window or not window.live(gen):
                     # The first batch, or another iterator or load() moved the
                     # stream: go on from the loader's step, in a generation of our own.
+                    window = self._ensure_window(spec)
                     gen = window.begin(self._schedule(epoch, drop_last))
                 try:
                     done = window.next(gen)
@@ -315,7 +357,7 @@ class Loader:
                 # Only the caller may keep a lent batch alive.
                 del batch
         finally:
-            if gen is not None:
+            if window is not None:
                 window.end(gen)
 
     def _batch_from(self, arrays: dict, extras: dict) -> dict:
@@ -361,12 +403,20 @@ class Loader:
         """The pids of the live worker processes (empty before the first batch)."""
         return [] if self._pool is None else self._pool.pids
 
-    def close(self) -> None:
-        """Stop the workers and free the shared memory; safe to call twice."""
-        self.closed = True
+    def _close_window(self) -> None:
+        if self._window is not None:
+            self._window.reset()
         if self._finalizer is not None:
             self._finalizer()
-        self._pool = self._window = None
+        self._pool = self._window = self._finalizer = None
+
+    def close(self) -> None:
+        """Stop the workers and free the shared memory; safe to call twice.
+
+        Every iterator of a closed loader raises LoadrError('this loader is closed').
+        """
+        self.closed = True
+        self._close_window()
 
     def __enter__(self):
         return self

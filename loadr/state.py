@@ -1,0 +1,197 @@
+"""A Loader's saved state: what it holds, and whether a state fits a loader.
+
+A state is small JSON (well under 1 KB), the same on every shard::
+
+    {'version': 2, 'step': 4096, 'seed': 0, 'n': 1000, 'shuffle': True,
+     'global_batch': 64, 'order': 2,
+     'dataset': {'kind': 'ffrecord', 'digest': '3f9a0c1b2d4e'},
+     'fns': ['a1b2c3', '9f8e7d']}
+
+- ``step`` is the stream position of the next batch, ``seed`` the stream's seed.
+- ``order`` is the version of the shuffle's permutation (:mod:`loadr.order`):
+  a state is replayed with the order it was made with.
+- ``n``, ``shuffle``, ``global_batch``, ``dataset`` and ``fns`` are the
+  fingerprint of what makes the stream. ``dataset`` is the reader's kind (its
+  format, or its type) and a digest of ``reader.identity()`` (format, files
+  relative to the dataset, sizes), or of its type name and length for a
+  reader without ``identity()``. ``fns`` holds a short digest of each fn's
+  repr, with memory addresses left out, so it is the same in every process.
+- Under ``on_error='skip'`` a state also carries the error budget,
+  ``'skipped': [epoch, errors, samples]`` (see :class:`~loadr.Loader`).
+
+Older states still load. Version 1 (loadr 0.1) is ``{'version': 1, 'step',
+'seed', 'n', 'shuffle', 'global_batch'}``; its stream was made with order
+version 1, so it is replayed with that order. A dict with no ``version`` is a
+state written by hand (``{'step': 640, 'seed': 0}``): only the fields it has
+are checked, and the loader's own order goes on.
+
+Example::
+
+    state = parse(loader.save())            # checked and upgraded; StateError if malformed
+    for line in differences(state, mine):   # what differs from this loader's fingerprint
+        print(line)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import types
+
+from .errors import StateError
+from .order import ORDER_VERSIONS, MAX_SEED
+
+__all__ = ['STATE_VERSION', 'MAX_STEP', 'fingerprint', 'parse', 'differences']
+
+STATE_VERSION = 2
+MAX_STEP = 2**63 - 1                # positions are uint64 below 2**63 (loadr.order)
+_ADDRESS = re.compile(r' at 0x[0-9a-fA-F]+')
+
+
+def _digest(value, size: int) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(',', ':'), default=str)
+    return hashlib.blake2b(text.encode(), digest_size=size).hexdigest()
+
+
+def fn_name(fn) -> str:
+    """A repr of ``fn`` that is the same in every process (no memory addresses).
+
+    >>> def jitter(dp, seed):
+    ...     return dp
+    >>> fn_name(jitter)
+    'loadr.state.jitter'
+    """
+    if isinstance(fn, types.FunctionType):
+        return f'{fn.__module__}.{fn.__qualname__}'.replace('.<locals>', '')
+    return _ADDRESS.sub('', repr(fn))
+
+
+def dataset_identity(reader, n: int) -> dict:
+    """``reader.identity()`` if the reader has it, else its type name and length."""
+    identity = getattr(reader, 'identity', None)
+    if callable(identity):
+        return identity()
+    return {'type': type(reader).__name__, 'n': n}
+
+
+def fingerprint(reader, fns, n: int, shuffle: bool, global_batch: int,
+                order_version: int) -> dict:
+    """The fields of a state that say what makes the stream (everything but step and seed).
+
+    >>> f = fingerprint([{'x': 1}] * 3, [], 3, True, 2, 2)
+    >>> f['dataset']['kind'], f['n'], f['fns']
+    ('list', 3, [])
+    """
+    identity = dataset_identity(reader, n)
+    kind = str(identity.get('format') or identity.get('type') or type(reader).__name__)[:40]
+    return {'n': n, 'shuffle': shuffle, 'global_batch': global_batch, 'order': order_version,
+            'dataset': {'kind': kind, 'digest': _digest(identity, 6)},
+            'fns': [_digest(fn_name(fn), 3) for fn in fns]}
+
+
+def _int(state: dict, key: str, lo: int, hi: int) -> int:
+    value = state[key]
+    if isinstance(value, bool) or not isinstance(value, int) and not hasattr(value, '__index__'):
+        raise StateError(f'{key} must be an int, got {value!r}')
+    value = value.__index__()
+    if not lo <= value <= hi:
+        raise StateError(f'{key} must be in [{lo}, {hi}], got {value}')
+    return value
+
+
+def parse(state) -> dict:
+    """``state`` checked and brought to the current version; StateError if it is malformed.
+
+    >>> parse({'version': 1, 'step': 8, 'seed': 0, 'n': 5, 'shuffle': True,
+    ...        'global_batch': 4})['order']
+    1
+    """
+    if not isinstance(state, dict) or 'step' not in state or 'seed' not in state:
+        raise StateError(f"a loader state is a dict with 'step' and 'seed', got {state!r}"[:300])
+    version = state.get('version')
+    if version is not None:
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise StateError(f'state version must be an int, got {version!r}')
+        if version > STATE_VERSION:
+            raise StateError(f'state version {version} is newer than this loadr understands '
+                             f'({STATE_VERSION}); upgrade loadr')
+        if version < 1:
+            raise StateError(f'state version must be 1 or more, got {version}')
+    out = {'step': _int(state, 'step', 0, MAX_STEP), 'seed': _int(state, 'seed', 0, MAX_SEED)}
+    for key in ('n', 'global_batch'):
+        if key in state:
+            out[key] = _int(state, key, 1, MAX_STEP)
+    if 'shuffle' in state:
+        if not isinstance(state['shuffle'], bool):
+            raise StateError(f"shuffle must be true or false, got {state['shuffle']!r}")
+        out['shuffle'] = state['shuffle']
+    if version == 1:
+        out['order'] = 1                # loadr 0.1 had one order, version 1's
+    elif 'order' in state:
+        if state['order'] not in ORDER_VERSIONS or isinstance(state['order'], bool):
+            raise StateError(f"order version {state['order']!r} is unknown to this loadr "
+                             f'(it knows {list(ORDER_VERSIONS)}); upgrade loadr')
+        out['order'] = state['order']
+    if 'dataset' in state:
+        dataset = state['dataset']
+        if (not isinstance(dataset, dict) or not isinstance(dataset.get('kind'), str)
+                or not isinstance(dataset.get('digest'), str)):
+            raise StateError(f"dataset must be {{'kind': str, 'digest': str}}, got {dataset!r}")
+        out['dataset'] = {'kind': dataset['kind'], 'digest': dataset['digest']}
+    if 'fns' in state:
+        fns = state['fns']
+        if not isinstance(fns, list) or not all(isinstance(f, str) for f in fns):
+            raise StateError(f'fns must be a list of digests, got {fns!r}'[:300])
+        out['fns'] = list(fns)
+    if 'skipped' in state:
+        skipped = state['skipped']
+        if (not isinstance(skipped, list) or len(skipped) != 3
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                           for v in skipped)):
+            raise StateError(f'skipped must be [epoch, errors, samples], got {skipped!r}')
+        out['skipped'] = list(skipped)
+    return out
+
+
+def differences(saved: dict, mine: dict, fn_names: list[str] = ()) -> list[str]:
+    """One line per field of the fingerprint (and the seed) where ``saved`` and ``mine``
+    differ; fields the saved state lacks are not compared. ``fn_names`` are this
+    loader's fns, to name the one that differs.
+
+    >>> differences({'seed': 1, 'shuffle': True}, {'seed': 2, 'shuffle': True})
+    ['seed: the state was saved with seed 1, this loader has seed 2']
+    """
+    out = []
+
+    def lacks(key):
+        return key not in saved or key not in mine
+
+    if not lacks('seed') and saved['seed'] != mine['seed']:
+        out.append(f"seed: the state was saved with seed {saved['seed']}, this loader has "
+                   f"seed {mine['seed']}")
+    if not lacks('n') and saved['n'] != mine['n']:
+        out.append(f"dataset size: the state was saved for {saved['n']} datapoints per epoch, "
+                   f"this loader reads {mine['n']}")
+    if not lacks('dataset') and saved['dataset'] != mine['dataset']:
+        was, now = saved['dataset'], mine['dataset']
+        out.append(f"dataset: the state was saved reading {was['kind']} (identity "
+                   f"{was['digest']}), this loader reads {now['kind']} (identity "
+                   f"{now['digest']}): other files, or files of other sizes")
+    if not lacks('fns') and saved['fns'] != mine['fns']:
+        was, now = saved['fns'], mine['fns']
+        if len(was) != len(now):
+            out.append(f'fns: the state was saved with {len(was)} fns, this loader has '
+                       f'{len(now)}')
+        else:
+            k = next(i for i, (a, b) in enumerate(zip(was, now)) if a != b)
+            name = fn_names[k] if k < len(fn_names) else '?'
+            out.append(f"fns: fn {k} differs from the one the state was saved with (this "
+                       f"loader's: {name})")
+    if not lacks('shuffle') and saved['shuffle'] != mine['shuffle']:
+        out.append(f"shuffle: the state was saved with shuffle={saved['shuffle']}, this "
+                   f"loader has shuffle={mine['shuffle']}")
+    if not lacks('global_batch') and saved['global_batch'] != mine['global_batch']:
+        out.append(f"global batch: the state was saved with {saved['global_batch']} datapoints "
+                   f"per step (batch x num_shards), this loader has {mine['global_batch']}")
+    return out
