@@ -809,14 +809,38 @@ class RemoteStorage(Storage):
         self._check_writable(path)
         return RemoteStagedDir(self, path)
 
-    def upload(self, pairs: Sequence[tuple[str, str]]) -> None:
-        """Upload ``(local file, url)`` pairs concurrently, each retried."""
+    def upload(self, pairs: Sequence[tuple[str, str]], done: list | None = None) -> None:
+        """Upload ``(local file, url)`` pairs concurrently, each retried.
+
+        The URLs uploaded are appended to ``done``, also when another failed
+        (whose error is raised once all have ended).
+        """
         fs = self.fs
 
         async def all_of():
-            await asyncio.gather(*(self._limited(lambda lp=lp, u=u: self._retried(
-                lambda: fs._put_file(lp, u), u, None, 'write')) for lp, u in pairs))
-        self._run(all_of())
+            return await asyncio.gather(*(self._limited(lambda lp=lp, u=u: self._retried(
+                lambda: fs._put_file(lp, u), u, None, 'write')) for lp, u in pairs),
+                return_exceptions=True)
+        results = self._run(all_of())
+        if done is not None:
+            done.extend(u for (_, u), r in zip(pairs, results) if not isinstance(r, BaseException))
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
+    def remove(self, urls: Sequence[str]) -> None:
+        """Delete objects we uploaded (best effort: a failure here is not raised)."""
+        fs = self.fs
+
+        async def all_of():
+            await asyncio.gather(*(self._limited(lambda u=u: self._retried(
+                lambda: fs._rm_file(u), u, None, 'remove')) for u in urls),
+                return_exceptions=True)
+        try:
+            self._run(all_of())
+        finally:
+            for u in urls:
+                self._forget(u)
 
 
 _shared: dict[tuple, RemoteStorage] = {}
@@ -969,8 +993,15 @@ class RemoteStagedDir:
                     files.append((local, f'{self.target}/{rel}'))
             data = [f for f in files if not f[0].endswith(_MARKER_SUFFIXES)]
             markers = sorted(f for f in files if f[0].endswith(_MARKER_SUFFIXES))
-            storage.upload(data)
-            storage.upload(markers)
+            uploaded: list[str] = []
+            try:
+                storage.upload(data, uploaded)
+                storage.upload(markers, uploaded)
+            except BaseException:
+                # Ours (the target was empty): take them away again, so that nothing is
+                # left. Where that fails too, the markers that make a dataset are missing.
+                storage.remove(uploaded)
+                raise
             storage._forget(self.target)
         except BaseException:
             self.abort()

@@ -46,16 +46,18 @@ class Proxy:
 
     ``error``, ``short``, ``reset``: fractions of attempts answered 503, cut
     short, or reset (their sum at most 1). ``delay_s``: added before every
-    request is forwarded. Settings may be changed while it runs.
+    request is forwarded. ``refuse``: a substring of the targets always
+    answered 503. Settings may be changed while it runs.
     """
 
     def __init__(self, upstream: str, delay_s: float = 0.0, error: float = 0.0,
                  short: float = 0.0, reset: float = 0.0, seed: int = 0, max_faults: int = 2,
-                 hang: bool = False, port: int = 0):
+                 hang: bool = False, port: int = 0, refuse: str | None = None):
         parts = urllib.parse.urlsplit(upstream if '//' in upstream else f'http://{upstream}')
         self.upstream = (parts.hostname or '127.0.0.1', parts.port or 80)
         self.delay_s, self.error, self.short, self.reset = delay_s, error, short, reset
         self.seed, self.max_faults, self.hang = seed, max_faults, hang
+        self.refuse = refuse          # requests whose target holds this are always 503
         self._port = port
         self._attempts: dict[tuple, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -175,6 +177,10 @@ class Proxy:
         headers = [tuple(s.strip() for s in line.split(':', 1))
                    for line in lines[1:] if ':' in line]
         h = {k.lower(): v for k, v in headers}
+        if h.get('expect', '').lower() == '100-continue':
+            # botocore's PUTs wait for this before they send the body (we forward it whole).
+            writer.write(b'HTTP/1.1 100 Continue\r\n\r\n')
+            headers = [(k, v) for k, v in headers if k.lower() != 'expect']
         body = await _read_body(reader, h)
         if target.startswith('/__proxy__/'):
             return await self._control(target, writer)
@@ -192,6 +198,8 @@ class Proxy:
             finally:
                 self._in_flight -= 1
         fault = self._fault(method, target, h.get('range', ''))
+        if self.refuse is not None and self.refuse in target:
+            fault = 'error'
         if fault == 'reset':
             self.stats['reset'] += 1
             sock = writer.get_extra_info('socket')

@@ -276,3 +276,25 @@ def test_a_mix_of_remote_sources_reads_ahead_and_matches_local(nginx, served_roo
                           workers=0) as loader:
             assert stream_digests(loader, 6) == expected
         assert proxy.stats['max_in_flight'] > 1, proxy.stats
+
+
+@pytest.mark.parametrize('source,target,marker', [('bag_sharded', 'bag', 'spec.json'),
+                                                  ('gulp', 'gulp', '.gmeta')])
+def test_a_directory_upload_that_fails_leaves_nothing(moto, served_root, source, target,
+                                                      marker):
+    """Data objects go up first, the files that make a dataset last; a failed upload takes
+    away what it put there (ours: the target was empty)."""
+    url = f's3://fixtures/cut/{target}'
+    with Proxy(moto.url, refuse=marker) as proxy:
+        options = {'endpoint_url': proxy.url, 'loadr': {**FAST, 'retries': 1}}
+        with using_storage_options(options), pytest.raises(loadr.errors.WriterError):
+            loadr.convert.convert(str(served_root / source), url, target, shardlen=5)
+        puts = [t for m, t, _ in proxy.log if m == 'PUT']
+        deletes = [t for m, t, _ in proxy.log if m == 'DELETE']
+    first_marker = min(k for k, t in enumerate(puts) if t.endswith(marker))
+    assert first_marker > 0 and all(t.endswith(_MARKERS) for t in puts[first_marker:])
+    assert sorted(deletes) == sorted(t for t in puts if not t.endswith(marker)), deletes
+    assert not loadr.storage.storage_for(url, {'endpoint_url': moto.url}).occupied(url)
+
+
+_MARKERS = ('.json', '.gmeta')
