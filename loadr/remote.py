@@ -36,7 +36,9 @@ build the output in a local temporary file or directory, which the writers
 use exactly as they use local staging; ``commit()`` uploads it. One object is
 all-or-nothing (a PUT or a multipart upload only becomes visible when
 complete); a directory uploads its data files first and the small files that
-make it open as a dataset (``spec.json``, ``*.gmeta``, ``*.json``) last.
+make it open as a dataset (``spec.json``, ``*.gmeta``, ``*.json``) last, and a
+failed upload removes what it had put there (the target was empty: ours), so
+nothing is left, or at worst data no reader opens. ``http(s)://`` is read-only.
 
 Settings: ``storage_options`` go to the fsspec filesystem, except the key
 ``'loadr'``, a dict of this module's settings (:data:`DEFAULTS`)::
