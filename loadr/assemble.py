@@ -177,10 +177,12 @@ class Assembler:
                 pass
         return [None] * len(indices)
 
-    def _substitute(self, index: int, seed: int, order) -> dict:
-        # The replacement is a pure function of the failed index (the order's
-        # alternative()), so every run (any worker count, any resume)
-        # substitutes the same datapoint.
+    def substitute(self, index: int, seed: int, order) -> dict:
+        """The datapoint that replaces a failed ``index`` under ``on_error='skip'``.
+
+        A pure function of the failed index (the order's ``alternative()``),
+        so every run (any worker count, any resume) substitutes the same one.
+        """
         for k in range(1, 17):
             alt = order.alternative(index, k)
             try:
@@ -227,7 +229,7 @@ class Assembler:
                 log.warning('loadr: datapoint %d (position %d) failed and was replaced '
                             '(on_error=skip): %s: %s', index, start + row, type(exc).__name__, exc)
                 replaced.append(index)
-                self._write(self._substitute(index, seed, order), row, index, arrays, extras)
+                self._write(self.substitute(index, seed, order), row, index, arrays, extras)
         return extras, replaced
 
     def prefetch(self, order, start: int, count: int, indices: list | None = None) -> None:

@@ -111,8 +111,12 @@ class Loader:
         ``LEASED_SLOTS`` batches the caller holds at once are still not
         copied: their slots are reused only once the caller drops them).
       on_error: ``'raise'`` (default) or ``'skip'``: a failing datapoint is
-        replaced by another one chosen deterministically and logged; more
-        than ``max_error_fraction`` of samples failing raises.
+        replaced by another one chosen deterministically and logged. The
+        loader raises once at least 4 of the datapoints of this shard's
+        batches that start in the current epoch failed, and more than
+        ``max_error_fraction`` of them: a pure function of the position (the
+        state carries the count), so a resumed run raises where the
+        uninterrupted one would have.
       timeout: seconds a worker may spend on one batch before it is killed
         and the batch redone (None: no deadline).
       start_method: ``'fork'`` (default where there is one) or ``'spawn'`` (safe
@@ -186,15 +190,21 @@ class Loader:
         self._pool = None
         self._window = None
         self._finalizer = None
-        self.errors = 0                 # datapoints replaced under on_error='skip'
-        self.samples = 0
+        self.errors = 0                 # datapoints replaced under on_error='skip' (all told)
+        self.samples = 0                # datapoints made (all told)
+        self._budget = (-1, 0, 0)       # epoch, errors, samples: see _count_errors
         self.closed = False
 
     # -- spec ----------------------------------------------------------------
 
     @property
     def spec(self) -> dict:
-        """``{key: (dtype, shape)}`` of one datapoint after the fns (object dtype: a list key)."""
+        """``{key: (dtype, shape)}`` of one datapoint after the fns (object dtype: a list key).
+
+        Inferred from the datapoint at stream position 0, or under
+        ``on_error='skip'``, if that one fails, from the datapoint that
+        replaces it in the first batch.
+        """
         if self._spec is None:
             order = self._order()
             asm = Assembler(self.reader, self.fns, None)
@@ -202,7 +212,9 @@ class Loader:
             try:
                 dp = asm.datapoint(index, seed)
             except Exception as exc:
-                _raise_failure(protocol.Failure.capture(exc, index, 0, None), exc)
+                if self.on_error != 'skip':
+                    _raise_failure(protocol.Failure.capture(exc, index, 0, None), exc)
+                dp = asm.substitute(index, seed, order)
             self._spec = infer_spec(dp)
         return self._spec
 
@@ -244,6 +256,8 @@ class Loader:
                  **self._fingerprint()}
         state['fns'] = list(state['fns'])
         state['dataset'] = dict(state['dataset'])
+        if self.on_error == 'skip' and self._budget[0] >= 0:
+            state['skipped'] = list(self._budget)
         return state
 
     def load(self, state: dict, strict: bool = True) -> None:
@@ -287,6 +301,7 @@ class Loader:
                 self._order_switch_logged = True
             self._set_order_version(order)
         self.step, self.seed = parsed['step'], parsed['seed']
+        self._budget = tuple(parsed.get('skipped', (-1, 0, 0)))
         if self._window is not None:
             self._window.reset()        # every iterator goes on from the new step
 
@@ -348,10 +363,11 @@ class Loader:
                 if done is None:
                     return
                 batch = self._batch_from(done.arrays, done.extras)
-                count, replaced, self.step = done.plan.count, done.replaced, done.plan.next_step
+                plan, replaced = done.plan, done.replaced
                 del done
-                self._count_errors(replaced, count)
-                if not count:
+                self._count_errors(plan, replaced)
+                self.step = plan.next_step
+                if not plan.count:
                     continue
                 yield batch
                 # Only the caller may keep a lent batch alive.
@@ -363,16 +379,30 @@ class Loader:
     def _batch_from(self, arrays: dict, extras: dict) -> dict:
         return {key: arrays[key] if key in arrays else extras[key] for key in self.spec}
 
-    def _count_errors(self, replaced: list, count: int) -> None:
-        self.samples += count
-        if not replaced:
-            return
+    def _count_errors(self, plan, replaced: list) -> None:
+        """Count a batch's replaced datapoints; raise if the epoch's budget is spent.
+
+        The budget is a pure function of the position: it counts this
+        shard's batches that start in the current epoch of the stream, and
+        the state carries it (``'skipped'``), so a resumed run raises exactly
+        where the uninterrupted one would have.
+        """
+        self.samples += plan.count
         self.errors += len(replaced)      # each one was logged where it was replaced (assemble)
-        if (self.errors >= MIN_ERRORS_BEFORE_RAISE
-                and self.errors > self.max_error_fraction * self.samples):
-            raise LoadrError(f'{self.errors} of {self.samples} datapoints failed, more than '
-                             f'max_error_fraction={self.max_error_fraction}; last: index '
-                             f'{replaced[-1]}', index=replaced[-1])
+        if self.on_error != 'skip':
+            return
+        epoch = plan.start // self.n
+        was, errors, samples = self._budget
+        if epoch != was:
+            errors = samples = 0
+        errors, samples = errors + len(replaced), samples + plan.count
+        if replaced and errors >= MIN_ERRORS_BEFORE_RAISE \
+                and errors > self.max_error_fraction * samples:
+            raise LoadrError(f'{errors} of {samples} datapoints failed in epoch {epoch} of the '
+                             f'stream, more than max_error_fraction='
+                             f'{self.max_error_fraction}; last: index {replaced[-1]}',
+                             index=replaced[-1])
+        self._budget = (epoch, errors, samples)
 
     # -- the window ----------------------------------------------------------
 

@@ -435,6 +435,56 @@ def test_skip_policy_replaces_deterministically_and_gives_up_past_the_fraction()
             stream_digests(loader, 10)
 
 
+def bad_at(labels):
+    def fn(dp, seed):
+        if dp['label'] in labels:
+            raise ValueError(f"bad sample {dp['label']}")
+        return noisy(dp, seed)
+    return fn
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_resumed_run_spends_the_error_budget_where_the_uninterrupted_one_does(workers):
+    # Positions 3, 13, 23 and 33 fail: the 4th error (batch 3) is more than 5%
+    # of the 40 datapoints made in this epoch, so the run stops there, resumed
+    # or not.
+    options = dict(batch=10, fns=[bad_at({3, 13, 23, 33})], shuffle=False, workers=workers,
+                   on_error='skip', max_error_fraction=0.05)
+    with loadr.Loader(trivial(200), **options) as loader:
+        it = iter(loader)
+        expected = [batch_digest(next(it)) for _ in range(3)]
+        with pytest.raises(loadr.LoadrError, match='4 of 40 datapoints failed'):
+            next(it)
+        assert loader.step == 30                # the batch that spent the budget is not done
+    with loadr.Loader(trivial(200), **options) as loader:
+        it = iter(loader)
+        got = [batch_digest(next(it)) for _ in range(2)]
+        state = json.loads(json.dumps(loader.save()))
+    with loadr.Loader(trivial(200), **options) as resumed:
+        resumed.load(state)
+        it = iter(resumed)
+        got.append(batch_digest(next(it)))
+        with pytest.raises(loadr.LoadrError, match='4 of 40 datapoints failed'):
+            next(it)
+        assert resumed.step == 30
+    assert got == expected
+    assert state['skipped'] == [0, 2, 20]       # epoch, errors, samples
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_bad_datapoint_at_position_0_is_replaced_under_skip(workers):
+    data = trivial(20)
+    with loadr.Loader(data, batch=4, fns=[bad_at({0})], shuffle=False, workers=workers,
+                      on_error='skip') as loader:
+        assert loader.spec['vec'] == (np.dtype(np.float32), (16,))
+        first = next(iter(loader))
+    replacement = Order(20, 0, shuffle=False).alternative(0, 1)
+    assert first['label'].tolist() == [replacement, 1, 2, 3]
+    with loadr.Loader(data, batch=4, fns=[bad_at({0})], shuffle=False, workers=workers) as lo:
+        with pytest.raises(ValueError, match='bad sample 0'):
+            lo.spec
+
+
 def test_resume_far_away_in_a_huge_dataset():
     class Huge:
         def __len__(self):
