@@ -8,6 +8,16 @@ takes ``[g*B*S + s*B, g*B*S + (s+1)*B)``. ``save()`` holds the global
 position of the next batch, the same on every shard, so a run can resume on
 another number of shards as long as ``B*S`` stays the same.
 
+Iteration is that endless stream; ``len(loader)`` is a TypeError.
+``epoch(e)`` yields the batches of positions ``[e*N, (e+1)*N)`` alone. Its
+last global batch, of ``left < B*S`` positions, is split evenly between the
+shards: shard ``s`` takes positions ``[left*s//S, left*(s+1)//S)`` of it. So
+every shard yields ``batches_per_epoch() = ceil(N / (B*S))`` batches per
+epoch, and a data-parallel job never waits on a shard that has finished;
+a shard's last batch may be short, and is empty (0 rows, still yielded)
+when ``left < S`` leaves it no position. With ``drop_last`` the partial
+global batch is dropped on every shard: ``N // (B*S)`` batches.
+
 Every byte of every batch is a pure function of (dataset, fns, seed,
 shuffle, batch, shard) and the position: worker count, prefetch, a killed
 worker or a ``load()`` never change one.
@@ -321,7 +331,8 @@ class Loader:
         """The batches of one epoch only (positions ``[epoch*N, (epoch+1)*N)``).
 
         If the loader's step lies inside that epoch (after ``load()``), it
-        starts there. The last batch is smaller unless ``drop_last``.
+        starts there. The last batch is smaller (split evenly between the
+        shards: see the module docstring) unless ``drop_last``.
 
         >>> loader = Loader([{'x': i} for i in range(5)], batch=2, workers=0)
         >>> [len(b['x']) for b in loader.epoch(0)]
@@ -367,8 +378,6 @@ class Loader:
                 del done
                 self._count_errors(plan, replaced)
                 self.step = plan.next_step
-                if not plan.count:
-                    continue
                 yield batch
                 # Only the caller may keep a lent batch alive.
                 del batch
@@ -454,8 +463,23 @@ class Loader:
     def __exit__(self, *exc):
         self.close()
 
-    def __len__(self) -> int:
-        """Batches per epoch for this shard (the last one may be partial)."""
+    def __len__(self):
+        raise TypeError('a Loader is an endless stream of batches and has no len(): '
+                        'loader.batches_per_epoch() gives the batches of one epoch, and '
+                        'loader.epoch(e) iterates epoch e alone')
+
+    def __bool__(self) -> bool:
+        return True     # not len(): a loader is never "empty"
+
+    def batches_per_epoch(self, drop_last: bool = False) -> int:
+        """The batches ``epoch(e, drop_last)`` yields from the start of an epoch, on every shard.
+
+        >>> Loader([{'x': i} for i in range(41)], batch=3, num_shards=4,
+        ...        workers=0).batches_per_epoch()
+        4
+        """
+        if drop_last:
+            return self.n // self.global_batch
         return -(-self.n // self.global_batch)
 
     def __repr__(self) -> str:

@@ -251,6 +251,52 @@ def test_epochs(workers):
             Order(23, 1).indices(23, 20).tolist()
 
 
+def test_every_shard_yields_the_same_number_of_batches_per_epoch():
+    # N=41, batch 3, 4 shards: 3 full global batches and 5 positions left,
+    # split 1, 1, 1, 2 (it used to be 3, 2, 0, 0: shards yielded 4, 4, 3, 3).
+    data = [{'label': i, 'name': f'item{i}'} for i in range(41)]
+    shards = [loadr.Loader(data, batch=3, seed=2, workers=w, shard_id=s, num_shards=4)
+              for s, w in zip(range(4), (0, 2, 0, 1))]
+    try:
+        epochs = [list(shard.epoch(1)) for shard in shards]
+        assert [len(e) for e in epochs] == [4, 4, 4, 4]
+        assert all(shard.batches_per_epoch() == 4 for shard in shards)
+        assert [len(e[-1]['label']) for e in epochs] == [1, 1, 1, 2]
+        stream = np.concatenate([b['label'] for k in range(4) for b in (e[k] for e in epochs)])
+        assert stream.tolist() == Order(41, 2).indices(41, 41).tolist()
+        assert [e[-1]['name'] for e in epochs][3] == [f'item{i}' for i in stream[-2:]]
+        assert all(shard.save() == shards[0].save() for shard in shards)
+        dropped = [list(shard.epoch(2, drop_last=True)) for shard in shards]
+        assert [len(e) for e in dropped] == [3] * 4
+        assert all(shard.batches_per_epoch(drop_last=True) == 3 for shard in shards)
+    finally:
+        for shard in shards:
+            shard.close()
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_shard_left_no_position_yields_an_empty_batch(workers):
+    data = [{'label': i, 'name': f'item{i}'} for i in range(38)]   # 2 left for 4 shards
+    counts = []
+    for s in range(4):
+        with loadr.Loader(data, batch=3, workers=workers, shard_id=s, num_shards=4) as loader:
+            batches = list(loader.epoch(0))
+            counts.append([len(b['label']) for b in batches])
+            last = batches[-1]
+            if not len(last['label']):
+                assert last['label'].shape == (0,) and last['name'] == []
+    assert counts == [[3, 3, 3, 0], [3, 3, 3, 1], [3, 3, 3, 0], [3, 3, 3, 1]]
+
+
+def test_len_is_a_type_error_that_says_what_to_use():
+    with loadr.Loader(trivial(10), batch=3, workers=0) as loader:
+        with pytest.raises(TypeError, match=r'batches_per_epoch\(\).*epoch\(e\)'):
+            len(loader)
+        assert loader                       # truthy all the same
+        assert loader.batches_per_epoch() == 4 and loader.batches_per_epoch(True) == 3
+        assert len(list(loader.epoch(0))) == loader.batches_per_epoch()
+
+
 def test_epoch_resumes_inside_the_epoch():
     data = trivial(30)
     with loadr.Loader(data, batch=4, seed=6, workers=0) as loader:

@@ -73,12 +73,15 @@ class Schedule(NamedTuple):
 
     ``end`` is the first position after the epoch (None: the endless
     stream). A global batch covers ``B*S`` positions (``S = num_shards``);
-    shard ``s`` takes positions ``[s*B, (s+1)*B)`` of it, cut at ``end``.
-    With ``drop_last`` a global batch that ``end`` cuts is not made.
+    shard ``s`` takes positions ``[s*B, (s+1)*B)`` of it. The last global
+    batch of an epoch, with ``left < B*S`` positions, is split evenly: shard
+    ``s`` takes ``[left*s//S, left*(s+1)//S)``, so every shard yields the same
+    number of batches (one may be short, or empty when ``left < S``). With
+    ``drop_last`` that batch is not made, on any shard.
 
-    >>> s = Schedule(step0=0, batch=3, seed=0, shard_id=1, num_shards=4, end=41)
+    >>> s = Schedule(step0=0, batch=3, seed=0, shard_id=3, num_shards=4, end=41)
     >>> s.plan(0), s.plan(3), s.plan(4)
-    (Plan(start=3, count=3, next_step=12), Plan(start=39, count=2, next_step=41), None)
+    (Plan(start=9, count=3, next_step=12), Plan(start=39, count=2, next_step=41), None)
     """
 
     step0: int
@@ -95,10 +98,14 @@ class Schedule(NamedTuple):
         g = self.step0 + j * size
         if self.end is None or g + size <= self.end:
             return Plan(g + self.shard_id * self.batch, self.batch, g + size)
-        if g >= self.end or self.drop_last:
+        left = self.end - g
+        if left <= 0 or self.drop_last:
             return None
-        start = g + self.shard_id * self.batch
-        return Plan(start, max(0, min(start + self.batch, self.end) - start), self.end)
+        # The last, partial global batch: split evenly, so every shard makes
+        # the same number of batches.
+        lo = left * self.shard_id // self.num_shards
+        hi = left * (self.shard_id + 1) // self.num_shards
+        return Plan(g + lo, hi - lo, self.end)
 
 
 class Task(NamedTuple):
@@ -375,7 +382,8 @@ class Window(_Generations):
             if plan.count:
                 self._submit(self.j_send, plan)
             else:
-                self.finished[self.j_send] = Finished(plan, None, {}, [])
+                self.finished[self.j_send] = Finished(plan, None,
+                                                      {k: [] for k in self.list_keys}, [])
             self.j_send += 1
 
     def _on_event(self, event: tuple) -> None:

@@ -85,6 +85,24 @@ def test_schedules_cover_the_stream_shard_by_shard():
     assert Schedule(0, 5, 0, end=23, drop_last=True).plan(4) is None
 
 
+def test_the_last_global_batch_of_an_epoch_is_split_evenly_between_shards():
+    # N=41, batch 3, 4 shards: 3 full global batches of 12, then 5 positions
+    # left, split 1, 1, 1, 2: every shard makes 4 batches and no position is
+    # made twice or lost.
+    shards = [Schedule(0, 3, 0, s, 4, end=41) for s in range(4)]
+    plans = [[p for j in range(6) if (p := s.plan(j)) is not None] for s in shards]
+    assert [len(p) for p in plans] == [4, 4, 4, 4]
+    assert [p[-1].count for p in plans] == [1, 1, 1, 2]
+    positions = sorted(i for p in plans for plan in p
+                       for i in range(plan.start, plan.start + plan.count))
+    assert positions == list(range(41))
+    # Fewer positions left than shards: some shards get an empty batch, still planned.
+    last = [Schedule(0, 3, 0, s, 4, end=38).plan(3) for s in range(4)]
+    assert [p.count for p in last] == [0, 1, 0, 1]
+    assert all(Schedule(0, 3, 0, s, 4, end=38, drop_last=True).plan(3) is None
+               for s in range(4))
+
+
 def test_a_generation_sees_only_its_own_tasks():
     data = trivial(200)
     first, second = Schedule(0, 8, 3), Schedule(800, 8, 3)
@@ -188,8 +206,8 @@ def test_the_task_of_a_killed_worker_is_sent_again():
 
 
 def test_an_epoch_schedule_ends_and_empty_batches_take_no_slot():
-    data = trivial(41)
-    schedule = Schedule(0, 3, 1, shard_id=3, num_shards=4, end=41)
+    data = trivial(38)
+    schedule = Schedule(0, 3, 1, shard_id=0, num_shards=4, end=38)
     with window_over(data, prefetch=3) as window:
         gen = window.begin(schedule)
         counts = []
