@@ -343,12 +343,18 @@ class Loader:
         return self._stream(int(epoch), bool(drop_last))
 
     def _schedule(self, epoch: int | None, drop_last: bool) -> Schedule:
-        """What an iteration makes from the loader's step (see the module docstring)."""
+        """What an iteration makes from the loader's step.
+
+        The endless stream goes on from the step. An epoch goes on from the
+        step if it lies inside the epoch with a batch still to make there
+        (with ``drop_last``, a whole global batch); otherwise the epoch
+        starts from its beginning, so running one twice gives it twice.
+        """
         step = self.step
         end = None
         if epoch is not None:
             first, end = epoch * self.n, (epoch + 1) * self.n
-            if not first <= step < end:
+            if not first <= step < end or (drop_last and end - step < self.global_batch):
                 step = first
         return Schedule(step, self.batch, self.seed, self.shard_id, self.num_shards, end,
                         drop_last)
@@ -372,6 +378,10 @@ class Loader:
                 except BatchFailed as f:
                     _raise_failure(f.failure, f.exc)
                 if done is None:
+                    if epoch is not None:
+                        # The epoch is over, dropped tail included: the stream
+                        # goes on at the next epoch.
+                        self.step = max(self.step, (epoch + 1) * self.n)
                     return
                 batch = self._batch_from(done.arrays, done.extras)
                 plan, replaced = done.plan, done.replaced

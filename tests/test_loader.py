@@ -297,6 +297,20 @@ def test_len_is_a_type_error_that_says_what_to_use():
         assert len(list(loader.epoch(0))) == loader.batches_per_epoch()
 
 
+@pytest.mark.parametrize('workers', [0, 2])
+def test_an_epoch_with_drop_last_run_twice_gives_the_epoch_twice(workers):
+    data = trivial(23)
+    with loadr.Loader(data, batch=5, fns=[noisy], seed=1, workers=workers) as loader:
+        first = [batch_digest(b) for b in loader.epoch(0, drop_last=True)]
+        assert loader.step == 23            # the dropped tail is passed: epoch 1 is next
+        again = [batch_digest(b) for b in loader.epoch(0, drop_last=True)]
+        it = loader.epoch(0, drop_last=True)
+        stopped = [batch_digest(next(it)) for _ in range(4)]    # no StopIteration seen
+        del it
+        third = [batch_digest(b) for b in loader.epoch(0, drop_last=True)]
+    assert len(first) == 4 and first == again == stopped == third
+
+
 def test_epoch_resumes_inside_the_epoch():
     data = trivial(30)
     with loadr.Loader(data, batch=4, seed=6, workers=0) as loader:
