@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import pickle
 import time
 import traceback
 
@@ -33,6 +34,8 @@ __all__ = ['Assembler', 'infer_spec', 'value_spec', 'SampleFailure', 'Cancelled'
 log = logging.getLogger('loadr')
 
 OBJECT = np.dtype(object)
+# List-key values that always cross processes: checked by type alone, per sample.
+_PLAIN = frozenset({str, bytes, int, float, bool, type(None)})
 # Transient read errors (EIO, a network filesystem hiccup) are retried after
 # these pauses; an error that persists is raised with the index. Which errors
 # are transient is the storage's call (loadr.storage.transient).
@@ -270,8 +273,26 @@ class Assembler:
                                 f'says {dtype}{list(shape)}{_shape_hint(key, value.shape, shape)}',
                                 index=index)
             arrays[key][row] = value
-        for key in self.list_keys:
+        list_keys = self.list_keys
+        for key in list_keys:
+            value = dp[key]
+            if type(value) not in _PLAIN and not _crosses(value):
+                raise SpecError(f'key {key!r} holds a {type(value).__name__}, which cannot be '
+                                'sent between processes (it does not pickle): return bytes, '
+                                'a list or an array in its place', index=index)
+        for key in list_keys:
             extras[key].append(dp[key])
+
+
+def _crosses(value) -> bool:
+    """Whether a list key's value can travel from a worker to the main process."""
+    if isinstance(value, np.generic) or type(value) is np.ndarray and value.dtype != OBJECT:
+        return True
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return False
+    return True
 
 
 def _shape_hint(key, got: tuple, spec: tuple) -> str:

@@ -346,6 +346,29 @@ def test_a_failing_fn_raises_the_original_type_with_index_and_position(workers):
         assert next(iter(loader))['label'].tolist() == list(range(24, 32))
 
 
+@pytest.mark.parametrize('workers', [0, 1, 2])
+@pytest.mark.parametrize('make', [lambda: memoryview(b'abc'), lambda: (i for i in range(3)),
+                                  lambda: {'nested': memoryview(b'x')}])
+def test_a_list_key_that_cannot_cross_processes_fails_alike_for_every_worker_count(workers, make):
+    data = [{'x': i, 'blob': b'abc'} for i in range(20)]
+    data[13] = {'x': 13, 'blob': make()}
+
+    def fresh(dp, seed):
+        return dict(dp, blob=make()) if dp['x'] == 13 else dp
+
+    with loadr.Loader(data, batch=4, fns=[fresh], shuffle=False, workers=workers) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            assert next(it)['blob'] == [b'abc'] * 4
+        with pytest.raises(SpecError, match="key 'blob' holds a") as info:
+            next(it)
+        assert info.value.index == 13
+    with loadr.Loader(data, batch=4, fns=[fresh], shuffle=False, workers=workers,
+                      on_error='skip', max_error_fraction=0.5) as loader:
+        batches = [next(it) for it in [iter(loader)] for _ in range(5)]
+        assert [b['blob'] for b in batches] == [[b'abc'] * 4] * 5    # replaced, alike
+
+
 def test_spec_mismatch_names_index_and_key():
     data = [{'x': np.zeros(3)} for _ in range(10)]
     data[6] = {'x': np.zeros(4)}
