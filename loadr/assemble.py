@@ -26,6 +26,7 @@ import traceback
 import numpy as np
 
 from .errors import LoadrError, SpecError
+from .stats import MAX_STRIDE, STRIDE, TIME_EVERY_ROW_US, TIMED_ROW_COST_US
 from .storage import transient
 
 __all__ = ['Assembler', 'infer_spec', 'value_spec', 'SampleFailure', 'Cancelled',
@@ -128,6 +129,14 @@ class Assembler:
         self._ahead: set[tuple] = set()     # tasks whose reads prefetch() started ahead
         # Reading ahead pays only where the reader's files are remote.
         self._prefetch = reader.prefetch if getattr(reader, 'prefetches', False) else None
+        # Stage accounting (loadr.stats): set by the worker or the loader. The
+        # accumulator holds [read, write, fn 0, fn 1, ...] of the timed rows;
+        # a reading fn's time is its own stage, not 'read'.
+        self.clock = None
+        self._acc = [0.0] * (2 + len(self.fns))
+        self._read_slot = 2 if self.read_fn is not None else 0
+        self._first_after = 3 if self.read_fn is not None else 2
+        self._every = STRIDE
 
     def _read_once(self, index: int, seed: int) -> dict:
         if self.read_fn is not None:
@@ -166,6 +175,29 @@ class Assembler:
                 raise SpecError(f'fn {fn!r} returned {type(dp).__name__}, not a dict',
                                 index=index)
         return dp
+
+    def _timed_row(self, index: int, seed: int, raw, row: int, arrays: dict,
+                   extras: dict) -> None:
+        """:meth:`datapoint` then :meth:`_write`, with each stage's time added to ``_acc``."""
+        clock, acc = time.perf_counter, self._acc
+        t0 = clock()
+        dp = self._read(index, seed) if raw is None else raw
+        t1 = clock()
+        acc[self._read_slot] += t1 - t0
+        if type(dp) is not dict and not isinstance(dp, dict):
+            raise SpecError(f'the reader returned {type(dp).__name__}, not a dict', index=index)
+        if self.after:
+            dp = dict(dp)
+            for slot, fn in enumerate(self.after, self._first_after):
+                dp = fn(dp, seed=seed)
+                t2 = clock()
+                acc[slot] += t2 - t1
+                t1 = t2
+                if type(dp) is not dict and not isinstance(dp, dict):
+                    raise SpecError(f'fn {fn!r} returned {type(dp).__name__}, not a dict',
+                                    index=index)
+        self._write(dp, row, index, arrays, extras)
+        acc[1] += clock() - t1
 
     def _read_batch(self, indices: list) -> list:
         """The reader's own batch read where it has one, else Nones (read one by one)."""
@@ -214,26 +246,81 @@ class Assembler:
             # so a death here makes the pool ask for a one-by-one read.
             progress[0] = start
             progress[1] = -1
+        clock = self.clock
+        if clock is not None:
+            t0 = time.perf_counter()
+            cpu0 = time.process_time() if clock.inline else 0.0
         raws = self._read_batch(indices) if batch_read else [None] * len(indices)
         datapoint, write = self.datapoint, self._write
         cell, task_id = cancel if cancel is not None else ((-1,), 0)
+        if clock is not None:
+            # Every `every`-th row is timed stage by stage (see loadr.stats):
+            # the others pay one test of a countdown.
+            t1 = time.perf_counter()
+            acc, every, sampled, timed_rows = self._acc, self._every, 0.0, 0
+            acc[:] = [0.0] * len(acc)
+            countdown = 0
+        else:
+            every, countdown = 0, 1 << 62
         for row, (index, seed, raw) in enumerate(zip(indices, seeds, raws)):
             if cell[0] >= task_id:
                 raise Cancelled(task_id)
             if progress is not None:
                 progress[0] = start + row
                 progress[1] = index
+            if countdown:
+                countdown -= 1
+                try:
+                    write(datapoint(index, seed, raw), row, index, arrays, extras)
+                except Exception as exc:
+                    self._failed(exc, index, start + row, seed, order, row, arrays, extras,
+                                 replaced)
+                continue
+            countdown = every - 1
+            ts = time.perf_counter()
             try:
-                write(datapoint(index, seed, raw), row, index, arrays, extras)
+                self._timed_row(index, seed, raw, row, arrays, extras)
             except Exception as exc:
-                if self.on_error != 'skip':
-                    raise SampleFailure(exc, index, start + row) from exc
-                # The one log line of a replacement (the Loader only counts them).
-                log.warning('loadr: datapoint %d (position %d) failed and was replaced '
-                            '(on_error=skip): %s: %s', index, start + row, type(exc).__name__, exc)
-                replaced.append(index)
-                self._write(self.substitute(index, seed, order), row, index, arrays, extras)
+                self._failed(exc, index, start + row, seed, order, row, arrays, extras, replaced)
+            sampled += time.perf_counter() - ts
+            timed_rows += 1
+        if clock is not None:
+            self._account(clock, count, t0, t1, cpu0, sampled, timed_rows)
         return extras, replaced
+
+    def _failed(self, exc, index: int, position: int, seed: int, order, row: int, arrays: dict,
+                extras: dict, replaced: list) -> None:
+        """A sample failed: raise it, or under on_error='skip' write its replacement."""
+        if self.on_error != 'skip':
+            raise SampleFailure(exc, index, position) from exc
+        # The one log line of a replacement (the Loader only counts them).
+        log.warning('loadr: datapoint %d (position %d) failed and was replaced '
+                    '(on_error=skip): %s: %s', index, position, type(exc).__name__, exc)
+        replaced.append(index)
+        self._write(self.substitute(index, seed, order), row, index, arrays, extras)
+
+    def _account(self, clock, count: int, t0: float, t1: float, cpu0: float, sampled: float,
+                 timed_rows: int) -> None:
+        """Scale the timed rows' stages to the whole loop and add the batch to ``clock``.
+
+        The loop's time is measured exactly; the timed rows say how it
+        splits between the stages (their share of untimed work, the loop
+        itself, lands in 'other' via busy). The batch read is timed whole.
+        """
+        end = time.perf_counter()
+        loop = end - t1
+        scale = loop / sampled if sampled > 0 else 0.0
+        acc = self._acc
+        fns = [t * scale for t in acc[2:]]
+        clock.add_fill(t1 - t0 + acc[0] * scale, acc[1] * scale, fns, count, end - t0,
+                       time.process_time() - cpu0 if clock.inline else 0.0)
+        if count:
+            # Time rows sparsely enough that the clock reads of a timed row
+            # stay a small share of the loop; once a row costs
+            # TIME_EVERY_ROW_US or more, every row is timed.
+            per_row_us = 1e6 * loop / count
+            self._every = 1 if per_row_us >= TIME_EVERY_ROW_US else \
+                max(1, min(MAX_STRIDE, int(STRIDE * TIMED_ROW_COST_US / per_row_us)))
 
     def prefetch(self, order, start: int, count: int, indices: list | None = None) -> None:
         """Let a remote reader start reading positions ``start ..`` ahead; once per task.

@@ -16,9 +16,15 @@ Worker stages, in seconds of that worker's time:
   the loop);
 - ``wait``: idle, waiting for work.
 
+Besides the stages a row holds ``cpu`` (CPU seconds of the worker process
+while busy: far below ``busy`` means it waits on I/O, not on a core) and
+``busy_sq`` (the sum of squared per-task busy times: how much batches
+vary). ``batches`` counts the tasks a worker did (a batch split between
+workers counts once per part).
+
 The per-stage split is timed on a sample of the rows of each batch (every
-``STRIDE``-th row, and every row once a sample costs more than
-``TIME_EVERY_ROW_US``) and scaled to the batch's measured time, so the
+few rows, sparser the cheaper a row is, and every row once a row costs more
+than ``TIME_EVERY_ROW_US``) and scaled to the batch's measured time, so the
 clock costs well under 1% of a trivial pipeline; ``busy`` (a batch in hand)
 is measured exactly per batch.
 
@@ -38,13 +44,21 @@ import math
 import time
 from dataclasses import dataclass, field
 
-__all__ = ['Stats', 'WORKER_FIELDS', 'STRIDE', 'TIME_EVERY_ROW_US', 'format_table',
-           'StageClock', 'NOT_BOTTLENECK_FRACTION']
+__all__ = ['Stats', 'WORKER_FIELDS', 'STRIDE', 'MAX_STRIDE', 'TIMED_ROW_COST_US',
+           'TIME_EVERY_ROW_US', 'format_table', 'StageClock', 'NOT_BOTTLENECK_FRACTION',
+           'fn_names', 'row_width', 'worker_dict', 'cores']
 
 # The fixed counters of a worker's row; one counter per fn follows them.
-WORKER_FIELDS = ('busy', 'wait', 'read', 'write', 'batches', 'samples')
-STRIDE = 8
-TIME_EVERY_ROW_US = 200.0
+WORKER_FIELDS = ('busy', 'wait', 'read', 'write', 'batches', 'samples', 'cpu', 'busy_sq')
+BUSY, WAIT, READ, WRITE, BATCHES, SAMPLES, CPU, BUSY_SQ = range(len(WORKER_FIELDS))
+# A timed row costs about TIMED_ROW_COST_US more than another (clock reads);
+# rows are timed every STRIDE * TIMED_ROW_COST_US / row_us rows (at most
+# MAX_STRIDE apart, STRIDE for 1 us rows), so timing costs ~1/STRIDE of a
+# microsecond per row, and every row once a row costs TIME_EVERY_ROW_US.
+STRIDE = 128
+TIMED_ROW_COST_US = 0.5
+MAX_STRIDE = 64
+TIME_EVERY_ROW_US = 50.0
 # Below this fraction of the elapsed time spent waiting for batches the
 # loader is called "not the bottleneck".
 NOT_BOTTLENECK_FRACTION = 0.02
@@ -73,63 +87,116 @@ def fn_names(fns) -> list[str]:
     return out
 
 
+def row_width(fns: int) -> int:
+    """float64 counters in the row of a worker with ``fns`` fns."""
+    return len(WORKER_FIELDS) + fns
+
+
 class StageClock:
     """A worker's counters, filled per batch by the assembler and the worker loop.
 
-    ``row`` is the worker's float64 array (a view into shared memory, or a
-    plain array): ``WORKER_FIELDS`` then one counter per fn.
+    ``row`` is the worker's float64 row (a memoryview or numpy array over
+    shared memory, or a plain array) of :func:`row_width` counters:
+    ``WORKER_FIELDS`` then one counter per fn. In a worker the loop calls
+    :meth:`working` when a task arrives and :meth:`idle` once its reply is
+    sent; the assembler calls :meth:`add_fill` once per filled batch. With
+    ``inline=True`` (``workers=0``: no loop, no waiting for work) the fill's
+    own time is the busy time.
 
     >>> import numpy as np
-    >>> clock = StageClock(np.zeros(len(WORKER_FIELDS) + 1), fns=1)
-    >>> clock.add_batch(read=0.2, write=0.1, fns=[0.6], busy=1.0, samples=64)
+    >>> clock = StageClock(np.zeros(row_width(1)), fns=1, inline=True)
+    >>> clock.add_fill(read=0.2, write=0.1, fns=[0.6], samples=64, fill_s=1.0)
     >>> clock.totals()['busy'], clock.totals()['fns']
     (1.0, [0.6])
     """
 
-    def __init__(self, row, fns: int):
+    def __init__(self, row, fns: int, inline: bool = False):
         self.row = row
         self.nfns = fns
+        self.inline = inline
         self._idle_since = None
+        self._busy_since = None
+        self._cpu_since = 0.0
 
     def idle(self) -> None:
-        """The worker starts waiting for work."""
-        self._idle_since = time.perf_counter()
+        """The worker starts waiting for work; the task in hand, if any, is done."""
+        now = time.perf_counter()
+        if self._busy_since is not None:
+            busy = now - self._busy_since
+            row = self.row
+            row[BUSY] += busy
+            row[BUSY_SQ] += busy * busy
+            row[CPU] += time.process_time() - self._cpu_since
+            self._busy_since = None
+        self._idle_since = now
 
     def working(self) -> None:
         """Work arrived: what was waited since :meth:`idle` is counted."""
+        now = time.perf_counter()
         if self._idle_since is not None:
-            self.row[1] += time.perf_counter() - self._idle_since
+            self.row[WAIT] += now - self._idle_since
             self._idle_since = None
+        self._busy_since = now
+        self._cpu_since = time.process_time()
 
-    def add_batch(self, read: float, write: float, fns, busy: float, samples: int) -> None:
+    def add_fill(self, read: float, write: float, fns, samples: int, fill_s: float = 0.0,
+                 cpu_s: float = 0.0) -> None:
+        """One filled batch: its stage times (seconds), and with ``inline`` its own time."""
         row = self.row
-        row[0] += busy
-        row[2] += read
-        row[3] += write
-        row[4] += 1
-        row[5] += samples
-        base = len(WORKER_FIELDS)
-        for i, t in enumerate(fns):
-            row[base + i] += t
+        row[READ] += read
+        row[WRITE] += write
+        row[BATCHES] += 1
+        row[SAMPLES] += samples
+        for i, t in enumerate(fns, len(WORKER_FIELDS)):
+            row[i] += t
+        if self.inline:
+            row[BUSY] += fill_s
+            row[BUSY_SQ] += fill_s * fill_s
+            row[CPU] += cpu_s
 
     def totals(self) -> dict:
-        row = [float(v) for v in self.row]
-        out = dict(zip(WORKER_FIELDS, row))
-        out['fns'] = row[len(WORKER_FIELDS):len(WORKER_FIELDS) + self.nfns]
-        return out
+        return worker_dict(self.row, self.nfns)
 
 
-def _pct(part: float, whole: float) -> float:
-    return 100.0 * part / whole if whole > 0 else 0.0
+def worker_dict(row, fns: int) -> dict:
+    """One worker's row as ``{field: value, 'fns': [...]}`` (plain floats)."""
+    values = [float(v) for v in row]
+    out = dict(zip(WORKER_FIELDS, values))
+    out['fns'] = values[len(WORKER_FIELDS):len(WORKER_FIELDS) + fns]
+    return out
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity), at least 1.
+
+    >>> cores() >= 1
+    True
+    """
+    import os
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+# Below this share of busy time spent on a CPU the workers mostly wait on
+# I/O (storage, network): more workers than cores can help then.
+IO_BOUND_CPU_SHARE = 0.5
 
 
 @dataclass
 class Stats:
     """A snapshot of a loader's accounting; see the module docstring.
 
-    ``workers`` holds one dict per worker with the keys of
-    :data:`WORKER_FIELDS` and ``fns`` (seconds per fn, in order); ``other``
-    is derived when missing. ``cores`` is how many cores the process may use.
+    ``elapsed_s`` runs from the first request for a batch; ``main_wait_s`` is
+    the time the caller spent blocked waiting for batches, of which
+    ``first_batch_s`` for the first one (starting the workers). The share of
+    time waited (:attr:`wait_fraction`, the verdict) leaves that start out:
+    it describes the steady state. ``workers`` holds one dict per worker
+    with the keys of :data:`WORKER_FIELDS` and ``fns`` (seconds per fn, in
+    order); ``other`` is derived when missing. ``inline``: ``workers=0``, the
+    one row is the pipeline run in the calling process. ``cores`` is how
+    many cores the process may use.
     """
 
     fn_names: list
@@ -139,6 +206,8 @@ class Stats:
     samples: int
     workers: list = field(default_factory=list)
     cores: int = 0
+    first_batch_s: float = 0.0
+    inline: bool = False
 
     def __post_init__(self):
         for w in self.workers:
@@ -147,12 +216,13 @@ class Stats:
                 staged = w.get('read', 0.0) + w.get('write', 0.0) + sum(w['fns'])
                 w['other'] = max(0.0, w.get('busy', 0.0) - staged)
         if not self.cores:
-            try:
-                import os
-                self.cores = len(os.sched_getaffinity(0))
-            except (AttributeError, OSError):
-                import os
-                self.cores = os.cpu_count() or 1
+            self.cores = cores()
+
+    @classmethod
+    def from_rows(cls, rows, fn_names: list, **fields) -> 'Stats':
+        """Stats from the workers' raw counter rows (see :class:`StageClock`)."""
+        return cls(fn_names=list(fn_names),
+                   workers=[worker_dict(r, len(fn_names)) for r in rows], **fields)
 
     # -- sums ------------------------------------------------------------
 
@@ -171,29 +241,103 @@ class Stats:
             out['wait'] += w.get('wait', 0.0)
         return out
 
+    def _sum(self, key: str) -> float:
+        return sum(w.get(key, 0.0) for w in self.workers)
+
     @property
     def busy_s(self) -> float:
-        return sum(w.get('busy', 0.0) for w in self.workers)
+        return self._sum('busy')
 
     @property
     def wait_fraction(self) -> float:
-        """The share of the elapsed time the caller spent waiting for batches."""
-        return self.main_wait_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        """The share of the time after the first batch the caller spent waiting for batches."""
+        span = self.elapsed_s - self.first_batch_s
+        waited = self.main_wait_s - self.first_batch_s
+        return min(1.0, max(0.0, waited / span)) if span > 0 else 0.0
+
+    @property
+    def step_s(self) -> float:
+        """The caller's own time per batch (elapsed minus waiting): its training step."""
+        if not self.batches:
+            return 0.0
+        return max(0.0, self.elapsed_s - self.main_wait_s) / self.batches
+
+    @property
+    def worker_s_per_batch(self) -> float:
+        """Worker-seconds of busy time per batch made (all stages)."""
+        done = self._sum('batches')
+        return self.busy_s / done if done else 0.0
+
+    @property
+    def cpu_share(self) -> float:
+        """CPU time over busy time of the workers (1: CPU-bound; far below: waits on I/O)."""
+        busy = self.busy_s
+        return self._sum('cpu') / busy if busy > 0 else 1.0
+
+    @property
+    def variability(self) -> float:
+        """Coefficient of variation of the per-task busy time (0: every batch alike)."""
+        n = self._sum('batches')
+        if n < 2:
+            return 0.0
+        mean = self.busy_s / n
+        var = max(0.0, self._sum('busy_sq') / n - mean * mean)
+        return math.sqrt(var) / mean if mean > 0 else 0.0
+
+    def since(self, earlier: 'Stats') -> 'Stats':
+        """What happened between ``earlier`` and this snapshot (same loader).
+
+        >>> a = Stats(['f'], 1.0, 0.5, 10, 640)
+        >>> b = Stats(['f'], 3.0, 0.6, 30, 1920)
+        >>> d = b.since(a); (d.elapsed_s, d.batches, round(d.main_wait_s, 3))
+        (2.0, 20, 0.1)
+        """
+        workers = []
+        for i, w in enumerate(self.workers):
+            e = earlier.workers[i] if i < len(earlier.workers) else {}
+            d = {k: w.get(k, 0.0) - e.get(k, 0.0) for k in WORKER_FIELDS}
+            d['fns'] = [a - b for a, b in zip(w['fns'], e.get('fns', [0.0] * len(w['fns'])))]
+            workers.append(d)
+        return Stats(self.fn_names, self.elapsed_s - earlier.elapsed_s,
+                     self.main_wait_s - earlier.main_wait_s, self.batches - earlier.batches,
+                     self.samples - earlier.samples, workers, self.cores, 0.0, self.inline)
 
     def as_dict(self) -> dict:
-        """Plain numbers for a JSON line, a logger or a dashboard."""
+        """Plain numbers for a JSON line, a logger or a dashboard.
+
+        >>> d = Stats(['f'], 2.0, 0.5, 10, 640).as_dict()
+        >>> d['samples_per_s'], sorted(d['stages_s'])
+        (320.0, ['f', 'other', 'read', 'wait', 'write'])
+        """
         rate = (lambda v: v / self.elapsed_s) if self.elapsed_s > 0 else (lambda v: 0.0)
+        workers = []
+        for w in self.workers:
+            w = dict(w)
+            w['fns'] = dict(zip(self.fn_names, w['fns']))
+            w['samples_per_s'] = rate(w.get('samples', 0.0))
+            w['batches_per_s'] = rate(w.get('batches', 0.0))
+            workers.append(w)
         return {
             'time': time.time(), 'elapsed_s': self.elapsed_s, 'batches': self.batches,
             'samples': self.samples, 'samples_per_s': rate(self.samples),
             'batches_per_s': rate(self.batches), 'main_wait_s': self.main_wait_s,
-            'main_wait_fraction': self.wait_fraction, 'worker_busy_s': self.busy_s,
-            'stages_s': self.stages(),
-            'workers': [dict(w) for w in self.workers],
-            'verdict': self.verdict(),
+            'first_batch_s': self.first_batch_s, 'main_wait_fraction': self.wait_fraction,
+            'worker_busy_s': self.busy_s, 'worker_cpu_share': self.cpu_share,
+            'stages_s': self.stages(), 'workers': workers, 'inline': self.inline,
+            'cores': self.cores, 'verdict': self.verdict(),
         }
 
     # -- the verdict -----------------------------------------------------
+
+    def workers_needed(self) -> int:
+        """Workers that would keep up with the caller: worker-seconds per batch over the
+        caller's own time per batch (its step), rounded up; 0 if unknown."""
+        per_batch, step = self.worker_s_per_batch, self.step_s
+        if per_batch <= 0:
+            return 0
+        if step <= 0:
+            return 1 << 16          # a caller that does nothing: as many as there are
+        return max(1, math.ceil(per_batch / step))
 
     def verdict(self) -> str:
         """One line: is the loader the bottleneck, and if so, where and what would help."""
@@ -205,26 +349,35 @@ class Stats:
         stages = {k: v for k, v in self.stages().items() if k != 'wait'}
         busy = sum(stages.values())
         if not self.workers or busy <= 0:
-            return (f'input-bound: the training step waited {100 * waited:.0f}% of the time '
-                    f'(workers=0: the pipeline runs in the training process; use workers)')
+            return (f'input-bound: the training step waited {100 * waited:.0f}% of the time')
         top, top_s = max(stages.items(), key=lambda kv: kv[1])
+        where = 'of the time in the training process' if self.inline else 'of worker time'
         head = (f'input-bound: the training step waited {100 * waited:.0f}% of the time; '
-                f'{top} is {_pct(top_s, busy):.0f}% of worker time')
-        # Workers needed to keep up: worker-seconds per batch over the time the
-        # step itself takes per batch (elapsed minus waiting).
-        step_s = (self.elapsed_s - self.main_wait_s) / self.batches
-        per_batch = busy / self.batches
-        needed = math.ceil(per_batch / step_s) if step_s > 0 else len(self.workers) + 1
-        more = max(1, needed - len(self.workers))
-        spare = self.cores - len(self.workers) - 1
-        if spare >= more:
+                f'{top} is {_pct(top_s, busy):.0f}% {where}')
+        if self.inline:
+            return f'{head}; workers={max(1, min(self.cores, self.workers_needed()))} would help'
+        have = len(self.workers)
+        needed = self.workers_needed()
+        more = max(1, min(needed, 1 << 10) - have)
+        if self.cpu_share < IO_BOUND_CPU_SHARE:
+            return (f'{head}; the workers wait on I/O ({100 * self.cpu_share:.0f}% of their busy '
+                    f'time on a CPU): {more} more worker{"s" if more > 1 else ""} would help, '
+                    f'even beyond the {self.cores} cores')
+        spare = self.cores - have - 1       # the training process needs a core too
+        if spare >= 1:
+            more = min(more, spare)
             return f'{head}; {more} more worker{"s" if more > 1 else ""} would help'
         return (f'{head}; the {self.cores} cores are all in use: make {top} cheaper '
                 f'or add cores')
 
 
+def _pct(part: float, whole: float) -> float:
+    return 100.0 * part / whole if whole > 0 else 0.0
+
+
 def format_table(stats: Stats) -> str:
-    """A plain-text table of the stages (seconds, share of worker time, per sample)."""
+    """A plain-text table of the stages (seconds, share of worker time, per sample)
+    and the verdict."""
     stages = stats.stages()
     busy_and_wait = sum(stages.values())
     lines = [f"{'stage':<24}{'seconds':>10}{'share':>8}{'us/sample':>12}"]
@@ -232,8 +385,11 @@ def format_table(stats: Stats) -> str:
         per = 1e6 * t / stats.samples if stats.samples else 0.0
         lines.append(f'{name:<24}{t:>10.3f}{_pct(t, busy_and_wait):>7.1f}%{per:>12.1f}')
     rate = stats.samples / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
-    lines.append(f'{len(stats.workers)} workers, {stats.batches} batches, {stats.samples} '
+    who = 'workers=0 (in the training process)' if stats.inline else \
+        f'{len(stats.workers)} workers'
+    lines.append(f'{who}, {stats.batches} batches, {stats.samples} '
                  f'samples in {stats.elapsed_s:.2f} s ({rate:,.0f} samples/s); the caller '
-                 f'waited {stats.main_wait_s:.2f} s ({100 * stats.wait_fraction:.1f}%)')
+                 f'waited {stats.main_wait_s:.2f} s ({100 * stats.wait_fraction:.1f}% after '
+                 f'the first batch, which took {stats.first_batch_s:.2f} s)')
     lines.append(stats.verdict())
     return '\n'.join(lines)
