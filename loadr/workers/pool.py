@@ -19,6 +19,9 @@ The pool makes ``slots`` batch slots, or fewer if the shared-memory budget
 ``pool.slot_count`` is what it made, and the window must use only those.
 Workers run with steady memory (:mod:`loadr.workers.memory`) unless
 ``steady_memory=False``; ``pool.memory()`` says what each one holds.
+Each worker adds its stage times (:mod:`loadr.stats`) to a row of float64
+counters after the status cells; ``pool.stats_rows()`` reads them, and a
+replacement worker goes on with its predecessor's row.
 
 Example::
 
@@ -48,6 +51,7 @@ import zmq
 
 from .. import pids
 from . import protocol
+from ..stats import row_width
 from .memory import resident, steady_memory_default
 from .shm import (SHM_DIR, Segment, StatusCells, owned_dir, plan_slots, reclaim_stale,
                   remove_owned, shm_budget, size_text, use_memfd)
@@ -202,6 +206,8 @@ class WorkerPool:
         self._segments = held.segments
         self._dir = self._shm_dir = None
         self._ctx = self._sock = None
+        self._stats_rows = None
+        self.stats_width = row_width(len(fns))
         try:
             with _sigint_deferred():
                 self._open(reader, fns, spec, layout, workers, slots, n, shuffle, on_error,
@@ -252,8 +258,15 @@ class WorkerPool:
                 return Segment.create(os.path.join(self._shm_dir, what), size)
         for i in range(slots):
             held.segments.append(make(f'slot{i}', layout.nbytes))
-        self._status = make('status', status_bytes)
+        # After the status cells, each worker's stage counters (loadr.stats): a
+        # float64 row it adds to per batch, read here for loader.stats() with no
+        # messages. A few hundred bytes, left out of the budget (whose unit is a slot).
+        stats_bytes = 8 * workers * self.stats_width
+        self._status = make('status', status_bytes + stats_bytes)
         held.segments.append(self._status)
+        self._stats_rows = np.ndarray((workers, self.stats_width), dtype=np.float64,
+                                      buffer=self._status.buf, offset=status_bytes)
+        self._stats_rows[:] = 0.0
         cells = StatusCells(self._status.buf, workers)
         self.progress = cells.progress_rows()
         self.progress[:] = -1           # [position, index] in hand; -1: none yet
@@ -516,6 +529,16 @@ class WorkerPool:
                     found[w.wid] = {'pid': w.process.pid, **held}
         return found
 
+    def stats_rows(self) -> np.ndarray:
+        """A copy of the workers' stage counters, one row per worker id (loadr.stats).
+
+        A replacement worker goes on adding to its predecessor's row, so a
+        killed worker's time stays counted (all but the batch it died in).
+        """
+        if self._stats_rows is None:
+            return np.zeros((len(self.workers), self.stats_width))
+        return self._stats_rows.copy()
+
     def fresh_views(self, slot: int) -> tuple[np.ndarray, dict]:
         """New arrays over ``slot`` and the one array they all hang from.
 
@@ -532,5 +555,5 @@ class WorkerPool:
         to call twice, and a Ctrl-C meanwhile waits until it is done."""
         self.closed = True
         self.views = []
-        self.progress = self._cancelled = self._beats = None
+        self.progress = self._cancelled = self._beats = self._stats_rows = None
         _release(self._held)

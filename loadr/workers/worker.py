@@ -87,6 +87,7 @@ def run(args: WorkerArgs) -> None:
     from ..assemble import Assembler, Cancelled, SampleFailure
     from ..order import ORDER_VERSION, order_for
     from . import memory, protocol
+    from ..stats import StageClock, row_width
     from .shm import Segment, StatusCells
 
     # Ctrl-C belongs to the main process; it stops us in order. The pool
@@ -114,6 +115,11 @@ def run(args: WorkerArgs) -> None:
     progress = cells.progress(args.wid)
     cancelled = cells.cancelled()       # the last cancelled task id
     asm = Assembler(args.reader, args.fns, args.spec, args.on_error)
+    # This worker's stage counters: a float64 row after the status cells (pool.py).
+    width = 8 * row_width(len(args.fns))
+    at = StatusCells.nbytes(args.workers) + width * args.wid
+    clock = asm.clock = StageClock(memoryview(status.buf).cast('B')[at:at + width].cast('d'),
+                                   len(args.fns))
     orders: dict[int, object] = {}
     order_version = ORDER_VERSION if args.order_version is None else args.order_version
 
@@ -125,6 +131,7 @@ def run(args: WorkerArgs) -> None:
     sock.send_multipart(protocol.hello(os.getpid()))
     pending = None          # the next task, received early so that its reads start early
     last_task, trimmed = time.monotonic(), True
+    clock.idle()
     try:
         while True:
             if pending is not None:
@@ -138,12 +145,14 @@ def run(args: WorkerArgs) -> None:
             else:
                 frames = sock.recv_multipart()
             last_task, trimmed = time.monotonic(), False
+            clock.working()
             kind, fields = protocol.parse(frames[0])
             if kind == protocol.STOP:
                 break
             task_id, slot, row, seed, start, count, flags = fields
             if task_id <= cancelled[0]:
                 sock.send_multipart(protocol.done(task_id, {}, []))
+                clock.idle()
                 continue
             order = orders.get(seed)
             if order is None:
@@ -180,6 +189,7 @@ def run(args: WorkerArgs) -> None:
                                                    int(progress[0]), args.wid)
                 reply = protocol.fail(task_id, failure)
             sock.send_multipart(reply)
+            clock.idle()
     finally:
         sock.close(0)
         ctx.term()
