@@ -137,6 +137,7 @@ def run(args: WorkerArgs) -> None:
             if pending is not None:
                 frames, pending = pending, None
             elif not sock.poll(RECV_POLL_MS):
+                clock.waiting()
                 if (args.steady_memory and not trimmed
                         and time.monotonic() - last_task > memory.IDLE_TRIM_S):
                     memory.trim()   # idle: give back the heap kept for speed
