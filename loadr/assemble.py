@@ -55,11 +55,17 @@ def value_spec(value) -> tuple[np.dtype, tuple]:
         arr = value
     elif isinstance(value, (bool, int, float, complex, np.generic)):
         arr = np.asarray(value)
-    elif (isinstance(value, (list, tuple)) and value
-          and isinstance(value[0], (np.ndarray, np.generic, bool, int, float))):
+    elif _array_like(value):
         try:
-            arr = np.asarray(value)
-        except ValueError:
+            arr = as_array(value)
+        except Exception:           # e.g. a tensor on a GPU: a list key, as it always was
+            return OBJECT, ()
+    elif (isinstance(value, (list, tuple)) and value
+          and (isinstance(value[0], (np.ndarray, np.generic, bool, int, float))
+               or _array_like(value[0]))):
+        try:
+            arr = as_array(value)
+        except (ValueError, TypeError):
             return OBJECT, ()
     else:
         return OBJECT, ()
@@ -68,10 +74,38 @@ def value_spec(value) -> tuple[np.dtype, tuple]:
     return arr.dtype, arr.shape
 
 
-def infer_spec(datapoint: dict) -> dict:
-    """The spec of one datapoint, keys in the datapoint's order."""
+def _array_like(value) -> bool:
+    cls = type(value)
+    return hasattr(cls, '__array__') or hasattr(cls, '__dlpack__')
+
+
+def as_array(value) -> np.ndarray:
+    """``value`` as a numpy array: a torch or jax array, or anything with ``__array__`` or
+    DLPack (``__dlpack__``), is viewed, not copied, where numpy can.
+
+    >>> as_array([1, 2]).tolist()
+    [1, 2]
+    """
+    cls = type(value)
+    if not hasattr(cls, '__array__') and hasattr(cls, '__dlpack__'):
+        return np.from_dlpack(value)
+    return np.asarray(value)
+
+
+def infer_spec(datapoint: dict | tuple) -> dict:
+    """The spec of one datapoint, keys in the datapoint's order.
+
+    A tuple datapoint ``(x, y)`` has the keys ``0, 1``; a spec whose keys
+    are ``0 .. k-1`` makes the Loader give tuple batches.
+
+    >>> infer_spec((np.zeros(3, np.float32), 7))
+    {0: (dtype('float32'), (3,)), 1: (dtype('int64'), ())}
+    """
+    if isinstance(datapoint, tuple):
+        return {key: value_spec(value) for key, value in enumerate(datapoint)}
     if not isinstance(datapoint, dict):
-        raise SpecError(f'a datapoint must be a dict, got {type(datapoint).__name__}')
+        raise SpecError(f'a datapoint must be a dict or a tuple, got '
+                        f'{type(datapoint).__name__}')
     return {key: value_spec(value) for key, value in datapoint.items()}
 
 
@@ -164,16 +198,18 @@ class Assembler:
         ``raw`` is the datapoint as already read (by a batch read), if it was.
         """
         dp = self._read(index, seed) if raw is None else raw
-        if type(dp) is not dict and not isinstance(dp, dict):
-            raise SpecError(f'the reader returned {type(dp).__name__}, not a dict', index=index)
+        if type(dp) is not dict and not isinstance(dp, (dict, tuple)):
+            raise SpecError(f'the reader returned {type(dp).__name__}, not a dict or a tuple',
+                            index=index)
         if not self.after:
             return dp
-        dp = dict(dp)  # fns may mutate; never let them touch the reader's own objects
+        if type(dp) is not tuple:
+            dp = dict(dp)  # fns may mutate; never let them touch the reader's own objects
         for fn in self.after:
             dp = fn(dp, seed=seed)
-            if type(dp) is not dict and not isinstance(dp, dict):
-                raise SpecError(f'fn {fn!r} returned {type(dp).__name__}, not a dict',
-                                index=index)
+            if type(dp) is not dict and not isinstance(dp, (dict, tuple)):
+                raise SpecError(f'fn {fn!r} returned {type(dp).__name__}, not a dict or a '
+                                'tuple', index=index)
         return dp
 
     def _timed_row(self, index: int, seed: int, raw, row: int, arrays: dict,
@@ -346,15 +382,17 @@ class Assembler:
             log.debug('loadr: read-ahead of positions %d.. failed: %r', start, exc)
 
     def _write(self, dp: dict, row: int, index: int, arrays: dict, extras: dict) -> None:
+        if type(dp) is not dict and isinstance(dp, tuple):
+            dp = dict(enumerate(dp))
         if dp.keys() != self._keys:
-            missing = sorted(set(self.spec) - set(dp))
-            extra = sorted(set(dp) - set(self.spec))
+            missing = sorted(set(self.spec) - set(dp), key=str)
+            extra = sorted(set(dp) - set(self.spec), key=str)
             raise SpecError(f'keys differ from the spec: missing {missing}, unexpected {extra}',
                             index=index)
         for key, dtype, shape in self._array_specs:
             value = dp[key]
             if not isinstance(value, (np.ndarray, np.generic)):
-                value = np.asarray(value)
+                value = as_array(value)     # torch/jax arrays too: never pickled
             if (value.dtype is not dtype and value.dtype != dtype) or value.shape != shape:
                 raise SpecError(f'key {key!r} is {value.dtype}{list(value.shape)}, the spec '
                                 f'says {dtype}{list(shape)}{_shape_hint(key, value.shape, shape)}',

@@ -106,10 +106,14 @@ class Loader:
 
     Args:
       reader: anything with ``len()`` and ``[i] -> dict`` (a list of dicts
-        works), or a loadr reader.
+        works), or a loadr reader. A datapoint may also be a tuple ``(x, y)``
+        (torchvision's datasets): its batches are tuples then. A value that
+        is a numpy array, a number, a ``torch.Tensor`` or anything with
+        ``__array__`` or ``__dlpack__`` is stacked into an array in shared
+        memory (never pickled); any other value is handed over as a list.
       batch: datapoints per batch (per shard).
       fns: transforms, each called as ``fn(datapoint, seed=s)`` with ``s``
-        derived from (seed, stream position); returns a new dict.
+        derived from (seed, stream position); returns a new datapoint.
       shuffle: a fresh permutation each epoch (False: dataset order).
       seed: any int in [0, 2**64).
       workers: processes; 0 runs everything in this process, same output.
@@ -197,6 +201,7 @@ class Loader:
         self._order_switch_logged = False
         self.n = self._order().n        # positions per epoch (a Mix may differ from len)
         self._spec = _normalize_spec(spec) if spec is not None else None
+        self._tuple_batches = None
         self._pool = None
         self._window = None
         self._finalizer = None
@@ -227,6 +232,14 @@ class Loader:
                 dp = asm.substitute(index, seed, order)
             self._spec = infer_spec(dp)
         return self._spec
+
+    @property
+    def _tuples(self) -> bool:
+        """Whether batches are tuples: the spec's keys are 0 .. k-1 (tuple datapoints)."""
+        if self._tuple_batches is None:
+            keys = list(self.spec)
+            self._tuple_batches = bool(keys) and keys == list(range(len(keys)))
+        return self._tuple_batches
 
     def _order(self):
         """The order of the stream (:func:`loadr.order.order_for`), kept per seed and version."""
@@ -395,8 +408,9 @@ class Loader:
             if window is not None:
                 window.end(gen)
 
-    def _batch_from(self, arrays: dict, extras: dict) -> dict:
-        return {key: arrays[key] if key in arrays else extras[key] for key in self.spec}
+    def _batch_from(self, arrays: dict, extras: dict) -> dict | tuple:
+        batch = {key: arrays[key] if key in arrays else extras[key] for key in self.spec}
+        return tuple(batch.values()) if self._tuples else batch
 
     def _count_errors(self, plan, replaced: list) -> None:
         """Count a batch's replaced datapoints; raise if the epoch's budget is spent.

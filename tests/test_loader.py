@@ -65,6 +65,75 @@ def test_the_first_batch_after_a_jump_is_split_between_workers_and_joined_in_ord
         assert batch_digest(mine) == batch_digest(theirs)
 
 
+class ArrayLike:
+    """Not an ndarray, and not picklable: only its __array__ can carry it (as a torch
+    Tensor's does)."""
+
+    def __init__(self, values):
+        self.values = np.asarray(values)
+
+    def __array__(self, dtype=None, copy=None):
+        return self.values if dtype is None else self.values.astype(dtype)
+
+    def __reduce__(self):
+        raise TypeError('an ArrayLike must never be pickled')
+
+
+class DLPackOnly:
+    """Only the DLPack protocol (as some GPU-free array libraries have)."""
+
+    def __init__(self, values):
+        self.values = np.asarray(values)
+
+    def __dlpack__(self, **kwargs):
+        return self.values.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.values.__dlpack_device__()
+
+    def __reduce__(self):
+        raise TypeError('never pickled')
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+@pytest.mark.parametrize('wrap', [ArrayLike, DLPackOnly])
+def test_array_like_values_are_batched_as_arrays(workers, wrap):
+    data = [{'x': wrap(np.full(3, i, np.float32)), 'y': wrap(np.int64(i))} for i in range(12)]
+    with loadr.Loader(data, batch=4, shuffle=False, workers=workers) as loader:
+        assert loader.spec == {'x': (np.dtype(np.float32), (3,)), 'y': (np.dtype(np.int64), ())}
+        batch = next(iter(loader))
+    assert batch['x'].tolist() == [[i] * 3 for i in range(4)]
+    assert batch['y'].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_torch_tensors_are_batched_as_arrays(workers):
+    torch = pytest.importorskip('torch')
+    data = [{'x': torch.full((2, 2), float(i)), 'y': torch.tensor(i)} for i in range(8)]
+    with loadr.Loader(data, batch=4, shuffle=False, workers=workers) as loader:
+        batch = next(iter(loader))
+    assert isinstance(batch['x'], np.ndarray) and batch['x'].shape == (4, 2, 2)
+    assert batch['y'].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_tuple_datapoints_give_tuple_batches(workers):
+    data = [(np.full(2, i, np.uint8), i, f'item{i}') for i in range(10)]
+
+    def shift(dp, seed):
+        x, y, name = dp
+        return x + 1, y, name
+
+    with loadr.Loader(data, batch=4, fns=[shift], shuffle=False, workers=workers) as loader:
+        assert list(loader.spec) == [0, 1, 2]
+        x, y, names = next(iter(loader))
+        first = [batch_digest({str(k): v for k, v in enumerate(b)}) for b in loader.epoch(1)]
+    assert x.tolist() == [[i + 1] * 2 for i in range(4)] and y.tolist() == [0, 1, 2, 3]
+    assert names == ['item0', 'item1', 'item2', 'item3']
+    with loadr.Loader(data, batch=4, fns=[shift], shuffle=False, workers=0) as ref:
+        assert [batch_digest({str(k): v for k, v in enumerate(b)}) for b in ref.epoch(1)] == first
+
+
 def test_fns_get_a_seed_from_seed_and_position():
     seen = []
     data = trivial(10)
