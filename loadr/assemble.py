@@ -220,18 +220,20 @@ class Assembler:
         dp = self._read(index, seed) if raw is None else raw
         t1 = clock()
         acc[self._read_slot] += t1 - t0
-        if type(dp) is not dict and not isinstance(dp, dict):
-            raise SpecError(f'the reader returned {type(dp).__name__}, not a dict', index=index)
+        if type(dp) is not dict and not isinstance(dp, (dict, tuple)):
+            raise SpecError(f'the reader returned {type(dp).__name__}, not a dict or a tuple',
+                            index=index)
         if self.after:
-            dp = dict(dp)
+            if type(dp) is not tuple:
+                dp = dict(dp)
             for slot, fn in enumerate(self.after, self._first_after):
                 dp = fn(dp, seed=seed)
                 t2 = clock()
                 acc[slot] += t2 - t1
                 t1 = t2
-                if type(dp) is not dict and not isinstance(dp, dict):
-                    raise SpecError(f'fn {fn!r} returned {type(dp).__name__}, not a dict',
-                                    index=index)
+                if type(dp) is not dict and not isinstance(dp, (dict, tuple)):
+                    raise SpecError(f'fn {fn!r} returned {type(dp).__name__}, not a dict or '
+                                    'a tuple', index=index)
         self._write(dp, row, index, arrays, extras)
         acc[1] += clock() - t1
 
