@@ -93,6 +93,11 @@ def run(args: WorkerArgs) -> None:
     # Ctrl-C belongs to the main process; it stops us in order. The pool
     # started us with SIGINT blocked, so none got in before this line.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A forked worker inherits the main process's Python SIGTERM handler (Lightning's
+    # Trainer installs one that does not exit). multiprocess's exit hook SIGTERMs its
+    # daemon children and joins them with no limit: a worker that survives SIGTERM
+    # would hang the interpreter's exit. SIGTERM ends a worker, always.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if hasattr(signal, 'pthread_sigmask'):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if not _parent_alive(args):

@@ -333,3 +333,28 @@ def test_a_live_loader_of_another_pid_namespace_is_never_reclaimed():
     assert 'digest' in read_json_line(proc)        # it still works
     finish(proc)
     assert proc.returncode == 0
+
+
+def test_exit_without_close_with_a_sigterm_handler_that_does_not_exit():
+    # Lightning's Trainer installs a SIGTERM handler that does not exit; forked workers
+    # inherited it, and multiprocess's exit hook (SIGTERM, then join with no limit)
+    # waited forever on them when a script ended with its loader still open.
+    script = textwrap.dedent('''
+        import signal
+        import loadr
+        signal.signal(signal.SIGTERM, lambda *a: None)
+        loader = loadr.Loader([{'x': i} for i in range(100)], batch=4, workers=2)
+        next(iter(loader))
+        print('done', flush=True)
+    ''')
+    proc = subprocess.Popen([sys.executable, '-c', script], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            for pid in children(proc.pid):
+                os.kill(pid, signal.SIGKILL)
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and out.strip() == 'done', err
