@@ -56,8 +56,8 @@ LOADER_TYPES: dict[str, tuple[str, ...]] = {
     'batch': ('int',),
     'shuffle': ('bool',),
     'seed': ('int',),
-    'workers': ('int', 'null'),
-    'prefetch': ('int', 'null'),
+    'workers': ('int', 'str', 'null'),       # 'auto'
+    'prefetch': ('int', 'str', 'null'),      # 'auto'
     'shard_id': ('int',),
     'num_shards': ('int',),
     'spec': ('mapping', 'null'),
@@ -67,6 +67,8 @@ LOADER_TYPES: dict[str, tuple[str, ...]] = {
     'timeout': ('number', 'null'),
     'start_method': ('str', 'null'),
     'order_version': ('int', 'null'),
+    'stats_every': ('int', 'null'),
+    'on_stats': ('null',),                   # a callback: from Python only
 }
 _REQUIRED_LOADER_KEYS = ('batch',)
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 import weakref
 
 import numpy as np
@@ -45,6 +46,7 @@ from .errors import ConfigError, LoadrError, StateError, WorkerError
 from . import state as state_fields
 from .state import STATE_VERSION
 from .order import ORDER_VERSION, check_seed, check_version, order_for
+from .stats import StageClock, Stats, cores, fn_names, row_width, settle
 from .workers import protocol
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
 
@@ -53,6 +55,10 @@ __all__ = ['Loader', 'STATE_VERSION', 'LEASED_SLOTS']
 log = logging.getLogger('loadr')
 
 DEFAULT_TASK_TIMEOUT_S = 300.0
+# workers='auto' / prefetch='auto': the calibration measures this many batches
+# after the first (start-up left out), or fewer if they take AUTO_MAX_S.
+AUTO_BATCHES = 16
+AUTO_MAX_S = 3.0
 MIN_ERRORS_BEFORE_RAISE = 4
 
 
@@ -117,7 +123,8 @@ class Loader:
       shuffle: a fresh permutation each epoch (False: dataset order).
       seed: any int in [0, 2**64).
       workers: processes; 0 runs everything in this process, same output.
-      prefetch: batches in flight (default ``2 * workers``).
+        ``'auto'``: sized by itself (see below).
+      prefetch: batches in flight (default ``2 * workers``); ``'auto'``: sized by itself.
       shard_id, num_shards: split each global batch between hosts.
       spec: ``{key: (dtype, shape)}``; default: from the first datapoint.
       ring: yield views into shared memory, valid only until the next batch;
@@ -137,6 +144,24 @@ class Loader:
         in processes that run threads; needs the ``__main__`` guard).
       order_version: which permutation the shuffle uses (default
         :data:`loadr.order.ORDER_VERSION`; 1 is loadr 0.1's). A state records it.
+      stats_every, on_stats: call ``on_stats(loader.stats())`` every
+        ``stats_every`` batches (in the iterating thread, just before the
+        batch is handed out; what it costs counts as the caller's time). Both
+        are plain attributes too, to set or change later.
+
+    ``loader.stats()`` says where the time goes (:class:`loadr.stats.Stats`:
+    per-stage seconds of every worker, the caller's waiting, rates, a
+    verdict). ``workers='auto'`` and ``prefetch='auto'`` start with one worker
+    per core the process may use (``os.sched_getaffinity``) and ``2 *
+    workers`` batches in flight, measure the stages over the first
+    ``AUTO_BATCHES`` batches after the first (or ``AUTO_MAX_S`` seconds), and
+    settle on a setting by the rule of :func:`loadr.stats.settle`: enough
+    workers for the caller's pace, capped by the cores (or a few times that
+    when the workers mostly wait on I/O); prefetch from how much batch times
+    vary, within the shared-memory budget. If that differs, the workers are
+    started again with it at the next batch; the stream is the same to the
+    byte (it never depends on the worker count). ``loader.settled`` then holds
+    ``{'workers', 'prefetch', 'why', 'after_batches', 'after_s'}``.
 
     Example::
 
@@ -149,13 +174,27 @@ class Loader:
                  num_shards: int = 1, spec: dict | None = None, ring: bool = False,
                  on_error: str = 'raise', max_error_fraction: float = 0.01,
                  timeout: float | None = DEFAULT_TASK_TIMEOUT_S, start_method: str | None = None,
-                 order_version: int | None = None):
+                 order_version: int | None = None, stats_every: int | None = None,
+                 on_stats=None):
         if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
             raise ConfigError(f'batch must be a positive int, got {batch!r}')
+        auto_workers, auto_prefetch = workers == 'auto', prefetch == 'auto'
         if workers is None:
             workers = min(8, os.cpu_count() or 1)
-        if not isinstance(workers, (int, np.integer)) or workers < 0:
-            raise ConfigError(f'workers must be an int >= 0, got {workers!r}')
+        elif auto_workers:
+            workers = cores()
+        if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) \
+                or workers < 0:
+            raise ConfigError(f"workers must be an int >= 0 or 'auto', got {workers!r}")
+        if auto_prefetch or prefetch is None:
+            prefetch = None
+        elif isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)):
+            raise ConfigError(f"prefetch must be an int >= 1 or 'auto', got {prefetch!r}")
+        if stats_every is not None and (isinstance(stats_every, bool) or not isinstance(
+                stats_every, (int, np.integer)) or stats_every < 1):
+            raise ConfigError(f'stats_every must be an int >= 1, got {stats_every!r}')
+        if on_stats is not None and not callable(on_stats):
+            raise ConfigError(f'on_stats must be callable, got {on_stats!r}')
         if not isinstance(num_shards, (int, np.integer)) or num_shards < 1:
             raise ConfigError(f'num_shards must be an int >= 1, got {num_shards!r}')
         if not isinstance(shard_id, (int, np.integer)) or not 0 <= shard_id < num_shards:
@@ -209,6 +248,19 @@ class Loader:
         self.samples = 0                # datapoints made (all told)
         self._budget = (-1, 0, 0)       # epoch, errors, samples: see _count_errors
         self.closed = False
+        self.stats_every, self.on_stats = stats_every, on_stats
+        # What stats() reads besides the live pool: rows of pools closed before
+        # (summed by worker id), the inline row (workers=0), the caller's waits.
+        self._stats_base = None
+        self._inline_row = None
+        self._t_start = self._t_end = None
+        self._main_wait = self._first_batch_s = 0.0
+        self._batches_out = 0
+        self._auto = None               # (workers?, prefetch?) while calibrating
+        self._auto_from = None
+        self.settled = None
+        if (auto_workers or auto_prefetch) and self.workers > 0:
+            self._auto = (auto_workers, auto_prefetch)
 
     # -- spec ----------------------------------------------------------------
 
@@ -381,6 +433,9 @@ class Loader:
             while True:
                 if self.closed:
                     raise LoadrError('this loader is closed')
+                asked = time.perf_counter()     # the caller waits from here
+                if self._t_start is None:
+                    self._t_start = asked
                 if gen is None or window is not self._window or not window.live(gen):
                     # The first batch, or another iterator or load() moved the
                     # stream: go on from the loader's step, in a generation of our own.
@@ -401,12 +456,87 @@ class Loader:
                 del done
                 self._count_errors(plan, replaced)
                 self.step = plan.next_step
+                self._handed(time.perf_counter() - asked)
                 yield batch
                 # Only the caller may keep a lent batch alive.
                 del batch
         finally:
             if window is not None:
                 window.end(gen)
+
+    # -- stats ---------------------------------------------------------------
+
+    def _handed(self, waited: float) -> None:
+        """A batch goes to the caller, who waited ``waited`` for it: count, call back, size."""
+        self._main_wait += waited
+        self._batches_out += 1
+        if self._batches_out == 1:
+            self._first_batch_s = waited
+        if self._auto is not None:
+            self._calibrate()
+        if self.on_stats is not None and self.stats_every \
+                and self._batches_out % self.stats_every == 0:
+            self.on_stats(self.stats())
+
+    def _worker_rows(self) -> np.ndarray:
+        parts = [r for r in (self._stats_base, self._inline_row) if r is not None]
+        if self._pool is not None and not self._pool.closed:
+            parts.append(self._pool.stats_rows())
+        rows = np.zeros((max([len(p) for p in parts], default=0), row_width(len(self.fns))))
+        for part in parts:
+            rows[:len(part)] += part
+        return rows
+
+    def stats(self) -> Stats:
+        """Where the time went so far (a :class:`loadr.stats.Stats` snapshot; cheap).
+
+        Totals since the first batch was asked for: each worker's seconds per
+        stage (read, each fn by name, write into shared memory, other, waiting
+        for work), the caller's time waiting for batches, batches, samples;
+        ``.as_dict()`` for a JSON line, ``.verdict()`` for one line of advice,
+        :func:`loadr.stats.format_table` for a table.
+
+        >>> loader = Loader([{'x': i} for i in range(8)], batch=4, workers=0)
+        >>> _ = next(iter(loader)); loader.stats().batches
+        1
+        """
+        end = self._t_end if self._t_end is not None else time.perf_counter()
+        elapsed = end - self._t_start if self._t_start is not None else 0.0
+        return Stats.from_rows(self._worker_rows(), fn_names(self.fns), elapsed_s=elapsed,
+                               main_wait_s=self._main_wait, batches=self._batches_out,
+                               samples=self.samples, first_batch_s=self._first_batch_s,
+                               inline=self.workers == 0)
+
+    def _calibrate(self) -> None:
+        """workers='auto' / prefetch='auto': measure, then settle (see the class docstring)."""
+        now = self.stats()
+        if self._auto_from is None:
+            self._auto_from = now           # from the first batch on: start-up left out
+            return
+        seen = now.since(self._auto_from)
+        if seen.batches < AUTO_BATCHES and not (seen.batches >= 2
+                                                and seen.elapsed_s >= AUTO_MAX_S):
+            return
+        auto_workers, auto_prefetch = self._auto
+        self._auto = None
+        max_prefetch = None
+        if self._pool is not None:
+            from .workers.shm import StatusCells, shm_budget, use_memfd
+            budget = shm_budget(None, use_memfd())[0] - StatusCells.nbytes(self.workers)
+            held = 1 if self.ring else LEASED_SLOTS
+            max_prefetch = max(1, budget // max(1, self._pool.layout.nbytes) - held)
+        workers, prefetch, why = settle(seen, self.batch,
+                                        None if auto_workers else self.workers,
+                                        None if auto_prefetch else self.prefetch, max_prefetch)
+        self.settled = {'workers': workers, 'prefetch': prefetch, 'why': why,
+                        'after_batches': self._batches_out,
+                        'after_s': time.perf_counter() - self._t_start}
+        log.info('loadr: settled on workers=%d prefetch=%d after %d batches: %s',
+                 workers, prefetch, self._batches_out, why)
+        if (workers, prefetch) != (self.workers, self.prefetch):
+            # The next batch starts the new pool from self.step: the same stream.
+            self._close_window()
+            self.workers, self.prefetch = workers, prefetch
 
     def _batch_from(self, arrays: dict, extras: dict) -> dict | tuple:
         batch = {key: arrays[key] if key in arrays else extras[key] for key in self.spec}
@@ -445,6 +575,9 @@ class Loader:
         fields = {k: (d, s) for k, (d, s) in spec.items() if d != OBJECT}
         if self.workers == 0:
             asm = Assembler(self.reader, self.fns, spec, self.on_error)
+            if self._inline_row is None:
+                self._inline_row = np.zeros((1, row_width(len(self.fns))))
+            asm.clock = StageClock(self._inline_row[0], len(self.fns), inline=True)
             self._window = InlineWindow(asm, fields, functools.partial(
                 order_for, self.reader, shuffle=self.shuffle, version=self.order_version))
             return self._window
@@ -467,6 +600,15 @@ class Loader:
         return [] if self._pool is None else self._pool.pids
 
     def _close_window(self) -> None:
+        if self._pool is not None and not self._pool.closed:
+            # Its workers' counters outlive it (stats() adds them up).
+            rows = self._pool.stats_rows()
+            if self._stats_base is None or len(self._stats_base) < len(rows):
+                grown = np.zeros_like(rows)
+                if self._stats_base is not None:
+                    grown[:len(self._stats_base)] = self._stats_base
+                self._stats_base = grown
+            self._stats_base[:len(rows)] += rows
         if self._window is not None:
             self._window.reset()
         if self._finalizer is not None:
@@ -479,6 +621,8 @@ class Loader:
         Every iterator of a closed loader raises LoadrError('this loader is closed').
         """
         self.closed = True
+        if self._t_start is not None and self._t_end is None:
+            self._t_end = time.perf_counter()
         self._close_window()
 
     def __enter__(self):

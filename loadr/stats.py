@@ -117,6 +117,10 @@ class StageClock:
         self._idle_since = None
         self._busy_since = None
         self._cpu_since = 0.0
+        # A worker's fill is kept here until its task's busy time is known, and
+        # both go into the row together: a snapshot taken in between would
+        # see stages without the time that holds them.
+        self._pending = None
 
     def idle(self) -> None:
         """The worker starts waiting for work; the task in hand, if any, is done."""
@@ -124,6 +128,9 @@ class StageClock:
         if self._busy_since is not None:
             busy = now - self._busy_since
             row = self.row
+            if self._pending is not None:
+                self._commit(*self._pending)
+                self._pending = None
             row[BUSY] += busy
             row[BUSY_SQ] += busy * busy
             row[CPU] += time.process_time() - self._cpu_since
@@ -149,6 +156,16 @@ class StageClock:
     def add_fill(self, read: float, write: float, fns, samples: int, fill_s: float = 0.0,
                  cpu_s: float = 0.0) -> None:
         """One filled batch: its stage times (seconds), and with ``inline`` its own time."""
+        if not self.inline:
+            self._pending = (read, write, fns, samples)
+            return
+        self._commit(read, write, fns, samples)
+        row = self.row
+        row[BUSY] += fill_s
+        row[BUSY_SQ] += fill_s * fill_s
+        row[CPU] += cpu_s
+
+    def _commit(self, read: float, write: float, fns, samples: int) -> None:
         row = self.row
         row[READ] += read
         row[WRITE] += write
@@ -156,10 +173,6 @@ class StageClock:
         row[SAMPLES] += samples
         for i, t in enumerate(fns, len(WORKER_FIELDS)):
             row[i] += t
-        if self.inline:
-            row[BUSY] += fill_s
-            row[BUSY_SQ] += fill_s * fill_s
-            row[CPU] += cpu_s
 
     def totals(self) -> dict:
         return worker_dict(self.row, self.nfns)
