@@ -185,7 +185,8 @@ class Loader:
             workers = cores()
         if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) \
                 or workers < 0:
-            raise ConfigError(f"workers must be an int >= 0 or 'auto', got {workers!r}")
+            auto = " or 'auto'" if isinstance(workers, str) else ''
+            raise ConfigError(f'workers must be an int >= 0{auto}, got {workers!r}')
         if auto_prefetch or prefetch is None:
             prefetch = None
         elif isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)):
