@@ -20,8 +20,14 @@ from :mod:`benchmarks.workloads`:
   video, frames kept as JPEG bytes), the 8 frames picked as loadr picks
   them, then the same ``video_fn``; ``torch+gulpio2 (decode all)`` uses
   gulpio2's default decoder (simplejpeg) on every frame, as its users get.
-- ``limit``: the fn in a plain loop in this process, no loader at all;
-  multiplied by W in the report (the decode-bound ceiling for W workers).
+- ``limit`` (trivial, images, video): W plain loops at once, each in a
+  process of its own (forked), reading random datapoints and calling the fn,
+  no loader at all, with glibc's malloc thresholds set as loadr's workers set
+  them (``loadr.workers.memory.set_steady``: buffers reused, not mmapped and
+  trimmed per sample): the ceiling for W workers, CPU per sample included.
+  ``--limit-plain`` measures the loop without the thresholds instead.
+- ``limit`` (raw): one ``os.pread`` per record in this process, no checksum,
+  multiplied by W in the report.
 
 Example::
 
@@ -53,6 +59,7 @@ class Contender:
     start: Callable            # (data, workers) -> (iterator, close)
     per_worker_limit: bool = False   # a single-process figure, times W in the report
     note: str = ''
+    ceiling: bool = False            # W plain loops at once (their own processes)
 
 
 def available(module: str) -> bool:
@@ -204,12 +211,12 @@ def _grain_start(data: W.Data, workers: int):
     return it, close
 
 
-def _limit_start(data: W.Data, workers: int):
-    """The fn alone, one sample after another in this process; 'batches' of data.batch."""
+def _plain_loop(data: W.Data, seed: int = SEED):
+    """The fn alone, one sample after another; yields 'batches' (lists) of data.batch."""
     from loadr.fns import sample_frames
     fn = _fn_for(data)
     reader = data.reader
-    rng = np.random.default_rng(SEED)
+    rng = np.random.default_rng(seed)
     sample = sample_frames(num=W.FRAMES_PER_CLIP, mode='tsn')
 
     def gen():
@@ -222,7 +229,62 @@ def _limit_start(data: W.Data, workers: int):
                     dp = reader[index]
                 out.append(fn(dp, seed=index))
             yield out
-    return gen(), lambda: None
+    return gen()
+
+
+# Whether the ceiling's loops run with loadr's steady-memory malloc thresholds
+# (run.py's --limit-plain turns it off, to show what they are worth).
+STEADY_LIMIT = True
+
+
+def _ceiling_loop(data: W.Data, k: int, conn, steady: bool) -> None:
+    """One of the ceiling's loops (a forked process): a byte down ``conn`` per batch."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # the parent stops it
+    if steady:
+        from loadr.workers.memory import set_steady
+        set_steady()
+    for _ in _plain_loop(data, SEED + k):
+        conn.send_bytes(b'.')
+
+
+def _ceiling_start(data: W.Data, workers: int):
+    """W plain loops at once, each its own process: yields once per batch any of them makes."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+    ctx = mp.get_context('fork')
+    conns, procs = [], []
+    try:
+        for k in range(workers):
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_ceiling_loop, args=(data, k, send, STEADY_LIMIT),
+                               daemon=True, name=f'bench-ceiling-{k}')
+            proc.start()
+            send.close()
+            conns.append(recv)
+            procs.append(proc)
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+        raise
+
+    def gen():
+        while True:
+            ready = wait(conns, timeout=60)
+            if not ready:
+                raise RuntimeError('the plain loops made no batch in 60 s')
+            for conn in ready:
+                conn.recv_bytes()        # EOFError if a loop died: the run fails, reported
+                yield None
+
+    def close():
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.join(10)
+        for conn in conns:
+            conn.close()
+    return gen(), close
 
 
 def _pread_limit_start(data: W.Data, workers: int):
@@ -261,8 +323,10 @@ def contenders_for(workload: str, peers: list[str] | None = None) -> list[Conten
         out.append(Contender('limit', _pread_limit_start, per_worker_limit=True,
                              note='os.pread of each 4 KiB record, no checksum, one process x W'))
     else:
-        out.append(Contender('limit', _limit_start, per_worker_limit=True,
-                             note='the fn in a plain loop, one process x W'))
+        how = ("glibc's malloc thresholds set as loadr's workers set them" if STEADY_LIMIT
+               else 'malloc as it comes')
+        out.append(Contender('limit', _ceiling_start, ceiling=True,
+                             note=f'the fn in W plain loops at once, one process each, {how}'))
     if peers is not None:
         out = [c for c in out if c.name in peers or c.name.split('+')[0] in peers
                or c.name.split(' ')[0] in peers]

@@ -141,7 +141,11 @@ def _workload_table(name: str, w: dict) -> list[str]:
                          f"| | | | | | |")
             continue
         rate = s['samples_per_s']
-        label = f'{peer} (1 process × {w["workers"]})' if row.get('limit') else peer
+        label = peer
+        if row.get('limit'):
+            label = f'{peer} (1 process × {w["workers"]})'
+        elif row.get('ceiling'):
+            label = f'{peer} ({w["workers"]} plain loops at once)'
         ratio = _ratio(loadr_rate, rate['median'])
         cells = [label, f"{rate['median']:,.0f} [{rate['min']:,.0f}–{rate['max']:,.0f}]",
                  '—' if peer == 'loadr' or ratio is None else f'{ratio:.2f}']
@@ -235,7 +239,7 @@ def plot_scaling(res: dict, path: str) -> str | None:
             if not pts:
                 continue
             style = dict(linestyle='--', color='grey') if peer == 'limit' else dict(marker='o')
-            label = 'limit (1 process × W)' if peer == 'limit' else peer
+            label = 'limit (W plain loops at once)' if peer == 'limit' else peer
             ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label, **style)
         ax.set_title(name)
         ax.set_xlabel('workers')
@@ -274,9 +278,13 @@ falls on all of them alike. A run: start the loader, time the first batch,
 stretch. CPU ms/sample is user+system time of the whole process tree over
 it; RSS is the peak of the main process and the peak of the workers'
 summed RSS (shared pages count in each process); /dev/shm is the peak rise
-of its used bytes (machine-wide). "limit" is the same per-sample function in
-a plain loop in one process, times the worker count (raw: one os.pread per
-record, no checksum). Tables, JSON and plot: `benchmarks/out/`.
+of its used bytes (machine-wide). "limit" is the ceiling for W workers: W
+plain loops at once, each in its own process, reading random datapoints and
+calling the same per-sample function, with glibc's malloc thresholds set as
+loadr's workers set them (steady memory); its CPU ms/sample is theirs (raw:
+one os.pread per record, no checksum, one process, times W). The image data
+are distinct 375×500 q90 JPEGs of ~97 KB. Tables, JSON and plot:
+`benchmarks/out/`.
 
 ![throughput by worker count](benchmarks/scaling.png)
 

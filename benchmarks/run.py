@@ -121,7 +121,7 @@ def run_once(contender: peers.Contender, data: W.Data, workers: int, min_time_s:
     out = {'samples_per_s': rate * (workers if contender.per_worker_limit else 1),
            'batches': batches, 'seconds': elapsed}
     out['cpu_ms_per_sample'] = 1e3 * cpu / samples
-    if not contender.per_worker_limit:
+    if not (contender.per_worker_limit or contender.ceiling):
         out.update({
             'ttfb_s': ttfb,
             'rss_main_mib': mon.peak_main_bytes / measure.MIB,
@@ -162,7 +162,8 @@ def run_workload(data: W.Data, contenders: list[peers.Contender], workers: int, 
         ok = [x for x in results[c.name] if 'error' not in x]
         errors = [x['error'] for x in results[c.name] if 'error' in x]
         out[c.name] = {'runs': results[c.name], 'summary': _summary(ok) if ok else {},
-                       'errors': errors, 'note': c.note, 'limit': c.per_worker_limit}
+                       'errors': errors, 'note': c.note, 'limit': c.per_worker_limit,
+                       'ceiling': c.ceiling}
     return out
 
 
@@ -284,15 +285,41 @@ def _preimport(names: list[str]) -> None:
                 __import__(module)
 
 
+def worker_counts(text: str, cores: int | None = None) -> tuple[int, list[int] | None]:
+    """``--workers``: (the main table's count, the scaling table's counts or None).
+
+    >>> worker_counts('2')
+    (2, None)
+    >>> worker_counts('1,2,4,8,16', cores=2)
+    (2, [1, 2, 4, 8, 16])
+    >>> worker_counts('4,8', cores=2)
+    (4, [4, 8])
+    """
+    counts = [int(x) for x in text.split(',') if x.strip()]
+    if not counts or min(counts) < 1:
+        raise SystemExit(f'--workers wants positive counts, got {text!r}')
+    if len(counts) == 1:
+        return counts[0], None
+    cores = cores or os.cpu_count() or 1
+    fit = [c for c in counts if c <= cores]
+    return (max(fit) if fit else counts[0]), sorted(set(counts))
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog='python -m benchmarks', description=__doc__.split('\n')[0])
     p.add_argument('--scale', type=float, default=1.0,
                    help='multiply dataset sizes and the timed stretch of each run (default 1)')
     p.add_argument('--runs', type=int, default=5, help='runs per loader (default 5)')
-    p.add_argument('--workers', type=int, default=2, help='workers for the main table')
+    p.add_argument('--workers', default='2',
+                   help='workers for the main table (default 2); a list, e.g. 1,2,4,8,16, '
+                        'is the scaling table\'s worker counts, and the main table then uses '
+                        'the largest of them not above the core count')
     p.add_argument('--scaling', default=None,
                    help='worker counts for the scaling plot, e.g. 1,2,4 (default: 1, 2 and '
-                        'powers of two up to the core count)')
+                        'powers of two up to the core count; --workers with a list sets it)')
+    p.add_argument('--limit-plain', action='store_true',
+                   help="run the limit's plain loops without loadr's steady-memory malloc "
+                        'thresholds (default: with them, as loadr\'s workers run)')
     p.add_argument('--only', default=','.join(WORKLOADS),
                    help=f'workloads to run, from {",".join(WORKLOADS)} (default all)')
     p.add_argument('--peers', default=None,
@@ -316,7 +343,12 @@ def main(argv=None) -> int:
     chosen = [p for p in args.peers.split(',') if p] if args.peers else None
     skip = {s for s in args.skip.split(',') if s}
     scaling = [int(x) for x in args.scaling.split(',')] if args.scaling else None
-    cfg = Config(args.scale, args.runs, args.workers, scaling)
+    workers, listed = worker_counts(args.workers)
+    if listed:
+        scaling = listed
+    if args.limit_plain:
+        peers.STEADY_LIMIT = False
+    cfg = Config(args.scale, args.runs, workers, scaling)
     warnings.filterwarnings('ignore', message='The given NumPy array is not writable')
     started = time.perf_counter()
     names = chosen or ['torch', 'granular', 'grain', 'gulpio2']

@@ -9,8 +9,10 @@ Workloads (sizes at ``scale=1``; ``--scale`` multiplies the dataset sizes):
 
 1. ``trivial``: ``{'label': int, 'vec': float32[16]}`` in a Python list,
    batch 256, no per-sample work: what the loader itself costs per sample.
-2. ``images``: a bag dataset of 375×500 JPEGs (quality 90); per sample:
-   Pillow decode, random 224×224 crop, random left-right flip; batch 64.
+2. ``images``: a bag dataset of distinct 375×500 JPEGs (quality 90, ~97 KB
+   each, every one different: a decoder's per-sample allocations cannot hide
+   behind a few repeated small pictures); per sample: Pillow decode, random
+   224×224 crop, random left-right flip; batch 64.
 3. ``video``: a gulp dataset of 30–60 frame videos at 128×170; per sample:
    8 frames chosen TSN-style (one random frame in each of 8 segments),
    Pillow decode, stack; batch 16.
@@ -35,7 +37,7 @@ import numpy as np
 __all__ = [
     'TRIVIAL_BATCH', 'IMAGE_BATCH', 'VIDEO_BATCH', 'RAW_BATCH', 'RECORD_BYTES',
     'IMAGE_HW', 'CROP', 'FRAME_HW', 'FRAMES_PER_CLIP', 'Data',
-    'make_trivial', 'make_images', 'make_video', 'make_raw', 'FarDataset',
+    'make_trivial', 'make_images', 'make_video', 'make_raw', 'FarDataset', 'distinct_pictures',
     'identity_fn', 'image_fn', 'video_fn', 'raw_fn', 'tsn_positions',
 ]
 
@@ -50,10 +52,11 @@ FRAME_HW = (128, 170)
 FRAMES_PER_CLIP = 8
 VIDEO_FRAMES = (30, 60)          # inclusive range of frames per video
 JPEG_QUALITY = 90
-# Unique pictures encoded; the dataset repeats them (decode cost depends on
-# the content, not on whether two records hold the same bytes).
-UNIQUE_IMAGES = 48
+# Unique frames encoded for video; the clips repeat them. Images are all distinct.
 UNIQUE_FRAMES = 160
+# Grain added to every image (±IMAGE_GRAIN): at 27, a 375×500 q90 JPEG is ~97 KB,
+# the size of an ImageNet photograph at that resolution.
+IMAGE_GRAIN = 27
 
 
 @dataclasses.dataclass
@@ -107,16 +110,34 @@ def make_trivial(n: int) -> Data:
     return Data('trivial', TRIVIAL_BATCH, n, None, items, vecs.nbytes + 8 * n)
 
 
+def distinct_pictures(n: int, seed: int = 1):
+    """``n`` different 375×500 RGB pictures (uint8), made deterministically from ``seed``.
+
+    Each is its own smooth colour field plus a window of a shared grain field
+    at its own offset, so no two are alike and none costs a fresh noise draw.
+
+    >>> [p.shape for p in distinct_pictures(2)]
+    [(375, 500, 3), (375, 500, 3)]
+    """
+    from PIL import Image
+    h, w = IMAGE_HW
+    rng = np.random.default_rng(seed)
+    grain = rng.integers(-IMAGE_GRAIN, IMAGE_GRAIN + 1, (2 * h, 2 * w, 3), dtype=np.int16)
+    for _ in range(n):
+        small = rng.integers(0, 256, (h // 16 + 1, w // 16 + 1, 3), dtype=np.uint8)
+        img = np.asarray(Image.fromarray(small).resize((w, h), Image.Resampling.BICUBIC))
+        y, x = int(rng.integers(0, h)), int(rng.integers(0, w))
+        yield np.clip(img.astype(np.int16) + grain[y:y + h, x:x + w], 0, 255).astype(np.uint8)
+
+
 def make_images(root: str, n: int) -> Data:
-    """A bag dataset of ``n`` 375×500 JPEGs with int labels, read back with loadr."""
+    """A bag dataset of ``n`` distinct 375×500 q90 JPEGs (~97 KB) with int labels."""
     import loadr
     from loadr.writers import BagWriter
-    rng = np.random.default_rng(1)
-    jpegs = [_jpeg(_picture(*IMAGE_HW, rng)) for _ in range(min(n, UNIQUE_IMAGES))]
     path = os.path.join(root, 'images')
     with BagWriter(path, {'image': 'jpg', 'label': 'int'}) as w:
-        for i in range(n):
-            w.append({'image': jpegs[i % len(jpegs)], 'label': i % 1000})
+        for i, picture in enumerate(distinct_pictures(n)):
+            w.append({'image': _jpeg(picture), 'label': i % 1000})
     reader = loadr.open(path, decode_images=False)
     return Data('images', IMAGE_BATCH, n, path, reader, _dir_bytes(path))
 

@@ -1,8 +1,8 @@
 """The benchmark command runs end to end at its smallest size and writes its table and JSON.
 
 It asserts nothing about speed (the machine is shared; timings belong in
-BENCHMARKS.md, not in tests). Skipped where the ``bench`` extra is not
-installed (CI installs only ``test``).
+BENCHMARKS.md, not in tests). Skipped without torch or psutil (the ``bench``
+extra; the runs here leave the other peers out).
 """
 
 import json
@@ -13,7 +13,6 @@ import sys
 import pytest
 
 pytest.importorskip('torch')
-pytest.importorskip('granular')
 pytest.importorskip('psutil')
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,3 +46,21 @@ def test_smallest_run_writes_table_and_json(tmp_path):
     assert results['machine']['cores'] >= 1 and results['machine']['python']
     # --no-publish leaves the repository's BENCHMARKS.md and plot alone; no plot without scaling.
     assert not (out / 'scaling.png').exists()
+
+
+def test_worker_list_gives_the_scaling_table_with_the_ceiling(tmp_path):
+    out = tmp_path / 'out'
+    cmd = [sys.executable, '-m', 'benchmarks', '--scale', '0.01', '--runs', '1',
+           '--only', 'images', '--peers', 'loadr,limit', '--workers', '1,2',
+           '--skip', 'resume,readers', '--no-publish', '--out', str(out), '--tmp', str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / 'results.json').read_text())
+    assert results['config']['workers'] == 2 and results['config']['scaling_workers'] == [1, 2]
+    limit = results['workloads']['images']['loaders']['limit']
+    assert limit['ceiling'] is True and limit['errors'] == []
+    for name in ('loadr', 'limit'):
+        assert all(results['scaling']['images'][name][w] > 0 for w in ('1', '2')), name
+    table = (out / 'table.md').read_text()
+    assert '| limit (2 plain loops at once) |' in table
+    assert (out / 'scaling.png').exists() or 'matplotlib' not in results['machine']['libraries']
