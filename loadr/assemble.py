@@ -295,11 +295,26 @@ class Assembler:
             # Every `every`-th row is timed stage by stage (see loadr.stats):
             # the others pay one test of a countdown.
             t1 = time.perf_counter()
-            acc, every, sampled, timed_rows = self._acc, self._every, 0.0, 0
+            acc, every = self._acc, self._every
             acc[:] = [0.0] * len(acc)
+            self._sampled = 0.0
             countdown = 0
         else:
             every, countdown = 0, 1 << 62
+        filled = False
+        try:
+            self._fill_rows(indices, seeds, raws, start, progress, cell, task_id, datapoint,
+                            write, order, arrays, extras, replaced, every, countdown)
+            filled = True
+        finally:
+            # A cancelled or failed batch's rows were work too (not a batch, though).
+            if clock is not None:
+                self._account(clock, count, t0, t1, cpu0, filled)
+        return extras, replaced
+
+    def _fill_rows(self, indices, seeds, raws, start, progress, cell, task_id, datapoint,
+                   write, order, arrays, extras, replaced, every, countdown) -> None:
+        sampled = 0.0
         for row, (index, seed, raw) in enumerate(zip(indices, seeds, raws)):
             if cell[0] >= task_id:
                 raise Cancelled(task_id)
@@ -321,10 +336,7 @@ class Assembler:
             except Exception as exc:
                 self._failed(exc, index, start + row, seed, order, row, arrays, extras, replaced)
             sampled += time.perf_counter() - ts
-            timed_rows += 1
-        if clock is not None:
-            self._account(clock, count, t0, t1, cpu0, sampled, timed_rows)
-        return extras, replaced
+            self._sampled = sampled
 
     def _failed(self, exc, index: int, position: int, seed: int, order, row: int, arrays: dict,
                 extras: dict, replaced: list) -> None:
@@ -337,8 +349,8 @@ class Assembler:
         replaced.append(index)
         self._write(self.substitute(index, seed, order), row, index, arrays, extras)
 
-    def _account(self, clock, count: int, t0: float, t1: float, cpu0: float, sampled: float,
-                 timed_rows: int) -> None:
+    def _account(self, clock, count: int, t0: float, t1: float, cpu0: float,
+                 filled: bool) -> None:
         """Scale the timed rows' stages to the whole loop and add the batch to ``clock``.
 
         The loop's time is measured exactly; the timed rows say how it
@@ -346,12 +358,13 @@ class Assembler:
         itself, lands in 'other' via busy). The batch read is timed whole.
         """
         end = time.perf_counter()
-        loop = end - t1
+        loop, sampled = end - t1, self._sampled
         scale = loop / sampled if sampled > 0 else 0.0
         acc = self._acc
         fns = [t * scale for t in acc[2:]]
-        clock.add_fill(t1 - t0 + acc[0] * scale, acc[1] * scale, fns, count, end - t0,
-                       time.process_time() - cpu0 if clock.inline else 0.0)
+        clock.add_fill(t1 - t0 + acc[0] * scale, acc[1] * scale, fns, count if filled else 0,
+                       end - t0, time.process_time() - cpu0 if clock.inline else 0.0,
+                       batches=int(filled))
         if count:
             # Time rows sparsely enough that the clock reads of a timed row
             # stay a small share of the loop; once a row costs

@@ -429,6 +429,7 @@ class Loader:
         if self.closed:
             raise LoadrError('this loader is closed')
         spec = self.spec
+        self._tuples                    # known before the first batch: _batch_from reads it
         window = gen = None
         try:
             while True:
@@ -540,8 +541,8 @@ class Loader:
             self.workers, self.prefetch = workers, prefetch
 
     def _batch_from(self, arrays: dict, extras: dict) -> dict | tuple:
-        batch = {key: arrays[key] if key in arrays else extras[key] for key in self.spec}
-        return tuple(batch.values()) if self._tuples else batch
+        batch = {key: arrays[key] if key in arrays else extras[key] for key in self._spec}
+        return tuple(batch.values()) if self._tuple_batches else batch
 
     def _count_errors(self, plan, replaced: list) -> None:
         """Count a batch's replaced datapoints; raise if the epoch's budget is spent.
@@ -552,9 +553,9 @@ class Loader:
         where the uninterrupted one would have.
         """
         self.samples += plan.count
-        self.errors += len(replaced)      # each one was logged where it was replaced (assemble)
         if self.on_error != 'skip':
             return
+        self.errors += len(replaced)      # each one was logged where it was replaced (assemble)
         epoch = plan.start // self.n
         was, errors, samples = self._budget
         if epoch != was:
@@ -601,20 +602,22 @@ class Loader:
         return [] if self._pool is None else self._pool.pids
 
     def _close_window(self) -> None:
-        if self._pool is not None and not self._pool.closed:
-            # Its workers' counters outlive it (stats() adds them up).
-            rows = self._pool.stats_rows()
+        pool = self._pool
+        if self._window is not None:
+            self._window.reset()
+        if self._finalizer is not None:
+            self._finalizer()
+        self._pool = self._window = self._finalizer = None
+        if pool is not None:
+            # Its workers' counters outlive it (stats() adds them up), as they were
+            # when the workers had stopped.
+            rows = pool.stats_rows()
             if self._stats_base is None or len(self._stats_base) < len(rows):
                 grown = np.zeros_like(rows)
                 if self._stats_base is not None:
                     grown[:len(self._stats_base)] = self._stats_base
                 self._stats_base = grown
             self._stats_base[:len(rows)] += rows
-        if self._window is not None:
-            self._window.reset()
-        if self._finalizer is not None:
-            self._finalizer()
-        self._pool = self._window = self._finalizer = None
 
     def close(self) -> None:
         """Stop the workers and free the shared memory; safe to call twice.

@@ -122,10 +122,11 @@ class StageClock:
         # see stages without the time that holds them.
         self._pending = None
 
-    def idle(self) -> None:
-        """The worker starts waiting for work; the task in hand, if any, is done."""
-        now = time.perf_counter()
+    def finish(self) -> None:
+        """The task in hand is done but for its reply: count it before the reply goes, so
+        that the main process, once it has the reply, sees the task in the row."""
         if self._busy_since is not None:
+            now = time.perf_counter()
             busy = now - self._busy_since
             row = self.row
             if self._pending is not None:
@@ -133,7 +134,16 @@ class StageClock:
                 self._pending = None
             row[BUSY] += busy
             row[BUSY_SQ] += busy * busy
-            row[CPU] += time.process_time() - self._cpu_since
+            cpu = time.process_time()
+            row[CPU] += cpu - self._cpu_since
+            self._busy_since, self._cpu_since = now, cpu
+
+    def idle(self) -> None:
+        """The worker starts waiting for work; the task in hand, if any, is done."""
+        self.finish()
+        now = time.perf_counter()
+        if self._busy_since is not None:
+            self.row[BUSY] += now - self._busy_since        # the reply's own time
             self._busy_since = None
         self._idle_since = now
 
@@ -154,22 +164,23 @@ class StageClock:
         self._cpu_since = time.process_time()
 
     def add_fill(self, read: float, write: float, fns, samples: int, fill_s: float = 0.0,
-                 cpu_s: float = 0.0) -> None:
-        """One filled batch: its stage times (seconds), and with ``inline`` its own time."""
+                 cpu_s: float = 0.0, batches: int = 1) -> None:
+        """One filled batch (``batches=0``: a cancelled or failed one): its stage times
+        (seconds), and with ``inline`` its own time."""
         if not self.inline:
-            self._pending = (read, write, fns, samples)
+            self._pending = (read, write, fns, samples, batches)
             return
-        self._commit(read, write, fns, samples)
+        self._commit(read, write, fns, samples, batches)
         row = self.row
         row[BUSY] += fill_s
         row[BUSY_SQ] += fill_s * fill_s
         row[CPU] += cpu_s
 
-    def _commit(self, read: float, write: float, fns, samples: int) -> None:
+    def _commit(self, read: float, write: float, fns, samples: int, batches: int) -> None:
         row = self.row
         row[READ] += read
         row[WRITE] += write
-        row[BATCHES] += 1
+        row[BATCHES] += batches
         row[SAMPLES] += samples
         for i, t in enumerate(fns, len(WORKER_FIELDS)):
             row[i] += t

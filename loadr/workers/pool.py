@@ -124,6 +124,8 @@ class _Held:
         self.segments: list[Segment] = []
         self.dirs: list[str] = []
         self.released = False
+        self.stats_rows = None          # the workers' stage counters (in the status segment)
+        self.last_stats = None          # ... as they were when the workers had stopped
 
 
 def _release(held: _Held) -> None:
@@ -160,6 +162,8 @@ def _release(held: _Held) -> None:
                         pass
                     w.process.join(JOIN_TIMEOUT_S)
             held.workers[:] = [None] * len(held.workers)
+            if held.stats_rows is not None:
+                held.last_stats, held.stats_rows = held.stats_rows.copy(), None
             if held.sock is not None:
                 held.sock.close(0)
                 held.sock = None
@@ -267,6 +271,7 @@ class WorkerPool:
         self._stats_rows = np.ndarray((workers, self.stats_width), dtype=np.float64,
                                       buffer=self._status.buf, offset=status_bytes)
         self._stats_rows[:] = 0.0
+        held.stats_rows = self._stats_rows
         cells = StatusCells(self._status.buf, workers)
         self.progress = cells.progress_rows()
         self.progress[:] = -1           # [position, index] in hand; -1: none yet
@@ -535,9 +540,11 @@ class WorkerPool:
         A replacement worker goes on adding to its predecessor's row, so a
         killed worker's time stays counted (all but the batch it died in).
         """
-        if self._stats_rows is None:
-            return np.zeros((len(self.workers), self.stats_width))
-        return self._stats_rows.copy()
+        if self._stats_rows is not None:
+            return self._stats_rows.copy()
+        if self._held.last_stats is not None:      # closed: as the workers left them
+            return self._held.last_stats.copy()
+        return np.zeros((len(self.workers), self.stats_width))
 
     def fresh_views(self, slot: int) -> tuple[np.ndarray, dict]:
         """New arrays over ``slot`` and the one array they all hang from.

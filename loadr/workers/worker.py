@@ -194,6 +194,7 @@ def run(args: WorkerArgs) -> None:
                 failure = protocol.Failure.capture(exc, index if index >= 0 else None,
                                                    int(progress[0]), args.wid)
                 reply = protocol.fail(task_id, failure)
+            clock.finish()
             sock.send_multipart(reply)
             clock.idle()
     finally:
