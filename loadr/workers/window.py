@@ -120,7 +120,7 @@ class Task(NamedTuple):
     row: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     """A batch being made: by one task, or (the first after a start) by several."""
 
@@ -144,7 +144,8 @@ class Pending:
         return extras, replaced
 
 
-class Finished(NamedTuple):
+@dataclass(slots=True)
+class Finished:
     """A batch made: waiting in the window, then handed out by ``next()`` with its arrays."""
 
     plan: Plan
@@ -435,7 +436,8 @@ class Window(_Generations):
             done = self.finished.pop(j, None)
             if done is not None:
                 self.j_next += 1
-                return done._replace(arrays=self._hand_out(done))
+                done.arrays = self._hand_out(done)
+                return done
             if self.schedule.plan(j) is None:
                 return None
             for event in self.pool.poll(POLL_MS):
@@ -466,13 +468,15 @@ class Window(_Generations):
         count, slot = done.plan.count, done.slot
         if slot is None:
             return {k: np.empty((0, *s), d) for k, (d, s, _) in self.pool.layout.fields.items()}
+        full = count == self.pool.layout.batch
         if self.ring:
             self.held = slot
-            return {k: v[:count] for k, v in self.pool.views[slot].items()}
+            views = self.pool.views[slot]
+            return dict(views) if full else {k: v[:count] for k, v in views.items()}
         if len(self.lent) < LEASED_SLOTS:
             owner, views = self.pool.fresh_views(slot)
             self.lent[slot] = weakref.ref(owner)
-            return {k: v[:count] for k, v in views.items()}
+            return views if full else {k: v[:count] for k, v in views.items()}
         arrays = {k: v[:count].copy() for k, v in self.pool.views[slot].items()}
         self.free.append(slot)
         return arrays
