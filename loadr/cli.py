@@ -327,6 +327,7 @@ def _run(args, loader, record: dict, pipeline_path: str) -> int:
                  f'{record["steps"]} batches (--steps sets another goal, counted from '
                  f'position {record["start"]})')
         bar = Progress(total=steps, unit='batches', label='run')
+        export = _stats_export(args, loader)
         it = iter(loader) if steps else None
         first = None
         processed = loader.step      # the end of the last batch fully handled
@@ -356,6 +357,7 @@ def _run(args, loader, record: dict, pipeline_path: str) -> int:
         else:
             _err(f'loadr: {what} at position {state["step"]} (pass --save-state FILE to be '
                  f'able to resume)')
+        _stats_end(args, loader, export)
         loader.close()
         return EXIT_INTERRUPTED if not isinstance(exc, _Terminated) else 128 + signal.SIGTERM
     finally:
@@ -363,6 +365,7 @@ def _run(args, loader, record: dict, pipeline_path: str) -> int:
     state = loader.save()
     if args.save_state:
         _write_state(args.save_state, {**record, 'loader': state})
+    stats_table = _stats_end(args, loader, export)
     loader.close()
     rate, sample_rate = bar.rates()
     _out(f'batches: {bar.done}   samples: {bar.samples}   time: {bar.elapsed:.2f} s')
@@ -375,7 +378,46 @@ def _run(args, loader, record: dict, pipeline_path: str) -> int:
         _out(f'replaced datapoints (on_error=skip): {loader.errors} of {loader.samples}')
     _out(f'state: position {state["step"]}' + (f', saved to {args.save_state}'
                                                  if args.save_state else ''))
+    if stats_table:
+        _out(stats_table)
     return EXIT_OK
+
+
+def _stats_export(args, loader):
+    """``--stats-file``: a JSON line of loader.stats() every ``--stats-every`` batches
+    (appended), through the loader's on_stats hook; returns the writer, or None."""
+    if not getattr(args, 'stats_file', None):
+        return None
+    out = open(args.stats_file, 'a', encoding='utf-8')
+
+    def write(stats):
+        if stats.batches != write.last:         # the end's line may be the last one
+            out.write(json.dumps(stats.as_dict()) + '\n')
+            out.flush()
+            write.last = stats.batches
+
+    write.file, write.last = out, None
+    loader.stats_every, loader.on_stats = args.stats_every, write
+    return write
+
+
+def _stats_end(args, loader, export) -> str | None:
+    """The last stats line (``--stats-file``) and, with ``--profile``, the table: printed
+    at once on Ctrl-C, returned for the summary otherwise."""
+    if export is None and not getattr(args, 'profile', False):
+        return None
+    stats = loader.stats()
+    if export is not None:
+        export(stats)
+        export.file.close()
+    if not args.profile:
+        return None
+    from .stats import format_table
+    table = format_table(stats)
+    if sys.exc_info()[0] is not None:       # interrupted: no summary follows
+        _err(table)
+        return None
+    return table
 
 
 # ---------------------------------------------------------------------------
@@ -687,19 +729,26 @@ def cmd_bench(args) -> int:
             raise ConfigError("--plot needs matplotlib, which is not installed: "
                               "pip install matplotlib (or pip install 'loadr[bench]'); "
                               "or leave out --plot for the table alone") from None
-    rows = []
+    rows, profiles = [], []
     for workers in counts:
         _, loader = _load_pipeline(args.pipeline, args.override, {'loader.workers': workers})
         with loader:
             it = iter(loader)
             for _ in range(args.warmup):          # starts the workers, fills the prefetch
                 next(it)
+            before = loader.stats()
             bar = Progress(total=args.steps, unit='batches', label=f'bench workers={workers}')
             for _ in range(args.steps):
                 bar.update(1, samples=_batch_size(next(it)))
             bar.close()
+            profiles.append((workers, loader.stats().since(before)))
         rate, sample_rate = bar.rates()
         rows.append((workers, rate, sample_rate))
+    from .stats import format_table
+    for workers, stats in profiles:         # where the time went, for each count
+        _out(f'workers={workers}:')
+        _out(format_table(stats))
+        _out('')
     base = rows[0][2] or 1e-9
     _out(f'{"workers":>7}  {"batches/s":>10}  {"samples/s":>10}  {"speedup":>7}')
     for workers, rate, sample_rate in rows:
@@ -815,6 +864,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help='let --save-state overwrite a state that lies ahead of this run')
     p.add_argument('--digest', action='store_true',
                    help="print each batch's stream position and sha256 to stdout")
+    p.add_argument('--profile', action='store_true',
+                   help='at the end (or on Ctrl-C) print where the time went: seconds per '
+                        'stage (read, each fn, write, waiting) and one line of verdict')
+    p.add_argument('--stats-file', metavar='PATH',
+                   help="append the loader's stats (loader.stats().as_dict()) as JSON lines "
+                        'to PATH, every --stats-every batches and at the end')
+    p.add_argument('--stats-every', type=_positive, default=10, metavar='N',
+                   help='batches between two --stats-file lines (default 10)')
 
     p = _command(sub, 'inspect', cmd_inspect,
                  'Show a dataset: format, datapoints, spec, size on disk, and one datapoint '

@@ -227,6 +227,9 @@ def test_run_stats_file_writes_json_lines(tmp_path, local_data):
     lines = [json.loads(line) for line in stats_file.read_text().splitlines()]
     assert [line['batches'] for line in lines] == [5, 10, 12]     # every 5, and the end
     assert lines[-1]['samples'] == 24 and 'decode_jpeg' in lines[-1]['stages_s']
+    done = cli('run', path, '--steps', 10, '--stats-file', stats_file, '--stats-every', 5)
+    lines = [json.loads(line) for line in stats_file.read_text().splitlines()]
+    assert [line['batches'] for line in lines] == [5, 10, 12, 5, 10]     # appended, once each
 
 
 def test_run_profile_on_ctrl_c(tmp_path, local_data):
