@@ -17,9 +17,11 @@ Worker stages, in seconds of that worker's time:
 - ``wait``: idle, waiting for work.
 
 Besides the stages a row holds ``cpu`` (CPU seconds of the worker process
-while busy: far below ``busy`` means it waits on I/O, not on a core) and
-``busy_sq`` (the sum of squared per-task busy times: how much batches
-vary). ``batches`` counts the tasks a worker did (a batch split between
+while busy), ``runq`` (seconds it was ready to run but waited for a core:
+other processes' load, from ``/proc/self/schedstat``; 0 where there is
+none) and ``busy_sq`` (the sum of squared per-task busy times: how much
+batches vary). Busy time that is neither CPU nor ``runq`` is time blocked
+in the kernel: waiting on I/O. ``batches`` counts the tasks a worker did (a batch split between
 workers counts once per part).
 
 The per-stage split is timed on a sample of the rows of each batch (every
@@ -46,11 +48,12 @@ from dataclasses import dataclass, field
 
 __all__ = ['Stats', 'WORKER_FIELDS', 'STRIDE', 'MAX_STRIDE', 'TIMED_ROW_COST_US',
            'TIME_EVERY_ROW_US', 'format_table', 'StageClock', 'NOT_BOTTLENECK_FRACTION',
-           'fn_names', 'row_width', 'worker_dict', 'cores', 'settle']
+           'fn_names', 'row_width', 'worker_dict', 'cores', 'settle', 'schedstat_runq']
 
 # The fixed counters of a worker's row; one counter per fn follows them.
-WORKER_FIELDS = ('busy', 'wait', 'read', 'write', 'batches', 'samples', 'cpu', 'busy_sq')
-BUSY, WAIT, READ, WRITE, BATCHES, SAMPLES, CPU, BUSY_SQ = range(len(WORKER_FIELDS))
+WORKER_FIELDS = ('busy', 'wait', 'read', 'write', 'batches', 'samples', 'cpu', 'busy_sq',
+                 'runq')
+BUSY, WAIT, READ, WRITE, BATCHES, SAMPLES, CPU, BUSY_SQ, RUNQ = range(len(WORKER_FIELDS))
 # A timed row costs about TIMED_ROW_COST_US more than another (clock reads);
 # rows are timed every STRIDE * TIMED_ROW_COST_US / row_us rows (at most
 # MAX_STRIDE apart, STRIDE for 1 us rows), so timing costs ~1/STRIDE of a
@@ -110,10 +113,12 @@ class StageClock:
     (1.0, [0.6])
     """
 
-    def __init__(self, row, fns: int, inline: bool = False):
+    def __init__(self, row, fns: int, inline: bool = False, runq=None):
         self.row = row
         self.nfns = fns
         self.inline = inline
+        self._runq = runq           # () -> seconds spent waiting for a core, so far
+        self._runq_seen = runq() if runq is not None else 0.0
         self._idle_since = None
         self._busy_since = None
         self._cpu_since = 0.0
@@ -137,6 +142,10 @@ class StageClock:
             cpu = time.process_time()
             row[CPU] += cpu - self._cpu_since
             self._busy_since, self._cpu_since = now, cpu
+            if self._runq is not None:
+                runq = self._runq()
+                row[RUNQ] += runq - self._runq_seen
+                self._runq_seen = runq
 
     def idle(self) -> None:
         """The worker starts waiting for work; the task in hand, if any, is done."""
@@ -210,9 +219,28 @@ def cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-# Below this share of busy time spent on a CPU the workers mostly wait on
-# I/O (storage, network): more workers than cores can help then.
-IO_BOUND_CPU_SHARE = 0.5
+# Above this share of busy time blocked (neither on a CPU nor waiting for
+# one) the workers mostly wait on I/O (storage, network): more workers than
+# cores can help then.
+IO_BOUND_SHARE = 0.5
+
+
+def schedstat_runq():
+    """A function giving this thread's seconds spent waiting for a core so far
+    (``/proc/thread-self/schedstat``), or None where the system has no such file."""
+    import os
+    try:
+        fd = os.open('/proc/thread-self/schedstat', os.O_RDONLY | os.O_CLOEXEC)
+        os.pread(fd, 128, 0).split()[1]
+    except (OSError, IndexError):
+        return None
+
+    def runq() -> float:
+        try:
+            return int(os.pread(fd, 128, 0).split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            return 0.0
+    return runq
 
 
 @dataclass
@@ -301,9 +329,18 @@ class Stats:
 
     @property
     def cpu_share(self) -> float:
-        """CPU time over busy time of the workers (1: CPU-bound; far below: waits on I/O)."""
+        """CPU time over busy time of the workers."""
         busy = self.busy_s
         return self._sum('cpu') / busy if busy > 0 else 1.0
+
+    @property
+    def io_share(self) -> float:
+        """The share of the workers' busy time blocked in the kernel: neither on a CPU
+        nor waiting for one (0: CPU-bound, or short of cores; near 1: waiting on I/O)."""
+        busy = self.busy_s
+        if busy <= 0:
+            return 0.0
+        return max(0.0, busy - self._sum('cpu') - self._sum('runq')) / busy
 
     @property
     def variability(self) -> float:
@@ -354,6 +391,7 @@ class Stats:
             'batches_per_s': rate(self.batches), 'main_wait_s': self.main_wait_s,
             'first_batch_s': self.first_batch_s, 'main_wait_fraction': self.wait_fraction,
             'worker_busy_s': self.busy_s, 'worker_cpu_share': self.cpu_share,
+            'worker_io_share': self.io_share,
             'stages_s': self.stages(), 'workers': workers, 'inline': self.inline,
             'cores': self.cores, 'verdict': self.verdict(),
         }
@@ -390,9 +428,9 @@ class Stats:
         have = len(self.workers)
         needed = self.workers_needed()
         more = max(1, min(needed, 1 << 10) - have)
-        if self.cpu_share < IO_BOUND_CPU_SHARE:
-            return (f'{head}; the workers wait on I/O ({100 * self.cpu_share:.0f}% of their busy '
-                    f'time on a CPU): {more} more worker{"s" if more > 1 else ""} would help, '
+        if self.io_share > IO_BOUND_SHARE:
+            return (f'{head}; the workers wait on I/O ({100 * self.io_share:.0f}% of their busy '
+                    f'time): {more} more worker{"s" if more > 1 else ""} would help, '
                     f'even beyond the {self.cores} cores')
         spare = self.cores - have - 1       # the training process needs a core too
         if spare >= 1:
@@ -446,8 +484,10 @@ def settle(stats: Stats, batch: int, workers: int | None, prefetch: int | None,
       times ``AUTO_HEADROOM``, rounded up: enough workers to keep up, no
       more. A caller that only waits needs as many as there may be. At most
       the cores the process may use, or up to ``AUTO_IO_FACTOR`` times that
-      when the workers mostly wait on I/O (less than half their busy time
-      on a CPU: more workers than cores then overlap the waits). At least 1.
+      when the workers mostly wait on I/O (more than half their busy time
+      blocked: neither on a CPU nor waiting for one, see
+      :attr:`Stats.io_share`; more workers than cores then overlap the
+      waits). At least 1.
     - prefetch: two batches per worker (one in hand, one queued: no idle
       gap between tasks), plus more for batches whose time varies (``cv``,
       the coefficient of variation of the per-task time):
@@ -466,13 +506,13 @@ def settle(stats: Stats, batch: int, workers: int | None, prefetch: int | None,
     samples = stats._sum('samples')
     per_batch = stats.busy_s / samples * batch if samples else 0.0
     step = stats.step_s
-    cpu = stats.cpu_share
+    io = stats.io_share
     cap = cores
     why = [f'{1e3 * per_batch:.1f} ms of worker time per batch, the caller '
            f'{1e3 * step:.1f} ms per batch']
-    if cpu < IO_BOUND_CPU_SHARE:
-        cap = cores * min(AUTO_IO_FACTOR, math.ceil(1 / max(cpu, 1 / AUTO_IO_FACTOR)))
-        why.append(f'workers on a CPU {100 * cpu:.0f}% of their busy time: up to {cap} '
+    if io > IO_BOUND_SHARE:
+        cap = cores * min(AUTO_IO_FACTOR, math.ceil(1 / max(1 - io, 1 / AUTO_IO_FACTOR)))
+        why.append(f'workers blocked on I/O {100 * io:.0f}% of their busy time: up to {cap} '
                    f'workers on {cores} cores')
     else:
         why.append(f'CPU-bound workers: up to the {cores} cores')
