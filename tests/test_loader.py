@@ -637,6 +637,54 @@ def test_a_bad_datapoint_at_position_0_is_replaced_under_skip(workers):
             lo.spec
 
 
+class Reversed:
+    """An order of the reader's own (a Mix has one): position p holds index n-1-(p % n)."""
+
+    def __init__(self, n, seed):
+        self.n, self.inner = n, Order(n, seed, shuffle=False)
+
+    def indices(self, start, count):
+        return self.n - 1 - self.inner.indices(start, count)
+
+    def seeds(self, start, count):
+        return self.inner.seeds(start, count)
+
+    def index_at(self, position):
+        return int(self.indices(position, 1)[0])
+
+    def alternative(self, index, k):
+        return (index + k) % self.n
+
+
+class Seeded:
+    """A reader with its own order and seeded reads (the two seams a Mix uses)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n + 5               # the order, not len(), says how long an epoch is
+
+    def __getitem__(self, i):
+        raise AssertionError('read_seeded is used instead')
+
+    def read_seeded(self, index, seed):
+        return {'i': index, 'seed': np.uint64(seed)}
+
+    def make_order(self, seed, shuffle, version):
+        return Reversed(self.n, seed)
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_reader_s_own_order_and_seeded_reads_are_used_by_every_worker_count(workers):
+    with loadr.Loader(Seeded(10), batch=4, seed=3, workers=workers) as loader:
+        assert loader.n == 10 and loader.batches_per_epoch() == 3
+        batches = list(loader.epoch(1))
+    assert [b['i'].tolist() for b in batches] == [[9, 8, 7, 6], [5, 4, 3, 2], [1, 0]]
+    assert np.concatenate([b['seed'] for b in batches]).tolist() == \
+        Order(10, 3, shuffle=False).seeds(10, 10)
+
+
 def test_resume_far_away_in_a_huge_dataset():
     class Huge:
         def __len__(self):
