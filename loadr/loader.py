@@ -354,7 +354,7 @@ class Loader:
 
         >>> loader = Loader([{'x': i} for i in range(10)], batch=2, seed=1, workers=0)
         >>> loader.load({'step': 4, 'seed': 1})
-        >>> next(iter(loader))['x'].tolist() == loader._order().indices(4, 2).tolist()
+        >>> next(iter(loader))['x'].tolist() == order_for(loader.reader, 1).indices(4, 2).tolist()
         True
         """
         parsed = state_fields.parse(state)
