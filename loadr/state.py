@@ -17,7 +17,8 @@ A state is small JSON (well under 1 KB), the same on every shard::
   reader without ``identity()``. ``fns`` holds a short digest of each fn's
   repr, with memory addresses left out, so it is the same in every process.
 - Under ``on_error='skip'`` a state also carries the error budget,
-  ``'skipped': [epoch, errors, samples]`` (see :class:`~loadr.Loader`).
+  ``'skipped': [epoch, errors, samples]`` (see :class:`~loadr.Loader`): the
+  saving shard's own count, the one field that may differ between shards.
 
 Older states still load. Version 1 (loadr 0.1) is ``{'version': 1, 'step',
 'seed', 'n', 'shuffle', 'global_batch'}``; its stream was made with order
