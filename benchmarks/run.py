@@ -13,6 +13,8 @@ Example::
     python -m benchmarks                       # everything, default sizes (< 10 min, 2 cores)
     python -m benchmarks --scale 4 --runs 7    # bigger datasets, longer runs
     python -m benchmarks --only images --peers loadr,torch --no-publish
+    python -m benchmarks --workers 1,2,4,8,16  # the scaling table at these worker counts
+    python -m benchmarks --device-report       # for a lent GPU machine (benchmarks/device.py)
 """
 
 from __future__ import annotations
@@ -331,11 +333,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--no-publish', action='store_true',
                    help='do not rewrite BENCHMARKS.md and benchmarks/scaling.png')
     p.add_argument('--tmp', default=None, help='where to make the data (default a temp dir)')
-    return p.parse_args(argv)
+    p.add_argument('--device-report', action='store_true',
+                   help='the report for a lent many-core GPU machine instead (benchmarks/'
+                        'device.py): image scaling of loadr, torch and the ceiling by '
+                        '--workers (default 1,2,4,8,16 up to the cores), time to the second '
+                        'batch, and with CUDA the host-to-device copy and a ResNet-50 fed by '
+                        'loadr; writes device.md, device.json, device_scaling.png to --out')
+    args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.device_report:
+        from . import device
+        warnings.filterwarnings('ignore', message='The given NumPy array is not writable')
+        return device.main(args)
     only = [w for w in args.only.split(',') if w]
     bad = [w for w in only if w not in WORKLOADS]
     if bad:

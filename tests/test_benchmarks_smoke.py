@@ -64,3 +64,33 @@ def test_worker_list_gives_the_scaling_table_with_the_ceiling(tmp_path):
     table = (out / 'table.md').read_text()
     assert '| limit (2 plain loops at once) |' in table
     assert (out / 'scaling.png').exists() or 'matplotlib' not in results['machine']['libraries']
+
+
+def test_device_report_runs_its_cpu_parts_and_says_what_it_left_out(tmp_path):
+    out = tmp_path / 'out'
+    cmd = [sys.executable, '-m', 'benchmarks', '--device-report', '--scale', '0.01', '--runs', '1',
+           '--workers', '1,2', '--peers', 'loadr,limit', '--out', str(out), '--tmp', str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / 'device.json').read_text())
+    assert res['worker_counts'] == [1, 2]
+    for name in ('loadr', 'limit'):          # torch is left out here to keep it short
+        assert all(res['scaling']['samples_per_s'][name][w] > 0 for w in ('1', '2')), name
+        assert all(res['scaling']['cpu_ms_per_sample'][name][w] > 0 for w in ('1', '2')), name
+    assert set(res['second_batch']) == {'loadr'}
+    text = (out / 'device.md').read_text()
+    assert '| loadr ÷ ceiling |' in text and '| loadr ÷ plain loop |' in text
+    import torch
+    if not torch.cuda.is_available():
+        assert res['h2d'] == {'skipped': 'CUDA is not available'} == res['model']
+        assert text.count('Not measured: CUDA is not available.') == 2
+
+
+def test_model_feeding_code_runs_on_the_cpu(tmp_path):
+    # The CUDA figure's code path, run on the CPU with the small stand-in model.
+    from benchmarks import device, workloads
+    data = workloads.make_images(str(tmp_path), 32)
+    res = device.feed_model(data, workers=1, batch=8, steps=2, warmup=1, device='cpu',
+                            name='stand-in')
+    assert res['synthetic_images_per_s'] > 0 and res['loadr_images_per_s'] > 0
+    assert res['model'] == 'stand-in' and res['loadr_of_synthetic'] > 0
