@@ -26,7 +26,7 @@ import traceback
 import numpy as np
 
 from .errors import LoadrError, SpecError
-from .stats import MAX_STRIDE, STRIDE, TIME_EVERY_ROW_US, TIMED_ROW_COST_US
+from .stats import MAX_STRIDE, STRIDE, TIMED_ROW_COST_US, TIMING_SHARE
 from .storage import transient
 
 __all__ = ['Assembler', 'infer_spec', 'value_spec', 'SampleFailure', 'Cancelled',
@@ -171,6 +171,8 @@ class Assembler:
         self._read_slot = 2 if self.read_fn is not None else 0
         self._first_after = 3 if self.read_fn is not None else 2
         self._every = STRIDE
+        self._countdown = 0             # rows until the next timed one, across batches
+        self._split = [0.0] * len(self._acc)    # shares of a row's time, per stage
 
     def _read_once(self, index: int, seed: int) -> dict:
         if self.read_fn is not None:
@@ -298,13 +300,14 @@ class Assembler:
             acc, every = self._acc, self._every
             acc[:] = [0.0] * len(acc)
             self._sampled = 0.0
-            countdown = 0
+            countdown = min(self._countdown, every - 1)
         else:
             every, countdown = 0, 1 << 62
         filled = False
         try:
-            self._fill_rows(indices, seeds, raws, start, progress, cell, task_id, datapoint,
-                            write, order, arrays, extras, replaced, every, countdown)
+            self._countdown = self._fill_rows(indices, seeds, raws, start, progress, cell,
+                                              task_id, datapoint, write, order, arrays,
+                                              extras, replaced, every, countdown)
             filled = True
         finally:
             # A cancelled or failed batch's rows were work too (not a batch, though).
@@ -313,7 +316,7 @@ class Assembler:
         return extras, replaced
 
     def _fill_rows(self, indices, seeds, raws, start, progress, cell, task_id, datapoint,
-                   write, order, arrays, extras, replaced, every, countdown) -> None:
+                   write, order, arrays, extras, replaced, every, countdown) -> int:
         sampled = 0.0
         for row, (index, seed, raw) in enumerate(zip(indices, seeds, raws)):
             if cell[0] >= task_id:
@@ -337,6 +340,7 @@ class Assembler:
                 self._failed(exc, index, start + row, seed, order, row, arrays, extras, replaced)
             sampled += time.perf_counter() - ts
             self._sampled = sampled
+        return countdown
 
     def _failed(self, exc, index: int, position: int, seed: int, order, row: int, arrays: dict,
                 extras: dict, replaced: list) -> None:
@@ -354,24 +358,26 @@ class Assembler:
         """Scale the timed rows' stages to the whole loop and add the batch to ``clock``.
 
         The loop's time is measured exactly; the timed rows say how it
-        splits between the stages (their share of untimed work, the loop
-        itself, lands in 'other' via busy). The batch read is timed whole.
+        splits between the stages (what is outside their clocks, the loop
+        itself, lands in 'other' via busy). A batch with no timed row (a
+        small one between two) is split as the last timed rows were. The
+        batch read is timed whole.
         """
         end = time.perf_counter()
         loop, sampled = end - t1, self._sampled
-        scale = loop / sampled if sampled > 0 else 0.0
-        acc = self._acc
-        fns = [t * scale for t in acc[2:]]
-        clock.add_fill(t1 - t0 + acc[0] * scale, acc[1] * scale, fns, count if filled else 0,
+        if sampled > 0:
+            self._split = [t / sampled for t in self._acc]
+        split = self._split
+        clock.add_fill(t1 - t0 + split[0] * loop, split[1] * loop,
+                       [t * loop for t in split[2:]], count if filled else 0,
                        end - t0, time.process_time() - cpu0 if clock.inline else 0.0,
                        batches=int(filled))
         if count:
-            # Time rows sparsely enough that the clock reads of a timed row
-            # stay a small share of the loop; once a row costs
-            # TIME_EVERY_ROW_US or more, every row is timed.
+            # Time rows sparsely enough that a timed row's clock reads cost about
+            # TIMING_SHARE of the work (every row once rows are that slow).
             per_row_us = 1e6 * loop / count
-            self._every = 1 if per_row_us >= TIME_EVERY_ROW_US else \
-                max(1, min(MAX_STRIDE, int(STRIDE * TIMED_ROW_COST_US / per_row_us)))
+            self._every = max(1, min(MAX_STRIDE, int(
+                TIMED_ROW_COST_US / (TIMING_SHARE * max(per_row_us, 1e-3)))))
 
     def prefetch(self, order, start: int, count: int, indices: list | None = None) -> None:
         """Let a remote reader start reading positions ``start ..`` ahead; once per task.

@@ -16,18 +16,19 @@ Worker stages, in seconds of that worker's time:
   the loop);
 - ``wait``: idle, waiting for work.
 
-Besides the stages a row holds ``cpu`` (CPU seconds of the worker process
-while busy), ``runq`` (seconds it was ready to run but waited for a core:
-other processes' load, from ``/proc/self/schedstat``; 0 where there is
-none) and ``busy_sq`` (the sum of squared per-task busy times: how much
-batches vary). Busy time that is neither CPU nor ``runq`` is time blocked
-in the kernel: waiting on I/O. ``batches`` counts the tasks a worker did (a batch split between
+Besides the stages a row holds ``cpu`` (CPU seconds of the worker while
+busy; read every ``SCHED_EVERY_S`` at most), ``runq`` (seconds it was
+ready to run but waited for a core: other processes' load, from
+``/proc/thread-self/schedstat``; 0 where there is none) and ``busy_sq``
+(the sum of squared per-task busy times: how much batches vary). Busy time
+that is neither CPU nor ``runq`` is time blocked in the kernel: waiting on
+I/O. ``batches`` counts the tasks a worker did (a batch split between
 workers counts once per part).
 
 The per-stage split is timed on a sample of the rows of each batch (every
 few rows, sparser the cheaper a row is, and every row once a row costs more
 than ``TIME_EVERY_ROW_US``) and scaled to the batch's measured time, so the
-clock costs well under 1% of a trivial pipeline; ``busy`` (a batch in hand)
+clock costs about 1% of a trivial pipeline's worker time; ``busy`` (a batch in hand)
 is measured exactly per batch.
 
 Example::
@@ -46,22 +47,25 @@ import math
 import time
 from dataclasses import dataclass, field
 
-__all__ = ['Stats', 'WORKER_FIELDS', 'STRIDE', 'MAX_STRIDE', 'TIMED_ROW_COST_US',
+__all__ = ['Stats', 'WORKER_FIELDS', 'STRIDE', 'MAX_STRIDE', 'TIMED_ROW_COST_US', 'TIMING_SHARE',
            'TIME_EVERY_ROW_US', 'format_table', 'StageClock', 'NOT_BOTTLENECK_FRACTION',
-           'fn_names', 'row_width', 'worker_dict', 'cores', 'settle', 'schedstat_runq']
+           'fn_names', 'row_width', 'worker_dict', 'cores', 'settle', 'schedstat']
 
 # The fixed counters of a worker's row; one counter per fn follows them.
 WORKER_FIELDS = ('busy', 'wait', 'read', 'write', 'batches', 'samples', 'cpu', 'busy_sq',
                  'runq')
 BUSY, WAIT, READ, WRITE, BATCHES, SAMPLES, CPU, BUSY_SQ, RUNQ = range(len(WORKER_FIELDS))
-# A timed row costs about TIMED_ROW_COST_US more than another (clock reads);
-# rows are timed every STRIDE * TIMED_ROW_COST_US / row_us rows (at most
-# MAX_STRIDE apart, STRIDE for 1 us rows), so timing costs ~1/STRIDE of a
-# microsecond per row, and every row once a row costs TIME_EVERY_ROW_US.
-STRIDE = 128
-TIMED_ROW_COST_US = 0.5
-MAX_STRIDE = 64
-TIME_EVERY_ROW_US = 50.0
+# A timed row costs about TIMED_ROW_COST_US more than another (clock reads
+# and bookkeeping, measured: 1-2 us in CPython 3.11). Rows are timed every
+# TIMED_ROW_COST_US / (TIMING_SHARE * row_us) rows (at most MAX_STRIDE
+# apart; STRIDE before the first batch has been measured), so timing costs
+# about TIMING_SHARE of the work, and every row is timed once a row costs
+# TIME_EVERY_ROW_US (= TIMED_ROW_COST_US / TIMING_SHARE) or more.
+TIMED_ROW_COST_US = 2.0
+TIMING_SHARE = 0.0025
+STRIDE = 8
+MAX_STRIDE = 256
+TIME_EVERY_ROW_US = TIMED_ROW_COST_US / TIMING_SHARE
 # Below this fraction of the elapsed time spent waiting for batches the
 # loader is called "not the bottleneck".
 NOT_BOTTLENECK_FRACTION = 0.02
@@ -113,12 +117,15 @@ class StageClock:
     (1.0, [0.6])
     """
 
-    def __init__(self, row, fns: int, inline: bool = False, runq=None):
+    def __init__(self, row, fns: int, inline: bool = False, sched=None):
         self.row = row
         self.nfns = fns
         self.inline = inline
-        self._runq = runq           # () -> seconds spent waiting for a core, so far
-        self._runq_seen = runq() if runq is not None else 0.0
+        # () -> (CPU seconds, seconds waiting for a core) of this thread so far
+        # (schedstat()): one read a task. Without it, the process's CPU time.
+        self._sched = sched
+        self._sched_seen = sched() if sched is not None else (0.0, 0.0)
+        self._sched_at = time.perf_counter()
         self._idle_since = None
         self._busy_since = None
         self._cpu_since = 0.0
@@ -139,13 +146,21 @@ class StageClock:
                 self._pending = None
             row[BUSY] += busy
             row[BUSY_SQ] += busy * busy
-            cpu = time.process_time()
-            row[CPU] += cpu - self._cpu_since
-            self._busy_since, self._cpu_since = now, cpu
-            if self._runq is not None:
-                runq = self._runq()
-                row[RUNQ] += runq - self._runq_seen
-                self._runq_seen = runq
+            self._busy_since = now
+            if self._sched is not None:
+                # Read at most every SCHED_EVERY_S (a read right after a batch's work
+                # costs ~15 us); what it counts since the last read is the tasks'
+                # (the idle loop between them only polls).
+                if now - self._sched_at >= SCHED_EVERY_S:
+                    self._sched_at = now
+                    seen = self._sched_seen
+                    self._sched_seen = cpu, runq = self._sched()
+                    row[CPU] += cpu - seen[0]
+                    row[RUNQ] += runq - seen[1]
+            else:
+                cpu = time.process_time()
+                row[CPU] += cpu - self._cpu_since
+                self._cpu_since = cpu
 
     def idle(self) -> None:
         """The worker starts waiting for work; the task in hand, if any, is done."""
@@ -170,7 +185,8 @@ class StageClock:
             self.row[WAIT] += now - self._idle_since
             self._idle_since = None
         self._busy_since = now
-        self._cpu_since = time.process_time()
+        if self._sched is None:
+            self._cpu_since = time.process_time()
 
     def add_fill(self, read: float, write: float, fns, samples: int, fill_s: float = 0.0,
                  cpu_s: float = 0.0, batches: int = 1) -> None:
@@ -223,24 +239,32 @@ def cores() -> int:
 # one) the workers mostly wait on I/O (storage, network): more workers than
 # cores can help then.
 IO_BOUND_SHARE = 0.5
+SCHED_EVERY_S = 0.05
 
 
-def schedstat_runq():
-    """A function giving this thread's seconds spent waiting for a core so far
-    (``/proc/thread-self/schedstat``), or None where the system has no such file."""
+def schedstat():
+    """A function giving this thread's ``(seconds on a CPU, seconds waiting for one)``
+    so far, in one read of ``/proc/thread-self/schedstat``; None where there is none.
+
+    >>> read = schedstat()
+    >>> read is None or all(t >= 0 for t in read())
+    True
+    """
     import os
     try:
         fd = os.open('/proc/thread-self/schedstat', os.O_RDONLY | os.O_CLOEXEC)
-        os.pread(fd, 128, 0).split()[1]
-    except (OSError, IndexError):
+        cpu, runq = os.pread(fd, 128, 0).split()[:2]
+        int(cpu), int(runq)
+    except (OSError, ValueError):
         return None
 
-    def runq() -> float:
+    def read() -> tuple[float, float]:
         try:
-            return int(os.pread(fd, 128, 0).split()[1]) / 1e9
-        except (OSError, IndexError, ValueError):
-            return 0.0
-    return runq
+            cpu, runq = os.pread(fd, 128, 0).split()[:2]
+            return int(cpu) / 1e9, int(runq) / 1e9
+        except (OSError, ValueError):
+            return 0.0, 0.0
+    return read
 
 
 @dataclass

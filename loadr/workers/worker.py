@@ -87,7 +87,7 @@ def run(args: WorkerArgs) -> None:
     from ..assemble import Assembler, Cancelled, SampleFailure
     from ..order import ORDER_VERSION, order_for
     from . import memory, protocol
-    from ..stats import StageClock, row_width, schedstat_runq
+    from ..stats import StageClock, row_width, schedstat
     from .shm import Segment, StatusCells
 
     # Ctrl-C belongs to the main process; it stops us in order. The pool
@@ -124,7 +124,7 @@ def run(args: WorkerArgs) -> None:
     width = 8 * row_width(len(args.fns))
     at = StatusCells.nbytes(args.workers) + width * args.wid
     clock = asm.clock = StageClock(memoryview(status.buf).cast('B')[at:at + width].cast('d'),
-                                   len(args.fns), runq=schedstat_runq())
+                                   len(args.fns), sched=schedstat())
     orders: dict[int, object] = {}
     order_version = ORDER_VERSION if args.order_version is None else args.order_version
 
