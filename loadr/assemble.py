@@ -271,8 +271,9 @@ class Assembler:
         """Fill rows ``0 .. count-1`` of ``arrays`` for positions ``start ..``.
 
         Returns ``(extras, replaced)``: the list keys' values, and the
-        indices replaced under ``on_error='skip'``. ``batch_read=False``
-        reads sample by sample even where the reader has a batch read.
+        replacements under ``on_error='skip'`` as ``(index, position, reason)``.
+        ``batch_read=False`` reads sample by sample even where the reader has a
+        batch read.
         ``cancel``, ``(cell, task_id)``, stops the fill with :class:`Cancelled`
         before any sample once ``cell[0] >= task_id``.
         """
@@ -347,10 +348,10 @@ class Assembler:
         """A sample failed: raise it, or under on_error='skip' write its replacement."""
         if self.on_error != 'skip':
             raise SampleFailure(exc, index, position) from exc
-        # The one log line of a replacement (the Loader only counts them).
-        log.warning('loadr: datapoint %d (position %d) failed and was replaced '
-                    '(on_error=skip): %s: %s', index, position, type(exc).__name__, exc)
-        replaced.append(index)
+        # Not logged here: a worker's log is not the caller's, and a prefetched batch may
+        # never be handed out. The Loader logs each replacement once, in the main
+        # process, when its batch is handed out (with the reason carried from here).
+        replaced.append((index, position, f'{type(exc).__name__}: {exc}'))
         self._write(self.substitute(index, seed, order), row, index, arrays, extras)
 
     def _account(self, clock, count: int, t0: float, t1: float, cpu0: float,

@@ -60,6 +60,9 @@ DEFAULT_TASK_TIMEOUT_S = 300.0
 AUTO_BATCHES = 16
 AUTO_MAX_S = 3.0
 MIN_ERRORS_BEFORE_RAISE = 4
+# The error budget under on_error='skip' is counted over windows of at least this many
+# stream positions (an epoch, if longer): see Loader._count_errors.
+ERROR_WINDOW_POSITIONS = 100_000
 
 
 def _raise_failure(failure: protocol.Failure, exc: BaseException | None = None):
@@ -134,7 +137,8 @@ class Loader:
       on_error: ``'raise'`` (default) or ``'skip'``: a failing datapoint is
         replaced by another one chosen deterministically and logged. The
         loader raises once at least 4 of the datapoints of this shard's
-        batches that start in the current epoch failed, and more than
+        batches that start in the current error window (an epoch, or
+        ``ERROR_WINDOW_POSITIONS`` positions if more) failed, and more than
         ``max_error_fraction`` of them: a pure function of the position (the
         state carries the count), so a resumed run raises where the
         uninterrupted one would have.
@@ -247,7 +251,7 @@ class Loader:
         self._finalizer = None
         self.errors = 0                 # datapoints replaced under on_error='skip' (all told)
         self.samples = 0                # datapoints made (all told)
-        self._budget = (-1, 0, 0)       # epoch, errors, samples: see _count_errors
+        self._budget = (-1, 0, 0)       # window, errors, samples: see _count_errors
         self.closed = False
         self.stats_every, self.on_stats = stats_every, on_stats
         # What stats() reads besides the live pool: rows of pools closed before
@@ -545,29 +549,36 @@ class Loader:
         return tuple(batch.values()) if self._tuple_batches else batch
 
     def _count_errors(self, plan, replaced: list) -> None:
-        """Count a batch's replaced datapoints; raise if the epoch's budget is spent.
+        """Count a batch's replaced datapoints; raise if the window's budget is spent.
 
         The budget is a pure function of the position: it counts this
-        shard's batches that start in the current epoch of the stream, and
-        the state carries it (``'skipped'``), so a resumed run raises exactly
-        where the uninterrupted one would have.
+        shard's batches that start in the current *error window* of the
+        stream (positions ``[k*W, (k+1)*W)``, ``W`` the larger of an epoch and
+        ``ERROR_WINDOW_POSITIONS``, so a small dataset's few bad datapoints
+        still add up over several epochs), and the state carries it
+        (``'skipped'``), so a resumed run raises exactly where the
+        uninterrupted one would have.
         """
         self.samples += plan.count
         if self.on_error != 'skip':
             return
-        self.errors += len(replaced)      # each one was logged where it was replaced (assemble)
-        epoch = plan.start // self.n
+        self.errors += len(replaced)
+        for index, position, reason in replaced:
+            log.warning('loadr: datapoint %d failed and was replaced (on_error=skip): '
+                        'position %d, %s', index, position, reason)
+        size = max(self.n, ERROR_WINDOW_POSITIONS)
+        window = plan.start // size
         was, errors, samples = self._budget
-        if epoch != was:
+        if window != was:
             errors = samples = 0
         errors, samples = errors + len(replaced), samples + plan.count
         if replaced and errors >= MIN_ERRORS_BEFORE_RAISE \
                 and errors > self.max_error_fraction * samples:
-            raise LoadrError(f'{errors} of {samples} datapoints failed in epoch {epoch} of the '
-                             f'stream, more than max_error_fraction='
-                             f'{self.max_error_fraction}; last: index {replaced[-1]}',
-                             index=replaced[-1])
-        self._budget = (epoch, errors, samples)
+            raise LoadrError(f'{errors} of {samples} datapoints failed since stream position '
+                             f'{window * size}, more than max_error_fraction='
+                             f'{self.max_error_fraction}; last: index {replaced[-1][0]}',
+                             index=replaced[-1][0])
+        self._budget = (window, errors, samples)
 
     # -- the window ----------------------------------------------------------
 

@@ -39,7 +39,8 @@ import hashlib
 
 import numpy as np
 
-__all__ = ['Order', 'order_for', 'indices_many', 'permutation', 'MAX_SEED', 'ORDER_VERSION', 'ORDER_VERSIONS']
+__all__ = ['Order', 'order_for', 'indices_many', 'permutation', 'MAX_SEED', 'ORDER_VERSION',
+           'ORDER_VERSIONS']
 
 ROUNDS = 8
 # The permutation's version (see the module's docstring): 1 is loadr 0.1's

@@ -17,7 +17,7 @@ A state is small JSON (well under 1 KB), the same on every shard::
   reader without ``identity()``. ``fns`` holds a short digest of each fn's
   repr, with memory addresses left out, so it is the same in every process.
 - Under ``on_error='skip'`` a state also carries the error budget,
-  ``'skipped': [epoch, errors, samples]`` (see :class:`~loadr.Loader`): the
+  ``'skipped': [window, errors, samples]`` (see :class:`~loadr.Loader`): the
   saving shard's own count, the one field that may differ between shards.
 
 Older states still load. Version 1 (loadr 0.1) is ``{'version': 1, 'step',
@@ -150,7 +150,7 @@ def parse(state) -> dict:
         if (not isinstance(skipped, list) or len(skipped) != 3
                 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                            for v in skipped)):
-            raise StateError(f'skipped must be [epoch, errors, samples], got {skipped!r}')
+            raise StateError(f'skipped must be [window, errors, samples], got {skipped!r}')
         out['skipped'] = list(skipped)
     return out
 

@@ -598,7 +598,7 @@ def bad_at(labels):
 @pytest.mark.parametrize('workers', [0, 2])
 def test_a_resumed_run_spends_the_error_budget_where_the_uninterrupted_one_does(workers):
     # Positions 3, 13, 23 and 33 fail: the 4th error (batch 3) is more than 5%
-    # of the 40 datapoints made in this epoch, so the run stops there, resumed
+    # of the 40 datapoints made in this error window, so the run stops there, resumed
     # or not.
     options = dict(batch=10, fns=[bad_at({3, 13, 23, 33})], shuffle=False, workers=workers,
                    on_error='skip', max_error_fraction=0.05)
@@ -620,7 +620,7 @@ def test_a_resumed_run_spends_the_error_budget_where_the_uninterrupted_one_does(
             next(it)
         assert resumed.step == 30
     assert got == expected
-    assert state['skipped'] == [0, 2, 20]       # epoch, errors, samples
+    assert state['skipped'] == [0, 2, 20]       # window, errors, samples
 
 
 @pytest.mark.parametrize('workers', [0, 2])

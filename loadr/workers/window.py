@@ -151,7 +151,7 @@ class Finished:
     plan: Plan
     slot: int | None            # None: no slot (an empty batch, or made in this process)
     extras: dict                # list key -> values, in row order
-    replaced: list              # indices replaced under on_error='skip'
+    replaced: list              # (index, position, reason) replaced under on_error='skip'
     arrays: dict | None = None  # its arrays, once handed out by next()
 
 

@@ -157,7 +157,11 @@ def test_skip_replaces_a_damaged_sample_the_same_way_for_any_worker_count(fixtur
                        if 'failed and was replaced' in r.getMessage()])
     assert runs[0] == runs[1]
     # Each replacement logged in the main process, naming the index, once per occurrence.
-    assert logged[1] == ['loadr: datapoint 7 failed and was replaced (on_error=skip)'] * 3
+    # ... with its position and the reason, for every worker count alike.
+    assert logged[0] == logged[1]
+    assert [m.split(': position')[0] for m in logged[1]] == \
+        ['loadr: datapoint 7 failed and was replaced (on_error=skip)'] * 3
+    assert all('ChecksumError' in m for m in logged[1])
     # The stand-in is the documented, deterministic one: the first readable alternative.
     alt = (7 + 0x9E3779B1) % 20
     labels = np.concatenate([b['label'] for b in batches])
