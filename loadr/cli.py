@@ -744,15 +744,15 @@ def cmd_bench(args) -> int:
             profiles.append((workers, loader.stats().since(before)))
         rate, sample_rate = bar.rates()
         rows.append((workers, rate, sample_rate))
-    from .stats import format_table
-    for workers, stats in profiles:         # where the time went, for each count
-        _out(f'workers={workers}:')
-        _out(format_table(stats))
-        _out('')
     base = rows[0][2] or 1e-9
     _out(f'{"workers":>7}  {"batches/s":>10}  {"samples/s":>10}  {"speedup":>7}')
     for workers, rate, sample_rate in rows:
         _out(f'{workers:>7}  {rate:>10.2f}  {sample_rate:>10.1f}  {sample_rate / base:>6.2f}x')
+    from .stats import format_table
+    for workers, stats in profiles:         # then where the time went, for each count
+        _out('')
+        _out(f'workers={workers}:')
+        _out(format_table(stats))
     if args.plot:
         matplotlib.use('Agg')
         import matplotlib.pyplot as plt

@@ -1,10 +1,16 @@
 """loadr.jax on CPU: a real 2-process job (jax.distributed, a local coordinator),
 2 devices per process, each process loading half of each global batch
 (tests/dist/jax_job.py); plus the checks that need one process only.
+
+JAX starts threads when it initialises, and this pytest process forks loader
+workers in many later tests: forking a multithreaded process can deadlock.
+So nothing here imports jax: the one-process checks (tests/dist/jax_local.py)
+and loadr/jax.py's own examples run in a pytest of their own, in a child.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -12,23 +18,14 @@ import socket
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from .conftest import in_ci
 
-try:
-    import jax
-except ImportError:
+if importlib.util.find_spec('jax') is None:
     if in_ci():
-        raise
+        raise ImportError('jax is not installed, and CI must run these tests')
     pytest.skip('jax is not installed (pip install jax jaxlib)', allow_module_level=True)
-
-from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
-
-import loadr  # noqa: E402
-from loadr.errors import ConfigError  # noqa: E402
-from loadr.jax import global_batches  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 JOB = ROOT / 'tests' / 'dist' / 'jax_job.py'
@@ -70,30 +67,11 @@ def test_two_processes_build_global_arrays_from_their_halves_and_resume(tmp_path
         assert results[0]['checkpoint'] == 'json'
 
 
-def test_one_process_state_and_restore():
-    sharding = NamedSharding(Mesh(jax.devices(), ('data',)), PartitionSpec('data'))
-    data = [{'x': np.float32(i), 'name': str(i)} for i in range(10)]
-    with global_batches(data, sharding, batch_size=4, seed=2, workers=0) as batches:
-        first = [next(batches) for _ in range(3)]
-        state = json.loads(json.dumps(batches.state()))
-        rest = [np.asarray(next(batches)['x']) for _ in range(3)]
-        assert isinstance(first[0]['x'], jax.Array) and first[0]['name'] == \
-            [str(int(v)) for v in np.asarray(first[0]['x'])]
-        batches.restore(state)
-        assert all(np.array_equal(np.asarray(next(batches)['x']), r) for r in rest)
-    with loadr.Loader(data, batch=4, seed=2, workers=0) as loader:
-        expected = [next(it)['x'] for it in [iter(loader)] for _ in range(6)]
-    assert all(np.array_equal(np.asarray(b['x']), e) for b, e in zip(first, expected))
-    assert all(np.array_equal(r, e) for r, e in zip(rest, expected[3:]))
-
-
-def test_a_loader_that_does_not_match_the_sharding_is_refused():
-    sharding = NamedSharding(Mesh(jax.devices(), ('data',)), PartitionSpec('data'))
-    data = [{'x': np.float32(i)} for i in range(10)]
-    with loadr.Loader(data, batch=2, shard_id=1, num_shards=2, workers=0) as loader:
-        with pytest.raises(ConfigError, match='shard_id=0, num_shards=1'):
-            global_batches(loader, sharding)
-    with pytest.raises(ConfigError, match='batch_size'):
-        global_batches(data, sharding)
-    with pytest.raises(ConfigError, match='sets'):
-        global_batches(data, sharding, batch_size=4, shard_id=0)
+def test_one_process_checks_and_the_modules_examples_in_a_child_pytest():
+    env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'LOADR_JAX_DOCTESTS': '1'}
+    done = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+                           '--doctest-modules', 'loadr/jax.py', 'tests/dist/jax_local.py'],
+                          cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT_S)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert ' passed' in done.stdout and 'failed' not in done.stdout
