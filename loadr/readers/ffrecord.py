@@ -109,11 +109,9 @@ class _Header:
         self.bound_at = memoryview(self.bounds).cast('B').cast('q')
 
 
-def _read_table(files: Storage, path: str):
-    """Read the preamble and the table: (meta_crc, n, crcs, offsets, size, table bytes).
-
-    N is checked against the file size before anything is allocated for it.
-    """
+def _read_preamble(files: Storage, path: str) -> tuple[int, int, int]:
+    """``(meta_crc, n, file size)``, with N checked against the file size before
+    anything is allocated for it."""
     size = files.size(path)
     if size < PREAMBLE_BYTES:
         raise FormatError(f'too short for an FFRecord header: {size} bytes, '
@@ -125,10 +123,19 @@ def _read_table(files: Storage, path: str):
     if n > (size - PREAMBLE_BYTES) // ENTRY_BYTES:
         raise FormatError(f'header claims {n} samples, whose table needs '
                           f'{header_bytes(n)} bytes, but the file has only {size}', path)
+    return meta_crc, n, size
+
+
+def _read_table(files: Storage, path: str):
+    """Read the preamble and the table: (meta_crc, n, crcs, offsets, size, table bytes).
+
+    N is checked against the file size before anything is allocated for it.
+    """
+    meta_crc, n, size = _read_preamble(files, path)
     table = files.read(path, PREAMBLE_BYTES, ENTRY_BYTES * n)
     crcs = np.frombuffer(table, '<u4', n, 0)
     offsets = np.frombuffer(table, '<i8', n, 4 * n)
-    return meta_crc, n, crcs, offsets, size, preamble[4:] + table
+    return meta_crc, n, crcs, offsets, size, struct.pack('<q', n) + table
 
 
 def _bad_offsets(n: int, offsets: np.ndarray, size: int) -> tuple[np.ndarray, list[str]]:
@@ -817,17 +824,7 @@ def _check_file(files: Storage, path: str, base: int, problems: list[Problem]) -
     problems are listed per file, then one line counting the rest.
     """
     try:
-        size = files.size(path)
-        if size < PREAMBLE_BYTES:
-            raise FormatError(f'too short for an FFRecord header: {size} bytes, '
-                              f'need at least {PREAMBLE_BYTES}', path)
-        preamble = files.read(path, 0, PREAMBLE_BYTES)
-        meta_crc, n = struct.unpack('<Iq', preamble)
-        if n < 0:
-            raise FormatError(f'header claims a negative number of samples ({n})', path)
-        if n > (size - PREAMBLE_BYTES) // ENTRY_BYTES:
-            raise FormatError(f'header claims {n} samples, whose table needs '
-                              f'{header_bytes(n)} bytes, but the file has only {size}', path)
+        meta_crc, n, size = _read_preamble(files, path)
     except LoadrError as exc:
         problems.append(Problem(exc.path or path, exc.index, exc.message))
         return 0
@@ -837,7 +834,7 @@ def _check_file(files: Storage, path: str, base: int, problems: list[Problem]) -
                                          f'{size - PREAMBLE_BYTES} bytes follow it'))
     # The CRC covers N, crc[] and offset[], in that order; both tables are read a piece at
     # a time, so the two parts are summed apart and joined at the end.
-    crc_head = crc32(preamble[4:]) if meta_crc else 0
+    crc_head = crc32(struct.pack('<q', n)) if meta_crc else 0
     crc_offsets = 0
     start = header_bytes(n)
     crc_table, offset_table = PREAMBLE_BYTES, PREAMBLE_BYTES + 4 * n
