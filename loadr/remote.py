@@ -64,7 +64,7 @@ import time
 from typing import Iterable, Sequence
 
 from .errors import ConfigError, FormatError, LoadrError, ReadError, WriterError
-from .storage import Storage
+from .storage import StagedDir, Storage
 
 __all__ = ['RemoteStorage', 'remote_storage', 'DEFAULTS', 'EXTRAS', 'split_url']
 
@@ -952,34 +952,19 @@ class RemoteStagedFile:
             self.abort()
 
 
-class RemoteStagedDir:
+class RemoteStagedDir(StagedDir):
     """A directory built in a local temporary directory and uploaded by ``commit()``.
 
-    The same surface as :class:`loadr.storage.StagedDir` (``path``, ``join``,
-    ``open_write``, ``write_file``, ``mkdir``, ``commit``, ``abort``): the
-    writers write local files, as they do for a local target.
+    A :class:`loadr.storage.StagedDir` (``path``, ``join``, ``open_write``,
+    ``write_file``, ``mkdir``) whose ``commit`` uploads and whose ``abort``
+    removes the local spool: the writers write local files, as they do for a
+    local target.
     """
 
     def __init__(self, storage: RemoteStorage, url: str, parents: bool = False):
         self.storage, self.target = storage, url.rstrip('/')
         self.path = _spool_dir()
         self.done = False
-
-    def join(self, name: str) -> str:
-        return os.path.join(self.path, name)
-
-    def open_write(self, name: str):
-        from .storage import WriteFile
-        return WriteFile(self.join(name), exclusive=True)
-
-    def write_file(self, name: str, data: bytes, sync: bool = False) -> None:
-        with self.open_write(name) as f:
-            f.write(data)
-
-    def mkdir(self, name: str) -> str:
-        path = self.join(name)
-        os.mkdir(path)
-        return path
 
     def commit(self, sync: bool = False) -> None:
         """Upload every file (data first, the files that mark a dataset last)."""
