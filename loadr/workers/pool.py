@@ -126,6 +126,31 @@ class _Held:
         self.released = False
         self.stats_rows = None          # the workers' stage counters (in the status segment)
         self.last_stats = None          # ... as they were when the workers had stopped
+        # True from just before a message is sent until it is all out: a Ctrl-C
+        # between its frames leaves it cut (see protocol: MEND).
+        self.cut = False
+
+
+def _mend(held: _Held) -> None:
+    """Finish a message a Ctrl-C may have cut, so that the next one starts clean."""
+    if held.cut and held.sock is not None:
+        try:
+            held.sock.send_multipart(protocol.mend(), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass        # nothing was cut: the lone frame named no worker
+    held.cut = False
+
+
+def _send(held: _Held, identity: bytes, frames: list, flags: int = 0) -> None:
+    """Send ``frames`` to the worker ``identity``, mending a cut message first."""
+    _mend(held)
+    held.cut = True
+    try:
+        held.sock.send_multipart([identity, *frames], flags)
+    except zmq.ZMQError:
+        held.cut = False    # refused at its first frame: nothing went out
+        raise
+    held.cut = False
 
 
 def _release(held: _Held) -> None:
@@ -148,7 +173,7 @@ def _release(held: _Held) -> None:
             if held.sock is not None:
                 for w in live:
                     try:
-                        held.sock.send_multipart([w.identity, *protocol.stop()], zmq.NOBLOCK)
+                        _send(held, w.identity, protocol.stop(), zmq.NOBLOCK)
                     except zmq.ZMQError:
                         pass
             deadline = time.monotonic() + JOIN_TIMEOUT_S
@@ -447,7 +472,7 @@ class WorkerPool:
         flags = protocol.READ_ONE_BY_ONE if start in self.read_one_by_one else 0
         frames = protocol.task(task_id, slot, seed, start, count, flags, row)
         try:
-            self._sock.send_multipart([w.identity, *frames])
+            _send(self._held, w.identity, frames)
         except zmq.ZMQError:
             # Its connection is gone: it is dying; _check_workers will bury it.
             w.ready = False

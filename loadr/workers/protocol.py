@@ -7,6 +7,7 @@ sample. The pixels never travel here: they are in shared memory.
     main -> worker   TASK   header(task id, slot, first row, seed, start position, count,
                                    flags): fill rows row .. row + count - 1 of the slot
                      STOP   header
+                     MEND   header: nothing to do (completes a message a Ctrl-C cut short)
     worker -> main   HELLO  header(pid)
                      DONE   header(task id) [+ pickled {list key: values}, replaced indices]
                      FAIL   header(task id) + pickled failure record
@@ -21,6 +22,13 @@ worker; otherwise as a :class:`Portrait` (class by module and qualname,
 ``args`` and attributes as plain data), from which the main process makes an
 instance of the same class without calling its ``__init__``. ``VERSION``
 changes whenever a header or a payload's layout does.
+
+Why MEND: a ROUTER message is two frames ([worker identity, header]) sent by
+two calls, and a Ctrl-C can land between them. The frame sent next would
+then finish the cut message, and a worker would read another worker's
+identity as a header. After a possible cut the pool sends a lone MEND
+header: it either completes the cut message as a MEND for that worker, which
+ignores it, or, when nothing was cut, names no worker and is dropped.
 
 Example::
 
@@ -37,11 +45,11 @@ import sys
 import traceback
 from dataclasses import dataclass
 
-__all__ = ['VERSION', 'TASK', 'STOP', 'HELLO', 'DONE', 'FAIL', 'READ_ONE_BY_ONE', 'task', 'stop',
-           'hello', 'done', 'fail', 'parse', 'Failure', 'Portrait']
+__all__ = ['VERSION', 'TASK', 'STOP', 'HELLO', 'DONE', 'FAIL', 'MEND', 'READ_ONE_BY_ONE', 'task',
+           'stop', 'mend', 'hello', 'done', 'fail', 'parse', 'Failure', 'Portrait']
 
-VERSION = 4
-TASK, STOP, HELLO, DONE, FAIL = b'T', b'S', b'H', b'D', b'F'
+VERSION = 5
+TASK, STOP, HELLO, DONE, FAIL, MEND = b'T', b'S', b'H', b'D', b'F', b'M'
 # TASK flag: read the samples one by one, not with the reader's batch read
 # (sent after a worker died inside a batch read, so the culprit gets named).
 READ_ONE_BY_ONE = 1
@@ -50,6 +58,7 @@ _HEAD = struct.Struct('<Bc')
 _BODY = {
     TASK: struct.Struct('<QIIQQIB'),  # task id, slot, row, seed, start, count, flags
     STOP: struct.Struct(''),
+    MEND: struct.Struct(''),
     HELLO: struct.Struct('<Q'),      # pid
     DONE: struct.Struct('<Q'),       # task id
     FAIL: struct.Struct('<Q'),       # task id
@@ -77,6 +86,10 @@ def task(task_id: int, slot: int, seed: int, start: int, count: int, flags: int 
 
 def stop() -> list[bytes]:
     return [_pack(STOP)]
+
+
+def mend() -> list[bytes]:
+    return [_pack(MEND)]
 
 
 def hello(pid: int) -> list[bytes]:

@@ -155,6 +155,9 @@ def run(args: WorkerArgs) -> None:
             kind, fields = protocol.parse(frames[0])
             if kind == protocol.STOP:
                 break
+            if kind == protocol.MEND:
+                clock.idle()
+                continue
             task_id, slot, row, seed, start, count, flags = fields
             if task_id <= cancelled[0]:
                 sock.send_multipart(protocol.done(task_id, {}, []))

@@ -27,8 +27,9 @@ def test_a_task_round_trips_with_every_field_at_its_limits():
         (protocol.TASK, (7, 1, 0, 0, 448, 64, 0))
 
 
-def test_stop_hello_done_and_fail_round_trip():
+def test_stop_mend_hello_done_and_fail_round_trip():
     assert protocol.parse(protocol.stop()[0]) == (protocol.STOP, ())
+    assert protocol.parse(protocol.mend()[0]) == (protocol.MEND, ())
     assert protocol.parse(protocol.hello(4242)[0]) == (protocol.HELLO, (4242,))
     frames = protocol.done(9, {}, [])
     assert len(frames) == 1                         # nothing to send: no payload frame
