@@ -10,7 +10,10 @@ when a URL is opened, never on ``import loadr``.
 Reading. Every range is read with fsspec's async API on fsspec's IO thread,
 so many ranges are in flight at once: :meth:`RemoteStorage.read_many` reads a
 batch's records concurrently, merging ranges of a file that lie within
-``merge_gap_bytes`` of each other into one request. :meth:`RemoteStorage.prefetch`
+``merge_gap_bytes`` of each other into one range. Over HTTP the ranges of one
+file go in one multi-range request (``max_ranges`` at most): a request costs
+the client and the servers far more CPU than its bytes do, and a shuffled
+batch otherwise makes one request per record. :meth:`RemoteStorage.prefetch`
 starts the reads of records that will be needed soon (a worker's next
 batches; the order is known) and returns at once; their bytes wait in a
 small per-process buffer (``readahead_bytes``) that the next :meth:`read`
@@ -86,6 +89,11 @@ DEFAULTS = {
     # Bytes read ahead and not yet consumed, per process and storage; the
     # oldest are dropped beyond it.
     'readahead_bytes': 64 << 20,
+    # HTTP(S): the ranges of one file that a batch needs go in one request
+    # (``Range: bytes=a-b,c-d,...``, answered multipart/byteranges), at most
+    # this many per request; 0 turns it off. A server that answers a
+    # multi-range request with the whole file is asked range by range.
+    'max_ranges': 64,
 }
 
 # The extra that installs each protocol's package.
@@ -335,6 +343,85 @@ def _merge(ranges: list[tuple[str, int, int]], gap: int, max_bytes: int
     return [tuple(r) for r in out]
 
 
+def _boundary(content_type: str) -> bytes:
+    """The boundary of a ``multipart/byteranges`` Content-Type."""
+    for param in content_type.split(';')[1:]:
+        key, _, value = param.strip().partition('=')
+        if key.strip().lower() == 'boundary':
+            return value.strip().strip('"').encode('latin-1')
+    raise _ShortBody(f'multipart answer without a boundary ({content_type!r})')
+
+
+def _content_range(value: str) -> tuple[int, int]:
+    """``[start, end)`` of a ``Content-Range: bytes a-b/size`` header."""
+    unit, _, rest = value.strip().partition(' ')
+    first, _, last = rest.partition('/')[0].partition('-')
+    if unit.lower() != 'bytes' or not first.strip().isdigit() or not last.strip().isdigit():
+        raise _ShortBody(f'unreadable Content-Range {value!r}')
+    return int(first), int(last) + 1
+
+
+def _byteranges(body: bytes, boundary: bytes) -> list[tuple[int, int, bytes]]:
+    r"""The parts of a ``multipart/byteranges`` body: ``(start, end, bytes)``.
+
+    Each part's length comes from its Content-Range, so the boundary is never
+    searched for inside the data (where it may well occur).
+
+    >>> body = (b'\r\n--B\r\nContent-Range: bytes 0-2/9\r\n\r\nabc'
+    ...         b'\r\n--B\r\nContent-Range: bytes 6-8/9\r\n\r\n--B\r\n--B--\r\n')
+    >>> _byteranges(body, b'B')
+    [(0, 3, b'abc'), (6, 9, b'--B')]
+    """
+    delimiter = b'--' + boundary
+    parts = []
+    at = body.find(delimiter)
+    while at >= 0:
+        at += len(delimiter)
+        if body[at:at + 2] == b'--':
+            return parts                        # the closing delimiter
+        head_end = body.find(b'\r\n\r\n', at)
+        if head_end < 0:
+            break
+        span = None
+        for line in body[at:head_end].decode('latin-1').split('\r\n'):
+            name, _, value = line.partition(':')
+            if name.strip().lower() == 'content-range':
+                span = _content_range(value)
+        if span is None:
+            raise _ShortBody('a part of a multipart answer has no Content-Range')
+        start = head_end + 4
+        stop = start + span[1] - span[0]
+        if stop > len(body):
+            break
+        parts.append((span[0], span[1], body[start:stop]))
+        at = body.find(delimiter, stop)
+    raise _ShortBody(f'the multipart answer was cut short after {len(parts)} parts')
+
+
+def _cut(parts: list[tuple[int, int, bytes]], start: int, end: int) -> bytes | None:
+    """Bytes ``[start, end)`` out of the part that holds them, if one does."""
+    for first, last, data in parts:
+        if first <= start and end <= last:
+            return data[start - first:end - first]
+    return None
+
+
+class _Part:
+    """The ``k``-th result of a future that fetched several spans in one request:
+    the future's surface that :class:`_ReadAhead` and ``_take`` use."""
+
+    __slots__ = ('future', 'k')
+
+    def __init__(self, future, k: int):
+        self.future, self.k = future, k
+
+    def result(self, timeout: float | None = None) -> bytes:
+        return self.future.result(timeout)[self.k]
+
+    def cancel(self) -> bool:
+        return self.future.cancel()
+
+
 # ---------------------------------------------------------------------------
 # The storage
 
@@ -385,6 +472,7 @@ class RemoteStorage(Storage):
         self._random = random.Random()
         self.requests = 0            # requests sent by this process (for tests and benchmarks)
         self.bytes_fetched = 0
+        self._one_range_hosts: set[str] = set()   # they answer a multi-range request whole
 
     def __repr__(self) -> str:
         return f'RemoteStorage({self.protocol}://)'
@@ -513,6 +601,86 @@ class RemoteStorage(Storage):
             return data
         return await self._limited(lambda: self._retried(once, path, index))
 
+    def _groups(self, requests: list) -> list[list[int]]:
+        """Requests (``(path, start, end, members)``, sorted by path) that go out
+        together: over HTTP up to ``max_ranges`` of one file, else one each."""
+        most = int(self.settings['max_ranges'])
+        if self.protocol not in ('http', 'https') or most < 2:
+            return [[k] for k in range(len(requests))]
+        limit = int(self.settings['max_request_bytes'])
+        groups: list[list[int]] = []
+        size = 0
+        for k, (path, start, end, _) in enumerate(requests):
+            last = groups[-1] if groups else None
+            if (last is not None and requests[last[0]][0] == path and len(last) < most
+                    and size + end - start <= limit
+                    and _host(path) not in self._one_range_hosts):
+                last.append(k)
+                size += end - start
+            else:
+                groups.append([k])
+                size = end - start
+        return groups
+
+    async def _fetch_group(self, requests: list, ks: list[int], index: int | None
+                           ) -> list[bytes]:
+        """The bytes of requests ``ks`` (all of one file): one request over HTTP."""
+        if len(ks) == 1:
+            path, start, end, _ = requests[ks[0]]
+            return [await self._fetch(path, start, end, index)]
+        path = requests[ks[0]][0]
+        spans = [(requests[k][1], requests[k][2]) for k in ks]
+        fs = self.fs
+
+        async def once():
+            session = await fs.set_session()
+            kw = dict(fs.kwargs)
+            headers = dict(kw.pop('headers', None) or {})
+            headers['Range'] = 'bytes=' + ','.join(f'{a}-{b - 1}' for a, b in spans)
+            self.requests += 1
+            async with session.get(fs.encode_url(path), headers=headers, **kw) as r:
+                if r.status == 200:
+                    r.close()               # the whole file is coming: not read
+                    return None
+                if r.status >= 400:
+                    fs._raise_not_found_for_status(r, path)
+                content_type = r.headers.get('Content-Type', '')
+                content_range = r.headers.get('Content-Range', '')
+                body = await r.read()
+            self.bytes_fetched += len(body)
+            if content_type.lower().startswith('multipart/byteranges'):
+                parts = _byteranges(body, _boundary(content_type))
+            else:                           # the server made one range of them
+                first, last = _content_range(content_range)
+                if last - first != len(body):
+                    raise _ShortBody(f'got {len(body)} of {last - first} bytes at offset '
+                                     f'{first}')
+                parts = [(first, last, body)]
+            return [_cut(parts, a, b) for a, b in spans]
+        got = await self._limited(lambda: self._retried(once, path, index))
+        if got is None:
+            self._one_range_hosts.add(_host(path))
+            got = [None] * len(spans)
+        # Whatever the answer left out (or all of it): range by range.
+        missing = [j for j, data in enumerate(got) if data is None]
+        if missing:
+            datas = await asyncio.gather(*(self._fetch(path, *spans[j], index)
+                                           for j in missing))
+            for j, data in zip(missing, datas):
+                got[j] = data
+        return got
+
+    async def _fetch_all(self, requests: list, index_of) -> list[bytes]:
+        """The bytes of every request, the groups of :meth:`_groups` concurrently."""
+        groups = self._groups(requests)
+        datas = await asyncio.gather(*(self._fetch_group(requests, ks, index_of(ks[0]))
+                                       for ks in groups))
+        out: list = [None] * len(requests)
+        for ks, got in zip(groups, datas):
+            for k, data in zip(ks, got):
+                out[k] = data
+        return out
+
     # -- reading ------------------------------------------------------------------------
 
     def size(self, path: str, index: int | None = None) -> int:
@@ -596,11 +764,8 @@ class RemoteStorage(Storage):
             requests = _merge([ranges[k] for k in todo], int(self.settings['merge_gap_bytes']),
                               int(self.settings['max_request_bytes']))
 
-            async def all_of():
-                return await asyncio.gather(*(
-                    self._fetch(path, start, end, _index_of(ranges[todo[members[0]]]))
-                    for path, start, end, members in requests))
-            datas = self._run(all_of())
+            datas = self._run(self._fetch_all(
+                requests, lambda k: _index_of(ranges[todo[requests[k][3][0]]])))
             for (path, start, end, members), data in zip(requests, datas):
                 for m in members:
                     r = ranges[todo[m]]
@@ -639,10 +804,12 @@ class RemoteStorage(Storage):
         requests = _merge(fresh, int(self.settings['merge_gap_bytes']),
                           int(self.settings['max_request_bytes']))
         with buffer.lock:
-            for path, start, end, members in requests:
-                future = asyncio.run_coroutine_threadsafe(
-                    self._fetch(path, start, end, _index_of(fresh[members[0]])), loop)
-                buffer.add(_Span(path, start, end, future, len(members)))
+            for ks in self._groups(requests):
+                future = asyncio.run_coroutine_threadsafe(self._fetch_group(
+                    requests, ks, _index_of(fresh[requests[ks[0]][3][0]])), loop)
+                for j, k in enumerate(ks):
+                    path, start, end, members = requests[k]
+                    buffer.add(_Span(path, start, end, _Part(future, j), len(members)))
 
     def read_all(self, path: str, index: int | None = None,
                  max_bytes: int | None = None) -> bytes:
@@ -869,6 +1036,10 @@ def remote_storage(url: str, storage_options: dict | None = None) -> RemoteStora
     if storage is None:
         storage = _shared[key] = RemoteStorage(url, storage_options)
     return storage
+
+
+def _host(url: str) -> str:
+    return url.partition('://')[2].partition('/')[0]
 
 
 def _index_of(r: Sequence) -> int | None:

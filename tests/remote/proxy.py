@@ -47,17 +47,22 @@ class Proxy:
     ``error``, ``short``, ``reset``: fractions of attempts answered 503, cut
     short, or reset (their sum at most 1). ``delay_s``: added before every
     request is forwarded. ``refuse``: a substring of the targets always
-    answered 503. Settings may be changed while it runs.
+    answered 503. ``whole_for_many_ranges``: a multi-range request is passed on
+without its Range (the whole file comes back, as from a server that does not
+do multi-range). Settings may be changed while it runs.
     """
 
     def __init__(self, upstream: str, delay_s: float = 0.0, error: float = 0.0,
                  short: float = 0.0, reset: float = 0.0, seed: int = 0, max_faults: int = 2,
-                 hang: bool = False, port: int = 0, refuse: str | None = None):
+                 hang: bool = False, port: int = 0, refuse: str | None = None,
+                 whole_for_many_ranges: bool = False):
         parts = urllib.parse.urlsplit(upstream if '//' in upstream else f'http://{upstream}')
         self.upstream = (parts.hostname or '127.0.0.1', parts.port or 80)
         self.delay_s, self.error, self.short, self.reset = delay_s, error, short, reset
         self.seed, self.max_faults, self.hang = seed, max_faults, hang
         self.refuse = refuse          # requests whose target holds this are always 503
+        # As a server without multi-range support: such a request gets the whole file (200).
+        self.whole_for_many_ranges = whole_for_many_ranges
         self._port = port
         self._attempts: dict[tuple, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -213,6 +218,8 @@ class Proxy:
                          b'Retry-After: 0\r\n\r\n')
             await writer.drain()
             return True
+        if self.whole_for_many_ranges and ',' in h.get('range', ''):
+            headers = [(k, v) for k, v in headers if k.lower() != 'range']
         status_head, resp_body, keep = await self._forward(method, target, headers, body)
         if fault == 'short' and len(resp_body) >= 2:
             self.stats['short'] += 1

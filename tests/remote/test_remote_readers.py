@@ -248,16 +248,23 @@ def test_checksum_mismatch_is_never_retried_into_success(nginx, served_root):
         assert 0 < len(sample_reads) <= 8          # bounded: no retry loop on a bad CRC
 
 
-def test_reads_of_a_batch_and_the_next_are_in_flight_together(nginx, served_root):
-    """Read-ahead: one worker keeps more requests in flight than one batch has records."""
+@pytest.mark.parametrize('max_ranges', [0, 64])
+def test_reads_of_a_batch_and_the_next_are_in_flight_together(nginx, served_root, max_ranges):
+    """Read-ahead: one worker keeps the requests of a batch and of the next in flight
+    at once (one per record range by range; one per file and batch multi-range)."""
     reader, pipeline = PIPELINES['ffrecord'](served_root)
     with loadr.Loader(reader, batch=4, fns=pipeline, seed=2, workers=0) as loader:
         expected = stream_digests(loader, 8)
     with Proxy(nginx.url, delay_s=0.05) as proxy:
-        reader, pipeline = _remote_pipeline('ffrecord', proxy.url)
+        with using_storage_options({'loadr': {'max_ranges': max_ranges}}):
+            reader, pipeline = _remote_pipeline('ffrecord', proxy.url)
         with loadr.Loader(reader, batch=4, fns=pipeline, seed=2, workers=1) as loader:
             assert stream_digests(loader, 8) == expected
-        assert proxy.stats['max_in_flight'] > 4, proxy.stats
+        multi = [r for _, _, r in proxy.log if ',' in r]
+        if max_ranges:
+            assert multi and proxy.stats['max_in_flight'] >= 2, proxy.stats
+        else:
+            assert not multi and proxy.stats['max_in_flight'] > 4, proxy.stats
 
 
 def _image_label(dp, seed):
