@@ -1,0 +1,726 @@
+"""A local disk cache of record byte ranges, evicting the range whose next use lies furthest ahead.
+
+Remote storage (:mod:`loadr.remote`) reads byte ranges ``(path, offset,
+length, index)`` of records. A :class:`RangeCache` keeps some of them in a
+local directory (``cache_dir``), at most ``max_bytes`` of them, for the next
+time the same record is read: a later epoch, or a run resumed from a state.
+Because loadr's order is a pure function of the position, the cache knows
+when each record will be read next (:class:`NextUse`), and when it is full it
+drops the range whose next use lies furthest in the future (Belady's
+optimal policy, which needs the future: here we have it). An offered range
+whose next use is further than everything kept is simply not written.
+``policy='lru'`` (least recently used, recency = the file's mtime) is there
+to compare against.
+
+What one can expect from it (benchmarks/cache_policy.py): with a fresh
+random permutation per epoch no record is read twice inside an epoch, so
+every hit of epoch ``e + 1`` is a range that sat in the cache across the
+boundary between the epochs. The bytes hit per epoch can therefore not exceed
+``max_bytes``, under any policy: a cache of 5% of the dataset saves at most
+5% of an epoch's bytes. The furthest-next-use policy gets almost all of it
+(it keeps, at the boundary, the ranges read first in the next epoch); LRU
+gets about ``c**2 / 2`` of the bytes for a cache of fraction ``c`` (0.1% at
+5%), since what it holds at the boundary (the end of the epoch) comes back
+at a uniformly random place in the next one and is mostly pushed out before.
+
+Layout of the directory (one per dataset: the index of an entry means a
+record of that dataset)::
+
+    .loadr-cache                 marker, JSON {"version": 1, ...}; without it a
+                                 non-empty directory is refused (ConfigError)
+    .loadr-cache.lock            fcntl.flock'ed around every change
+    .loadr-cache.log             the journal of changes (below)
+    <sha1 hex 24>-<index>-<len>  one entry: the bytes of one range; the hash is
+                                 of (path, offset, length)
+    .loadr-cache-tmp-<host>-<pid>-<random>   an entry being written
+
+Concurrency: several processes (the loader's workers) share a directory.
+:meth:`RangeCache.offer` decides and changes the content under an exclusive
+``flock``; an entry is written to a temporary file and renamed into place, so
+:meth:`RangeCache.get` (which takes no lock) reads a whole entry or none: a
+``get`` racing the eviction of its entry still reads the whole file it
+opened, or finds it gone (a miss).
+
+Cost: a listing of a directory of 64k entries and the parsing of its names
+take about 0.1 s of Python, too much to pay on every batch. Each process
+therefore keeps a view of the entries (name, index, length in numpy arrays),
+built once from the directory, and follows the changes of the others
+through the journal, an append-only file of ``+name`` / ``-name`` lines
+written under the lock (rewritten from the view when it grows past a few
+times the entries). An offer costs O(entries) numpy work (next uses of every
+entry) and O(changes) Python and file work: on the 2-core machine of
+BENCHMARKS.md, with 64k entries, 10 ms for an offer that evicts 64 entries
+and writes 64 (mostly those 128 file operations), 0.02 ms for a get, and
+0.2 s once per process to read the journal. ``max_bytes`` counts the
+ranges' bytes; the filesystem adds its blocks (up to 4 KB an entry) and the
+journal (a few MB at most). Changes are ordered so that
+the journal never misses a file that is on disk: an eviction is unlinked
+before its ``-`` line, an admission gets its ``+`` line before it is
+renamed into place; a process killed in between leaves the journal listing
+a file that is gone (counted, never read), never an uncounted file, so the
+directory never holds more than ``max_bytes`` of entries.
+
+loadr deletes only what it provably created: entries, temporary files and
+its three own files, all recognised by their names, inside a directory
+that carries the marker. Anything else in the directory is left alone.
+
+Example (``n=4`` records read in order, two of them just fetched at
+positions 0 and 1; the cache has room for 10 bytes)::
+
+    >>> import functools, os, tempfile
+    >>> from loadr.order import Order
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> cache = RangeCache(os.path.join(tmp.name, 'cache'), max_bytes=10)
+    >>> next_use = functools.partial(NextUse(Order(4, seed=0, shuffle=False)).__call__, now=2)
+    >>> next_use(np.array([0, 1, 2]))          # index 0 is read next at position 4, ...
+    array([4, 5, 2])
+    >>> cache.offer([('s3://b/x.bag', 0, 4, 0, b'abcd'),
+    ...              ('s3://b/x.bag', 4, 8, 1, b'efghijkl')], next_use)
+    >>> cache.get('s3://b/x.bag', 0, 4)
+    b'abcd'
+    >>> cache.get('s3://b/x.bag', 4, 8) is None  # 4 + 8 > 10, and index 1 comes later
+    True
+    >>> cache.stats()['hits'], cache.stats()['admitted']
+    (1, 1)
+    >>> cache.clear(); tmp.cleanup()
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+
+import numpy as np
+
+from .errors import ConfigError
+from .pids import running
+
+__all__ = ['NextUse', 'RangeCache', 'NEVER', 'POLICIES', 'MARKER_NAME', 'LOCK_NAME',
+           'JOURNAL_NAME', 'entry_name']
+
+# The next use of an index that the stream never reads (outside [0, n)).
+NEVER = np.iinfo(np.int64).max
+POLICIES = ('furthest', 'lru')
+MARKER_NAME = '.loadr-cache'
+LOCK_NAME = '.loadr-cache.lock'
+JOURNAL_NAME = '.loadr-cache.log'
+TMP_PREFIX = '.loadr-cache-tmp-'
+CACHE_VERSION = 1
+# Epochs whose inverse permutation NextUse keeps: the current one, the next,
+# and one more so that workers a little apart in the stream do not thrash.
+EPOCHS_KEPT = 3
+# The journal is rewritten from the view once it is this many times the size
+# a fresh one would have (and at least JOURNAL_MIN_BYTES): the rewrite makes
+# every other process read it whole once, so not too often.
+JOURNAL_GROWTH = 4
+JOURNAL_MIN_BYTES = 1 << 20
+_HASH_HEX = 24
+_ENTRY = re.compile(r'([0-9a-f]{24})-(\d{1,19})-(\d{1,19})\Z')
+_JOURNAL_HEAD = b'loadr-cache-journal 1 '
+_O_CLOEXEC = getattr(os, 'O_CLOEXEC', 0)
+
+
+def _host() -> str:
+    return re.sub(r'[^A-Za-z0-9_.]', '_', socket.gethostname())[:64] or 'host'
+
+
+def _key(path: str, offset: int, length: int) -> str:
+    text = f'{path}\0{int(offset)}\0{int(length)}'.encode('utf-8', 'surrogateescape')
+    return hashlib.sha1(text).hexdigest()[:_HASH_HEX]
+
+
+def entry_name(path: str, offset: int, length: int, index: int) -> str:
+    """The file name of the entry holding ``length`` bytes at ``offset`` of ``path``.
+
+    >>> entry_name('s3://b/x.bag', 0, 4, 7)
+    '43263ec569cbfd89ea50f180-7-4'
+    """
+    return f'{_key(path, offset, length)}-{int(index)}-{int(length)}'
+
+
+class NextUse:
+    """Maps dataset indices to the next stream position at which each is read.
+
+    ``next_use(indices, now)`` is, for each index ``i``, the smallest position
+    ``q >= now`` of the stream that holds ``i`` (``order.indices(q, 1)[0] ==
+    i``); :data:`NEVER` for an index outside ``[0, n)``. For ``now`` in epoch
+    ``e = now // n`` that is ``e * n + inv_e[i]`` if not before ``now``, else
+    ``(e + 1) * n + inv_{e+1}[i]``, where ``inv_e`` is the inverse of the
+    epoch's permutation.
+
+    ``order`` is a :class:`loadr.order.Order` (each epoch of ``n`` positions a
+    permutation of ``[0, n)``); a Mix's source has its own Order at the
+    source's own stream position. Memory: ``inv_e`` is computed once per
+    epoch (from ``order.indices(e * n, n)``, which is briefly another 8 bytes
+    per index) and kept for the last :data:`EPOCHS_KEPT` epochs used, 4 bytes
+    per index each (8 above 2**31 indices): 15 MB for 1.28M records. Without
+    shuffling the inverse is the identity and nothing is kept. Pickles as its
+    order alone.
+
+    >>> from loadr.order import Order
+    >>> order = Order(5, seed=0, shuffle=False)
+    >>> NextUse(order)([0, 3, 4], now=4)         # 0 and 3 were read before position 4
+    array([5, 8, 4])
+    """
+
+    def __init__(self, order):
+        self.order = order
+        self.n = int(order.n)
+        self._dtype = np.int32 if self.n < 2**31 else np.int64
+        self._inverses: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+
+    def __getstate__(self):
+        return {'order': self.order}
+
+    def __setstate__(self, state):
+        self.__init__(state['order'])
+
+    def __repr__(self) -> str:
+        return f'NextUse({self.order!r})'
+
+    def _inverse(self, epoch: int) -> np.ndarray:
+        inv = self._inverses.get(epoch)
+        if inv is not None:
+            self._inverses.move_to_end(epoch)
+            return inv
+        n = self.n
+        perm = self.order.indices(epoch * n, n)
+        inv = np.full(n, -1, dtype=self._dtype)
+        inv[perm] = np.arange(n, dtype=self._dtype)
+        if inv.min() < 0:
+            raise ValueError(f'{self.order!r}: epoch {epoch} is not a permutation of [0, {n}); '
+                             f'NextUse needs an Order whose epochs are permutations')
+        self._inverses[epoch] = inv
+        while len(self._inverses) > EPOCHS_KEPT:
+            self._inverses.popitem(last=False)
+        return inv
+
+    def __call__(self, indices, now: int) -> np.ndarray:
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        now = int(now)
+        if now < 0:
+            raise ValueError(f'now must be a stream position >= 0, not {now}')
+        n = self.n
+        epoch = now // n
+        out = np.full(len(idx), NEVER, dtype=np.int64)
+        valid = (idx >= 0) & (idx < n)
+        if not valid.all():
+            idx = idx[valid]
+        if self.order.shuffle:
+            q = epoch * n + self._inverse(epoch)[idx].astype(np.int64)
+        else:
+            q = epoch * n + idx
+        past = q < now
+        if past.any():
+            if self.order.shuffle:
+                q[past] = (epoch + 1) * n + self._inverse(epoch + 1)[idx[past]].astype(np.int64)
+            else:
+                q[past] += n
+        out[valid] = q
+        return out
+
+
+class _View:
+    """A process's picture of the entries: hash -> slot, and numpy arrays by slot."""
+
+    def __init__(self):
+        self.token = None           # the journal this view follows, and how far
+        self.offset = 0
+        self.slots: dict[str, int] = {}
+        self.names: list = []
+        self.index = np.zeros(0, dtype=np.int64)
+        self.length = np.zeros(0, dtype=np.int64)
+        self.live = np.zeros(0, dtype=bool)
+        self.free: list[int] = []
+        self.bytes = 0
+
+    def add(self, name: str) -> None:
+        m = _ENTRY.match(name)
+        if m is None:
+            return
+        key = m.group(1)
+        if key in self.slots:
+            self.remove(key)
+        if self.free:
+            slot = self.free.pop()
+        else:
+            slot = len(self.names)
+            self.names.append(None)
+            if slot >= len(self.index):
+                size = max(64, 2 * len(self.index))
+                for attr, fill in (('index', 0), ('length', 0), ('live', False)):
+                    old = getattr(self, attr)
+                    new = np.full(size, fill, dtype=old.dtype)
+                    new[:len(old)] = old
+                    setattr(self, attr, new)
+        index, length = int(m.group(2)), int(m.group(3))
+        self.slots[key] = slot
+        self.names[slot] = name
+        self.index[slot] = index
+        self.length[slot] = length
+        self.live[slot] = True
+        self.bytes += length
+
+    def remove(self, key: str) -> None:
+        slot = self.slots.pop(key, None)
+        if slot is None:
+            return
+        self.bytes -= int(self.length[slot])
+        self.names[slot] = None
+        self.live[slot] = False
+        self.free.append(slot)
+
+    def name(self, key: str) -> str | None:
+        slot = self.slots.get(key)
+        return None if slot is None else self.names[slot]
+
+    def apply(self, data: bytes) -> None:
+        """Apply journal lines (``+name`` / ``-name``); ``data`` ends with a newline."""
+        for line in data.decode('ascii', 'replace').split('\n'):
+            if line[:1] == '+':
+                self.add(line[1:])
+            elif line[:1] == '-':
+                self.remove(line[1:1 + _HASH_HEX])
+
+    def journal(self) -> bytes:
+        return ''.join(f'+{name}\n' for name in self.names if name is not None).encode()
+
+
+class RangeCache:
+    """Record byte ranges kept in a local directory, at most ``max_bytes`` of them.
+
+    ``policy='furthest'`` (the default) keeps, among the entries and the
+    ranges offered, those whose next use is nearest, up to ``max_bytes``:
+    it evicts the furthest first and does not admit an offered range that
+    would be evicted at once. ``policy='lru'`` admits every offered range
+    and evicts the least recently used (file mtime; :meth:`get` touches).
+
+    Picklable: only ``directory``, ``max_bytes`` and ``policy`` travel; the
+    copy's counters start at zero. See the module's docstring for the
+    layout, the locking and the costs.
+
+    >>> RangeCache('/nonexistent/x', 0, policy='fifo')
+    Traceback (most recent call last):
+    ...
+    loadr.errors.ConfigError: /nonexistent/x: unknown cache policy 'fifo'; known: furthest, lru
+    """
+
+    def __init__(self, directory: str, max_bytes: int, policy: str = 'furthest'):
+        directory = os.path.abspath(os.fspath(directory))
+        if policy not in POLICIES:
+            raise ConfigError(f'unknown cache policy {policy!r}; known: {", ".join(POLICIES)}',
+                              directory)
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ConfigError(f'max_bytes must be an integer >= 0, not {max_bytes!r}', directory)
+        self.directory, self.max_bytes, self.policy = directory, max_bytes, policy
+        self._reset()
+        self._prepare()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        # Threads of one process share the view; the flock orders processes.
+        self._mutex = threading.RLock()
+        self._prepared = False
+        self._created = False
+        self._reclaimed = False
+        self._last_stamp = 0
+        self._view = _View()
+        self._stats = dict.fromkeys(('hits', 'misses', 'bytes_hit', 'admitted', 'evicted',
+                                     'bytes_admitted', 'write_errors'), 0)
+
+    def __getstate__(self):
+        return {'directory': self.directory, 'max_bytes': self.max_bytes, 'policy': self.policy}
+
+    def __setstate__(self, state):
+        self.directory, self.max_bytes, self.policy = (
+            state['directory'], state['max_bytes'], state['policy'])
+        self._reset()               # the directory is checked on first use, in that process
+
+    def __repr__(self) -> str:
+        return (f'RangeCache({self.directory!r}, max_bytes={self.max_bytes}, '
+                f'policy={self.policy!r})')
+
+    # -- the directory ------------------------------------------------------
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def _check_process(self) -> None:
+        if self._pid != os.getpid():
+            # A forked copy: its own counters, and a view it rebuilds itself.
+            self._reset()
+
+    def _prepare(self) -> None:
+        """Create or adopt the directory: it must be new, empty, or carry our marker."""
+        if self._prepared:
+            return
+        try:
+            os.makedirs(self.directory)
+            self._created = True
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise ConfigError(f'cannot create the cache directory: {exc.strerror}',
+                              self.directory) from exc
+        marker = self._path(MARKER_NAME)
+        if not os.path.exists(marker):
+            try:
+                names = os.listdir(self.directory)
+            except OSError as exc:
+                raise ConfigError(f'cannot list the cache directory: {exc.strerror}',
+                                  self.directory) from exc
+            if names and MARKER_NAME not in names:
+                raise ConfigError(
+                    f'not a loadr cache directory (no {MARKER_NAME} in it) and not empty; '
+                    f'loadr deletes only files it created, so give it an empty or new '
+                    f'directory as cache_dir', self.directory)
+            self._write_marker(marker)
+        try:
+            with open(marker, 'rb') as f:
+                meta = json.loads(f.read())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f'unreadable {MARKER_NAME}: {exc}', self.directory) from exc
+        if not isinstance(meta, dict) or meta.get('version') != CACHE_VERSION:
+            raise ConfigError(f'{MARKER_NAME} says {meta!r}; this loadr writes cache version '
+                              f'{CACHE_VERSION}: use another cache_dir', self.directory)
+        self._created = bool(meta.get('created_dir'))
+        self._prepared = True
+
+    def _write_marker(self, marker: str) -> None:
+        # Written whole under a temporary name, then linked: link fails if a
+        # racing process made the marker first, and nobody sees half of one.
+        tmp = self._path(f'{TMP_PREFIX}{_host()}-{os.getpid()}-{secrets.token_hex(4)}')
+        body = json.dumps({'version': CACHE_VERSION, 'created_dir': self._created}).encode()
+        try:
+            with open(tmp, 'xb') as f:
+                f.write(body + b'\n')
+            try:
+                os.link(tmp, marker)
+            except FileExistsError:
+                pass
+        except OSError as exc:
+            raise ConfigError(f'cannot write {MARKER_NAME}: {exc.strerror}',
+                              self.directory) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+    @contextlib.contextmanager
+    def _locked(self, compact: bool = True):
+        """Hold the directory's lock, with the view brought up to date."""
+        self._check_process()
+        self._prepare()
+        with self._mutex:
+            fd = os.open(self._path(LOCK_NAME), os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if not self._follow():
+                    self._rebuild()
+                elif not self._reclaimed:
+                    self._reclaim()
+                yield
+                if compact:
+                    self._maybe_compact()
+            finally:
+                os.close(fd)            # releases the flock
+
+    def _follow(self) -> bool:
+        """Apply the journal's new lines to the view; False if there is no usable journal."""
+        try:
+            f = open(self._path(JOURNAL_NAME), 'rb')
+        except FileNotFoundError:
+            return False
+        with f:
+            head = f.readline()
+            if not head.startswith(_JOURNAL_HEAD) or not head.endswith(b'\n'):
+                return False
+            token = head[len(_JOURNAL_HEAD):-1]
+            view = self._view
+            if token != view.token:
+                view = self._view = _View()
+                view.token, view.offset = token, len(head)
+            f.seek(view.offset)
+            data = f.read()
+        # Without the lock a writer may be half way through an append: only
+        # whole lines count.
+        end = data.rfind(b'\n') + 1
+        if end:
+            view.apply(data[:end])
+            view.offset += end
+        return True
+
+    def _reclaim(self, names: list | None = None) -> None:
+        """Remove the temporary files of processes of this host that no longer run
+        (killed while writing an entry); once per process, at its first change."""
+        here = f'{TMP_PREFIX}{_host()}-'
+        for name in os.listdir(self.directory) if names is None else names:
+            if name.startswith(here):
+                pid = name[len(here):].split('-', 1)[0]
+                if pid.isdigit() and int(pid) != os.getpid() and not running(int(pid)):
+                    with contextlib.suppress(OSError):
+                        os.unlink(self._path(name))
+        self._reclaimed = True
+
+    def _rebuild(self) -> None:
+        """Under the lock: the view from the directory's names, and a fresh journal."""
+        view = _View()
+        names = os.listdir(self.directory)
+        for name in names:
+            if _ENTRY.match(name):
+                view.add(name)
+        self._reclaim(names)
+        self._view = view
+        self._write_journal()
+
+    def _write_journal(self) -> None:
+        view = self._view
+        token = secrets.token_hex(8).encode()
+        head = _JOURNAL_HEAD + token + b'\n'
+        tmp = self._path(f'{TMP_PREFIX}{_host()}-{os.getpid()}-{secrets.token_hex(4)}')
+        try:
+            with open(tmp, 'xb') as f:
+                f.write(head + view.journal())
+            os.replace(tmp, self._path(JOURNAL_NAME))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        view.token, view.offset = token, os.path.getsize(self._path(JOURNAL_NAME))
+
+    def _append(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        data = ''.join(lines).encode()
+        fd = os.open(self._path(JOURNAL_NAME), os.O_WRONLY | os.O_APPEND | _O_CLOEXEC)
+        try:
+            done = 0
+            while done < len(data):
+                done += os.write(fd, data[done:])
+        finally:
+            os.close(fd)
+        self._view.apply(data)
+        self._view.offset += len(data)
+
+    def _maybe_compact(self) -> None:
+        view = self._view
+        fresh = len(view.slots) * (_HASH_HEX + 24)        # about a line per entry
+        if view.offset > max(JOURNAL_MIN_BYTES, JOURNAL_GROWTH * fresh):
+            self._write_journal()
+
+    # -- reading ------------------------------------------------------------
+
+    def _lookup(self, path: str, offset: int, length: int) -> str | None:
+        self._check_process()
+        self._prepare()
+        key = _key(path, offset, length)
+        with self._mutex:
+            name = self._view.name(key)
+            if name is None:
+                # Another process may have added it since: read the journal's tail.
+                self._follow()
+                name = self._view.name(key)
+        return name
+
+    def get(self, path: str, offset: int, length: int) -> bytes | None:
+        """The cached bytes of the range, or None (not cached, evicted, or of the wrong size)."""
+        name = self._lookup(path, offset, length)
+        data = None
+        if name is not None:
+            try:
+                with open(self._path(name), 'rb') as f:
+                    data = f.read(length + 1)
+                    if len(data) == length and self.policy == 'lru':
+                        with contextlib.suppress(OSError):
+                            os.utime(f.fileno(), ns=(self._stamp(),) * 2)
+            except OSError:
+                data = None
+            if data is not None and len(data) != length:
+                data = None
+        if data is None:
+            self._stats['misses'] += 1
+        else:
+            self._stats['hits'] += 1
+            self._stats['bytes_hit'] += length
+        return data
+
+    def has(self, path: str, offset: int, length: int) -> bool:
+        """Whether the range is cached now (it may be evicted right after)."""
+        name = self._lookup(path, offset, length)
+        if name is None:
+            return False
+        try:
+            return os.stat(self._path(name)).st_size == length
+        except OSError:
+            return False
+
+    # -- deciding what stays -------------------------------------------------
+
+    def offer(self, items, next_use=None) -> None:
+        """Consider ranges just fetched: ``(path, offset, length, index, data)`` each.
+
+        ``next_use(indices) -> positions`` (e.g. ``functools.partial(
+        NextUse(order).__call__, now=position after the batch)``) is needed by
+        ``'furthest'``: without it nothing is admitted nor evicted. Ranges
+        without an index, already cached, larger than ``max_bytes`` or whose
+        data is not ``length`` bytes are not admitted.
+        """
+        if self.policy == 'furthest' and next_use is None:
+            return
+        self._check_process()
+        new, seen = [], set()
+        for path, offset, length, index, data in items:
+            if index is None or length > self.max_bytes or int(index) < 0:
+                continue
+            view = memoryview(data).cast('B')
+            if view.nbytes != length:
+                continue
+            key = _key(path, offset, length)
+            if key in seen:
+                continue
+            seen.add(key)
+            new.append((key, int(index), int(length), view))
+        if not new:
+            return
+        with self._locked():
+            view = self._view
+            new = [item for item in new if item[0] not in view.slots]
+            if not new:
+                return
+            slots = np.flatnonzero(view.live)
+            new_length = np.array([item[2] for item in new], dtype=np.int64)
+            total = view.bytes + int(new_length.sum())
+            if total <= self.max_bytes:
+                evict_slots, admit = slots[:0], np.ones(len(new), dtype=bool)
+            elif self.policy == 'furthest':
+                evict_slots, admit = self._furthest(slots, new, new_length, total, next_use)
+            else:
+                evict_slots, admit = self._lru(slots, new_length, total)
+            self._change(evict_slots, [item for item, a in zip(new, admit) if a])
+
+    def _furthest(self, slots, new, new_length, total, next_use):
+        view = self._view
+        new_index = np.array([item[1] for item in new], dtype=np.int64)
+        uses = np.asarray(next_use(np.concatenate([view.index[slots], new_index])),
+                          dtype=np.int64)
+        lengths = np.concatenate([view.length[slots], new_length])
+        # Ties (several ranges of one record) go against the newcomers, so
+        # equal entries are not churned. Furthest first: the order to evict in.
+        is_new = np.r_[np.zeros(len(slots), bool), np.ones(len(new), bool)]
+        order = np.lexsort((is_new, uses))[::-1]
+        excess = total - self.max_bytes
+        cut = int(np.searchsorted(np.cumsum(lengths[order]), excess)) + 1
+        out = order[:cut]
+        evict_slots = slots[out[out < len(slots)]]
+        admit = np.ones(len(new), dtype=bool)
+        admit[out[out >= len(slots)] - len(slots)] = False
+        return evict_slots, admit
+
+    def _lru(self, slots, new_length, total):
+        view = self._view
+        # Newcomers are the most recent: admitted while they fit by themselves.
+        admit = np.cumsum(new_length) <= self.max_bytes
+        excess = view.bytes + int(new_length[admit].sum()) - self.max_bytes
+        if excess <= 0:
+            return slots[:0], admit
+        mtimes = np.empty(len(slots), dtype=np.int64)
+        for i, slot in enumerate(slots.tolist()):
+            try:
+                mtimes[i] = os.stat(self._path(view.names[slot])).st_mtime_ns
+            except OSError:
+                mtimes[i] = -1      # gone: evicting it costs nothing
+        order = np.argsort(mtimes, kind='stable')
+        cut = int(np.searchsorted(np.cumsum(view.length[slots][order]), excess)) + 1
+        return slots[order[:cut]], admit
+
+    def _change(self, evict_slots: np.ndarray, admitted: list) -> None:
+        """Evict, then admit; the journal never misses a file on disk (see the docstring)."""
+        view = self._view
+        lines = []
+        for slot in evict_slots.tolist():
+            name = view.names[slot]
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(name))
+            lines.append(f'-{name}\n')
+        self._stats['evicted'] += len(lines)
+        names = [f'{key}-{index}-{length}' for key, index, length, _ in admitted]
+        lines.extend(f'+{name}\n' for name in names)
+        self._append(lines)
+        failed = []
+        for name, (_, _, length, data) in zip(names, admitted):
+            if self._write(name, data):
+                self._stats['admitted'] += 1
+                self._stats['bytes_admitted'] += length
+            else:
+                failed.append(f'-{name}\n')
+        self._append(failed)
+
+    def _stamp(self) -> int:
+        # LRU's recency, in ns: the fine clock (a file's own mtime comes from a
+        # coarse one, equal for files written a few ms apart), strictly increasing.
+        self._last_stamp = max(time.time_ns(), self._last_stamp + 1)
+        return self._last_stamp
+
+    def _write(self, name: str, data: memoryview) -> bool:
+        tmp = self._path(f'{TMP_PREFIX}{_host()}-{os.getpid()}-{secrets.token_hex(4)}')
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+            try:
+                done = 0
+                while done < len(data):
+                    done += os.write(fd, data[done:])
+                if self.policy == 'lru':
+                    os.utime(fd, ns=(self._stamp(),) * 2)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self._path(name))
+            return True
+        except OSError as exc:
+            # A full disk is not the read's failure: the range is just not cached.
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+                raise
+            self._stats['write_errors'] += 1
+            return False
+
+    # -- the rest -----------------------------------------------------------
+
+    def stats(self) -> dict:
+        """This process's counts: hits, misses, bytes_hit, admitted, evicted,
+        bytes_admitted, write_errors (ranges not cached for a full disk)."""
+        self._check_process()
+        return dict(self._stats)
+
+    def bytes_used(self) -> int:
+        """The bytes of the entries, as this process last saw them."""
+        return self._view.bytes
+
+    def clear(self) -> None:
+        """Remove every entry, the temporary files, the marker, the lock and the
+        journal, and the directory if loadr created it and it is then empty;
+        anything else in it stays. Not while other processes use the directory."""
+        self._check_process()
+        self._prepare()
+        with self._locked(compact=False):
+            for name in os.listdir(self.directory):
+                if _ENTRY.match(name) or name.startswith(TMP_PREFIX) or name == JOURNAL_NAME:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self._path(name))
+            for name in (MARKER_NAME, LOCK_NAME):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._path(name))
+        if self._created:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.directory)
+        self._prepared = False
+        self._view = _View()

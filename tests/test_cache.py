@@ -1,0 +1,438 @@
+"""loadr.cache: the next use of each index, the furthest-next-use cache and its directory.
+
+Real files in tmp_path and real processes where processes share a directory;
+nothing here looks at a clock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import multiprocessing
+import os
+import pickle
+import re
+
+import numpy as np
+import pytest
+
+import loadr.cache as cache_module
+from loadr.cache import (LOCK_NAME, MARKER_NAME, NEVER, TMP_PREFIX, NextUse, RangeCache,
+                         entry_name)
+from loadr.errors import ConfigError
+from loadr.order import Order
+
+ENTRY = re.compile(r'[0-9a-f]{24}-(\d+)-(\d+)\Z')
+PATH = 's3://bucket/data.bag'
+
+
+# -- helpers -----------------------------------------------------------------
+
+
+def brute_next_use(order: Order, indices, now: int) -> list[int]:
+    """The first position q >= now holding each index, by scanning the stream."""
+    stream = order.indices(0, now + 2 * order.n).tolist()
+    out = []
+    for i in indices:
+        found = [q for q in range(now, len(stream)) if stream[q] == i]
+        out.append(found[0] if found else NEVER)
+    return out
+
+
+def payload(index: int, length: int) -> bytes:
+    """The bytes of record ``index``: depend on both, so a mix-up shows."""
+    seed = hashlib.sha1(f'{index}:{length}'.encode()).digest()
+    return (seed * (length // len(seed) + 1))[:length]
+
+
+def layout(sizes) -> list[tuple[int, int]]:
+    """(offset, length) of each record laid end to end in one file."""
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    return [(int(o), int(s)) for o, s in zip(offsets, sizes)]
+
+
+def item(index: int, ranges) -> tuple:
+    offset, length = ranges[index]
+    return (PATH, offset, length, index, payload(index, length))
+
+
+def cached_indices(directory) -> dict[int, int]:
+    """{index: length} of the entries in the directory."""
+    out = {}
+    for name in os.listdir(directory):
+        m = ENTRY.match(name)
+        if m:
+            out[int(m.group(1))] = int(m.group(2))
+    return out
+
+
+def entry_bytes(directory) -> int:
+    return sum(cached_indices(directory).values())
+
+
+def temp_files(directory) -> list[str]:
+    return [n for n in os.listdir(directory) if n.startswith(TMP_PREFIX)]
+
+
+# -- NextUse -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('n', [7, 100])
+@pytest.mark.parametrize('shuffle', [True, False])
+@pytest.mark.parametrize('version', [1, 2])
+def test_next_use_equals_a_scan_of_the_stream(n, shuffle, version):
+    order = Order(n, seed=11, shuffle=shuffle, version=version)
+    next_use = NextUse(order)
+    everything = list(range(n))
+    for now in (0, 1, n // 2, n - 1, n, n + 1, n + n // 2, 2 * n - 1, 2 * n, 5 * n + 3, 3, 0):
+        got = next_use(np.array(everything), now)
+        assert got.dtype == np.int64
+        assert got.tolist() == brute_next_use(order, everything, now), now
+        # Each next use lies in this epoch or the next, and is read there.
+        assert ((got >= now) & (got < (now // n + 2) * n)).all()
+    # Only the last few epochs' inverses are kept.
+    assert len(next_use._inverses) <= cache_module.EPOCHS_KEPT
+    if not shuffle:
+        assert not next_use._inverses
+
+
+def test_next_use_of_indices_outside_the_dataset_is_never():
+    next_use = NextUse(Order(10, seed=0))
+    got = next_use([-1, 3, 10, 10**12], now=4)
+    assert got[0] == got[2] == got[3] == NEVER
+    assert got[1] == brute_next_use(Order(10, seed=0), [3], 4)[0]
+    with pytest.raises(ValueError, match='now'):
+        next_use([1], now=-1)
+
+
+def test_next_use_pickles_as_its_order():
+    next_use = NextUse(Order(50, seed=3))
+    before = next_use(np.arange(50), now=70)
+    copy = pickle.loads(pickle.dumps(next_use))
+    assert not copy._inverses and len(pickle.dumps(next_use)) < 500
+    assert copy(np.arange(50), now=70).tolist() == before.tolist()
+    assert functools.partial(copy.__call__, now=70)(np.arange(50)).tolist() == before.tolist()
+
+
+# -- the policies on a handmade example ------------------------------------------------
+
+# Order(6, shuffle=False): position p reads index p % 6. Lengths of indices 0..5:
+SIZES = [4, 4, 2, 4, 3, 1]
+RANGES = layout(SIZES)
+
+
+def replay(cache: RangeCache, order: Order) -> list:
+    """The sequence of the example; the content after each step."""
+    next_use = NextUse(order)
+    steps = []
+
+    def offer(indices, now):
+        cache.offer([item(i, RANGES) for i in indices], functools.partial(next_use, now=now))
+        assert entry_bytes(cache.directory) <= cache.max_bytes
+        steps.append(cached_indices(cache.directory))
+
+    offer([0, 1], now=2)            # positions 0, 1 read: 8 bytes fit
+    offer([2, 3], now=4)            # 2, 3 read: 14 bytes do not
+    offer([4, 5], now=6)            # 4, 5 read
+    hits = [cache.get(PATH, *RANGES[i]) for i in (0, 1)]       # positions 6, 7
+    offer([4], now=8)               # as if 4 were fetched again
+    return steps, hits
+
+
+def test_furthest_keeps_the_nearest_next_uses(tmp_path):
+    cache = RangeCache(str(tmp_path / 'c'), max_bytes=10)
+    steps, hits = replay(cache, Order(6, seed=0, shuffle=False))
+    assert steps == [
+        {0: 4, 1: 4},               # everything fits
+        {0: 4, 1: 4, 2: 2},         # next uses 0:6 1:7 2:8 3:9; 3 is furthest, left out
+        {0: 4, 1: 4, 2: 2},         # 4:10 and 5:11 come after every entry: not admitted
+        {0: 4, 2: 2, 4: 3},         # at 8: 2:8 4:10 0:12 1:13; 1 is evicted for 4
+    ]
+    assert hits == [payload(0, 4), payload(1, 4)]
+    assert cache.get(PATH, *RANGES[4]) == payload(4, 3)
+    assert cache.get(PATH, *RANGES[1]) is None
+    assert cache.stats() == {'hits': 3, 'misses': 1, 'bytes_hit': 11, 'admitted': 4,
+                             'evicted': 1, 'bytes_admitted': 13, 'write_errors': 0}
+    assert not temp_files(cache.directory)
+
+
+def test_lru_on_the_same_example_keeps_the_recent_ones(tmp_path):
+    cache = RangeCache(str(tmp_path / 'c'), max_bytes=10, policy='lru')
+    steps, hits = replay(cache, Order(6, seed=0, shuffle=False))
+    assert steps == [
+        {0: 4, 1: 4},
+        {1: 4, 2: 2, 3: 4},         # the newcomers are admitted; 0, the oldest, goes
+        {2: 2, 3: 4, 4: 3, 5: 1},   # then 1
+        {2: 2, 3: 4, 4: 3, 5: 1},   # 4 is already there
+    ]
+    assert hits == [None, None]     # what furthest kept for positions 6 and 7 is gone
+    assert cache.stats()['evicted'] == 2 and cache.stats()['admitted'] == 6
+
+
+def test_lru_get_makes_an_entry_recent(tmp_path):
+    cache = RangeCache(str(tmp_path / 'c'), max_bytes=8, policy='lru')
+    cache.offer([item(0, RANGES), item(1, RANGES)])       # 0 older than 1
+    assert cache.get(PATH, *RANGES[0]) == payload(0, 4)     # now 1 is older
+    cache.offer([item(2, RANGES)])
+    assert set(cached_indices(cache.directory)) == {0, 2}
+
+
+def test_furthest_without_next_use_changes_nothing(tmp_path):
+    cache = RangeCache(str(tmp_path / 'c'), max_bytes=100)
+    cache.offer([item(0, RANGES)])
+    assert cached_indices(cache.directory) == {}
+    assert cache.stats()['admitted'] == 0
+
+
+def test_what_is_not_admitted(tmp_path):
+    cache = RangeCache(str(tmp_path / 'c'), max_bytes=10)
+    next_use = functools.partial(NextUse(Order(6, seed=0)), now=0)
+    cache.offer([(PATH, 0, 11, 0, b'x' * 11),               # larger than the cache
+                 (PATH, 20, 3, None, b'abc'),                # no index
+                 (PATH, 30, 3, 1, b'ab'),                    # data not of its length
+                 (PATH, 40, 2, 2, b'ok'), (PATH, 40, 2, 2, b'ok')], next_use)
+    assert cached_indices(cache.directory) == {2: 2}
+    assert cache.has(PATH, 40, 2) and not cache.has(PATH, 30, 3)
+    assert cache.get(PATH, 40, 2) == b'ok'
+    assert cache.get(PATH, 40, 3) is None                   # another range, not cached
+
+
+def test_an_entry_of_the_wrong_size_is_a_miss(tmp_path):
+    cache = RangeCache(str(tmp_path / 'c'), max_bytes=100)
+    cache.offer([item(0, RANGES)], functools.partial(NextUse(Order(6, seed=0)), now=0))
+    name = entry_name(PATH, *RANGES[0], 0)
+    with open(os.path.join(cache.directory, name), 'r+b') as f:
+        f.truncate(2)
+    assert cache.get(PATH, *RANGES[0]) is None
+    assert not cache.has(PATH, *RANGES[0])
+    assert cache.stats()['misses'] == 1
+
+
+def test_pickled_copy_shares_the_directory_not_the_counts(tmp_path):
+    cache = RangeCache(str(tmp_path / 'c'), max_bytes=100)
+    cache.offer([item(0, RANGES)], functools.partial(NextUse(Order(6, seed=0)), now=0))
+    assert cache.get(PATH, *RANGES[0]) is not None
+    blob = pickle.dumps(cache)
+    assert len(blob) < 300 and b'_view' not in blob
+    copy = pickle.loads(blob)
+    assert (copy.directory, copy.max_bytes, copy.policy) == (cache.directory, 100, 'furthest')
+    assert copy.stats()['hits'] == 0
+    assert copy.get(PATH, *RANGES[0]) == payload(0, 4)
+    assert copy.stats()['hits'] == 1
+
+
+# -- the directory ---------------------------------------------------------------
+
+
+def test_a_non_empty_directory_without_the_marker_is_refused(tmp_path):
+    directory = tmp_path / 'mine'
+    directory.mkdir()
+    (directory / 'thesis.tex').write_text('years of work')
+    with pytest.raises(ConfigError) as info:
+        RangeCache(str(directory), max_bytes=100)
+    assert str(directory) in str(info.value) and MARKER_NAME in str(info.value)
+    assert os.listdir(directory) == ['thesis.tex']
+
+
+@pytest.mark.parametrize('policy', ['furthest', 'lru'])
+def test_foreign_files_are_never_deleted(tmp_path, policy):
+    directory = tmp_path / 'c'
+    cache = RangeCache(str(directory), max_bytes=10, policy=policy)
+    foreign = ['notes.txt', 'ABCDEF0123456789ABCDEF01-1-4',     # upper case: not our name
+               '0123456789abcdef01234567-1', '.loadr-cache-other']
+    for name in foreign:
+        (directory / name).write_bytes(b'theirs')
+    order = Order(6, seed=0, shuffle=True)
+    for now in range(1, 61):
+        i = order.index_at(now - 1)
+        cache.offer([item(i, RANGES)], functools.partial(NextUse(order), now=now))
+    assert cache.stats()['evicted'] > 0
+    cache.clear()
+    assert sorted(os.listdir(directory)) == sorted(foreign)
+    assert all((directory / n).read_bytes() == b'theirs' for n in foreign)
+
+
+def test_clear_removes_what_it_made_and_the_directory_it_made(tmp_path):
+    made = RangeCache(str(tmp_path / 'new' / 'c'), max_bytes=10)
+    made.offer([item(0, RANGES)], functools.partial(NextUse(Order(6, seed=0)), now=0))
+    made.clear()
+    assert not os.path.exists(tmp_path / 'new' / 'c') and os.path.isdir(tmp_path / 'new')
+    adopted = tmp_path / 'empty'
+    adopted.mkdir()
+    cache = RangeCache(str(adopted), max_bytes=10)
+    cache.offer([item(0, RANGES)], functools.partial(NextUse(Order(6, seed=0)), now=0))
+    assert cached_indices(adopted) == {0: 4}
+    cache.clear()
+    assert os.listdir(adopted) == []                # it was there before: it stays
+
+
+def test_a_new_cache_on_the_directory_reuses_the_entries(tmp_path):
+    directory = str(tmp_path / 'c')
+    order = Order(6, seed=0, shuffle=False)
+    first = RangeCache(directory, max_bytes=10)
+    first.offer([item(0, RANGES), item(1, RANGES)], functools.partial(NextUse(order), now=2))
+    again = RangeCache(directory, max_bytes=10)         # a resumed run
+    assert again.get(PATH, *RANGES[1]) == payload(1, 4)
+    # Its eviction sees the entries the other one made.
+    again.offer([item(2, RANGES), item(3, RANGES)], functools.partial(NextUse(order), now=4))
+    assert cached_indices(directory) == {0: 4, 1: 4, 2: 2}
+
+
+def test_temporary_files_of_dead_processes_are_reclaimed(tmp_path):
+    directory = tmp_path / 'c'
+    RangeCache(str(directory), max_bytes=10).offer(
+        [item(0, RANGES)], functools.partial(NextUse(Order(6, seed=0)), now=0))
+    proc = multiprocessing.get_context('spawn').Process(target=int)
+    proc.start()
+    proc.join()
+    dead = f'{TMP_PREFIX}{cache_module._host()}-{proc.pid}-0000abcd'
+    alive = f'{TMP_PREFIX}{cache_module._host()}-{os.getppid()}-0000abcd'
+    other_host = f'{TMP_PREFIX}elsewhere-{proc.pid}-0000abcd'
+    for name in (dead, alive, other_host):
+        (directory / name).write_bytes(b'half')
+    cache = RangeCache(str(directory), max_bytes=10)      # another process, in effect
+    cache.offer([item(2, RANGES)], functools.partial(NextUse(Order(6, seed=0)), now=0))
+    left = os.listdir(directory)
+    assert dead not in left and alive in left and other_host in left
+
+
+def test_views_follow_each_other_through_the_journal(tmp_path, monkeypatch):
+    # Three caches on one directory, as three processes would be; the journal
+    # is rewritten at every change (JOURNAL_MIN_BYTES=0), the hardest case.
+    monkeypatch.setattr(cache_module, 'JOURNAL_MIN_BYTES', 0)
+    monkeypatch.setattr(cache_module, 'JOURNAL_GROWTH', 1)
+    directory = str(tmp_path / 'c')
+    sizes = np.random.default_rng(0).integers(1, 50, size=60)
+    ranges = layout(sizes)
+    order = Order(60, seed=5)
+    caches = [RangeCache(directory, max_bytes=300) for _ in range(3)]
+    next_use = NextUse(order)
+    rng = np.random.default_rng(1)
+    for step in range(60):
+        cache = caches[step % 3]
+        now = int(rng.integers(0, 180))
+        batch = order.indices(now, 8).tolist()
+        cache.offer([item(i, ranges) for i in batch], functools.partial(next_use, now=now + 8))
+        for c in caches:
+            for i in rng.choice(60, size=5).tolist():
+                data = c.get(PATH, *ranges[i])
+                assert data is None or data == payload(i, ranges[i][1])
+        assert entry_bytes(directory) <= 300
+    on_disk = {n for n in os.listdir(directory) if ENTRY.match(n)}
+    for c in caches:
+        c._follow()
+        assert {n for n in c._view.names if n is not None} == on_disk
+        assert c.bytes_used() == entry_bytes(directory)
+    assert not temp_files(directory)
+
+
+# -- a simulation: two epochs of a true shuffle -----------------------------------
+
+
+def order_of(n: int) -> Order:
+    return Order(n, seed=0, shuffle=True)
+
+
+def simulate(directory: str, policy: str, sizes, epochs: int, batch: int = 64) -> list[int]:
+    """Bytes fetched from 'remote' per epoch, reading through a cache of 5% of the bytes."""
+    n = len(sizes)
+    ranges = layout(sizes)
+    capacity = int(0.05 * sum(sizes))
+    cache = RangeCache(directory, max_bytes=capacity, policy=policy)
+    order = order_of(n)
+    next_use = NextUse(order)
+    fetched = [0] * epochs
+    for start in range(0, epochs * n, batch):
+        count = min(batch, epochs * n - start)
+        misses = []
+        for position, i in enumerate(order.indices(start, count).tolist(), start):
+            data = cache.get(PATH, *ranges[i])
+            if data is None:
+                fetched[position // n] += ranges[i][1]
+                misses.append(item(i, ranges))
+            else:
+                assert data == payload(i, ranges[i][1])
+        cache.offer(misses, functools.partial(next_use, now=start + count))
+        assert entry_bytes(directory) <= capacity
+    return fetched
+
+
+def test_furthest_fetches_fewer_bytes_than_lru_in_the_second_epoch(tmp_path):
+    sizes = np.random.default_rng(7).integers(200, 1800, size=2000)
+    total, capacity = int(sizes.sum()), int(0.05 * sizes.sum())
+    furthest = simulate(str(tmp_path / 'furthest'), 'furthest', sizes, epochs=2)
+    lru = simulate(str(tmp_path / 'lru'), 'lru', sizes, epochs=2)
+    print(f'\nepoch 1 bytes fetched of {total}: furthest {furthest[1]}, lru {lru[1]} '
+          f'(ratio {furthest[1] / lru[1]:.3f}; cache {capacity})')
+    assert furthest[0] == lru[0] == total           # nothing is read twice in epoch 0
+    assert furthest[1] < lru[1]
+    # Every hit of epoch 1 crossed the boundary in the cache: no policy saves more
+    # than the cache's size, plus the epoch-0 records of the batch that straddles
+    # the boundary (offered after that batch's epoch-1 reads, which freed their
+    # entries' places). Furthest saves nearly all of it: at the boundary it holds
+    # the ranges read first in epoch 1, short of one range that did not fit.
+    straddle = int(sizes[order_of(2000).indices(2000 - 2000 % 64, 2000 % 64)].sum())
+    assert lru[1] >= furthest[1] >= total - capacity - straddle
+    assert furthest[1] <= total - capacity + int(sizes.max())
+
+
+# -- several processes on one directory -------------------------------------------------
+
+
+def _hammer(directory: str, policy: str, max_bytes: int, seed: int, rounds: int) -> None:
+    """A worker: offers batches and reads, checking the bytes and the size under the lock."""
+    sizes = np.random.default_rng(0).integers(100, 900, size=300)
+    ranges = layout(sizes)
+    order = Order(300, seed=2)
+    cache = RangeCache(directory, max_bytes=max_bytes, policy=policy)
+    next_use = NextUse(order)
+    rng = np.random.default_rng(seed)
+    now = seed * 150
+    for _ in range(rounds):
+        batch = order.indices(now, 16).tolist()
+        misses = []
+        for i in batch:
+            data = cache.get(PATH, *ranges[i])
+            if data is None:
+                misses.append(item(i, ranges))
+            elif data != payload(i, ranges[i][1]):
+                raise AssertionError(f'wrong bytes for index {i}')
+        now += 16
+        cache.offer(misses, functools.partial(next_use, now=now))
+        for i in rng.choice(300, size=8).tolist():  # reads racing the other's evictions
+            data = cache.get(PATH, *ranges[i])
+            if data is not None and data != payload(i, ranges[i][1]):
+                raise AssertionError(f'wrong bytes for index {i}')
+        fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            used = entry_bytes(directory)
+        finally:
+            os.close(fd)
+        if used > max_bytes:
+            raise AssertionError(f'{used} bytes of entries > {max_bytes}')
+
+
+@pytest.mark.parametrize('policy', ['furthest', 'lru'])
+def test_two_processes_share_a_directory(tmp_path, policy):
+    directory = tmp_path / 'c'
+    RangeCache(str(directory), max_bytes=6000)
+    (directory / 'notes.txt').write_text('not the cache')
+    ctx = multiprocessing.get_context('spawn')
+    procs = [ctx.Process(target=_hammer, args=(str(directory), policy, 6000, seed, 120))
+             for seed in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=100)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert entry_bytes(directory) <= 6000 and entry_bytes(directory) > 0
+    assert not temp_files(directory)
+    assert (directory / 'notes.txt').read_text() == 'not the cache'
+    # What is there is whole and right.
+    sizes = np.random.default_rng(0).integers(100, 900, size=300)
+    ranges = layout(sizes)
+    for i, length in cached_indices(directory).items():
+        assert ranges[i][1] == length
+        assert RangeCache(str(directory), 6000).get(PATH, *ranges[i]) == payload(i, length)
