@@ -232,7 +232,11 @@ class Loader:
         self.fns = list(fns)
         self.shuffle = bool(shuffle)
         self.workers = int(workers)
-        self.prefetch = max(1, int(prefetch)) if prefetch is not None else max(2, 2 * self.workers)
+        # A remote reader's workers read ahead the tasks they hold (loadr.remote):
+        # a third batch per worker keeps a round trip of reads ahead of the work.
+        per_worker = 3 if getattr(reader, 'prefetches', False) else 2
+        self.prefetch = (max(1, int(prefetch)) if prefetch is not None
+                         else max(2, per_worker * self.workers))
         self.shard_id, self.num_shards = int(shard_id), int(num_shards)
         self.ring = bool(ring)
         self.on_error = on_error

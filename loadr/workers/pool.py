@@ -57,12 +57,15 @@ from .shm import (SHM_DIR, Segment, StatusCells, owned_dir, plan_slots, reclaim_
                   remove_owned, shm_budget, size_text, use_memfd)
 from .worker import WorkerArgs, run
 
-__all__ = ['WorkerPool', 'MAX_TASKS_PER_WORKER', 'MAX_DEATHS_PER_POSITION', 'JOIN_TIMEOUT_S',
-           'FROZEN_AFTER_S']
+__all__ = ['WorkerPool', 'MAX_TASKS_PER_WORKER', 'MAX_TASKS_READING_AHEAD',
+           'MAX_DEATHS_PER_POSITION', 'JOIN_TIMEOUT_S', 'FROZEN_AFTER_S']
 
 log = logging.getLogger('loadr')
 
 MAX_TASKS_PER_WORKER = 2          # one in hand, one queued: no idle gap between tasks
+# ... and one more where the reader reads ahead (remote files): a worker starts
+# the reads of every task it holds, so each task's reads begin a task earlier.
+MAX_TASKS_READING_AHEAD = 3
 MAX_DEATHS_PER_POSITION = 3
 MAX_STARTUP_FAILURES = 3          # workers dying before they say hello: give up, say why
 JOIN_TIMEOUT_S = 2.0
@@ -316,6 +319,8 @@ class WorkerPool:
             order_version=order_version,
             steady_memory=steady_memory_default() if steady_memory is None else steady_memory)
         self.task_timeout_s = task_timeout_s
+        self.max_tasks = (MAX_TASKS_READING_AHEAD if getattr(reader, 'prefetches', False)
+                          else MAX_TASKS_PER_WORKER)
         self.tasks: dict[int, tuple] = {}      # task id -> (worker id, message frames)
         self.deaths: dict[int, int] = {}       # stream position -> workers it killed
         self.read_one_by_one: set[int] = set()  # task starts to read sample by sample
@@ -457,7 +462,7 @@ class WorkerPool:
     # -- tasks -------------------------------------------------------------
 
     def can_submit(self) -> bool:
-        return any(w is not None and w.ready and len(w.tasks) < MAX_TASKS_PER_WORKER
+        return any(w is not None and w.ready and len(w.tasks) < self.max_tasks
                    for w in self.workers)
 
     def submit(self, task_id: int, slot: int, seed: int, start: int, count: int,
@@ -465,7 +470,7 @@ class WorkerPool:
         """Send a task (fill ``count`` rows of ``slot`` from ``row`` on) to the least
         busy ready worker; False if none can take it."""
         candidates = [w for w in self.workers
-                      if w is not None and w.ready and len(w.tasks) < MAX_TASKS_PER_WORKER]
+                      if w is not None and w.ready and len(w.tasks) < self.max_tasks]
         if not candidates:
             return False
         w = min(candidates, key=lambda w: len(w.tasks))

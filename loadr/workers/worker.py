@@ -15,6 +15,7 @@ Example (what the pool runs in each new process)::
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import threading
@@ -134,13 +135,14 @@ def run(args: WorkerArgs) -> None:
     sock.setsockopt(zmq.IDENTITY, args.identity)
     sock.connect(args.endpoint)
     sock.send_multipart(protocol.hello(os.getpid()))
-    pending = None          # the next task, received early so that its reads start early
+    # Tasks received early (pool.MAX_TASKS_READING_AHEAD), so that their reads start early.
+    pending: collections.deque = collections.deque()
     last_task, trimmed = time.monotonic(), True
     clock.idle()
     try:
         while True:
-            if pending is not None:
-                frames, pending = pending, None
+            if pending:
+                frames = pending.popleft()
             elif not sock.poll(RECV_POLL_MS):
                 clock.waiting()
                 if (args.steady_memory and not trimmed
@@ -167,12 +169,12 @@ def run(args: WorkerArgs) -> None:
             if order is None:
                 order = orders[seed] = order_for(args.reader, seed, args.shuffle, order_version)
             # Read ahead (remote storage; a no-op on local files): this task's
-            # records, then those of the next task if it is here already.
+            # records, then those of every task queued here already.
             asm.prefetch(order, start, count)
-            if sock.poll(0):
-                pending = sock.recv_multipart()
-                kind2, fields2 = protocol.parse(pending[0])
-                if kind2 == protocol.TASK:
+            while sock.poll(0):
+                pending.append(sock.recv_multipart())
+                kind2, fields2 = protocol.parse(pending[-1][0])
+                if kind2 == protocol.TASK and fields2[0] > cancelled[0]:
                     seed2, start2, count2 = fields2[3], fields2[4], fields2[5]
                     order2 = orders.get(seed2)
                     if order2 is None:
