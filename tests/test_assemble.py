@@ -1,0 +1,317 @@
+"""The assembler's write path: its fast path writes the very bytes of the general one.
+
+``Assembler._write`` takes a fast path for the common datapoint (a dict, or a
+tuple for a spec keyed ``0 .. k-1``, holding ndarrays of the spec's dtype and
+shape and plain scalars) and leaves everything else to ``_write_checked``, the
+general path with every check. Each test fills the same batch twice, once
+through ``_write`` and once through ``_write_checked`` alone (:class:`General`),
+and compares the bytes of every array, the list keys' values, and any error
+(type, message, index). No test times anything.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+import loadr
+from loadr.assemble import Assembler, SampleFailure, infer_spec
+from loadr.errors import SpecError
+from loadr.order import Order
+from loadr.stats import StageClock, row_width
+
+pytestmark = pytest.mark.timeout(120)
+
+I64, F32, F64 = np.dtype(np.int64), np.dtype(np.float32), np.dtype(np.float64)
+SENTINEL = 0xA5     # every byte of a slot before the fill: a row left unwritten shows
+
+
+class General(Assembler):
+    """The assembler with its fast path left out: every datapoint takes the full checks."""
+
+    _write = Assembler._write_checked
+
+
+def slots(spec: dict, batch: int) -> dict:
+    """Batch arrays as a worker's slot holds them, every byte set to SENTINEL."""
+    out = {}
+    for key, (dtype, shape) in spec.items():
+        if np.dtype(dtype) != object:
+            out[key] = np.empty((batch,) + tuple(shape), dtype)
+            out[key].view(np.uint8).fill(SENTINEL)
+    return out
+
+
+def fill(cls, data: list, spec: dict, fns=(), on_error='raise', clock=False, shuffle=False):
+    """``(arrays, extras, replaced)`` of one batch of all of ``data``, filled by ``cls``."""
+    asm = cls(data, list(fns), spec, on_error)
+    if clock:
+        asm.clock = StageClock(np.zeros(row_width(len(asm.fns))), len(asm.fns), inline=True)
+    arrays = slots(spec, len(data))
+    extras, replaced = asm.fill(Order(len(data), seed=3, shuffle=shuffle), 0, len(data), arrays)
+    return arrays, extras, replaced
+
+
+def assert_same_fill(data: list, spec: dict, **kw) -> tuple:
+    """Fill with the fast path and the general one; every byte and value must agree."""
+    fast, general = fill(Assembler, data, spec, **kw), fill(General, data, spec, **kw)
+    (fa, fe, fr), (ga, ge, gr) = fast, general
+    assert fa.keys() == ga.keys()
+    for key in fa:
+        assert fa[key].dtype == ga[key].dtype and fa[key].shape == ga[key].shape
+        assert fa[key].tobytes() == ga[key].tobytes(), key
+    assert fe.keys() == ge.keys()
+    for key in fe:
+        assert [type(v) for v in fe[key]] == [type(v) for v in ge[key]]
+        assert pickle.dumps(fe[key]) == pickle.dumps(ge[key]), key
+    assert fr == gr
+    return fast
+
+
+def write_error(cls, dp, spec: dict, index: int = 11) -> BaseException:
+    """The exception one datapoint's write raises (pytest fails if it raises none)."""
+    asm = cls([], [], spec)
+    extras = {k: [] for k in asm.list_keys}
+    with pytest.raises(Exception) as info:
+        asm._write(dp, 0, index, slots(spec, 1), extras)
+    return info.value
+
+
+def assert_same_error(dp, spec: dict) -> BaseException:
+    fast, general = write_error(Assembler, dp, spec), write_error(General, dp, spec)
+    assert type(fast) is type(general)
+    assert str(fast) == str(general)
+    assert getattr(fast, 'index', None) == getattr(general, 'index', None)
+    return fast
+
+
+TRIVIAL = {'label': (I64, ()), 'vec': (F32, (16,))}
+
+
+def trivial(n: int, label=np.int64) -> list:
+    vecs = np.random.default_rng(0).standard_normal((n, 16), dtype=np.float32)
+    return [{'label': label(i % 1000), 'vec': vecs[i]} for i in range(n)]
+
+
+# ---------------------------------------------------------------------------
+# Same bytes
+
+
+def test_array_only_spec_same_bytes():
+    data = trivial(300)
+    arrays, extras, replaced = assert_same_fill(data, TRIVIAL)
+    assert extras == {} and replaced == []
+    assert arrays['label'].tolist() == [i % 1000 for i in range(300)]
+    assert arrays['vec'].tobytes() == np.stack([dp['vec'] for dp in data]).tobytes()
+
+
+def test_shuffled_with_a_fn_and_the_stage_clock_same_bytes():
+    # The timed rows (loadr.stats) write through _write too.
+    def double(dp, seed):
+        return {'label': dp['label'], 'vec': dp['vec'] * 2}
+
+    arrays, _, _ = assert_same_fill(trivial(600), TRIVIAL, fns=[double], clock=True,
+                                    shuffle=True)
+    assert sorted(arrays['label'].tolist()) == sorted(i % 1000 for i in range(600))
+
+
+@pytest.mark.parametrize('values,dtype', [
+    ([np.int64(5), 7, -(2**63), 2**63 - 1, 0, np.int64(-3)], I64),
+    ([1.5, np.float64(-0.0), float('nan'), float('inf'), 1e-310, 3.0], F64),
+    ([np.float32(1.5), np.float32('nan'), np.float32(-0.0)], F32),
+    ([True, np.bool_(False), False], np.dtype(bool)),
+    ([1 + 2j, np.complex128(-1j)], np.dtype(np.complex128)),
+    ([np.uint8(0), np.uint8(255)], np.dtype(np.uint8)),
+    ([np.int32(-7), np.int32(2**31 - 1)], np.dtype(np.int32)),
+    # Equal dtype, another scalar type or a 0-d array: the general path, same bytes.
+    ([np.longlong(4), np.array(9), np.array(-1, dtype=np.longlong)], I64),
+])
+def test_scalar_specs_same_bytes(values, dtype):
+    spec = {'x': (dtype, ())}
+    arrays, _, _ = assert_same_fill([{'x': v} for v in values], spec)
+    assert arrays['x'].tobytes() == np.array([np.asarray(v) for v in values], dtype).tobytes()
+
+
+def test_nan_payloads_kept():
+    quiet = np.frombuffer(np.uint64(0x7FF8_0000_0000_1234).tobytes(), F64)[0]
+    assert_same_fill([{'x': float(quiet)}, {'x': quiet}], {'x': (F64, ())})
+
+
+def test_numpy_scalar_and_python_int_same_bytes():
+    mixed = trivial(40)
+    for i, dp in enumerate(mixed):
+        dp['label'] = int(dp['label']) if i % 2 else dp['label']
+    fast_np = assert_same_fill(trivial(40), TRIVIAL)[0]
+    fast_mixed = assert_same_fill(mixed, TRIVIAL)[0]
+    fast_int = assert_same_fill(trivial(40, label=int), TRIVIAL)[0]
+    for key in TRIVIAL:
+        assert fast_np[key].tobytes() == fast_mixed[key].tobytes() == fast_int[key].tobytes()
+
+
+def test_mixed_spec_with_list_keys_same_bytes():
+    spec = {'name': (object, ()), 'vec': (F32, (4,)), 'raw': (object, ()),
+            'meta': (object, ()), 'label': (I64, ())}
+    data = [{'name': f'n{i}', 'vec': np.full(4, i, np.float32), 'raw': bytes([i]) * i,
+             'meta': {'i': i, 'tags': ['a'] * i}, 'label': i} for i in range(20)]
+    _, extras, _ = assert_same_fill(data, spec)
+    assert extras['name'] == [f'n{i}' for i in range(20)]
+    assert extras['meta'][3] == {'i': 3, 'tags': ['a'] * 3}
+
+
+def test_keys_in_another_order_same_bytes():
+    data = [{'vec': dp['vec'], 'label': dp['label']} for dp in trivial(10)]
+    assert_same_fill(data, TRIVIAL)
+
+
+def test_tuple_datapoints_same_bytes():
+    data = [(np.full((2, 3), i, np.uint8), i, f'c{i}') for i in range(12)]
+    spec = infer_spec(data[0])
+    assert spec == {0: (np.dtype(np.uint8), (2, 3)), 1: (I64, ()), 2: (np.dtype(object), ())}
+    arrays, extras, _ = assert_same_fill(data, spec)
+    assert arrays[1].tolist() == list(range(12)) and extras[2][5] == 'c5'
+    # A dict keyed 0 .. k-1 fills a tuple spec as well.
+    assert_same_fill([dict(enumerate(t)) for t in data], spec)
+    # Keys listed out of order still match a tuple by position.
+    assert_same_fill(data, {2: spec[2], 0: spec[0], 1: spec[1]})
+
+
+class Sub(np.ndarray):
+    """An ndarray subclass: the fast path leaves it to the general one."""
+
+
+def test_values_the_fast_path_leaves_to_the_general_one_same_bytes():
+    base = np.arange(32, dtype=np.float32)
+    values = [base[::2],                                # a strided view
+              base[:16].view(Sub),                      # an ndarray subclass
+              list(np.arange(16, dtype=np.float32)),          # a list of numpy scalars
+              np.arange(16, dtype=np.float32).reshape(16)]
+    data = [{'label': 1, 'vec': v} for v in values]
+    assert_same_fill(data, TRIVIAL)
+
+
+def test_torch_tensor_values_same_bytes():
+    torch = pytest.importorskip('torch')
+    data = [{'label': torch.tensor(i), 'vec': torch.arange(16, dtype=torch.float32) + i}
+            for i in range(8)]
+    assert_same_fill(data, TRIVIAL)
+
+
+def test_replacements_under_skip_same_bytes():
+    data = trivial(64)
+    data[5] = {'label': 5}                                  # missing key
+    data[9] = {'label': 9, 'vec': np.zeros(15, np.float32)}  # wrong shape
+    arrays, _, replaced = assert_same_fill(data, TRIVIAL, on_error='skip')
+    assert [r[0] for r in replaced] == [5, 9]
+
+
+def test_loader_batches_identical_to_the_general_path():
+    # workers=0 runs the same Assembler in this process; compare with the general path.
+    data = trivial(512)
+    with loadr.Loader(data, batch=128, shuffle=True, seed=4, workers=0) as loader:
+        it = iter(loader)
+        got = [next(it) for _ in range(4)]
+    order = Order(len(data), seed=4, shuffle=True)
+    for b, batch in enumerate(got):
+        asm = General(data, [], TRIVIAL)
+        arrays = slots(TRIVIAL, 128)
+        asm.fill(order, 128 * b, 128, arrays)
+        for key in TRIVIAL:
+            assert np.asarray(batch[key]).tobytes() == arrays[key].tobytes()
+
+
+class Counting(Assembler):
+    """The assembler, counting the datapoints that its fast path leaves to the general one."""
+
+    checked = 0
+
+    def _write_checked(self, *args):
+        self.checked += 1
+        return super()._write_checked(*args)
+
+
+@pytest.mark.parametrize('data,spec,general', [
+    (trivial(8), TRIVIAL, 0),
+    (trivial(8, label=int), TRIVIAL, 0),
+    ([(np.zeros(3, np.float32), i, 'x') for i in range(8)],
+     {0: (F32, (3,)), 1: (I64, ()), 2: (object, ())}, 0),
+    ([{'x': float(i), 'b': bool(i)} for i in range(8)],
+     {'x': (F64, ()), 'b': (np.dtype(bool), ())}, 0),
+    ([{'label': 1, 'vec': np.arange(32, dtype=np.float32)[::2]} for _ in range(8)], TRIVIAL, 0),
+    ([{'label': 1, 'vec': np.zeros(16, np.float32).view(Sub)} for _ in range(8)], TRIVIAL, 8),
+    ([{'label': np.array(1), 'vec': np.zeros(16, np.float32)} for _ in range(8)], TRIVIAL, 0),
+    ([{'label': np.longlong(1), 'vec': np.zeros(16, np.float32)} for _ in range(8)], TRIVIAL, 0
+     if np.longlong is np.int64 else 8),
+])
+def test_which_datapoints_take_the_fast_path(data, spec, general):
+    # The equivalence tests above only mean something if the fast path is taken.
+    asm = Counting(data, [], spec)
+    asm.fill(Order(len(data), seed=0, shuffle=False), 0, len(data), slots(spec, len(data)))
+    assert asm.checked == general
+
+
+# ---------------------------------------------------------------------------
+# Same errors
+
+
+@pytest.mark.parametrize('dp', [
+    {'label': 1},                                                   # missing
+    {'label': 1, 'vec': np.zeros(16, np.float32), 'extra': 2},      # unexpected
+    {'label': 1, 'other': np.zeros(16, np.float32)},                # missing and unexpected
+    {},
+    {'label': 1, 'vec': np.zeros(16, np.float64)},                  # dtype
+    {'label': 1, 'vec': np.zeros(17, np.float32)},                  # shape
+    {'label': 1, 'vec': np.zeros((16, 1), np.float32)},
+    {'label': 1.0, 'vec': np.zeros(16, np.float32)},                # float for int64
+    {'label': True, 'vec': np.zeros(16, np.float32)},               # bool for int64
+    {'label': np.int32(1), 'vec': np.zeros(16, np.float32)},
+    {'label': 2**63, 'vec': np.zeros(16, np.float32)},              # past int64: uint64
+    {'label': -(2**63) - 1, 'vec': np.zeros(16, np.float32)},
+    {'label': np.zeros(1, np.int64), 'vec': np.zeros(16, np.float32)},
+    {'label': 1, 'vec': 'not an array'},
+    {'label': 1, 'vec': None},
+    (1, np.zeros(16, np.float32)),                                  # tuple, named spec
+])
+def test_bad_datapoints_same_errors(dp):
+    err = assert_same_error(dp, TRIVIAL)
+    assert isinstance(err, SpecError) and err.index == 11
+    assert str(err).startswith('[index 11]: ')
+
+
+@pytest.mark.parametrize('dp', [
+    (np.zeros(3, np.float32),),                                     # too short
+    (np.zeros(3, np.float32), 1, 2),                                # too long
+    (np.zeros(3, np.float32), 'x'),
+    (np.zeros(3, np.int64), 1),
+    {0: np.zeros(3, np.float32), 2: 1},
+])
+def test_bad_tuple_datapoints_same_errors(dp):
+    spec = {0: (F32, (3,)), 1: (I64, ())}
+    err = assert_same_error(dp, spec)
+    assert isinstance(err, SpecError) and err.index == 11
+
+
+def test_list_key_that_does_not_pickle_same_error():
+    spec = {'vec': (F32, (2,)), 'lock': (object, ())}
+    err = assert_same_error({'vec': np.zeros(2, np.float32), 'lock': threading.Lock()}, spec)
+    assert 'cannot be sent between processes' in str(err) and err.index == 11
+    err = assert_same_error({'vec': np.zeros(2, np.float32), 'other': 'x'}, spec)
+    assert "missing ['lock'], unexpected ['other']" in str(err)
+
+
+def test_failed_sample_in_a_fill_same_error():
+    data = trivial(32)
+    data[20] = {'label': 20, 'vec': np.zeros(16, np.float64)}
+    failures = []
+    for cls in (Assembler, General):
+        with pytest.raises(SampleFailure) as info:
+            fill(cls, data, TRIVIAL)
+        failures.append(info.value)
+    fast, general = failures
+    assert (fast.index, fast.position) == (general.index, general.position) == (20, 20)
+    assert type(fast.exc) is type(general.exc) is SpecError
+    assert str(fast.exc) == str(general.exc)
+    assert str(fast.exc) == ('[index 20]: key \'vec\' is float64[16], the spec says '
+                             'float32[16]')
