@@ -379,7 +379,10 @@ class RangeCache:
             except OSError as exc:
                 raise ConfigError(f'cannot list the cache directory: {exc.strerror}',
                                   self.directory) from exc
-            if names and MARKER_NAME not in names:
+            # Our own files count for nothing: another process may be making the
+            # marker this moment (its temporary file is here before the marker).
+            foreign = [n for n in names if not n.startswith(MARKER_NAME)]
+            if foreign and MARKER_NAME not in names:
                 raise ConfigError(
                     f'not a loadr cache directory (no {MARKER_NAME} in it) and not empty; '
                     f'loadr deletes only files it created, so give it an empty or new '

@@ -643,6 +643,8 @@ class Loader:
         if self._t_start is not None and self._t_end is None:
             self._t_end = time.perf_counter()
         self._close_window()
+        if getattr(self.reader, 'caches', False):
+            self.reader.cache_flush()   # inline reads' last ranges (workers flush their own)
 
     def __enter__(self):
         return self

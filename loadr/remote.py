@@ -57,6 +57,8 @@ import asyncio
 import bisect
 import collections
 import concurrent.futures
+import functools
+import hashlib
 import json
 import os
 import random
@@ -94,7 +96,16 @@ DEFAULTS = {
     # this many per request; 0 turns it off. A server that answers a
     # multi-range request with the whole file is asked range by range.
     'max_ranges': 64,
+    # A local disk cache of record ranges (loadr.cache), used under a Loader:
+    # a directory (one subdirectory per dataset is made in it), the bytes it
+    # may hold per dataset, and what it evicts when full: 'furthest' (the
+    # range read again furthest in the future, known from the order) or 'lru'.
+    'cache_dir': None,
+    'cache_bytes': 0,
+    'cache_policy': 'furthest',
 }
+_TEXT_SETTINGS = {'cache_dir', 'cache_policy'}
+_CACHE_POLICIES = ('furthest', 'lru')
 
 # The extra that installs each protocol's package.
 EXTRAS = {'s3': 's3', 's3a': 's3', 'gs': 'gcs', 'gcs': 'gcs', 'http': 'http', 'https': 'http'}
@@ -146,10 +157,22 @@ def _settings(options: dict, url: str) -> dict:
                           f'{sorted(DEFAULTS)}', url)
     settings = dict(DEFAULTS)
     for key, value in given.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        if key == 'cache_dir':
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise ConfigError(f"storage_options['loadr']['cache_dir'] must be a local "
+                                  f'directory, not {value!r}', url)
+            value = None if value is None else os.fspath(value)
+        elif key == 'cache_policy':
+            if value not in _CACHE_POLICIES:
+                raise ConfigError(f"storage_options['loadr']['cache_policy'] must be one of "
+                                  f'{list(_CACHE_POLICIES)}, not {value!r}', url)
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ConfigError(f"storage_options['loadr'][{key!r}] must be a number >= 0, "
                               f'not {value!r}', url)
         settings[key] = value
+    if settings['cache_dir'] and not settings['cache_bytes'] >= 1:
+        raise ConfigError(f"storage_options['loadr']: a cache_dir needs cache_bytes > 0 "
+                          f"(the bytes it may hold), got {settings['cache_bytes']!r}", url)
     return settings
 
 
@@ -263,6 +286,10 @@ def _error(exc: BaseException, url: str, index: int | None, attempts: int,
 # The read-ahead buffer
 
 
+# Overlapping spans looked at, latest start first, to find one holding a range.
+_LOOK_BACK = 16
+
+
 class _Span:
     """Bytes ``[start, end)`` of one file, being fetched or fetched; ``uses`` reads expected."""
 
@@ -275,14 +302,19 @@ class _Span:
 class _ReadAhead:
     """Spans read ahead, by file, found by the range a read asks for.
 
-    A span goes when every read it was fetched for has taken its bytes, or,
-    oldest first, when the buffer holds more than ``max_bytes``.
+    Each range asked ahead *claims* the span that will serve it (by its exact
+    ``(path, offset, length)``), and its read gives the claim back to that
+    same span: spans overlap (a batch's merged span can cover records of
+    another batch), so finding "a" span at read time would wear out the
+    wrong one. A span goes when its last claim is given back, or, oldest
+    first, when the buffer holds more than ``max_bytes``.
     """
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.by_path: dict[str, tuple[list[int], list[_Span]]] = {}    # starts, spans
         self.age: collections.OrderedDict[int, _Span] = collections.OrderedDict()
+        self.claims: dict[tuple, list] = {}         # (path, offset, length) -> [span, count]
         self.bytes = 0
         self.lock = threading.Lock()
 
@@ -291,10 +323,45 @@ class _ReadAhead:
         if not found:
             return None
         starts, spans = found
+        # The span that starts last before ``offset`` may end before the range
+        # does while an earlier, longer one holds it: look back a few.
         k = bisect.bisect_right(starts, offset) - 1
-        if k >= 0 and spans[k].end >= offset + length:
-            return spans[k]
+        end = offset + length
+        for j in range(k, max(-1, k - _LOOK_BACK), -1):
+            if spans[j].end >= end:
+                return spans[j]
         return None
+
+    def claim(self, path: str, offset: int, length: int, span: _Span | None = None) -> bool:
+        """Claim the span that holds the range (``span``, or one found); False if none."""
+        key = (path, offset, length)
+        held = self.claims.get(key)
+        if held is not None and id(held[0]) in self.age:
+            held[1] += 1
+            held[0].uses += 1
+            return True
+        span = span or self.find(path, offset, length)
+        if span is None:
+            return False
+        self.claims[key] = [span, 1]
+        span.uses += 1
+        return True
+
+    def take(self, path: str, offset: int, length: int) -> _Span | None:
+        """The span to read the range from, its claim given back (any holder, unclaimed)."""
+        key = (path, offset, length)
+        held = self.claims.get(key)
+        if held is None or id(held[0]) not in self.age:
+            self.claims.pop(key, None)
+            return self.find(path, offset, length)
+        span = held[0]
+        held[1] -= 1
+        if held[1] <= 0:
+            del self.claims[key]
+        span.uses -= 1
+        if span.uses <= 0:
+            self.drop(span)
+        return span
 
     def add(self, span: _Span) -> None:
         starts, spans = self.by_path.setdefault(span.path, ([], []))
@@ -305,6 +372,8 @@ class _ReadAhead:
         self.bytes += span.end - span.start
         while self.bytes > self.max_bytes and len(self.age) > 1:
             self.drop(next(iter(self.age.values())))
+        if len(self.claims) > 4 * len(self.age) + 1024:     # claims of dropped spans
+            self.claims = {k: v for k, v in self.claims.items() if id(v[0]) in self.age}
 
     def drop(self, span: _Span) -> None:
         if self.age.pop(id(span), None) is None:
@@ -318,6 +387,7 @@ class _ReadAhead:
         for span in self.age.values():
             span.future.cancel()
         self.by_path, self.age, self.bytes = {}, collections.OrderedDict(), 0
+        self.claims = {}
 
 
 def _merge(ranges: list[tuple[str, int, int]], gap: int, max_bytes: int
@@ -473,6 +543,11 @@ class RemoteStorage(Storage):
         self.requests = 0            # requests sent by this process (for tests and benchmarks)
         self.bytes_fetched = 0
         self._one_range_hosts: set[str] = set()   # they answer a multi-range request whole
+        # The local cache (cache_dir): one per dataset, and what the loader said of
+        # the reads under way (see cache_clock); ranges fetched since, to offer it.
+        self._caches: dict[str, object] = {}
+        self._clock = None                  # (cache, NextUse, position after the batch)
+        self._fetched: list[tuple] = []
 
     def __repr__(self) -> str:
         return f'RemoteStorage({self.protocol}://)'
@@ -681,6 +756,76 @@ class RemoteStorage(Storage):
                 out[k] = data
         return out
 
+    # -- the local cache ----------------------------------------------------------------
+
+    @property
+    def caching(self) -> bool:
+        """True when a ``cache_dir`` is set: the loader then calls :meth:`cache_clock`."""
+        return bool(self.settings['cache_dir'])
+
+    def cache_clock(self, root: str, order, start: int, count: int) -> None:
+        """Say that the reads that follow are those of positions ``start ..
+        start + count - 1`` of ``order`` over the dataset at ``root``.
+
+        Ranges fetched since the last call are offered to the cache first, as
+        of that call's batch (their next use is after it). Called by the loader
+        once per batch, where the reads happen (workers, or inline).
+        """
+        if self._generation != _generation:
+            self._init_process()
+        if not self.settings['cache_dir']:
+            return
+        self._offer()
+        from .cache import NextUse                  # numpy: not on import loadr.remote
+        cache = self._cache_of(root)
+        old = self._clock
+        next_use = old[1] if old is not None and old[1].order is order else NextUse(order)
+        self._clock = (cache, next_use, start + count)
+
+    def cache_flush(self) -> None:
+        """Offer the cache the ranges fetched for the last batch (a worker that stops)."""
+        if self._generation == _generation and self._clock is not None:
+            self._offer()
+
+    def _cache_of(self, root: str):
+        """The cache of the dataset at ``root``: a subdirectory of ``cache_dir``."""
+        cache = self._caches.get(root)
+        if cache is None:
+            from .cache import RangeCache
+            name = hashlib.sha1(root.encode()).hexdigest()[:16]
+            cache = self._caches[root] = RangeCache(
+                os.path.join(self.settings['cache_dir'], name),
+                int(self.settings['cache_bytes']), self.settings['cache_policy'])
+        return cache
+
+    def _offer(self) -> None:
+        clock, fetched = self._clock, self._fetched
+        if clock is None or not fetched:
+            return
+        self._fetched = []
+        cache, next_use, now = clock
+        cache.offer(fetched, functools.partial(next_use, now=now))
+
+    def _cached(self, path: str, offset: int, length: int) -> bytes | None:
+        clock = self._clock
+        if clock is None or length == 0:
+            return None
+        return clock[0].get(path, offset, length)
+
+    def _fetched_now(self, path: str, offset: int, length: int, index: int | None,
+                     data: bytes) -> None:
+        """Remember a range fetched from the server, for the cache's next offer."""
+        if self._clock is not None and index is not None and length:
+            self._fetched.append((path, offset, length, index, data))
+
+    def cache_stats(self) -> dict:
+        """This process's cache counts (hits, misses, bytes_hit, admitted, evicted, ...)."""
+        out: dict = {}
+        for cache in self._caches.values():
+            for key, value in cache.stats().items():
+                out[key] = out.get(key, 0) + value
+        return out
+
     # -- reading ------------------------------------------------------------------------
 
     def size(self, path: str, index: int | None = None) -> int:
@@ -715,22 +860,23 @@ class RemoteStorage(Storage):
         if self._generation != _generation:
             self._init_process()
         data = self._take(path, offset, length, index)
-        if data is not None:
-            return data
-        self._check_bounds(path, offset, length, index)
-        if length == 0:
-            return b''
-        return self._run(self._fetch(path, offset, offset + length, index))
+        if data is None:
+            data = self._cached(path, offset, length)
+            if data is not None:
+                return data
+            self._check_bounds(path, offset, length, index)
+            if length == 0:
+                return b''
+            data = self._run(self._fetch(path, offset, offset + length, index))
+        self._fetched_now(path, offset, length, index, data)
+        return data
 
     def _take(self, path: str, offset: int, length: int, index: int | None) -> bytes | None:
         buffer = self._buffer
         with buffer.lock:
-            span = buffer.find(path, offset, length)
+            span = buffer.take(path, offset, length)
             if span is None:
                 return None
-            span.uses -= 1
-            if span.uses <= 0:
-                buffer.drop(span)
         try:
             data = span.future.result(self.settings['timeout_s'] + 5)
         except concurrent.futures.CancelledError:
@@ -757,6 +903,10 @@ class RemoteStorage(Storage):
         for k, r in enumerate(ranges):
             index = r[3] if len(r) > 3 else None
             out[k] = self._take(r[0], r[1], r[2], index)
+            if out[k] is not None:
+                self._fetched_now(r[0], r[1], r[2], index, out[k])
+                continue
+            out[k] = self._cached(r[0], r[1], r[2])
             if out[k] is None:
                 self._check_bounds(r[0], r[1], r[2], index)
                 todo.append(k)
@@ -770,26 +920,30 @@ class RemoteStorage(Storage):
                 for m in members:
                     r = ranges[todo[m]]
                     out[todo[m]] = data[r[1] - start:r[1] - start + r[2]]
+                    self._fetched_now(r[0], r[1], r[2], _index_of(r), out[todo[m]])
         return out
 
-    def prefetch(self, ranges: Iterable[Sequence]) -> None:
+    def prefetch(self, ranges: Iterable[Sequence], cache_root: str | None = None) -> None:
         """Start reading ``(path, offset, length[, index])`` ranges now; returns at once.
 
         The next :meth:`read` (or :meth:`read_many`) of a range inside one of
-        them takes its bytes from here. Ranges already buffered are not
-        fetched again; ranges past the end of their file are left for the
-        read to report.
+        them takes its bytes from here. Ranges already buffered, or in the
+        local cache of the dataset at ``cache_root``, are not fetched again;
+        ranges past the end of their file are left for the read to report.
         """
         if self._generation != _generation:
             self._init_process()
         buffer = self._buffer
         fresh = []
+        cache = None
+        if cache_root is not None and self.settings['cache_dir']:
+            cache = self._cache_of(cache_root)
+        elif self._clock is not None:
+            cache = self._clock[0]
         with buffer.lock:
             for r in ranges:
-                span = buffer.find(r[0], r[1], r[2])
-                if span is not None:
-                    span.uses += 1
-                else:
+                if not buffer.claim(r[0], r[1], r[2]) and (
+                        cache is None or not cache.has(r[0], r[1], r[2])):
                     fresh.append(tuple(r))
         sizes = {}
         for path in {r[0] for r in fresh}:
@@ -809,7 +963,10 @@ class RemoteStorage(Storage):
                     requests, ks, _index_of(fresh[requests[ks[0]][3][0]])), loop)
                 for j, k in enumerate(ks):
                     path, start, end, members = requests[k]
-                    buffer.add(_Span(path, start, end, _Part(future, j), len(members)))
+                    span = _Span(path, start, end, _Part(future, j), 0)
+                    buffer.add(span)
+                    for m in members:
+                        buffer.claim(*fresh[m][:3], span=span)
 
     def read_all(self, path: str, index: int | None = None,
                  max_bytes: int | None = None) -> bytes:

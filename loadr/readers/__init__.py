@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import FormatError
+from ..errors import ConfigError, FormatError
 from ..storage import storage_for, using_storage_options
 from . import bag, ffrecord, gulp
 from .bag import BagReader
@@ -52,10 +52,22 @@ def detect(path: str | os.PathLike) -> Format:
 def open(path: str | os.PathLike, **options) -> Reader:  # noqa: A001 - mirrors builtins.open on purpose
     """Open a dataset of any known format; ``options`` go to its reader.
 
+    A dataset behind a URL takes ``cache_dir=``, ``cache_bytes=`` (and
+    ``cache_policy=``): a local cache of its records (see :mod:`loadr.remote`).
+
     >>> r = open('../shared/fixtures/ffrecord/single.ffr')
     >>> len(r)
     20
     """
+    cache = {k: options.pop(k) for k in ('cache_dir', 'cache_bytes', 'cache_policy')
+             if k in options}
+    if cache:
+        if '://' not in os.fspath(path):
+            raise ConfigError(f'{sorted(cache)} apply to datasets behind URLs; a local '
+                              f'dataset is read in place', os.fspath(path))
+        storage_options = dict(options.get('storage_options') or {})
+        storage_options['loadr'] = {**(storage_options.get('loadr') or {}), **cache}
+        options['storage_options'] = storage_options
     # A URL's storage_options apply to the detection too (loadr.storage).
     with using_storage_options(options.get('storage_options')):
         return detect(path).reader(os.fspath(path), **options)

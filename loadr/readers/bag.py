@@ -428,6 +428,7 @@ class _Dataset:
         self.start = start                # global index of datapoint 0
         self._types = {k: parse_type(t) for k, t in spec}
         self._last_refs = None            # (local index, refs), per process
+        self._refs_ahead: dict[int, list] = {}    # local index -> refs read ahead, per process
 
     @classmethod
     def open(cls, path: str, files: Storage, cache_index: bool, cache_keys: Sequence[str],
@@ -447,6 +448,7 @@ class _Dataset:
     def __getstate__(self):
         state = self.__dict__.copy()
         state['_last_refs'] = None
+        state['_refs_ahead'] = {}
         return state
 
     def __len__(self) -> int:
@@ -458,8 +460,24 @@ class _Dataset:
 
     def refs(self, local: int) -> list:
         """The refs entry of datapoint ``local``, checked against the spec and the bags."""
-        if self._last_refs is not None and self._last_refs[0] == local:
-            return self._last_refs[1]
+        last = self._last_refs          # once: a read-ahead thread may set it meanwhile
+        if last is not None and last[0] == local:
+            return last[1]
+        refs = self._refs_ahead.pop(local, None)
+        if refs is None:
+            refs = self._read_refs(local)
+        self._last_refs = (local, refs)
+        return refs
+
+    def refs_ahead(self, local: int) -> list:
+        """Read datapoint ``local``'s refs now and keep them for its read (read-ahead)."""
+        refs = self._read_refs(local)
+        if len(self._refs_ahead) > 65536:       # kept for reads that never came (cancelled)
+            self._refs_ahead.clear()
+        self._refs_ahead[local] = refs
+        return refs
+
+    def _read_refs(self, local: int) -> list:
         index = self.start + local
         refs_bag = self.bags[REFS_KEY]
         raw = refs_bag.read_range(local, local + 1, index)[0]
@@ -476,7 +494,6 @@ class _Dataset:
             if problem:
                 raise FormatError(f'refs entry for {key!r} ({type_name}): {problem}',
                                   refs_bag.path, index)
-        self._last_refs = (local, refs)
         return refs
 
     def available(self, local: int) -> dict:
@@ -596,6 +613,21 @@ def _decode(base: str, raw: bytes, decode_images: bool, path: str, index: int, w
                           path, index) from exc
 
 
+_ahead_executor = None
+_ahead_pid = None
+
+
+def _read_ahead_thread():
+    """This process's thread for the second step of reading ahead (one, made on first use)."""
+    global _ahead_executor, _ahead_pid
+    if _ahead_executor is None or _ahead_pid != os.getpid():
+        import concurrent.futures
+        _ahead_executor = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix='loadr-bag-ahead')
+        _ahead_pid = os.getpid()
+    return _ahead_executor
+
+
 # ---------------------------------------------------------------------------
 # The reader
 
@@ -698,13 +730,57 @@ class BagReader(Reader):
         shard = self._shards[bisect.bisect_right(self._stops, index)]
         return shard, index - shard.start
 
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop('_ahead', None)       # read-ahead jobs of this process
+        return state
+
     def _get(self, index: int, mask: dict | None) -> dict:
+        ahead = self.__dict__.get('_ahead')
+        if ahead:
+            job = ahead.pop(index, None)
+            if job is not None:
+                # Its value ranges are being asked for: wait until they are (the
+                # refs came first anyway), or this read would fetch them again.
+                try:
+                    job.result(getattr(self._files, 'settings', {}).get('timeout_s', 60) + 5)
+                except Exception:
+                    pass            # a hint: the read below reports what is wrong
         shard, local = self._locate(index)
         return shard.read(local, mask, self.decode_images)
 
-    def _ranges(self, indices: list[int]) -> list[tuple]:
-        # Two steps: the refs records (fetched now, concurrently, and kept for
-        # the read itself: hence asked twice), then the value records they name.
+    def prefetch(self, indices) -> None:
+        """Start reading the records of ``indices``; returns at once (see Reader.prefetch).
+
+        Two steps: the refs records, then the value records they name. The
+        second waits a round trip for the first, so it runs on a thread of
+        its own (one per process); a read of a datapoint whose second step is
+        under way waits for it, so no range is fetched twice.
+        """
+        storage = self._files
+        if getattr(storage, 'prefetch', None) is None:
+            return
+        try:
+            located = self._refs_ahead([check_index(i, len(self)) for i in indices])
+        except Exception:
+            return
+        job = _read_ahead_thread().submit(self._values_ahead, located)
+        ahead = self.__dict__.setdefault('_ahead', {})
+        if len(ahead) > 4 * len(located) + 4096:      # left by tasks never read (cancelled)
+            for key in [k for k, j in ahead.items() if j.done()]:
+                del ahead[key]
+        for _, _, index in located:
+            ahead[index] = job
+
+    def _values_ahead(self, located: list) -> None:
+        ranges = self._value_ranges(located)
+        if self.caches:
+            self._files.prefetch(ranges, cache_root=self.path)
+        else:
+            self._files.prefetch(ranges)
+
+    def _refs_ahead(self, indices: list[int]) -> list[tuple]:
+        """Ask for the refs records of ``indices``; ``(shard, local, index)`` each."""
         located = [(*self._locate(index), index) for index in indices]
         refs = []
         for shard, local, index in located:
@@ -712,10 +788,18 @@ class BagReader(Reader):
             a, b = bag._bounds(local, local + 1, index)
             refs.append((bag.path, a, b - a, index))
         self._files.prefetch(refs)
-        self._files.prefetch(refs)
+        return located
+
+    def _ranges(self, indices: list[int]) -> list[tuple]:
+        return self._value_ranges(self._refs_ahead(indices))
+
+    def _value_ranges(self, located: list) -> list[tuple]:
+        """``(path, offset, length, index)`` of the value records the refs name."""
         out = []
         for shard, local, index in located:
-            for (key, _), ref in zip(shard.spec, shard.refs(local)):
+            # Read here, kept for the datapoint's read: each range asked ahead is
+            # read once (loadr.remote counts on it to free what it holds).
+            for (key, _), ref in zip(shard.spec, shard.refs_ahead(local)):
                 bag = shard.bags[key]
                 lo, hi = (ref, ref + 1) if not shard._types[key][1] else \
                     (ref[0], ref[0] + ref[1]) if ref else (0, 0)

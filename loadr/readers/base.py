@@ -113,7 +113,31 @@ class Reader:
             ranges = self._ranges([check_index(i, len(self)) for i in indices])
         except Exception:
             return
-        storage.prefetch(ranges)
+        if self.caches:
+            storage.prefetch(ranges, cache_root=self.path)
+        else:
+            storage.prefetch(ranges)
+
+    @property
+    def caches(self) -> bool:
+        """True when the reader's files are remote with a local cache (``cache_dir``)."""
+        return bool(getattr(getattr(self, '_files', None), 'caching', False))
+
+    def cache_clock(self, order, start: int, count: int) -> None:
+        """Tell the cache which positions of ``order`` the reads that follow serve.
+
+        The loader calls it once per batch where a reader :attr:`caches`; the
+        cache needs the position to know when each range is read next.
+        """
+        hook = getattr(getattr(self, '_files', None), 'cache_clock', None)
+        if hook is not None:
+            hook(self.path, order, start, count)
+
+    def cache_flush(self) -> None:
+        """Offer the cache what was fetched since the last :meth:`cache_clock` (at the end)."""
+        flush = getattr(getattr(self, '_files', None), 'cache_flush', None)
+        if flush is not None:
+            flush()
 
     def _ranges(self, indices: list[int]) -> list[tuple]:
         """``(path, offset, length, index)`` of the bytes the datapoints need (for prefetch)."""

@@ -16,6 +16,7 @@ Example (what the pool runs in each new process)::
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import signal
 import threading
@@ -205,3 +206,9 @@ def run(args: WorkerArgs) -> None:
     finally:
         sock.close(0)
         ctx.term()
+        if getattr(args.reader, 'caches', False):
+            try:
+                args.reader.cache_flush()   # the last batch's ranges, for the next run
+            except Exception as exc:
+                logging.getLogger('loadr').debug(
+                    'loadr: the cache could not take the last ranges: %r', exc)
