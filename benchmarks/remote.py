@@ -22,6 +22,11 @@ extra (fsspec, aiohttp; moto for ``--s3``).
 Example::
 
     python -m benchmarks.remote --images 1024 --delay-ms 20 --workers 2
+    python -m benchmarks.remote --images 1024 --cache 0.05 0.3   # + the local cache
+
+``--cache``: each epoch read by a new loader through a local cache of a
+fraction of the record bytes, evicting the furthest next use or, to compare,
+the least recently used; bytes fetched per epoch.
 """
 
 from __future__ import annotations
@@ -137,6 +142,25 @@ def run_case(name: str, path: str, options: dict | None, n: int, workers: int, b
             'server_cpu_ms_per_sample': 1000 * server_cpu / samples}
 
 
+def run_cache(url: str, needed: int, fraction: float, policy: str, workers: int,
+              epochs: int, cache_dir: str) -> list[int]:
+    """Bytes the proxy passed in each epoch, each epoch read by a new loader (as a
+    resumed run) through a local cache of ``fraction`` of the record bytes."""
+    import loadr
+
+    reader = loadr.open(f'{url}/images', decode_images=False, cache_dir=cache_dir,
+                        cache_bytes=int(fraction * needed), cache_policy=policy)
+    fetched = []
+    for epoch in range(epochs):
+        _proxy_stats(url, reset=True)
+        with loadr.Loader(reader, batch=W.IMAGE_BATCH, fns=[W.image_fn], shuffle=True,
+                          seed=SEED, workers=workers) as loader:
+            for _ in loader.epoch(epoch):
+                pass
+        fetched.append(_proxy_stats(url)['body_bytes'])
+    return fetched
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--images', type=int, default=1024, help='images in the dataset')
@@ -146,12 +170,17 @@ def main(argv=None) -> int:
                    help='the step load() jumps to (default 10 million samples in)')
     p.add_argument('--s3', action='store_true', help="also read from moto's S3 server")
     p.add_argument('--s3-batches', type=int, default=4)
+    p.add_argument('--cache', type=float, nargs='*', default=None, metavar='FRACTION',
+                   help='also compare the local cache (cache_dir) evicting the furthest '
+                        'next use with an LRU of the same size, per epoch, at these '
+                        'fractions of the record bytes (default 0.05)')
+    p.add_argument('--cache-epochs', type=int, default=3)
     p.add_argument('--json', action='store_true', help='print the results as JSON too')
     args = p.parse_args(argv)
 
     from tests.remote.servers import S3_ENV, start_moto, start_nginx, upload
 
-    results = []
+    results, cache_runs = [], []
     with tempfile.TemporaryDirectory(prefix='loadr-bench-remote-') as tmp:
         data = W.make_images(tmp, args.images)
         needed = _record_bytes(data.path)
@@ -164,6 +193,12 @@ def main(argv=None) -> int:
                 results.append(run_case(f'nginx + {args.delay_ms:g} ms', f'{url}/images', None,
                                         args.images, args.workers, batches, args.far_step, url,
                                         (web.proc.pid, proxy.pid)))
+                fractions = [] if args.cache is None else (args.cache or [0.05])
+                for fraction in fractions:
+                    for policy in ('furthest', 'lru'):
+                        cache_runs.append((fraction, policy, run_cache(
+                            url, needed, fraction, policy, args.workers, args.cache_epochs,
+                            os.path.join(tmp, f'cache-{fraction}-{policy}'))))
             finally:
                 proxy.terminate()
                 proxy.wait(10)
@@ -193,8 +228,26 @@ def main(argv=None) -> int:
         if r['requests']:
             print(f'{r["case"]}: {r["requests"] / r["samples"]:.2f} requests per sample; '
                   f'CPU of the main process {r["main_cpu_ms_per_sample"]:.2f} ms per sample')
+    if cache_runs:
+        print('\nLocal cache, each epoch by a new loader (a resumed run), bytes the proxy '
+              'passed (MB), epoch 0 from a cold cache:')
+        print(f'{"cache":>6} {"policy":>9} ' + ' '.join(f'{"epoch " + str(e):>8}'
+                                                  for e in range(args.cache_epochs)))
+        by = {}
+        for fraction, policy, fetched in cache_runs:
+            by[fraction, policy] = fetched
+            print(f'{fraction:>6.0%} {policy:>9} ' + ' '.join(f'{b / 1e6:>8.1f}' for b in fetched))
+        for fraction in sorted({f for f, _, _ in cache_runs}):
+            furthest, lru = by.get((fraction, 'furthest')), by.get((fraction, 'lru'))
+            if furthest and lru and len(furthest) > 1:
+                later = ', '.join(f'epoch {e}: {furthest[e] / lru[e]:.3f}'
+                                  for e in range(1, len(furthest)))
+                print(f'{fraction:.0%}: bytes fetched, furthest / LRU: {later} '
+                      f'(at best {1 - fraction:.3f}: every hit sat in the cache across the '
+                      f'epoch boundary)')
     if args.json:
-        print(json.dumps({'args': vars(args), 'record_bytes': needed, 'results': results}))
+        print(json.dumps({'args': vars(args), 'record_bytes': needed, 'results': results,
+                          'cache': cache_runs}))
     return 0
 
 

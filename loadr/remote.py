@@ -115,6 +115,9 @@ _MARKER_SUFFIXES = ('.json', '.gmeta')
 
 _generation = 0
 _timeout = getattr(asyncio, 'timeout', None)
+# The fsspec filesystems of this process, never dropped (see _make_fs).
+_filesystems: dict[tuple, object] = {}
+_kept: list = []
 
 
 def _after_fork() -> None:
@@ -598,6 +601,20 @@ class RemoteStorage(Storage):
             client.setdefault('read_bufsize', 1 << 20)
             options['client_kwargs'] = client
             options.setdefault('headers', {'Accept-Encoding': 'identity'})
+        # One filesystem per protocol and options in a process, kept for the
+        # process's life: fsspec closes a dropped HTTP filesystem's session from
+        # the thread that drops it, and when the IO loop is busy for 0.1 s it
+        # closes the connections there, beside the loop, which loses a socket
+        # from the loop's epoll set (a read then waits forever: seen as a
+        # timeout). Storages are pickled and copied freely; their filesystems are not.
+        try:
+            key = (_generation, self.protocol, json.dumps(options, sort_keys=True))
+        except (TypeError, ValueError):
+            key = None
+        fs = _filesystems.get(key) if key is not None else None
+        if fs is not None:
+            self._loop = fsspec.asyn.get_loop()
+            return fs
         try:
             fs = cls(skip_instance_cache=True, **options)
         except Exception as exc:
@@ -615,6 +632,10 @@ class RemoteStorage(Storage):
                                   self.url) from None
             fs = AsyncFileSystemWrapper(fs, asynchronous=False)
         self._loop = fsspec.asyn.get_loop()
+        if key is not None:
+            _filesystems[key] = fs
+        else:
+            _kept.append(fs)
         return fs
 
     def _run(self, coro, timeout_s: float | None = None):

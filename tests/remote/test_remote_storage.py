@@ -352,3 +352,23 @@ def test_import_loadr_and_local_reads_never_import_fsspec(served_root):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ['False', '[]']
+
+
+def test_copies_of_a_storage_share_one_filesystem_that_is_never_dropped(nginx, served_root):
+    # fsspec closes a dropped HTTP filesystem's session from the dropping thread,
+    # beside a busy IO loop, which can lose a live socket from the loop (a read
+    # then hangs until its timeout): a process keeps one filesystem per options.
+    import gc
+    storage = RemoteStorage(nginx.url)
+    url = f'{nginx.url}/{FILE}'
+    data = (served_root / FILE).read_bytes()
+    assert storage.read(url, 0, 100) == data[:100]
+    for _ in range(3):
+        copy = pickle.loads(pickle.dumps(storage))
+        assert copy.read(url, 100, 100) == data[100:200]
+        assert copy.fs is storage.fs
+        del copy
+        gc.collect()
+    assert not storage.fs._session.closed
+    assert storage.read_many([(url, 0, 10), (url, 5000, 10)]) == [data[:10], data[5000:5010]]
+    assert RemoteStorage(nginx.url, {'loadr': {'retries': 1}}).fs is storage.fs
