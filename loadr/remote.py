@@ -118,6 +118,8 @@ _timeout = getattr(asyncio, 'timeout', None)
 # The fsspec filesystems of this process, never dropped (see _make_fs).
 _filesystems: dict[tuple, object] = {}
 _kept: list = []
+_ENVIRONMENT_PREFIXES = ('AWS_', 'GOOGLE_', 'GCS', 'FSSPEC', 'HTTP_PROXY', 'HTTPS_PROXY',
+                         'NO_PROXY', 'http_proxy', 'https_proxy', 'no_proxy')
 
 
 def _after_fork() -> None:
@@ -607,8 +609,11 @@ class RemoteStorage(Storage):
         # closes the connections there, beside the loop, which loses a socket
         # from the loop's epoll set (a read then waits forever: seen as a
         # timeout). Storages are pickled and copied freely; their filesystems are not.
+        # The environment is part of what made it (a credentials chain reads it).
+        environment = tuple(sorted((k, v) for k, v in os.environ.items()
+                                   if k.startswith(_ENVIRONMENT_PREFIXES)))
         try:
-            key = (_generation, self.protocol, json.dumps(options, sort_keys=True))
+            key = (_generation, self.protocol, json.dumps(options, sort_keys=True), environment)
         except (TypeError, ValueError):
             key = None
         fs = _filesystems.get(key) if key is not None else None
