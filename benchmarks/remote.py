@@ -242,9 +242,9 @@ def main(argv=None) -> int:
             if furthest and lru and len(furthest) > 1:
                 later = ', '.join(f'epoch {e}: {furthest[e] / lru[e]:.3f}'
                                   for e in range(1, len(furthest)))
-                print(f'{fraction:.0%}: bytes fetched, furthest / LRU: {later} '
-                      f'(at best {1 - fraction:.3f}: every hit sat in the cache across the '
-                      f'epoch boundary)')
+                print(f'{fraction:.0%}: bytes fetched, furthest / LRU: {later} (no policy '
+                      f'saves more than the cache holds, {fraction:.0%} of an epoch: every '
+                      f'hit sat in the cache across the epoch boundary)')
     if args.json:
         print(json.dumps({'args': vars(args), 'record_bytes': needed, 'results': results,
                           'cache': cache_runs}))
