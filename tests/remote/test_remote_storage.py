@@ -372,3 +372,26 @@ def test_copies_of_a_storage_share_one_filesystem_that_is_never_dropped(nginx, s
     assert not storage.fs._session.closed
     assert storage.read_many([(url, 0, 10), (url, 5000, 10)]) == [data[:10], data[5000:5010]]
     assert RemoteStorage(nginx.url, {'loadr': {'retries': 1}}).fs is storage.fs
+
+
+def test_overlapping_read_ahead_serves_every_range_once_without_refetching(nginx, served_root):
+    # Two batches whose merged spans overlap (one covers the other's records):
+    # each read gives its claim back to the span it claimed, so no span is worn
+    # out by another batch's reads and nothing is fetched twice.
+    storage = RemoteStorage(nginx.url, {'loadr': {'merge_gap_bytes': 4096, 'max_ranges': 0}})
+    url = f'{nginx.url}/{FILE}'
+    data = (served_root / FILE).read_bytes()
+    storage.size(url)
+    first = [(url, off, 10) for off in range(0, 20_000, 2_000)]        # one span, 0..18010
+    second = [(url, off, 10) for off in range(1_000, 21_000, 2_000)]   # inside it but the last
+    storage.prefetch(first)
+    storage.prefetch(second)
+    for ranges in (second, first):
+        for r in ranges:
+            assert storage.read(*r) == data[r[1]:r[1] + 10]
+    sent = 2            # the first batch's span, and the second's last range (outside it)
+    assert storage.requests == sent
+    # All given back: the spans are gone, a read fetches again.
+    assert storage._buffer.bytes == 0 and not storage._buffer.claims
+    storage.read(*first[0])
+    assert storage.requests == sent + 1
