@@ -117,6 +117,7 @@ _generation = 0
 _timeout = getattr(asyncio, 'timeout', None)
 # The fsspec filesystems of this process, never dropped (see _make_fs).
 _filesystems: dict[tuple, object] = {}
+_filesystems_lock = threading.Lock()
 _kept: list = []
 _ENVIRONMENT_PREFIXES = ('AWS_', 'GOOGLE_', 'GCS', 'FSSPEC', 'HTTP_PROXY', 'HTTPS_PROXY',
                          'NO_PROXY', 'http_proxy', 'https_proxy', 'no_proxy')
@@ -125,8 +126,9 @@ _ENVIRONMENT_PREFIXES = ('AWS_', 'GOOGLE_', 'GCS', 'FSSPEC', 'HTTP_PROXY', 'HTTP
 def _after_fork() -> None:
     # A forked child must not use the parent's filesystem objects (their
     # sessions belong to the parent's IO thread) nor its read-ahead futures.
-    global _generation
+    global _generation, _filesystems_lock
     _generation += 1
+    _filesystems_lock = threading.Lock()    # another thread may have held it at fork
 
 
 if hasattr(os, 'register_at_fork'):
@@ -582,7 +584,9 @@ class RemoteStorage(Storage):
         if self._generation != _generation:
             self._init_process()
         if self._fs is None:
-            self._fs = self._make_fs()
+            with _filesystems_lock:         # the read-ahead thread may ask at once
+                if self._fs is None:
+                    self._fs = self._make_fs()
         return self._fs
 
     def _make_fs(self):
