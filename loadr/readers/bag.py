@@ -772,6 +772,19 @@ class BagReader(Reader):
         for _, _, index in located:
             ahead[index] = job
 
+    def warm(self) -> None:
+        """Read the index tables a process keeps, all at once: for a dataset behind
+        a URL one round trip instead of one per bag, before the first batch."""
+        storage = self._files
+        if getattr(storage, 'prefetch', None) is None:
+            return
+        bags = [b for shard in self._shards for b in shard.bags.values()
+                if b is not None and b.cache_index and not b.cache_data
+                and b._table is None and b._len]
+        storage.prefetch([(b.path, b._ends_at, ENTRY_BYTES * b._len) for b in bags])
+        for bag in bags:
+            bag._load_table(None)
+
     def _values_ahead(self, located: list) -> None:
         ranges = self._value_ranges(located)
         if self.caches:

@@ -136,6 +136,12 @@ def run(args: WorkerArgs) -> None:
     sock.setsockopt(zmq.IDENTITY, args.identity)
     sock.connect(args.endpoint)
     sock.send_multipart(protocol.hello(os.getpid()))
+    warm = getattr(args.reader, 'warm', None)
+    if warm is not None:
+        try:
+            warm()          # e.g. a remote bag's index tables, in one round trip
+        except Exception as exc:   # a hint: the reads report what is wrong
+            logging.getLogger('loadr').debug('loadr: warming the reader failed: %r', exc)
     # Tasks received early (pool.MAX_TASKS_READING_AHEAD), so that their reads start early.
     pending: collections.deque = collections.deque()
     last_task, trimmed = time.monotonic(), True
