@@ -44,7 +44,7 @@ import yaml
 from . import fns as fns_module
 from .errors import ConfigError, DataError
 from .readers import detect, formats
-from .storage import is_url, storage_for, using_storage_options
+from .storage import CACHE_KEYS, is_url, storage_for, using_storage_options
 
 __all__ = ['pipeline', 'load_config', 'parse_override', 'Config', 'SECTIONS', 'LOADER_TYPES']
 
@@ -469,6 +469,17 @@ class Config:
             raise self.error(f'{dotted} needs a path', where,
                              'add e.g. "path: data/train" (relative to this file)')
         path = self._path(section['path'], where + ('path',))
+        cache = [key for key in CACHE_KEYS if key in section]
+        if cache:
+            # As loadr.open takes them: settings of the URL's storage.
+            if not is_url(path):
+                raise self.error(f'{dotted}.{cache[0]} applies to datasets behind URLs; a '
+                                 f'local dataset is read in place', where + (cache[0],))
+            storage_options = dict(_plain(section.get('storage_options')) or {})
+            storage_options['loadr'] = {**(storage_options.get('loadr') or {}),
+                                        **{key: _plain(section[key]) for key in cache}}
+            section = {k: v for k, v in section.items() if k not in CACHE_KEYS}
+            section['storage_options'] = storage_options
         # A URL's storage_options apply to the detection too (loadr.storage).
         with using_storage_options(_plain(section.get('storage_options'))):
             return self._build_at(section, where, path)

@@ -60,7 +60,7 @@ from typing import Iterable
 from .errors import ConfigError, FormatError, LoadrError, ReadError, WriterError
 
 __all__ = ['Storage', 'LocalStorage', 'StagedFile', 'StagedDir', 'WriteFile', 'storage_for',
-           'mapped', 'read_error', 'transient', 'is_url', 'TRANSIENT_ERRNOS',
+           'mapped', 'read_error', 'transient', 'is_url', 'CACHE_KEYS', 'TRANSIENT_ERRNOS',
            'RECHECK_INTERVAL_S']
 
 # Errors of the OS that may pass when the read is tried again (a network
@@ -160,6 +160,11 @@ def transient(exc: BaseException) -> bool:
 
 # ---------------------------------------------------------------------------
 # Choosing a storage
+
+
+# Reader options that are settings of a URL's storage (loadr.remote's local cache):
+# loadr.open and YAML reader sections take them beside the reader's own.
+CACHE_KEYS = ('cache_dir', 'cache_bytes', 'cache_policy')
 
 
 def is_url(path) -> bool:

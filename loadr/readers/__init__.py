@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from ..errors import ConfigError, FormatError
-from ..storage import storage_for, using_storage_options
+from ..storage import CACHE_KEYS, storage_for, using_storage_options
 from . import bag, ffrecord, gulp
 from .bag import BagReader
 from .base import Files, Format, Problem, Reader, check_index
@@ -59,8 +59,7 @@ def open(path: str | os.PathLike, **options) -> Reader:  # noqa: A001 - mirrors 
     >>> len(r)
     20
     """
-    cache = {k: options.pop(k) for k in ('cache_dir', 'cache_bytes', 'cache_policy')
-             if k in options}
+    cache = {k: options.pop(k) for k in CACHE_KEYS if k in options}
     if cache:
         if '://' not in os.fspath(path):
             raise ConfigError(f'{sorted(cache)} apply to datasets behind URLs; a local '

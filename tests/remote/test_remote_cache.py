@@ -114,3 +114,21 @@ def test_cache_settings_are_checked(nginx, served_root, tmp_path):
     with loadr.Loader(reader, batch=BATCH, seed=1, workers=0) as loader:
         next(iter(loader))              # the cache is a subdirectory: ours alone
     assert (other / 'notes.txt').read_text() == 'keep me'
+
+
+def test_a_yaml_reader_section_takes_the_cache_settings(nginx, served_root, tmp_path):
+    config = tmp_path / 'p.yaml'
+    config.write_text(f'reader: {{path: "{nginx.url}/ffrecord/multi", decode: msgpack, '
+                      f'cache_dir: "{tmp_path / "c"}", cache_bytes: 10000}}\n'
+                      f'loader: {{batch: {BATCH}, seed: 1, workers: 0}}\n')
+    with loadr.pipeline(str(config)) as loader:
+        got = stream_digests(loader, 4)
+        assert loader.reader.caches
+    local = loadr.open(served_root / 'ffrecord/multi', decode='msgpack')
+    with loadr.Loader(local, batch=BATCH, seed=1, workers=0) as loader:
+        assert got == stream_digests(loader, 4)
+    assert 0 < _entries_bytes(tmp_path / 'c') <= 10_000
+    config.write_text(f'reader: {{path: "{served_root / "ffrecord/multi"}", cache_dir: c, '
+                      f'cache_bytes: 10000}}\n')
+    with pytest.raises(ConfigError, match='behind URLs'):
+        loadr.pipeline(str(config))
