@@ -44,7 +44,8 @@ import yaml
 from . import fns as fns_module
 from .errors import ConfigError, DataError
 from .readers import detect, formats
-from .storage import CACHE_KEYS, is_url, storage_for, using_storage_options
+from .storage import (CACHE_KEYS, is_url, storage_for, using_storage_options,
+                      with_cache_settings)
 
 __all__ = ['pipeline', 'load_config', 'parse_override', 'Config', 'SECTIONS', 'LOADER_TYPES']
 
@@ -475,9 +476,8 @@ class Config:
             if not is_url(path):
                 raise self.error(f'{dotted}.{cache[0]} applies to datasets behind URLs; a '
                                  f'local dataset is read in place', where + (cache[0],))
-            storage_options = dict(_plain(section.get('storage_options')) or {})
-            storage_options['loadr'] = {**(storage_options.get('loadr') or {}),
-                                        **{key: _plain(section[key]) for key in cache}}
+            storage_options = with_cache_settings(_plain(section.get('storage_options')),
+                                                  {key: _plain(section[key]) for key in cache})
             section = {k: v for k, v in section.items() if k not in CACHE_KEYS}
             section['storage_options'] = storage_options
         # A URL's storage_options apply to the detection too (loadr.storage).

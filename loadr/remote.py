@@ -104,7 +104,6 @@ DEFAULTS = {
     'cache_bytes': 0,
     'cache_policy': 'furthest',
 }
-_TEXT_SETTINGS = {'cache_dir', 'cache_policy'}
 _CACHE_POLICIES = ('furthest', 'lru')
 
 # The extra that installs each protocol's package.
@@ -339,11 +338,15 @@ class _ReadAhead:
                 return spans[j]
         return None
 
+    def live(self, span: _Span) -> bool:
+        # By identity: a dropped span's id() may be a newer span's.
+        return self.age.get(id(span)) is span
+
     def claim(self, path: str, offset: int, length: int, span: _Span | None = None) -> bool:
         """Claim the span that holds the range (``span``, or one found); False if none."""
         key = (path, offset, length)
         held = self.claims.get(key)
-        if held is not None and id(held[0]) in self.age:
+        if held is not None and self.live(held[0]):
             held[1] += 1
             held[0].uses += 1
             return True
@@ -358,7 +361,7 @@ class _ReadAhead:
         """The span to read the range from, its claim given back (any holder, unclaimed)."""
         key = (path, offset, length)
         held = self.claims.get(key)
-        if held is None or id(held[0]) not in self.age:
+        if held is None or not self.live(held[0]):
             self.claims.pop(key, None)
             return self.find(path, offset, length)
         span = held[0]
@@ -380,7 +383,7 @@ class _ReadAhead:
         while self.bytes > self.max_bytes and len(self.age) > 1:
             self.drop(next(iter(self.age.values())))
         if len(self.claims) > 4 * len(self.age) + 1024:     # claims of dropped spans
-            self.claims = {k: v for k, v in self.claims.items() if id(v[0]) in self.age}
+            self.claims = {k: v for k, v in self.claims.items() if self.live(v[0])}
 
     def drop(self, span: _Span) -> None:
         if self.age.pop(id(span), None) is None:

@@ -60,8 +60,8 @@ from typing import Iterable
 from .errors import ConfigError, FormatError, LoadrError, ReadError, WriterError
 
 __all__ = ['Storage', 'LocalStorage', 'StagedFile', 'StagedDir', 'WriteFile', 'storage_for',
-           'mapped', 'read_error', 'transient', 'is_url', 'CACHE_KEYS', 'TRANSIENT_ERRNOS',
-           'RECHECK_INTERVAL_S']
+           'mapped', 'read_error', 'transient', 'is_url', 'CACHE_KEYS', 'with_cache_settings',
+           'TRANSIENT_ERRNOS', 'RECHECK_INTERVAL_S']
 
 # Errors of the OS that may pass when the read is tried again (a network
 # filesystem's hiccup, an interrupted call); anything else is final.
@@ -165,6 +165,17 @@ def transient(exc: BaseException) -> bool:
 # Reader options that are settings of a URL's storage (loadr.remote's local cache):
 # loadr.open and YAML reader sections take them beside the reader's own.
 CACHE_KEYS = ('cache_dir', 'cache_bytes', 'cache_policy')
+
+
+def with_cache_settings(storage_options: dict | None, cache: dict) -> dict:
+    """``storage_options`` with the :data:`CACHE_KEYS` in ``cache`` put under ``'loadr'``.
+
+    >>> with_cache_settings({'anon': True}, {'cache_bytes': 10})
+    {'anon': True, 'loadr': {'cache_bytes': 10}}
+    """
+    options = dict(storage_options or {})
+    options['loadr'] = {**(options.get('loadr') or {}), **cache}
+    return options
 
 
 def is_url(path) -> bool:

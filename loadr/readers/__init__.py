@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from ..errors import ConfigError, FormatError
-from ..storage import CACHE_KEYS, storage_for, using_storage_options
+from ..storage import CACHE_KEYS, storage_for, using_storage_options, with_cache_settings
 from . import bag, ffrecord, gulp
 from .bag import BagReader
 from .base import Files, Format, Problem, Reader, check_index
@@ -64,9 +64,7 @@ def open(path: str | os.PathLike, **options) -> Reader:  # noqa: A001 - mirrors 
         if '://' not in os.fspath(path):
             raise ConfigError(f'{sorted(cache)} apply to datasets behind URLs; a local '
                               f'dataset is read in place', os.fspath(path))
-        storage_options = dict(options.get('storage_options') or {})
-        storage_options['loadr'] = {**(storage_options.get('loadr') or {}), **cache}
-        options['storage_options'] = storage_options
+        options['storage_options'] = with_cache_settings(options.get('storage_options'), cache)
     # A URL's storage_options apply to the detection too (loadr.storage).
     with using_storage_options(options.get('storage_options')):
         return detect(path).reader(os.fspath(path), **options)

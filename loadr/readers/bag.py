@@ -786,11 +786,7 @@ class BagReader(Reader):
             bag._load_table(None)
 
     def _values_ahead(self, located: list) -> None:
-        ranges = self._value_ranges(located)
-        if self.caches:
-            self._files.prefetch(ranges, cache_root=self.path)
-        else:
-            self._files.prefetch(ranges)
+        self._files.prefetch(self._value_ranges(located), cache_root=self.path)
 
     def _refs_ahead(self, indices: list[int]) -> list[tuple]:
         """Ask for the refs records of ``indices``; ``(shard, local, index)`` each."""

@@ -113,10 +113,7 @@ class Reader:
             ranges = self._ranges([check_index(i, len(self)) for i in indices])
         except Exception:
             return
-        if self.caches:
-            storage.prefetch(ranges, cache_root=self.path)
-        else:
-            storage.prefetch(ranges)
+        storage.prefetch(ranges, cache_root=self.path)     # the cache's, if it has one
 
     @property
     def caches(self) -> bool:

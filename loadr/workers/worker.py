@@ -142,7 +142,15 @@ def run(args: WorkerArgs) -> None:
             warm()          # e.g. a remote bag's index tables, in one round trip
         except Exception as exc:   # a hint: the reads report what is wrong
             logging.getLogger('loadr').debug('loadr: warming the reader failed: %r', exc)
-    # Tasks received early (pool.MAX_TASKS_READING_AHEAD), so that their reads start early.
+    def order_of(seed: int):
+        order = orders.get(seed)
+        if order is None:
+            order = orders[seed] = order_for(args.reader, seed, args.shuffle, order_version)
+        return order
+
+    # A remote reader's records are read ahead: tasks are taken off the socket
+    # early (pool.MAX_TASKS_READING_AHEAD), so that their reads start early.
+    reads_ahead = bool(getattr(args.reader, 'prefetches', False))
     pending: collections.deque = collections.deque()
     last_task, trimmed = time.monotonic(), True
     clock.idle()
@@ -172,22 +180,15 @@ def run(args: WorkerArgs) -> None:
                 sock.send_multipart(protocol.done(task_id, {}, []))
                 clock.idle()
                 continue
-            order = orders.get(seed)
-            if order is None:
-                order = orders[seed] = order_for(args.reader, seed, args.shuffle, order_version)
-            # Read ahead (remote storage; a no-op on local files): this task's
-            # records, then those of every task queued here already.
-            asm.prefetch(order, start, count)
-            while sock.poll(0):
-                pending.append(sock.recv_multipart())
-                kind2, fields2 = protocol.parse(pending[-1][0])
-                if kind2 == protocol.TASK and fields2[0] > cancelled[0]:
-                    seed2, start2, count2 = fields2[3], fields2[4], fields2[5]
-                    order2 = orders.get(seed2)
-                    if order2 is None:
-                        order2 = orders[seed2] = order_for(args.reader, seed2, args.shuffle,
-                                                           order_version)
-                    asm.prefetch(order2, start2, count2)
+            order = order_of(seed)
+            if reads_ahead:
+                # This task's records, then those of every task queued here already.
+                asm.prefetch(order, start, count)
+                while sock.poll(0):
+                    pending.append(sock.recv_multipart())
+                    kind2, fields2 = protocol.parse(pending[-1][0])
+                    if kind2 == protocol.TASK and fields2[0] > cancelled[0]:
+                        asm.prefetch(order_of(fields2[3]), fields2[4], fields2[5])
             try:
                 arrays = views[slot] if row == 0 else \
                     {key: view[row:row + count] for key, view in views[slot].items()}
