@@ -321,6 +321,11 @@ class WorkerPool:
         self.task_timeout_s = task_timeout_s
         self.max_tasks = (MAX_TASKS_READING_AHEAD if getattr(reader, 'prefetches', False)
                           else MAX_TASKS_PER_WORKER)
+        # One task a worker until every worker has said hello: the first tasks
+        # (the first batches, split, see window.ramp_pieces) would otherwise
+        # queue behind each other in the workers that started first while the
+        # others start with nothing to do.
+        self.depth = 1
         self.tasks: dict[int, tuple] = {}      # task id -> (worker id, message frames)
         self.deaths: dict[int, int] = {}       # stream position -> workers it killed
         self.read_one_by_one: set[int] = set()  # task starts to read sample by sample
@@ -462,7 +467,7 @@ class WorkerPool:
     # -- tasks -------------------------------------------------------------
 
     def can_submit(self) -> bool:
-        return any(w is not None and w.ready and len(w.tasks) < self.max_tasks
+        return any(w is not None and w.ready and len(w.tasks) < self.depth
                    for w in self.workers)
 
     def submit(self, task_id: int, slot: int, seed: int, start: int, count: int,
@@ -470,7 +475,7 @@ class WorkerPool:
         """Send a task (fill ``count`` rows of ``slot`` from ``row`` on) to the least
         busy ready worker; False if none can take it."""
         candidates = [w for w in self.workers
-                      if w is not None and w.ready and len(w.tasks) < self.max_tasks]
+                      if w is not None and w.ready and len(w.tasks) < self.depth]
         if not candidates:
             return False
         w = min(candidates, key=lambda w: len(w.tasks))
@@ -533,6 +538,8 @@ class WorkerPool:
         if kind == protocol.HELLO:
             w.ready = w.started = True
             self.startup_failures = 0
+            if all(x is not None and x.started for x in self.workers):
+                self.depth = self.max_tasks
             return []
         task_id = fields[0]
         if task_id not in w.tasks:

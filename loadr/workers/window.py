@@ -50,13 +50,35 @@ import numpy as np
 from ..assemble import SampleFailure
 from . import protocol
 
-__all__ = ['Plan', 'Schedule', 'Task', 'Pending', 'Finished', 'BatchFailed', 'Window',
-           'InlineWindow', 'POLL_MS', 'LEASED_SLOTS']
+__all__ = ['ramp_pieces', 'Plan', 'Schedule', 'Task', 'Pending', 'Finished', 'BatchFailed',
+           'Window', 'InlineWindow', 'POLL_MS', 'LEASED_SLOTS']
 
 POLL_MS = 50
 # Batches the caller may hold at once that are lent from shared memory, not
 # copied; a training loop holds one (the last) while asking for the next.
 LEASED_SLOTS = 2
+
+
+def ramp_pieces(workers: int, j: int) -> int:
+    """How many tasks batch ``j`` after a (re)start is split into, between ``workers``.
+
+    The first batch is split between all the workers, so it comes after
+    1/workers of a batch's time; the next ones between half as many, a
+    quarter, ... while that is at least two; then each batch is one task.
+    Whole batches alone would start every worker at once and end them at
+    once: the second batch would come a whole batch's time after the first
+    (0.15 s with 16 workers). Halving instead lets them come 2, 4, 8, ...
+    units apart (a unit: a batch's time / workers), and leaves the workers
+    out of step, so whole batches keep coming one after another; the cost is
+    a few more tasks, once per start. (``benchmarks/ramp.py`` measures it.)
+
+    >>> [ramp_pieces(16, j) for j in range(6)], [ramp_pieces(2, j) for j in range(3)]
+    ([16, 8, 4, 2, 1, 1], [2, 1, 1])
+    """
+    if j == 0:
+        return max(1, workers)
+    share = workers >> j if j < workers.bit_length() else 0
+    return share if share >= 2 else 1
 
 
 class Plan(NamedTuple):
@@ -355,9 +377,7 @@ class Window(_Generations):
     # -- making batches ----------------------------------------------------------
 
     def _submit(self, j: int, plan: Plan) -> None:
-        # The first batch after a (re)start is split between the workers, so
-        # it takes the time of 1/workers of a batch; later ones overlap anyway.
-        pieces = min(self.workers, plan.count) if j == 0 else 1
+        pieces = min(ramp_pieces(self.workers, j), plan.count)
         slot = self.free.pop()
         self.pending[j] = Pending(plan, slot, pieces)
         for k in range(pieces):

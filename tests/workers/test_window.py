@@ -15,7 +15,7 @@ from loadr.order import Order
 from loadr.workers.pool import WorkerPool
 from loadr.workers.shm import Layout
 from loadr.workers.window import (LEASED_SLOTS, BatchFailed, InlineWindow, Plan, Schedule,
-                                  Window)
+                                  Window, ramp_pieces)
 
 from ..loader_helpers import batch_digest, noisy, slowed, trivial
 
@@ -228,3 +228,40 @@ def test_settle_waits_for_stale_tasks():
         window.end(gen)
         assert window.settle(SETTLE_S)
         assert not window.tasks
+
+
+def test_ramp_pieces_halve_from_the_worker_count_down_to_whole_batches():
+    assert [ramp_pieces(16, j) for j in range(7)] == [16, 8, 4, 2, 1, 1, 1]
+    assert [ramp_pieces(6, j) for j in range(4)] == [6, 3, 1, 1]
+    assert [ramp_pieces(2, j) for j in range(3)] == [2, 1, 1]
+    assert [ramp_pieces(1, j) for j in range(3)] == [1, 1, 1]
+    assert ramp_pieces(16, 10**6) == 1
+
+
+def test_the_first_batches_are_split_and_made_the_same_as_in_one_process():
+    # 8 workers: batches 0, 1, 2 in 8, 4 and 2 tasks, then one task a batch;
+    # restarted at another step, the ramp starts again.
+    data = trivial(700)
+    with window_over(data, fns=[slowed(0.001)], workers=8, prefetch=16) as window:
+        for step0 in (0, 37):
+            schedule = Schedule(step0, 8, 5)        # the layout holds 8 rows
+            first_task = window.next_task_id
+            gen = window.begin(schedule)
+            got = [take_digest(window, gen) for _ in range(12)]
+            made = window.next_task_id - first_task
+            assert made == sum(ramp_pieces(8, j) for j in range(window.j_send)), made
+            assert got == reference(data, schedule, fns=[slowed(0)], count=12)
+            window.end(gen)
+        assert_all_slots_free(window)
+
+
+def test_a_worker_is_given_one_task_at_a_time_until_every_worker_has_started():
+    data = trivial(100)
+    with window_over(data, workers=3) as window:
+        pool = window.pool
+        assert pool.depth == 1 and pool.max_tasks > 1
+        gen = window.begin(Schedule(0, 4, 0))
+        take_digest(window, gen)
+        while not all(w.started for w in pool.workers):
+            pool.poll(50)
+        assert pool.depth == pool.max_tasks
