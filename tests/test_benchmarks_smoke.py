@@ -94,3 +94,17 @@ def test_model_feeding_code_runs_on_the_cpu(tmp_path):
                             name='stand-in')
     assert res['synthetic_images_per_s'] > 0 and res['loadr_images_per_s'] > 0
     assert res['model'] == 'stand-in' and res['loadr_of_synthetic'] > 0
+
+
+def test_ramp_prints_the_gaps_of_the_first_batches():
+    cmd = [sys.executable, '-m', 'benchmarks.ramp', '--workers', '2', '--ms', '0.2',
+           '--batch', '8', '--runs', '1']
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines()
+            if line.startswith(('loadr ', 'torch '))]
+    assert [r[0] for r in rows] == ['loadr', 'torch']
+    for r in rows:
+        first, second, biggest, last = float(r[1]), r[2], r[3], float(r[4])
+        assert second.endswith('u') and biggest.endswith('u')
+        assert 0 < first <= last
