@@ -377,17 +377,18 @@ class Assembler:
         loop, sampled = end - t1, self._sampled
         if sampled > 0:
             self._split = [t / sampled for t in self._acc]
+            if count:
+                # Time rows sparsely enough that a timed row's clock reads cost about
+                # TIMING_SHARE of the work (every row once rows are that slow);
+                # the row time is taken from batches with a timed row only.
+                per_row_us = 1e6 * loop / count
+                self._every = max(1, min(MAX_STRIDE, int(
+                    TIMED_ROW_COST_US / (TIMING_SHARE * max(per_row_us, 1e-3)))))
         split = self._split
         clock.add_fill(t1 - t0 + split[0] * loop, split[1] * loop,
                        [t * loop for t in split[2:]], count if filled else 0,
                        end - t0, time.process_time() - cpu0 if clock.inline else 0.0,
                        batches=int(filled))
-        if count:
-            # Time rows sparsely enough that a timed row's clock reads cost about
-            # TIMING_SHARE of the work (every row once rows are that slow).
-            per_row_us = 1e6 * loop / count
-            self._every = max(1, min(MAX_STRIDE, int(
-                TIMED_ROW_COST_US / (TIMING_SHARE * max(per_row_us, 1e-3)))))
 
     def prefetch(self, order, start: int, count: int, indices: list | None = None) -> None:
         """Let a remote reader start reading positions ``start ..`` ahead; once per task.

@@ -133,11 +133,13 @@ class StageClock:
         # both go into the row together: a snapshot taken in between would
         # see stages without the time that holds them.
         self._pending = None
+        self._open = False              # a task is in hand and finish() not yet called
 
     def finish(self) -> None:
         """The task in hand is done but for its reply: count it before the reply goes, so
         that the main process, once it has the reply, sees the task in the row."""
-        if self._busy_since is not None:
+        if self._open:
+            self._open = False
             now = time.perf_counter()
             busy = now - self._busy_since
             row = self.row
@@ -164,7 +166,8 @@ class StageClock:
 
     def idle(self) -> None:
         """The worker starts waiting for work; the task in hand, if any, is done."""
-        self.finish()
+        if self._open:
+            self.finish()
         now = time.perf_counter()
         if self._busy_since is not None:
             self.row[BUSY] += now - self._busy_since        # the reply's own time
@@ -185,6 +188,7 @@ class StageClock:
             self.row[WAIT] += now - self._idle_since
             self._idle_since = None
         self._busy_since = now
+        self._open = True
         if self._sched is None:
             self._cpu_since = time.process_time()
 

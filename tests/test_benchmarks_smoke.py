@@ -108,3 +108,15 @@ def test_ramp_prints_the_gaps_of_the_first_batches():
         first, second, biggest, last = float(r[1]), r[2], r[3], float(r[4])
         assert second.endswith('u') and biggest.endswith('u')
         assert 0 < first <= last
+
+
+def test_stats_cost_adds_up_its_parts():
+    cmd = [sys.executable, '-m', 'benchmarks.stats_cost', '--batch', '64', '--repeat', '1']
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.strip('|').split('|') for line in proc.stdout.splitlines()
+            if line.startswith('| ') and not line.startswith('| part')]
+    parts = [float(cells[1]) for cells in rows[:-1]]
+    total = float(rows[-1][1].split('**')[1])
+    assert len(parts) == 4 and all(p >= 0 for p in parts)
+    assert abs(sum(parts) - total) < 0.02

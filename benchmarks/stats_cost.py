@@ -1,0 +1,115 @@
+"""What the per-stage accounting (loadr.stats) costs a worker, part by part.
+
+``python -m benchmarks.stats_cost [--batch 256]``
+
+Timing a whole loader with and without the accounting cannot resolve 1%
+on a shared machine (paired runs differ by more than that with nothing
+changed). The accounting is fixed code, though, so each of its parts is
+timed alone here, best of several repeats, and added up per task:
+
+- the worker loop's calls around a task (``working``, ``add_fill``,
+  ``finish``, ``idle``);
+- ``Assembler._account`` once per task;
+- the timed rows (one every ``_every`` rows): their extra cost over a plain row;
+- the fill's few clock reads before its loop.
+
+The sum is then set against a task of ``--batch`` trivial datapoints (the
+workload with the least work per sample, so the worst case) filled with no
+accounting at all.
+
+Example (a quick run)::
+
+    python -m benchmarks.stats_cost --batch 64 --repeat 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import timeit
+
+import numpy as np
+
+from loadr.assemble import OBJECT, Assembler, infer_spec
+from loadr.order import Order
+from loadr.stats import StageClock, row_width, schedstat
+
+from . import workloads as W
+
+__all__ = ['main', 'parts']
+
+PREAMBLE_READS = 3          # perf_counter calls in fill outside its loop, with the clock on
+
+
+def _best(fn, number: int, repeat: int) -> float:
+    """Microseconds per call, best of ``repeat``."""
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+
+
+def parts(batch: int = 256, repeat: int = 7) -> dict:
+    """The accounting's parts in microseconds, its sum per task, and the task's own time."""
+    data = W.make_trivial(max(4096, 4 * batch))
+    fns = [W.identity_fn]
+    spec = infer_spec(Assembler(data.reader, fns, None).datapoint(0, 0))
+    asm = Assembler(data.reader, fns, spec)
+    arrays = {k: np.zeros((batch, *s), d) for k, (d, s) in spec.items() if d != OBJECT}
+    order = Order(len(data.reader), 0)
+    # A worker's counters live in shared memory, as a memoryview of float64.
+    clock = StageClock(memoryview(bytearray(8 * row_width(len(fns)))).cast('d'), len(fns),
+                       sched=schedstat())
+
+    task = _best(lambda: asm.fill(order, 0, batch, arrays), 50, repeat)   # no clock
+    asm.clock = clock
+    for start in range(0, 20 * batch, batch):          # settles _every on this workload
+        asm.fill(order, start, batch, arrays)
+    every = asm._every
+
+    def around_a_task():
+        clock.working()
+        clock.add_fill(0.1, 0.1, [0.1], batch, 0.0, 0.0, 1)
+        clock.finish()
+        clock.idle()
+
+    t1 = time.perf_counter()
+
+    def account():
+        asm._sampled = 1e-5
+        asm._account(clock, batch, t1, t1, 0.0, True)
+
+    datapoint, write = asm.datapoint, asm._write
+    timed = _best(lambda: asm._timed_row(5, 0, None, 0, arrays, {}), 20000, repeat)
+    plain = _best(lambda: write(datapoint(5, 0, None), 0, 5, arrays, {}), 20000, repeat)
+    out = {
+        'around_a_task_us': _best(around_a_task, 20000, repeat),
+        'account_us': _best(account, 20000, repeat),
+        'timed_rows_us': max(0.0, timed - plain) * batch / every,
+        'preamble_us': PREAMBLE_READS * _best(time.perf_counter, 200000, repeat),
+    }
+    out['per_task_us'] = sum(out.values())
+    out.update(task_us=task, every=every, batch=batch,
+               share=out['per_task_us'] / task)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog='python -m benchmarks.stats_cost',
+                                 description=__doc__.split('\n')[0])
+    ap.add_argument('--batch', type=int, default=256)
+    ap.add_argument('--repeat', type=int, default=7)
+    args = ap.parse_args(argv)
+    p = parts(args.batch, args.repeat)
+    print(f"trivial datapoints, batch {p['batch']}: a task takes {p['task_us']:.0f} us "
+          f"with no accounting; a row is timed every {p['every']} rows")
+    print('| part | us per task |')
+    print('|---|---:|')
+    for key, name in (('around_a_task_us', "the worker loop's calls around a task"),
+                      ('account_us', 'Assembler._account'),
+                      ('timed_rows_us', 'timed rows, over plain ones'),
+                      ('preamble_us', "the fill's clock reads")):
+        print(f'| {name} | {p[key]:.2f} |')
+    print(f"| **all** | **{p['per_task_us']:.2f}** ({100 * p['share']:.2f}% of the task) |")
+    return 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())
