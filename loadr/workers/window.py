@@ -68,9 +68,11 @@ def ramp_pieces(workers: int, j: int) -> int:
     Whole batches alone would start every worker at once and end them at
     once: the second batch would come a whole batch's time after the first
     (0.15 s with 16 workers). Halving instead lets them come 2, 4, 8, ...
-    units apart (a unit: a batch's time / workers), and leaves the workers
-    out of step, so whole batches keep coming one after another; the cost is
-    a few more tasks, once per start. (``benchmarks/ramp.py`` measures it.)
+    units apart (a unit: a batch's time / workers) and leaves the workers out
+    of step, so the whole batches after them come in smaller groups. The
+    cost, once per start: a few more tasks, and workers that end their share
+    at different times (with 16 workers the 64th batch comes ~6 units later).
+    ``benchmarks/ramp.py`` measures both.
 
     >>> [ramp_pieces(16, j) for j in range(6)], [ramp_pieces(2, j) for j in range(3)]
     ([16, 8, 4, 2, 1, 1], [2, 1, 1])
