@@ -41,6 +41,11 @@ _PLAIN = frozenset({str, bytes, int, float, bool, type(None)})
 # these pauses; an error that persists is raised with the index. Which errors
 # are transient is the storage's call (loadr.storage.transient).
 READ_RETRY_DELAYS_S = (0.05, 0.25)
+# Array keys whose row takes at most this many bytes are gathered over a
+# batch and written with one numpy call at its end (a row assignment costs
+# ~0.4 us whatever its size); larger rows are copied as each sample comes,
+# while their data is still in the cache and the sample can be freed.
+COLUMN_ROW_BYTES = 4096
 
 
 def value_spec(value) -> tuple[np.dtype, tuple]:
@@ -141,6 +146,8 @@ class Assembler:
         self.after = self.fns[1:] if self.read_fn is not None else self.fns
         self.on_error = on_error
         self.spec = spec
+        self._columns: list[tuple] = []            # (key, values, shape == ()), see _write
+        self._column_rows: list[int] = []          # the rows the columns' values go to
         if spec is not None:
             self.array_keys = [k for k, (d, _) in spec.items() if d != OBJECT]
             self.list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
@@ -149,8 +156,15 @@ class Assembler:
             self._keys = set(spec)
             self._array_specs = [(k, np.dtype(spec[k][0]), tuple(spec[k][1]))
                                  for k in self.array_keys]
-            # _write's fast path: what it accepts without the full checks.
-            self._fast_specs = [_fast_spec(*s) for s in self._array_specs]
+            # _write's fast path: what it accepts without the full checks, and
+            # for small rows the list that gathers the batch's values (a column).
+            self._fast_specs = []
+            for key, dtype, shape in self._array_specs:
+                values = None
+                if dtype.itemsize * int(np.prod(shape, dtype=np.int64)) <= COLUMN_ROW_BYTES:
+                    values = []
+                    self._columns.append((key, values, shape == ()))
+                self._fast_specs.append(_fast_spec(key, dtype, shape) + (values,))
             self._width = len(spec)
             self._by_position = all(type(k) is int for k in spec) \
                 and set(spec) == set(range(len(spec)))
@@ -165,6 +179,11 @@ class Assembler:
         if self.read_fn is not None or self._read_seeded is not None:
             read_batch = None
         self._reader_batch = read_batch
+        # The plain read (reader[index]) called straight from datapoint();
+        # _read, with its retries, only once it has failed.
+        self._get = None
+        if self.read_fn is None and self._read_seeded is None:
+            self._get = getattr(reader, '__getitem__', None)
         self._ahead: set[tuple] = set()     # tasks whose reads prefetch() started ahead
         # Reading ahead pays only where the reader's files are remote.
         self._prefetch = reader.prefetch if getattr(reader, 'prefetches', False) else None
@@ -188,10 +207,15 @@ class Assembler:
             return self._read_seeded(index, seed)
         return self.reader[index]
 
-    def _read(self, index: int, seed: int) -> dict:
+    def _read(self, index: int, seed: int, failed: Exception | None = None) -> dict:
+        """The datapoint at ``index``, read again after transient errors; ``failed``: the
+        error of a first read already made (by :meth:`datapoint`)."""
         retries = 0
         while True:
             try:
+                if failed is not None:
+                    exc, failed = failed, None
+                    raise exc
                 return self._read_once(index, seed)
             except Exception as exc:
                 if retries == len(READ_RETRY_DELAYS_S) or not _transient(exc):
@@ -206,7 +230,15 @@ class Assembler:
 
         ``raw`` is the datapoint as already read (by a batch read), if it was.
         """
-        dp = self._read(index, seed) if raw is None else raw
+        if raw is not None:
+            dp = raw
+        elif self._get is not None:
+            try:
+                dp = self._get(index)
+            except Exception as exc:
+                dp = self._read(index, seed, exc)
+        else:
+            dp = self._read(index, seed)
         if type(dp) is not dict and not isinstance(dp, (dict, tuple)):
             raise SpecError(f'the reader returned {type(dp).__name__}, not a dict or a tuple',
                             index=index)
@@ -314,10 +346,14 @@ class Assembler:
         else:
             every, countdown = 0, 1 << 62
         filled = False
+        for _, values, _ in self._columns:  # what an earlier fill cut short left there
+            values.clear()
+        self._column_rows.clear()
         try:
             self._countdown = self._fill_rows(indices, seeds, raws, start, progress, cell,
                                               task_id, datapoint, write, order, arrays,
                                               extras, replaced, every, countdown)
+            self._write_columns(arrays)
             filled = True
         finally:
             # A cancelled or failed batch's rows were work too (not a batch, though).
@@ -429,7 +465,7 @@ class Assembler:
         if (kind is dict or kind is tuple and self._by_position) and len(dp) == self._width:
             # Same length and every spec key found (else KeyError): the same keys.
             try:
-                for key, dtype, shape, scalars in self._fast_specs:
+                for key, dtype, shape, scalars, column in self._fast_specs:
                     value = dp[key]
                     kind = type(value)
                     if kind is np.ndarray:
@@ -437,10 +473,15 @@ class Assembler:
                             break
                     elif kind not in scalars or kind is int and not _INT_MIN <= value <= _INT_MAX:
                         break
-                    arrays[key][row] = value
+                    if column is None:
+                        arrays[key][row] = value
+                    else:
+                        column.append(value)
                 else:
                     list_keys = self.list_keys
                     if not list_keys:
+                        if self._columns:
+                            self._column_rows.append(row)
                         return
                     for key in list_keys:
                         value = dp[key]
@@ -449,10 +490,42 @@ class Assembler:
                     else:
                         for key in list_keys:
                             extras[key].append(dp[key])
+                        if self._columns:
+                            self._column_rows.append(row)
                         return
             except KeyError:
                 pass
+            # Left to the general path: take back what this datapoint put in the columns.
+            rows = len(self._column_rows)
+            for _, values, _ in self._columns:
+                if len(values) > rows:
+                    values.pop()
         self._write_checked(dp, row, index, arrays, extras)
+
+    def _write_columns(self, arrays: dict) -> None:
+        """Write the values gathered in the columns into their rows of ``arrays``; empty them.
+
+        Rows come in increasing order, once each (a datapoint left to the
+        general path takes its values back), so consecutive rows are one slice.
+        """
+        rows = self._column_rows
+        if not rows:
+            return
+        first, last = rows[0], rows[-1]
+        at = slice(first, last + 1) if last - first + 1 == len(rows) else rows
+        for key, values, scalar in self._columns:
+            target = arrays[key]
+            if scalar:
+                target[at] = np.asarray(values, dtype=target.dtype)
+            elif type(at) is slice and target.flags.c_contiguous:
+                # One C loop: the rows as one flat run (np.stack loops in Python).
+                flat = target[at].view()
+                flat.shape = (-1,) + flat.shape[2:]
+                np.concatenate(values, out=flat)
+            else:
+                target[at] = np.stack(values)
+            values.clear()
+        rows.clear()
 
     def _write_checked(self, dp: dict, row: int, index: int, arrays: dict,
                        extras: dict) -> None:

@@ -11,6 +11,7 @@ and compares the bytes of every array, the list keys' values, and any error
 
 from __future__ import annotations
 
+import errno
 import pickle
 import threading
 
@@ -315,3 +316,79 @@ def test_failed_sample_in_a_fill_same_error():
     assert str(fast.exc) == str(general.exc)
     assert str(fast.exc) == ('[index 20]: key \'vec\' is float64[16], the spec says '
                              'float32[16]')
+
+
+# ---------------------------------------------------------------------------
+# Columns: small rows gathered over a batch and written at its end
+
+
+def test_columns_with_rows_left_to_the_general_path_between_same_bytes():
+    # Every third datapoint takes the general path (so the column rows are not
+    # one run), one takes it after its first key went into a column (the label
+    # passes, the vec does not), and two are replaced under skip.
+    data = trivial(90)
+    for i in range(0, 90, 3):
+        data[i] = {'label': i, 'vec': data[i]['vec'].view(Sub)}
+    data[40] = {'label': 40, 'vec': [np.float32(0.5)] * 16}
+    data[50] = {'label': 50}
+    data[61] = {'label': 61, 'vec': np.zeros(16, np.float64)}
+    arrays, _, replaced = assert_same_fill(data, TRIVIAL, on_error='skip')
+    assert [r[0] for r in replaced] == [50, 61]
+    assert (arrays['vec'][40] == 0.5).all() and arrays['label'][40] == 40
+
+
+def test_columns_cover_values_of_many_shapes_and_a_large_row_same_bytes():
+    spec = {'m': (F32, (3, 4)), 'b': (np.dtype(bool), ()), 'x': (F64, ()),
+            'big': (np.dtype(np.uint8), (8192,)), 'c': (np.dtype(np.complex128), ())}
+    rng = np.random.default_rng(1)
+    data = [{'m': rng.standard_normal((3, 4), dtype=np.float32), 'b': bool(i % 2),
+             'x': float(i) / 3, 'big': rng.integers(0, 256, 8192, dtype=np.uint8),
+             'c': complex(i, -i)} for i in range(40)]
+    assert_same_fill(data, spec)
+    asm = Assembler(data, [], spec)
+    assert sorted(key for key, _, _ in asm._columns) == ['b', 'c', 'm', 'x']  # not 'big'
+
+
+def test_a_fill_cut_short_leaves_nothing_for_the_next():
+    data = trivial(64)
+    data[30] = {'label': 30, 'vec': np.zeros(16, np.float64)}
+    asm = Assembler(data, [], TRIVIAL)
+    with pytest.raises(SampleFailure):
+        asm.fill(Order(64, seed=0, shuffle=False), 0, 64, slots(TRIVIAL, 64))
+    arrays = slots(TRIVIAL, 16)
+    asm.fill(Order(64, seed=0, shuffle=False), 0, 16, arrays)
+    assert arrays['label'].tolist() == list(range(16))
+    assert arrays['vec'].tobytes() == np.stack([dp['vec'] for dp in data[:16]]).tobytes()
+
+
+# ---------------------------------------------------------------------------
+# The read
+
+
+class Flaky:
+    """A reader whose first read of each index fails with ``error`` (each read counted)."""
+
+    def __init__(self, n: int, error: BaseException):
+        self.data, self.error, self.reads = trivial(n), error, []
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, index):
+        self.reads.append(index)
+        if self.reads.count(index) == 1:
+            raise self.error
+        return self.data[index]
+
+
+def test_a_transient_read_error_is_tried_again_and_others_are_not(monkeypatch):
+    monkeypatch.setattr('loadr.assemble.READ_RETRY_DELAYS_S', (0.0, 0.0))
+    flaky = Flaky(4, OSError(errno.EIO, 'I/O error'))
+    asm = Assembler(flaky, [], TRIVIAL)
+    assert asm.datapoint(2, 0)['label'] == 2
+    assert flaky.reads == [2, 2]                    # the failed read, then one more
+    broken = Flaky(4, ValueError('corrupt'))
+    asm = Assembler(broken, [], TRIVIAL)
+    with pytest.raises(ValueError, match='corrupt'):
+        asm.datapoint(3, 0)
+    assert broken.reads == [3]                      # not read a second time
