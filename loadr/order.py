@@ -197,7 +197,11 @@ def _sorted_tables(n: int, keys: np.ndarray) -> np.ndarray:
     """One :class:`_SortedPermutation` table per row of ``keys`` (3 words each)."""
     k0, k1, k2 = (keys[:, j, None] for j in range(3))
     words = _mix(_mix(_mix(np.arange(n, dtype=np.uint64) ^ k0) + k1) ^ k2)
-    return np.argsort(words, axis=1, kind='stable').astype(np.uint32)
+    # The words are distinct (a bijection of distinct inputs), so every sort
+    # gives the same order: numpy's default one, four times as fast as its
+    # stable one on 64-bit keys (1.1 vs 4.4 ms for 50,000; each worker builds
+    # the table of each epoch it reads).
+    return np.argsort(words, axis=1).astype(np.uint32)
 
 
 def _many_sorted(n: int, seed: int, first: int, last: int) -> np.ndarray:

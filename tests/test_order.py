@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from loadr.order import Order, permutation
+from loadr.order import SORT_MAX, Order, _keys, _mix, permutation
 
 
 @pytest.mark.parametrize('n', [1, 2, 3, 5, 7, 16, 17, 100, 1000, 4097])
@@ -288,3 +288,17 @@ def test_indices_many_gives_each_orders_own_indices():
     got = indices_many(requests)
     for (order, start, count), indices in zip(requests, got):
         assert np.array_equal(indices, order.indices(start, count)), order
+
+
+@pytest.mark.parametrize('n', [1, 2, 3, 1000, SORT_MAX])
+def test_sorted_tables_are_the_stable_sort_of_the_keyed_words(n):
+    # The table is built with numpy's default (unstable) sort because the keyed
+    # words never tie; the stable sort, as version 2 was first written, must agree.
+    for seed, epoch in ((0, 0), (7, 3), (2**64 - 1, 10**6)):
+        k0, k1, k2 = (int(k) for k in _keys(b'loadr.order.v2x', seed, epoch)[3:6])
+        words = _mix(_mix(_mix(np.arange(n, dtype=np.uint64) ^ np.uint64(k0))
+                          + np.uint64(k1)) ^ np.uint64(k2))
+        assert len(np.unique(words)) == n
+        expected = np.argsort(words, kind='stable')
+        got = permutation(n, seed, epoch)(np.arange(n, dtype=np.uint64))
+        assert got.tolist() == expected.tolist()
