@@ -14,7 +14,13 @@ the CPU parts and says what it left out. On the image workload (distinct
 3. **Host-to-device copy** (CUDA only): GB/s of a 256×224×224×3 uint8 batch
    from loadr's pinned slots (``loadr.torch.DataLoader(pin_memory=True)``)
    against the same bytes in pageable memory.
-4. **Feeding a model** (CUDA only): ResNet-50 (torchvision if installed,
+4. **Where loadr's time goes** at the largest worker count: per sample, each
+   stage of the workers (``loader.stats()``: read, the fn, the write into
+   shared memory, the rest of a task, waiting for work; their CPU and their
+   time waiting for a core), the main process's CPU, against the plain
+   loop's; and, where ``py-spy`` is installed, the functions one worker
+   spends its time in (sampled for a few seconds).
+5. **Feeding a model** (CUDA only): ResNet-50 (torchvision if installed,
    else a small stand-in, named in the output), bf16 autocast,
    channels_last, batch 256, fed by ``loadr.torch.DataLoader(device='cuda')``
    with 14 workers (fewer on smaller machines) against synthetic data already
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -41,8 +48,8 @@ import numpy as np
 from . import measure, peers, report
 from . import workloads as W
 
-__all__ = ['main', 'scaling', 'second_batch', 'h2d_copy', 'feed_model', 'markdown',
-           'default_worker_counts']
+__all__ = ['main', 'scaling', 'second_batch', 'stage_profile', 'top_functions', 'h2d_copy',
+           'feed_model', 'markdown', 'default_worker_counts']
 
 COPY_SHAPE = (256, 224, 224, 3)
 MODEL_BATCH = 256
@@ -51,6 +58,9 @@ MODEL_STEPS = 30                 # timed steps at scale 1 (after warm-up)
 MODEL_WARMUP = 5
 COPY_REPEATS = 20
 SECOND_BATCH_RUNS = 5
+PROFILE_WARMUP = 10              # batches before the stage profile starts
+PY_SPY_S = 5                     # seconds py-spy samples one worker
+PY_SPY_TOP = 12                  # functions listed
 
 
 def _log(*args) -> None:
@@ -115,6 +125,93 @@ def second_batch(data: W.Data, workers: int, runs: int = SECOND_BATCH_RUNS,
         out[c.name] = {'first_s': statistics.median(firsts), 'second_gap_s':
                        statistics.median(gaps), 'second_gap_max_s': max(gaps)}
     return out
+
+
+# ---------------------------------------------------------------------------
+# Where loadr's time goes
+
+
+def top_functions(collapsed: str, top: int = PY_SPY_TOP) -> list[tuple[str, float]]:
+    r"""``(function, share of samples)`` by own time, from py-spy's ``--format raw``
+    output (collapsed stacks: ``frame;frame;...;leaf count`` a line).
+
+    >>> top_functions('main;fill;decode (a.py:3) 2\nmain;decode (a.py:4) 1\nmain;write 1\n')
+    [('decode (a.py)', 0.75), ('write', 0.25)]
+    """
+    counts: dict[str, int] = {}
+    for line in collapsed.splitlines():
+        stack, _, n = line.rpartition(' ')
+        if not stack or not n.isdigit():
+            continue
+        # A frame reads 'name (file:line)': one function, whatever its line.
+        leaf = re.sub(r':\d+\)$', ')', stack.rsplit(';', 1)[-1])
+        counts[leaf] = counts.get(leaf, 0) + int(n)
+    total = sum(counts.values())
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+    return [(name, n / total) for name, n in ranked] if total else []
+
+
+def _py_spy(pid: int, seconds: float) -> dict:
+    """The functions worker ``pid`` spends its time in, sampled by py-spy if installed."""
+    import subprocess
+    exe = shutil.which('py-spy')
+    if exe is None:
+        return {'skipped': 'py-spy is not installed (pip install py-spy)'}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, 'stacks.txt')
+        cmd = [exe, 'record', '--pid', str(pid), '--duration', str(int(seconds)), '--rate', '250',
+               '--format', 'raw', '--output', out, '--nonblocking']
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+        if proc.returncode != 0 or not os.path.exists(out):
+            return {'skipped': f'py-spy failed: {(proc.stderr or proc.stdout).strip()[-300:]}'}
+        with open(out, encoding='utf-8') as f:
+            return {'top': top_functions(f.read()), 'seconds': seconds}
+
+
+def stage_profile(data: W.Data, workers: int, seconds: float, spy_s: float = PY_SPY_S) -> dict:
+    """Per sample, in ms: loadr's stages at ``workers`` (from ``loader.stats()``) over
+    ``seconds`` of steady state, and the CPU of the main process and of the workers."""
+    import psutil
+
+    import loadr
+    with loadr.Loader(data.reader, batch=data.batch, fns=[W.image_fn], shuffle=True,
+                      seed=peers.SEED, workers=workers) as loader:
+        it = iter(loader)
+        for _ in range(PROFILE_WARMUP):
+            next(it)
+        me = psutil.Process()
+        kids = [psutil.Process(pid) for pid in loader._pool.pids]
+
+        def cpu(procs):
+            return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
+
+        before, main0, kids0 = loader.stats(), cpu([me]), cpu(kids)
+        spy = None
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            next(it)
+            if spy is None and spy_s > 0 and time.perf_counter() - t0 > 0.1 * seconds:
+                # Sampled while the loader runs: a thread, so batches keep coming.
+                import threading
+                spy = {}
+                thread = threading.Thread(
+                    target=lambda: spy.update(_py_spy(kids[0].pid, spy_s)), daemon=True)
+                thread.start()
+        if spy is not None:
+            while thread.is_alive():            # keep the workers busy until it is done
+                next(it)
+            thread.join()
+        d = loader.stats().since(before)
+        main_s, kids_s = cpu([me]) - main0, cpu(kids) - kids0
+    n = max(1, d.samples)
+
+    def per(seconds: float) -> float:
+        return 1e3 * seconds / n
+    stages = {k: per(v) for k, v in d.stages().items()}
+    return {'workers': workers, 'samples': d.samples, 'stages_ms': stages,
+            'busy_ms': per(d.busy_s), 'cpu_ms': per(d._sum('cpu')),
+            'runq_ms': per(d._sum('runq')), 'main_cpu_ms': per(main_s),
+            'workers_cpu_ms': per(kids_s), 'py_spy': spy or {'skipped': 'not run'}}
 
 
 # ---------------------------------------------------------------------------
@@ -315,6 +412,29 @@ def markdown(res: dict) -> str:
             lines.append(f"| {name} | {row['first_s']:.3f} | {row['second_gap_s']:.3f} "
                          f"({row['second_gap_max_s']:.3f}) |")
         lines.append('')
+    sp = res.get('profile')
+    if sp:
+        plain = (cpu.get('limit') or {}).get(str(sp['workers']))
+        lines += [f"### Where loadr's time goes (W={sp['workers']}, {sp['samples']:,} samples; "
+                  'ms per sample)', '', '| part | ms/sample |', '|---|---:|']
+        for name, ms in sp['stages_ms'].items():
+            lines.append(f'| worker stage: {name} | {ms:.3f} |')
+        lines += [f"| workers busy (all stages but wait) | {sp['busy_ms']:.3f} |",
+                  f"| workers on a CPU / waiting for one | {sp['cpu_ms']:.3f} / "
+                  f"{sp['runq_ms']:.3f} |",
+                  f"| workers' CPU (psutil) | {sp['workers_cpu_ms']:.3f} |",
+                  f"| main process CPU | {sp['main_cpu_ms']:.3f} |"]
+        if plain:
+            lines.append(f'| the plain loop, CPU (the ceiling above) | {plain:.3f} |')
+        lines.append('')
+        spy = sp['py_spy']
+        if 'top' in spy:
+            lines += [f"One worker sampled by py-spy for {spy['seconds']:g} s, by own time:", '',
+                      '| function | share |', '|---|---:|']
+            lines += [f'| `{name}` | {100 * share:.1f}% |' for name, share in spy['top']]
+            lines.append('')
+        else:
+            lines += [f"py-spy: {spy['skipped']}.", '']
     cp = res['h2d']
     lines += ['### Host-to-device copy of a 256×224×224×3 uint8 batch', '']
     if 'skipped' in cp:
@@ -373,6 +493,9 @@ def main(args) -> int:
         res['second_batch_runs'] = max(1, min(SECOND_BATCH_RUNS, runs))
         res['second_batch'] = second_batch(data, max(counts), res['second_batch_runs'],
                                            tuple(n for n in names if n != 'limit'))
+        _log('where the time goes ...')
+        res['profile'] = stage_profile(data, max(counts), max(1.0, 3 * min_time_s),
+                                       PY_SPY_S if args.scale >= 0.5 else 0)
         _log('host-to-device copy ...')
         res['h2d'] = h2d_copy()
         _log('model ...')

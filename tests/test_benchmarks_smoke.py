@@ -80,6 +80,10 @@ def test_device_report_runs_its_cpu_parts_and_says_what_it_left_out(tmp_path):
     assert set(res['second_batch']) == {'loadr'}
     text = (out / 'device.md').read_text()
     assert '| loadr ÷ ceiling |' in text and '| loadr ÷ plain loop |' in text
+    prof = res['profile']
+    assert prof['workers'] == 2 and prof['samples'] > 0
+    assert prof['stages_ms']['image_fn'] > 0 and prof['busy_ms'] >= prof['stages_ms']['image_fn']
+    assert "### Where loadr's time goes (W=2" in text and '| main process CPU |' in text
     import torch
     if not torch.cuda.is_available():
         assert res['h2d'] == {'skipped': 'CUDA is not available'} == res['model']
