@@ -459,7 +459,9 @@ class Assembler:
         quarter of a worker's time on the trivial workload; measured 1.65 -> 1.0
         us a sample). Anything else, the errors included, goes to
         :meth:`_write_checked`, which writes the same bytes or raises the error
-        that names the key and the index.
+        that names the key and the index. On the fast path, keys whose row is
+        small (:data:`COLUMN_ROW_BYTES`) are only gathered here: :meth:`fill`
+        writes them at the end of the batch (:meth:`_write_columns`).
         """
         kind = type(dp)
         if (kind is dict or kind is tuple and self._by_position) and len(dp) == self._width:
