@@ -212,18 +212,17 @@ class Assembler:
         error of a first read already made (by :meth:`datapoint`)."""
         retries = 0
         while True:
-            try:
-                if failed is not None:
-                    exc, failed = failed, None
-                    raise exc
-                return self._read_once(index, seed)
-            except Exception as exc:
-                if retries == len(READ_RETRY_DELAYS_S) or not _transient(exc):
-                    raise
-                log.warning('loadr: transient read error at index %d (%s); retrying',
-                            index, exc)
-                time.sleep(READ_RETRY_DELAYS_S[retries])
-                retries += 1
+            if failed is None:
+                try:
+                    return self._read_once(index, seed)
+                except Exception as exc:
+                    failed = exc
+            exc, failed = failed, None
+            if retries == len(READ_RETRY_DELAYS_S) or not _transient(exc):
+                raise exc
+            log.warning('loadr: transient read error at index %d (%s); retrying', index, exc)
+            time.sleep(READ_RETRY_DELAYS_S[retries])
+            retries += 1
 
     def datapoint(self, index: int, seed: int, raw: dict | None = None) -> dict:
         """The datapoint at ``index`` after every fn, called with ``seed``.
@@ -346,9 +345,6 @@ class Assembler:
         else:
             every, countdown = 0, 1 << 62
         filled = False
-        for _, values, _ in self._columns:  # what an earlier fill cut short left there
-            values.clear()
-        self._column_rows.clear()
         try:
             self._countdown = self._fill_rows(indices, seeds, raws, start, progress, cell,
                                               task_id, datapoint, write, order, arrays,
@@ -356,6 +352,10 @@ class Assembler:
             self._write_columns(arrays)
             filled = True
         finally:
+            if not filled:                  # cut short: its gathered rows go nowhere
+                for _, values, _ in self._columns:
+                    values.clear()
+                self._column_rows.clear()
             # A cancelled or failed batch's rows were work too (not a batch, though).
             if clock is not None:
                 self._account(clock, count, t0, t1, cpu0, filled)

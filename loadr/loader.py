@@ -49,6 +49,7 @@ from .order import ORDER_VERSION, check_seed, check_version, order_for
 from .stats import StageClock, Stats, cores, fn_names, row_width, settle
 from .workers import protocol
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
+from .workers.worker import tasks_held
 
 __all__ = ['Loader', 'STATE_VERSION', 'LEASED_SLOTS']
 
@@ -232,11 +233,10 @@ class Loader:
         self.fns = list(fns)
         self.shuffle = bool(shuffle)
         self.workers = int(workers)
-        # A remote reader's workers read ahead the tasks they hold (loadr.remote):
-        # a third batch per worker keeps a round trip of reads ahead of the work.
-        per_worker = 3 if getattr(reader, 'prefetches', False) else 2
+        # As many batches in flight as the workers hold tasks (a remote reader's
+        # workers hold a third, whose reads start a task ahead of the work).
         self.prefetch = (max(1, int(prefetch)) if prefetch is not None
-                         else max(2, per_worker * self.workers))
+                         else max(2, tasks_held(reader) * self.workers))
         self.shard_id, self.num_shards = int(shard_id), int(num_shards)
         self.ring = bool(ring)
         self.on_error = on_error

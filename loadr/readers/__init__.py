@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 
 from ..errors import ConfigError, FormatError
-from ..storage import CACHE_KEYS, storage_for, using_storage_options, with_cache_settings
+from ..storage import (CACHE_KEYS, is_url, storage_for, using_storage_options,
+                       with_cache_settings)
 from . import bag, ffrecord, gulp
 from .bag import BagReader
 from .base import Files, Format, Problem, Reader, check_index
@@ -61,7 +62,7 @@ def open(path: str | os.PathLike, **options) -> Reader:  # noqa: A001 - mirrors 
     """
     cache = {k: options.pop(k) for k in CACHE_KEYS if k in options}
     if cache:
-        if '://' not in os.fspath(path):
+        if not is_url(os.fspath(path)):
             raise ConfigError(f'{sorted(cache)} apply to datasets behind URLs; a local '
                               f'dataset is read in place', os.fspath(path))
         options['storage_options'] = with_cache_settings(options.get('storage_options'), cache)

@@ -55,17 +55,14 @@ from ..stats import row_width
 from .memory import resident, steady_memory_default
 from .shm import (SHM_DIR, Segment, StatusCells, owned_dir, plan_slots, reclaim_stale,
                   remove_owned, shm_budget, size_text, use_memfd)
-from .worker import WorkerArgs, run
+from .worker import (MAX_TASKS_PER_WORKER, MAX_TASKS_READING_AHEAD, WorkerArgs, run,
+                     tasks_held)
 
 __all__ = ['WorkerPool', 'MAX_TASKS_PER_WORKER', 'MAX_TASKS_READING_AHEAD',
            'MAX_DEATHS_PER_POSITION', 'JOIN_TIMEOUT_S', 'FROZEN_AFTER_S']
 
 log = logging.getLogger('loadr')
 
-MAX_TASKS_PER_WORKER = 2          # one in hand, one queued: no idle gap between tasks
-# ... and one more where the reader reads ahead (remote files): a worker starts
-# the reads of every task it holds, so each task's reads begin a task earlier.
-MAX_TASKS_READING_AHEAD = 3
 MAX_DEATHS_PER_POSITION = 3
 MAX_STARTUP_FAILURES = 3          # workers dying before they say hello: give up, say why
 JOIN_TIMEOUT_S = 2.0
@@ -319,8 +316,7 @@ class WorkerPool:
             order_version=order_version,
             steady_memory=steady_memory_default() if steady_memory is None else steady_memory)
         self.task_timeout_s = task_timeout_s
-        self.max_tasks = (MAX_TASKS_READING_AHEAD if getattr(reader, 'prefetches', False)
-                          else MAX_TASKS_PER_WORKER)
+        self.max_tasks = tasks_held(reader)
         # One task a worker until every worker has said hello: the first tasks
         # (the first batches, split, see window.ramp_pieces) would otherwise
         # queue behind each other in the workers that started first while the

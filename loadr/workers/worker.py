@@ -23,10 +23,25 @@ import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ['WorkerArgs', 'run', 'PARENT_CHECK_S']
+__all__ = ['WorkerArgs', 'run', 'tasks_held', 'PARENT_CHECK_S', 'MAX_TASKS_PER_WORKER',
+           'MAX_TASKS_READING_AHEAD']
 
 PARENT_CHECK_S = 0.2
 RECV_POLL_MS = 500
+MAX_TASKS_PER_WORKER = 2          # one in hand, one queued: no idle gap between tasks
+# ... and one more where the reader reads ahead (remote files): a worker starts
+# the reads of every task it holds, so each task's reads begin a task earlier.
+MAX_TASKS_READING_AHEAD = 3
+
+
+def tasks_held(reader) -> int:
+    """The tasks a worker holds at once (in hand and queued) for ``reader``.
+
+    >>> tasks_held([]), tasks_held(type('Remote', (), {'prefetches': True})())
+    (2, 3)
+    """
+    return MAX_TASKS_READING_AHEAD if getattr(reader, 'prefetches', False) \
+        else MAX_TASKS_PER_WORKER
 
 
 @dataclass
@@ -142,6 +157,7 @@ def run(args: WorkerArgs) -> None:
             warm()          # e.g. a remote bag's index tables, in one round trip
         except Exception as exc:   # a hint: the reads report what is wrong
             logging.getLogger('loadr').debug('loadr: warming the reader failed: %r', exc)
+
     def order_of(seed: int):
         order = orders.get(seed)
         if order is None:
@@ -149,7 +165,7 @@ def run(args: WorkerArgs) -> None:
         return order
 
     # A remote reader's records are read ahead: tasks are taken off the socket
-    # early (pool.MAX_TASKS_READING_AHEAD), so that their reads start early.
+    # early (MAX_TASKS_READING_AHEAD), so that their reads start early.
     reads_ahead = bool(getattr(args.reader, 'prefetches', False))
     pending: collections.deque = collections.deque()
     last_task, trimmed = time.monotonic(), True
