@@ -154,7 +154,7 @@ class Assembler:
             # Precomputed so the per-sample check is a set comparison and a
             # few identity tests (numpy's builtin dtypes are singletons).
             self._keys = set(spec)
-            self._array_specs = [(k, np.dtype(spec[k][0]), tuple(spec[k][1]))
+            self._array_specs = [(k, _canonical(spec[k][0]), tuple(spec[k][1]))
                                  for k in self.array_keys]
             # _write's fast path: what it accepts without the full checks, and
             # for small rows the list that gathers the batch's values (a column).
@@ -471,7 +471,10 @@ class Assembler:
                     value = dp[key]
                     kind = type(value)
                     if kind is np.ndarray:
-                        if value.dtype is not dtype or value.shape != shape:
+                        # Equal dtypes need not be one object: arrays that crossed a
+                        # pickle (a reader sent to a spawned worker) hold copies.
+                        if (value.dtype is not dtype and value.dtype != dtype
+                                or value.shape != shape):
                             break
                     elif kind not in scalars or kind is int and not _INT_MIN <= value <= _INT_MAX:
                         break
@@ -563,6 +566,22 @@ class Assembler:
 # into a wider type: only these take _write's fast path as that int.
 _INT_MIN, _INT_MAX = (int(x) for x in (np.iinfo(np.asarray(0).dtype).min,
                                       np.iinfo(np.asarray(0).dtype).max))
+
+
+def _canonical(dtype) -> np.dtype:
+    """numpy's own instance of ``dtype`` where it has one, else ``dtype``.
+
+    _write's fast path tests a value's dtype by identity first, and a dtype
+    that crossed a pickle (a spawned worker's spec) is an equal copy, not
+    the instance that arrays made in the worker (by a fn) carry.
+
+    >>> import pickle
+    >>> _canonical(pickle.loads(pickle.dumps(np.dtype(np.float32)))) is np.dtype(np.float32)
+    True
+    """
+    dtype = np.dtype(dtype)
+    native = np.dtype(dtype.type)
+    return native if native == dtype else dtype
 
 
 def _fast_spec(key, dtype: np.dtype, shape: tuple) -> tuple:

@@ -253,6 +253,31 @@ def test_which_datapoints_take_the_fast_path(data, spec, general):
     assert asm.checked == general
 
 
+@pytest.mark.parametrize('crossed', ['spec', 'data', 'both'])
+@pytest.mark.parametrize('codec', ['pickle', 'dill'])
+def test_what_crossed_a_pickle_takes_the_fast_path(codec, crossed):
+    # A spawned worker gets its spec (and a list reader its arrays) through
+    # dill: equal dtypes, but copies, not numpy's own instances. The fast path
+    # once told dtypes apart by identity alone, and either side crossing
+    # alone sent every datapoint to the full checks.
+    codec = pytest.importorskip(codec)
+    spec, data = TRIVIAL, trivial(8)
+    if crossed == 'both':
+        spec, data = codec.loads(codec.dumps((spec, data)))
+    elif crossed == 'spec':
+        spec = codec.loads(codec.dumps(spec))
+    else:
+        data = codec.loads(codec.dumps(data))
+    assert (spec['vec'][0] is F32) != (crossed != 'data')     # the condition under test
+    asm = Counting(data, [], spec)
+    arrays = slots(spec, len(data))
+    asm.fill(Order(len(data), seed=0, shuffle=False), 0, len(data), arrays)
+    assert asm.checked == 0
+    expected, _, _ = fill(General, data, TRIVIAL)
+    for key in expected:
+        assert arrays[key].tobytes() == expected[key].tobytes()
+
+
 # ---------------------------------------------------------------------------
 # Same errors
 
