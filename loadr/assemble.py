@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import operator
 import pickle
 import time
 import traceback
@@ -147,6 +148,7 @@ class Assembler:
         self.on_error = on_error
         self.spec = spec
         self._columns: list[tuple] = []            # (key, values, shape == ()), see _write
+        self._bulk = False
         self._column_rows: list[int] = []          # the rows the columns' values go to
         if spec is not None:
             self.array_keys = [k for k, (d, _) in spec.items() if d != OBJECT]
@@ -166,6 +168,9 @@ class Assembler:
                     self._columns.append((key, values, shape == ()))
                 self._fast_specs.append(_fast_spec(key, dtype, shape) + (values,))
             self._width = len(spec)
+            # Every array key small: the batch's datapoints are kept and written
+            # at its end, key by key, in a few C-level passes (_write_bulk).
+            self._bulk = len(self._columns) == len(self._array_specs)
             self._by_position = all(type(k) is int for k in spec) \
                 and set(spec) == set(range(len(spec)))
         # The reader's own batch read, unless it is the base class's loop
@@ -253,8 +258,9 @@ class Assembler:
         return dp
 
     def _timed_row(self, index: int, seed: int, raw, row: int, arrays: dict,
-                   extras: dict) -> None:
-        """:meth:`datapoint` then :meth:`_write`, with each stage's time added to ``_acc``."""
+                   extras: dict, dps: list | None) -> None:
+        """:meth:`datapoint` then :meth:`_write` (or onto ``dps``, for :meth:`_write_bulk`),
+        with each stage's time added to ``_acc``."""
         clock, acc = time.perf_counter, self._acc
         t0 = clock()
         dp = self._read(index, seed) if raw is None else raw
@@ -274,6 +280,9 @@ class Assembler:
                 if type(dp) is not dict and not isinstance(dp, (dict, tuple)):
                     raise SpecError(f'fn {fn!r} returned {type(dp).__name__}, not a dict or '
                                     'a tuple', index=index)
+        if dps is not None:
+            dps.append(dp)              # written with the batch, timed there
+            return
         self._write(dp, row, index, arrays, extras)
         acc[1] += clock() - t1
 
@@ -345,10 +354,16 @@ class Assembler:
         else:
             every, countdown = 0, 1 << 62
         filled = False
+        rows_end = None
         try:
-            self._countdown = self._fill_rows(indices, seeds, raws, start, progress, cell,
-                                              task_id, datapoint, write, order, arrays,
-                                              extras, replaced, every, countdown)
+            dps = [] if self._bulk else None
+            self._countdown, dps = self._fill_rows(
+                indices, seeds, raws, start, progress, cell, task_id, datapoint, write, order,
+                arrays, extras, replaced, every, countdown, dps)
+            if clock is not None:
+                rows_end = time.perf_counter()
+            if dps and not self._write_bulk(dps, arrays, extras):
+                self._flush(dps, indices, seeds, start, order, arrays, extras, replaced)
             self._write_columns(arrays)
             filled = True
         finally:
@@ -358,11 +373,16 @@ class Assembler:
                 self._column_rows.clear()
             # A cancelled or failed batch's rows were work too (not a batch, though).
             if clock is not None:
-                self._account(clock, count, t0, t1, cpu0, filled)
+                self._account(clock, count, t0, t1, cpu0, filled, rows_end)
         return extras, replaced
 
     def _fill_rows(self, indices, seeds, raws, start, progress, cell, task_id, datapoint,
-                   write, order, arrays, extras, replaced, every, countdown) -> int:
+                   write, order, arrays, extras, replaced, every, countdown,
+                   dps: list | None) -> tuple[int, list | None]:
+        """The rows of :meth:`fill`, each written, or kept on ``dps`` (from row 0 on) for
+        :meth:`_write_bulk`. Returns the countdown to the next timed row and ``dps``, or
+        None once a sample failed: the rows kept until then are written first, so errors
+        and replacements come in the order of the rows."""
         sampled = 0.0
         for row, (index, seed, raw) in enumerate(zip(indices, seeds, raws)):
             if cell[0] >= task_id:
@@ -373,20 +393,97 @@ class Assembler:
             if countdown:
                 countdown -= 1
                 try:
-                    write(datapoint(index, seed, raw), row, index, arrays, extras)
+                    if dps is not None:
+                        dps.append(datapoint(index, seed, raw))
+                    else:
+                        write(datapoint(index, seed, raw), row, index, arrays, extras)
                 except Exception as exc:
+                    if dps is not None:
+                        self._flush(dps, indices, seeds, start, order, arrays, extras, replaced)
+                        dps = None
                     self._failed(exc, index, start + row, seed, order, row, arrays, extras,
                                  replaced)
                 continue
             countdown = every - 1
             ts = time.perf_counter()
             try:
-                self._timed_row(index, seed, raw, row, arrays, extras)
+                self._timed_row(index, seed, raw, row, arrays, extras, dps)
             except Exception as exc:
+                if dps is not None:
+                    self._flush(dps, indices, seeds, start, order, arrays, extras, replaced)
+                    dps = None
                 self._failed(exc, index, start + row, seed, order, row, arrays, extras, replaced)
             sampled += time.perf_counter() - ts
             self._sampled = sampled
-        return countdown
+        return countdown, dps
+
+    def _flush(self, dps: list, indices, seeds, start: int, order, arrays: dict, extras: dict,
+               replaced: list) -> None:
+        """Write the datapoints kept on ``dps`` (rows 0 ..) one by one, as any row is
+        written; empties ``dps``."""
+        for row, dp in enumerate(dps):
+            try:
+                self._write(dp, row, indices[row], arrays, extras)
+            except Exception as exc:
+                self._failed(exc, indices[row], start + row, seeds[row], order, row, arrays,
+                             extras, replaced)
+        dps.clear()
+
+    def _write_bulk(self, dps: list, arrays: dict, extras: dict) -> bool:
+        """Write rows ``0 .. len(dps) - 1`` key by key, if every datapoint is one that
+        :meth:`_write` takes its fast path for; else write nothing and return False.
+
+        The same checks as that fast path, made a key at a time over the batch
+        with C-level passes (``map``, ``set``): a row costs a third as much.
+        """
+        kind = tuple if self._by_position else dict
+        kinds = set(map(type, dps))
+        if (kinds != {dict} and kinds != {kind}) or set(map(len, dps)) != {self._width}:
+            return False
+        found = []
+        try:
+            for key, dtype, shape, scalars, _ in self._fast_specs:
+                values = [dp[key] for dp in dps]
+                kinds = set(map(type, values))
+                if np.ndarray in kinds:
+                    arrays_ = values if len(kinds) == 1 else \
+                        [v for v in values if type(v) is np.ndarray]
+                    if (any(d is not dtype and d != dtype for d in set(map(_DTYPE, arrays_)))
+                            or set(map(_SHAPE, arrays_)) != {shape}):
+                        return False
+                    kinds.discard(np.ndarray)
+                if not kinds <= scalars:
+                    return False
+                if int in kinds:
+                    ints = [v for v in values if type(v) is int]
+                    if min(ints) < _INT_MIN or max(ints) > _INT_MAX:
+                        return False
+                found.append(values)
+            lists = []
+            for key in self.list_keys:
+                values = [dp[key] for dp in dps]
+                for kind in set(map(type, values)) - _PLAIN:
+                    if not all(_crosses(v) for v in values if type(v) is kind):
+                        return False
+                lists.append(values)
+        except KeyError:
+            return False
+        n = len(dps)
+        for (key, _, shape, _, _), values in zip(self._fast_specs, found):
+            target = arrays[key]
+            if shape == ():
+                target[:n] = values
+            elif target.flags.c_contiguous:
+                # One C loop: the rows as one flat run (np.stack loops in Python).
+                flat = target[:n].view()
+                flat.shape = (-1,) + flat.shape[2:]
+                np.concatenate(values, out=flat)
+            else:
+                target[:n] = np.stack(values)
+        for key, values in zip(self.list_keys, lists):
+            extras[key].extend(values)
+        dps.clear()
+        return True
 
     def _failed(self, exc, index: int, position: int, seed: int, order, row: int, arrays: dict,
                 extras: dict, replaced: list) -> None:
@@ -400,17 +497,20 @@ class Assembler:
         self._write(self.substitute(index, seed, order), row, index, arrays, extras)
 
     def _account(self, clock, count: int, t0: float, t1: float, cpu0: float,
-                 filled: bool) -> None:
+                 filled: bool, rows_end: float | None = None) -> None:
         """Scale the timed rows' stages to the whole loop and add the batch to ``clock``.
 
         The loop's time is measured exactly; the timed rows say how it
         splits between the stages (what is outside their clocks, the loop
         itself, lands in 'other' via busy). A batch with no timed row (a
         small one between two) is split as the last timed rows were. The
-        batch read is timed whole.
+        batch read is timed whole, and so is what is written at the batch's end
+        (from ``rows_end``: the kept rows, the columns), as 'write'.
         """
         end = time.perf_counter()
-        loop, sampled = end - t1, self._sampled
+        if rows_end is None:
+            rows_end = end
+        loop, sampled = rows_end - t1, self._sampled
         if sampled > 0:
             self._split = [t / sampled for t in self._acc]
             if count:
@@ -421,7 +521,7 @@ class Assembler:
                 self._every = max(1, min(MAX_STRIDE, int(
                     TIMED_ROW_COST_US / (TIMING_SHARE * max(per_row_us, 1e-3)))))
         split = self._split
-        clock.add_fill(t1 - t0 + split[0] * loop, split[1] * loop,
+        clock.add_fill(t1 - t0 + split[0] * loop, split[1] * loop + end - rows_end,
                        [t * loop for t in split[2:]], count if filled else 0,
                        end - t0, time.process_time() - cpu0 if clock.inline else 0.0,
                        batches=int(filled))
@@ -564,6 +664,7 @@ class Assembler:
 
 # The range of Python ints that numpy turns into its default int (int64) and not
 # into a wider type: only these take _write's fast path as that int.
+_DTYPE, _SHAPE = operator.attrgetter('dtype'), operator.attrgetter('shape')
 _INT_MIN, _INT_MAX = (int(x) for x in (np.iinfo(np.asarray(0).dtype).min,
                                       np.iinfo(np.asarray(0).dtype).max))
 

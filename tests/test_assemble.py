@@ -31,9 +31,12 @@ SENTINEL = 0xA5     # every byte of a slot before the fill: a row left unwritten
 
 
 class General(Assembler):
-    """The assembler with its fast path left out: every datapoint takes the full checks."""
+    """The assembler with its fast paths left out: every datapoint takes the full checks."""
 
     _write = Assembler._write_checked
+
+    def _write_bulk(self, dps, arrays, extras):
+        return False        # so each kept row is written by _write, one by one
 
 
 def slots(spec: dict, batch: int) -> dict:
@@ -206,6 +209,62 @@ def test_replacements_under_skip_same_bytes():
     data[9] = {'label': 9, 'vec': np.zeros(15, np.float32)}  # wrong shape
     arrays, _, replaced = assert_same_fill(data, TRIVIAL, on_error='skip')
     assert [r[0] for r in replaced] == [5, 9]
+
+
+def fails_at(bad: set):
+    """A fn that raises on the datapoints whose label is in ``bad``."""
+    def fn(dp, seed=None):
+        if int(dp['label']) in bad:
+            raise ValueError(f'bad label {int(dp["label"])}')
+        return dp
+    return fn
+
+
+@pytest.mark.parametrize('on_error', ['raise', 'skip'])
+def test_a_kept_row_that_does_not_fit_is_reported_before_a_later_failed_fn(on_error):
+    # Rows are kept and written at the batch's end (_write_bulk); a fn that
+    # fails at row 9 must not jump ahead of the wrong shape at row 5, which
+    # the row-by-row path meets first.
+    data = trivial(32)
+    data[5] = {'label': 5, 'vec': np.zeros(15, np.float32)}
+    fns = [fails_at({9, 21})]
+    if on_error == 'skip':
+        _, _, replaced = assert_same_fill(data, TRIVIAL, fns=fns, on_error='skip')
+        assert [r[0] for r in replaced] == [5, 9, 21]
+        return
+    failures = []
+    for cls in (Assembler, General):
+        with pytest.raises(SampleFailure) as info:
+            fill(cls, data, TRIVIAL, fns=fns)
+        failures.append(info.value)
+    assert [(f.index, str(f.exc)) for f in failures] == [(5, str(failures[1].exc))] * 2
+
+
+@pytest.mark.parametrize('odd', [
+    {'label': 3, 'vec': np.zeros(16, np.float32)},              # a Python int: still fast
+    {'label': np.int64(3), 'vec': np.zeros(16, np.float32)[None]},   # shape (1, 16)
+    {'label': 2**63, 'vec': np.zeros(16, np.float32)},          # past int64
+    ({'label': np.int64(3), 'vec': np.zeros(16, np.float32)}, 'extra'),  # not a dict
+])
+@pytest.mark.parametrize('on_error', ['raise', 'skip'])
+def test_one_odd_row_among_kept_rows_same_result(odd, on_error):
+    data = trivial(16)
+    data[7] = odd
+    fast = general = None
+    try:
+        fast = fill(Assembler, data, TRIVIAL, on_error=on_error)
+    except SampleFailure as exc:
+        fast = exc
+    try:
+        general = fill(General, data, TRIVIAL, on_error=on_error)
+    except SampleFailure as exc:
+        general = exc
+    if isinstance(general, SampleFailure):
+        assert isinstance(fast, SampleFailure) and str(fast) == str(general)
+        return
+    for key in general[0]:
+        assert fast[0][key].tobytes() == general[0][key].tobytes()
+    assert fast[1:] == general[1:]
 
 
 def test_loader_batches_identical_to_the_general_path():
