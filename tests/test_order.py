@@ -302,3 +302,22 @@ def test_sorted_tables_are_the_stable_sort_of_the_keyed_words(n):
         expected = np.argsort(words, kind='stable')
         got = permutation(n, seed, epoch)(np.arange(n, dtype=np.uint64))
         assert got.tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize('n', [1, 7, 1000, 65_536])
+def test_a_batch_within_one_epoch_is_a_slice_of_the_general_path(n):
+    # indices() takes a slice of the epoch's sorted table where the positions
+    # are one run of one epoch; the general path (_runs) gathers position by
+    # position. Both must give the same indices, at the edges of epochs too.
+    order = Order(n, seed=5)
+
+    def general(start, count):
+        out, runs = order._runs(start, count)
+        for perm, lo, hi, local in runs:
+            out[lo:hi] = perm(local)
+        return out.astype(np.int64).tolist()
+
+    for start, count in [(0, n), (0, 1), (n - 1, 1), (3 * n, min(n, 256)), (5 * n + n // 2, 1),
+                         (7 * n + n // 3, n - n // 3), (n // 2, n), (2 * n - 1, 2)]:
+        assert order.indices(start, count).tolist() == general(start, count), (start, count)
+    assert order.indices(4, 0).tolist() == []

@@ -151,6 +151,9 @@ def run(args: WorkerArgs) -> None:
     sock.setsockopt(zmq.IDENTITY, args.identity)
     sock.connect(args.endpoint)
     sock.send_multipart(protocol.hello(os.getpid()))
+    # One poller for the life of the worker (Socket.poll makes one a call).
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
     warm = getattr(args.reader, 'warm', None)
     if warm is not None:
         try:
@@ -174,7 +177,7 @@ def run(args: WorkerArgs) -> None:
         while True:
             if pending:
                 frames = pending.popleft()
-            elif not sock.poll(RECV_POLL_MS):
+            elif not poller.poll(RECV_POLL_MS):
                 clock.waiting()
                 if (args.steady_memory and not trimmed
                         and time.monotonic() - last_task > memory.IDLE_TRIM_S):
@@ -224,7 +227,10 @@ def run(args: WorkerArgs) -> None:
                                                    int(progress[0]), args.wid)
                 reply = protocol.fail(task_id, failure)
             clock.finish()
-            sock.send_multipart(reply)
+            if len(reply) == 1:
+                sock.send(reply[0])     # the common reply: no send_multipart checks
+            else:
+                sock.send_multipart(reply)
             clock.idle()
     finally:
         sock.close(0)
