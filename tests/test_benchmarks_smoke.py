@@ -124,3 +124,20 @@ def test_stats_cost_adds_up_its_parts():
     total = float(rows[-1][1].split('**')[1])
     assert len(parts) == 4 and all(p >= 0 for p in parts)
     assert abs(sum(parts) - total) < 0.02
+
+
+def test_paired_bursts_give_each_contender_its_figures(tmp_path):
+    # The checkout itself stands in for the older one: imported a second
+    # time, as loadr_before, it runs beside loadr in the same process.
+    out = tmp_path / 'paired.json'
+    cmd = [sys.executable, '-m', 'benchmarks.paired', '--before', ROOT, '--peers', 'torch',
+           '--bursts', '2', '--burst-batches', '3', '--n', '2048', '--json', str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.strip('|').split('|')[0].strip() for line in proc.stdout.splitlines()
+            if line.startswith('| ') and not line.startswith('| contender')]
+    assert rows == ['loadr', 'before', 'torch']
+    figures = json.loads(out.read_text())
+    assert sorted(figures) == ['before', 'before main', 'loadr', 'loadr main', 'torch',
+                               'torch main']
+    assert all(len(v) == 2 for v in figures.values())
