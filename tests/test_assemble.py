@@ -31,12 +31,14 @@ SENTINEL = 0xA5     # every byte of a slot before the fill: a row left unwritten
 
 
 class General(Assembler):
-    """The assembler with its fast paths left out: every datapoint takes the full checks."""
+    """The assembler with its fast paths left out: every row is read by ``datapoint()`` and
+    written as it comes, with the full checks (no rows kept for ``_write_bulk``)."""
 
     _write = Assembler._write_checked
 
-    def _write_bulk(self, dps, arrays, extras):
-        return False        # so each kept row is written by _write, one by one
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._bulk = False
 
 
 def slots(spec: dict, batch: int) -> dict:
@@ -476,3 +478,75 @@ def test_a_transient_read_error_is_tried_again_and_others_are_not(monkeypatch):
     with pytest.raises(ValueError, match='corrupt'):
         asm.datapoint(3, 0)
     assert broken.reads == [3]                      # not read a second time
+
+
+def relabel(dp, seed=None):
+    """A fn that makes a new dict (as most do) from the one it is given."""
+    return {'label': dp['label'], 'vec': dp['vec']}
+
+
+class Returns:
+    """A reader whose datapoint at ``odd`` is ``value``; the others are trivial ones."""
+
+    def __init__(self, n: int, odd: int, value):
+        self.data, self.odd, self.value = trivial(n), odd, value
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, index):
+        return self.value if index == self.odd else self.data[index]
+
+
+@pytest.mark.parametrize('value', [None, ['a', 'list'], 7,
+                                   ({'label': np.int64(1), 'vec': np.zeros(16, np.float32)},)])
+def test_what_the_reader_returns_is_checked_as_datapoint_does(value):
+    # The fill reads the common row (a dict) itself; anything else is checked
+    # as datapoint() checks it, with the same error, at the same index.
+    errors = []
+    for cls in (Assembler, General):
+        asm = cls(Returns(16, 6, value), [relabel], TRIVIAL)
+        with pytest.raises(SampleFailure) as info:
+            asm.fill(Order(16, seed=0, shuffle=False), 0, 16, slots(TRIVIAL, 16))
+        errors.append(info.value)
+    assert errors[0].index == errors[1].index == 6
+    assert type(errors[0].exc) is type(errors[1].exc)
+    assert str(errors[0].exc) == str(errors[1].exc)
+
+
+@pytest.mark.parametrize('returns', [None, [1, 2], 'text'])
+def test_a_fn_that_returns_no_datapoint_gets_the_same_error(returns):
+    def odd(dp, seed=None):
+        return returns if int(dp['label']) == 9 else dp
+    errors = []
+    for cls in (Assembler, General):
+        asm = cls(trivial(16), [odd], TRIVIAL)
+        with pytest.raises(SampleFailure) as info:
+            asm.fill(Order(16, seed=0, shuffle=False), 0, 16, slots(TRIVIAL, 16))
+        errors.append(info.value)
+    assert errors[0].index == errors[1].index == 9
+    assert str(errors[0].exc) == str(errors[1].exc)
+    assert 'returned' in str(errors[0].exc)
+
+
+def test_tuples_from_the_reader_through_a_fn_same_bytes():
+    data = [(np.full(3, i, np.float32), i) for i in range(12)]
+    spec = {0: (F32, (3,)), 1: (I64, ())}
+    assert_same_fill(data, spec, fns=[lambda dp, seed=None: (dp[0] * 2, dp[1])])
+
+
+def test_a_transient_read_error_in_a_fill_is_tried_again(monkeypatch):
+    # The fill's own read of the common row keeps the retry policy.
+    monkeypatch.setattr('loadr.assemble.READ_RETRY_DELAYS_S', (0.0, 0.0))
+    flaky = Flaky(8, OSError(errno.EIO, 'I/O error'))
+    asm = Assembler(flaky, [relabel], TRIVIAL)
+    arrays = slots(TRIVIAL, 8)
+    asm.fill(Order(8, seed=0, shuffle=False), 0, 8, arrays)
+    assert arrays['label'].tolist() == list(range(8))
+    assert flaky.reads == [i for i in range(8) for _ in range(2)]
+    broken = Flaky(8, ValueError('corrupt'))
+    asm = Assembler(broken, [relabel], TRIVIAL)
+    with pytest.raises(SampleFailure) as info:
+        asm.fill(Order(8, seed=0, shuffle=False), 0, 8, slots(TRIVIAL, 8))
+    assert info.value.index == 0 and 'corrupt' in str(info.value.exc)
+    assert broken.reads == [0]                      # not read a second time
