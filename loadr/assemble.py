@@ -544,7 +544,7 @@ class Assembler:
         clock.add_fill(t1 - t0 + split[0] * loop, split[1] * loop + end - rows_end,
                        [t * loop for t in split[2:]], count if filled else 0,
                        end - t0, time.process_time() - cpu0 if clock.inline else 0.0,
-                       batches=int(filled))
+                       int(filled))
 
     def prefetch(self, order, start: int, count: int, indices: list | None = None) -> None:
         """Let a remote reader start reading positions ``start ..`` ahead; once per task.
