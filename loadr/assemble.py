@@ -389,7 +389,8 @@ class Assembler:
         # read) through the fns. datapoint() inlined for it: the call was 4% of a
         # trivial fill. Anything else goes through datapoint() itself.
         get, after = self._get, self.after
-        plain = dps is not None and get is not None and bool(after) and raws[0] is None
+        plain = (dps is not None and get is not None and bool(after)
+                 and (not raws or raws[0] is None))     # a batch read gives all or none
         for row, (index, seed, raw) in enumerate(zip(indices, seeds, raws)):
             if cell[0] >= task_id:
                 raise Cancelled(task_id)
@@ -682,9 +683,10 @@ class Assembler:
             extras[key].append(dp[key])
 
 
+# What _write_bulk maps over a batch's arrays.
+_DTYPE, _SHAPE = operator.attrgetter('dtype'), operator.attrgetter('shape')
 # The range of Python ints that numpy turns into its default int (int64) and not
 # into a wider type: only these take _write's fast path as that int.
-_DTYPE, _SHAPE = operator.attrgetter('dtype'), operator.attrgetter('shape')
 _INT_MIN, _INT_MAX = (int(x) for x in (np.iinfo(np.asarray(0).dtype).min,
                                       np.iinfo(np.asarray(0).dtype).max))
 

@@ -550,3 +550,10 @@ def test_a_transient_read_error_in_a_fill_is_tried_again(monkeypatch):
         asm.fill(Order(8, seed=0, shuffle=False), 0, 8, slots(TRIVIAL, 8))
     assert info.value.index == 0 and 'corrupt' in str(info.value.exc)
     assert broken.reads == [0]                      # not read a second time
+
+
+def test_an_empty_fill_writes_nothing_and_fails_nothing():
+    asm = Assembler(trivial(8), [relabel], TRIVIAL)
+    arrays = slots(TRIVIAL, 8)
+    assert asm.fill(Order(8, seed=0), 3, 0, arrays) == ({}, [])
+    assert set(arrays['vec'].view(np.uint8).ravel().tolist()) == {SENTINEL}
