@@ -74,7 +74,7 @@ LIVENESS_EVERY_S = 0.25         # how often poll() looks at the heartbeats
 # sentinel woke it: a death wakes a waiting poll at once through its
 # sentinel, so this only bounds the delay while replies keep coming.
 EXIT_CHECK_S = 0.05
-_EVENTS, POLLIN, _SNDMORE = zmq.EVENTS, int(zmq.POLLIN), int(zmq.SNDMORE)
+_EVENTS, _POLLIN, _SNDMORE = zmq.EVENTS, int(zmq.POLLIN), int(zmq.SNDMORE)
 
 
 def _block_sigint():
@@ -529,7 +529,7 @@ class WorkerPool:
         events = []
         # The socket's own flag, not a receive until Again: an exception a poll
         # cost more than the rest of it.
-        while sock.get(_EVENTS) & POLLIN:
+        while sock.get(_EVENTS) & _POLLIN:
             events += self._receive(sock.recv_multipart(zmq.NOBLOCK))
         events += self._check_workers(any(fd is not sock for fd, _ in woke))
         return events
