@@ -300,19 +300,25 @@ class Assembler:
                 pass
         return [None] * len(indices)
 
-    def substitute(self, index: int, seed: int, order) -> dict:
+    def substitute(self, index: int, seed: int, order, write=None) -> dict:
         """The datapoint that replaces a failed ``index`` under ``on_error='skip'``.
 
         A pure function of the failed index (the order's ``alternative()``),
         so every run (any worker count, any resume) substitutes the same one.
+        ``write(dp)``, when given, writes a candidate into the batch; one it
+        refuses (a datapoint that does not fit the spec) is passed over too.
         """
         for k in range(1, 17):
             alt = order.alternative(index, k)
             try:
-                return self.datapoint(alt, seed)
+                dp = self.datapoint(alt, seed)
+                if write is not None:
+                    write(dp)
+                return dp
             except Exception:
                 continue
-        raise LoadrError(f'no readable datapoint found to replace index {index}', index=index)
+        raise LoadrError(f'no readable datapoint that fits the spec found to replace index '
+                         f'{index}', index=index)
 
     def fill(self, order, start: int, count: int, arrays: dict, progress=None,
              batch_read: bool = True, cancel: tuple | None = None):
@@ -515,7 +521,10 @@ class Assembler:
         # never be handed out. The Loader logs each replacement once, in the main
         # process, when its batch is handed out (with the reason carried from here).
         replaced.append((index, position, f'{type(exc).__name__}: {exc}'))
-        self._write(self.substitute(index, seed, order), row, index, arrays, extras)
+        # A candidate refused half-way may have written some of the row: the one
+        # taken writes all of it (and list keys are added only once all pass).
+        self.substitute(index, seed, order,
+                        lambda dp: self._write(dp, row, index, arrays, extras))
 
     def _account(self, clock, count: int, t0: float, t1: float, cpu0: float,
                  filled: bool, rows_end: float | None = None) -> None:

@@ -557,3 +557,27 @@ def test_an_empty_fill_writes_nothing_and_fails_nothing():
     arrays = slots(TRIVIAL, 8)
     assert asm.fill(Order(8, seed=0), 3, 0, arrays) == ({}, [])
     assert set(arrays['vec'].view(np.uint8).ravel().tolist()) == {SENTINEL}
+
+
+def test_a_replacement_that_does_not_fit_the_spec_is_passed_over():
+    # Under skip, index 5 fails (a missing key) and so does its first
+    # candidate (a wrong shape): the second candidate replaces it, the same
+    # on the fast path and the row-by-row one. It once raised the candidate's
+    # SpecError out of the skip.
+    data = trivial(32)
+    order = Order(32, seed=3)
+    first, second = order.alternative(5, 1), order.alternative(5, 2)
+    data[5] = {'label': 5}
+    data[first] = {'label': first, 'vec': np.zeros(15, np.float32)}
+    arrays, _, replaced = assert_same_fill(data, TRIVIAL, on_error='skip')
+    assert [r[0] for r in replaced] == [5, first]
+    row = 5
+    assert arrays['label'][row] == second and arrays['vec'][row].tobytes() == \
+        data[second]['vec'].tobytes()
+
+
+def test_no_candidate_that_fits_names_the_index():
+    data = [{'label': np.int64(i), 'vec': np.zeros(15, np.float32)} for i in range(8)]
+    asm = Assembler(data, [], TRIVIAL, 'skip')          # not one fits
+    with pytest.raises(loadr.LoadrError, match='fits the spec found to replace index 3'):
+        asm.fill(Order(8, seed=0, shuffle=False), 3, 1, slots(TRIVIAL, 1))

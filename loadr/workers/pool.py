@@ -528,9 +528,14 @@ class WorkerPool:
         woke = self._poller().poll(timeout_ms)
         events = []
         # The socket's own flag, not a receive until Again: an exception a poll
-        # cost more than the rest of it.
+        # cost more than the rest of it. (The flag says a message *may* be read:
+        # Again still ends the loop, should it come.)
         while sock.get(_EVENTS) & _POLLIN:
-            events += self._receive(sock.recv_multipart(zmq.NOBLOCK))
+            try:
+                msg = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            events += self._receive(msg)
         events += self._check_workers(any(fd is not sock for fd, _ in woke))
         return events
 
