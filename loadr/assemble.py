@@ -243,17 +243,12 @@ class Assembler:
                 dp = self._read(index, seed, exc)
         else:
             dp = self._read(index, seed)
-        kind = type(dp)
-        if kind is not dict:
+        if type(dp) is not dict:
             _returned(dp, index)
         after = self.after
         if not after:
             return dp
-        # fns may mutate; never let them touch the reader's own objects
-        if kind is dict:
-            dp = dp.copy()      # a third faster than dict(dp)
-        elif kind is not tuple:
-            dp = dict(dp)
+        dp = _own(dp)
         for fn in after:
             dp = fn(dp, seed=seed)
             if type(dp) is not dict:
@@ -272,8 +267,7 @@ class Assembler:
         if type(dp) is not dict:
             _returned(dp, index)
         if self.after:
-            if type(dp) is not tuple:
-                dp = dict(dp)
+            dp = _own(dp)
             for slot, fn in enumerate(self.after, self._first_after):
                 dp = fn(dp, seed=seed)
                 t2 = clock()
@@ -412,7 +406,7 @@ class Assembler:
                         except Exception as exc:
                             dp = self._read(index, seed, exc)
                         if type(dp) is dict:
-                            dp = dp.copy()      # fns may mutate: see datapoint()
+                            dp = dp.copy()      # _own(dp), for an exact dict
                             for fn in after:
                                 dp = fn(dp, seed=seed)
                                 if type(dp) is not dict:
@@ -711,6 +705,20 @@ def _returned(dp, index: int, fn=None):
         return dp
     who = 'the reader' if fn is None else f'fn {fn!r}'
     raise SpecError(f'{who} returned {type(dp).__name__}, not a dict or a tuple', index=index)
+
+
+def _own(dp):
+    """The datapoint the fns get: fns may mutate theirs, so never the reader's own
+    dict. A tuple is passed as it is; an exact dict copied with ``dict.copy()`` (a
+    third faster than ``dict(dp)``); any other mapping as a new dict.
+
+    >>> d = {'a': 1}; _own(d) == d and _own(d) is not d
+    True
+    """
+    kind = type(dp)
+    if kind is dict:
+        return dp.copy()
+    return dp if kind is tuple else dict(dp)
 
 
 def _canonical(dtype) -> np.dtype:
