@@ -60,6 +60,7 @@ import concurrent.futures
 import functools
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
@@ -153,6 +154,37 @@ def _install_hint(protocol: str) -> str:
     return f'install fsspec and the fsspec package for {protocol}:// (see fsspec\'s list)'
 
 
+# The numeric settings: (whole number?, least, most). Each is checked once, when the
+# storage is made: an inf or a nan would otherwise surface much later as an
+# OverflowError (int(inf)), no timeout at all (a comparison with nan is False),
+# or another error far from its cause.
+_NUMBERS = {
+    'retries': (True, 0, 1000),
+    'timeout_s': (False, 1e-3, 7 * 86400.0),
+    'backoff_s': (False, 0, 3600.0),
+    'backoff_max_s': (False, 0, 3600.0),
+    'max_concurrency': (True, 1, 1 << 16),
+    'merge_gap_bytes': (True, 0, 1 << 40),
+    'max_request_bytes': (True, 1, 1 << 40),
+    'readahead_bytes': (True, 0, 1 << 50),
+    'max_ranges': (True, 0, 1 << 16),
+    'cache_bytes': (True, 0, 1 << 60),
+}
+
+
+def _number(key: str, value, url: str) -> int | float:
+    """``value`` of numeric setting ``key``, checked (finite, in range); a ConfigError if not."""
+    whole, least, most = _NUMBERS[key]
+    what = 'a whole number' if whole else 'a number'
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    if ok and isinstance(value, float):
+        ok = math.isfinite(value) and (not whole or value.is_integer())
+    if not ok or not least <= value <= most:
+        raise ConfigError(f"storage_options['loadr'][{key!r}] must be {what} from {least:g} "
+                          f'to {most:g}, not {value!r}', url)
+    return int(value) if whole else float(value)
+
+
 def _settings(options: dict, url: str) -> dict:
     given = options.pop('loadr', None) or {}
     if not isinstance(given, dict):
@@ -172,9 +204,8 @@ def _settings(options: dict, url: str) -> dict:
             if value not in _CACHE_POLICIES:
                 raise ConfigError(f"storage_options['loadr']['cache_policy'] must be one of "
                                   f'{list(_CACHE_POLICIES)}, not {value!r}', url)
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ConfigError(f"storage_options['loadr'][{key!r}] must be a number >= 0, "
-                              f'not {value!r}', url)
+        elif key in _NUMBERS:
+            value = _number(key, value, url)
         settings[key] = value
     if settings['cache_dir'] and not settings['cache_bytes'] >= 1:
         raise ConfigError(f"storage_options['loadr']: a cache_dir needs cache_bytes > 0 "

@@ -273,8 +273,34 @@ def test_bad_and_missing_credentials(moto_auth, monkeypatch):
 def test_bad_settings_are_config_errors():
     with pytest.raises(ConfigError, match='unknown'):
         RemoteStorage('s3://b/x', {'loadr': {'retry': 3}})
-    with pytest.raises(ConfigError, match='>= 0'):
+    with pytest.raises(ConfigError, match=r"\['retries'\] must be a whole number from 0"):
         RemoteStorage('s3://b/x', {'loadr': {'retries': -1}})
+
+
+@pytest.mark.parametrize('key,value', [
+    ('readahead_bytes', float('inf')), ('max_concurrency', float('inf')),
+    ('timeout_s', float('nan')), ('backoff_max_s', float('nan')), ('backoff_s', float('inf')),
+    ('retries', 2.5), ('retries', 10**400), ('max_ranges', -1), ('merge_gap_bytes', 'big'),
+    ('max_request_bytes', 0), ('cache_bytes', float('-inf')), ('timeout_s', 0),
+    ('max_concurrency', True), ('readahead_bytes', 1e300),
+])
+def test_every_numeric_setting_is_checked_finite_and_in_range(key, value):
+    # Once, when the storage is made: inf and nan used to be taken and end in an
+    # OverflowError, no timeout at all, or an unrelated error at the first read.
+    with pytest.raises(ConfigError, match=rf"storage_options\['loadr'\]\[{key!r}\] must be") \
+            as info:
+        RemoteStorage('s3://b/x', {'loadr': {key: value}})
+    assert info.value.path == 's3://b/x' and repr(value)[:20] in str(info.value)
+
+
+def test_numeric_settings_in_range_are_taken():
+    from loadr.remote import _NUMBERS, DEFAULTS
+    # Every numeric default has its bounds (a new setting cannot slip past the check).
+    assert {k for k, v in DEFAULTS.items() if isinstance(v, (int, float))} == set(_NUMBERS)
+    storage = RemoteStorage('s3://b/x', {'loadr': {'retries': 3.0, 'timeout_s': 2,
+                                                   'readahead_bytes': 0, 'max_ranges': 0}})
+    assert storage.settings['retries'] == 3 and type(storage.settings['retries']) is int
+    assert storage.settings['timeout_s'] == 2.0
 
 
 # ---------------------------------------------------------------------------
