@@ -107,6 +107,10 @@ DEFAULTS = {
 }
 _CACHE_POLICIES = ('furthest', 'lru')
 
+# A server that ignores Range: files up to this size are read whole (and kept, at
+# most this many bytes of them per process); a larger one is a ReadError.
+WHOLE_FILE_MAX_BYTES = 64 << 20
+
 # The extra that installs each protocol's package.
 EXTRAS = {'s3': 's3', 's3a': 's3', 'gs': 'gcs', 'gcs': 'gcs', 'http': 'http', 'https': 'http'}
 
@@ -221,6 +225,15 @@ class _ShortBody(Exception):
     """Fewer bytes came than were asked for (a connection cut mid-body)."""
 
 
+class _WrongRange(Exception):
+    """A 206 answer for other bytes than were asked (its range, length or total size).
+
+    Transient: a cache or a proxy between us and the server may have mixed up
+    two answers; asked again, the server gives the right bytes or the retries
+    end in a ReadError naming the URL and the record.
+    """
+
+
 def _status(exc: BaseException) -> int | None:
     """The HTTP status behind an exception of aiohttp, botocore or s3fs, if any."""
     for e in (exc, exc.__cause__, exc.__context__):
@@ -249,7 +262,7 @@ def _names(exc: BaseException) -> set[str]:
 
 
 _TRANSIENT_NAMES = {
-    '_ShortBody', 'TimeoutError', 'ClientPayloadError', 'ServerDisconnectedError',
+    '_ShortBody', '_WrongRange', 'TimeoutError', 'ClientPayloadError', 'ServerDisconnectedError',
     'ClientConnectionError', 'ClientOSError', 'ServerTimeoutError', 'ConnectionError',
     'EndpointConnectionError', 'ConnectionClosedError', 'ReadTimeoutError',
     'ConnectTimeoutError', 'IncompleteReadError', 'ResponseStreamingError', 'IncompleteRead',
@@ -463,20 +476,54 @@ def _boundary(content_type: str) -> bytes:
     raise _ShortBody(f'multipart answer without a boundary ({content_type!r})')
 
 
-def _content_range(value: str) -> tuple[int, int]:
-    """``[start, end)`` of a ``Content-Range: bytes a-b/size`` header."""
+def _content_range(value: str) -> tuple[int, int, int | None]:
+    """``(start, end, size)`` of a ``Content-Range: bytes a-b/size`` header: bytes
+    ``[start, end)`` of a file of ``size`` bytes (None for ``*``).
+
+    >>> _content_range('bytes 0-9/100'), _content_range('bytes 5-5/*')
+    ((0, 10, 100), (5, 6, None))
+    """
     unit, _, rest = value.strip().partition(' ')
-    first, _, last = rest.partition('/')[0].partition('-')
-    if unit.lower() != 'bytes' or not first.strip().isdigit() or not last.strip().isdigit():
-        raise _ShortBody(f'unreadable Content-Range {value!r}')
-    return int(first), int(last) + 1
+    span, _, total = rest.partition('/')
+    first, _, last = span.partition('-')
+    total = total.strip()
+    if (unit.lower() != 'bytes' or not first.strip().isdigit() or not last.strip().isdigit()
+            or not (total.isdigit() or total == '*') or int(last) < int(first)):
+        raise _WrongRange(f'unreadable Content-Range {value!r}')
+    return int(first), int(last) + 1, int(total) if total != '*' else None
 
 
-def _byteranges(body: bytes, boundary: bytes) -> list[tuple[int, int, bytes]]:
+def _check_part(asked: tuple[int, int] | None, got: tuple[int, int, int | None], length: int,
+                size: int | None) -> None:
+    """Raise _WrongRange (or _ShortBody) unless an answer of ``length`` bytes with
+    Content-Range ``got`` is bytes ``asked`` (None: any) of a file of ``size`` bytes.
+
+    >>> _check_part((0, 10), (0, 10, 100), 10, 100)
+    >>> _check_part((0, 10), (10, 20, 100), 10, 100)
+    Traceback (most recent call last):
+    loadr.remote._WrongRange: asked for bytes 0-9, the answer holds bytes 10-19
+    """
+    first, last, total = got
+    if asked is not None and (first, last) != tuple(asked):
+        raise _WrongRange(f'asked for bytes {asked[0]}-{asked[1] - 1}, the answer holds bytes '
+                          f'{first}-{last - 1}')
+    if total is not None and size is not None and total != size:
+        raise _WrongRange(f'the answer gives the file {total} bytes, not the {size} it had '
+                          f'when it was opened')
+    if length < last - first:
+        raise _ShortBody(f'got {length} of {last - first} bytes at offset {first}')
+    if length > last - first:
+        raise _WrongRange(f'got {length} bytes for the {last - first} of bytes '
+                          f'{first}-{last - 1}')
+
+
+def _byteranges(body: bytes, boundary: bytes, size: int | None = None
+                ) -> list[tuple[int, int, bytes]]:
     r"""The parts of a ``multipart/byteranges`` body: ``(start, end, bytes)``.
 
     Each part's length comes from its Content-Range, so the boundary is never
-    searched for inside the data (where it may well occur).
+    searched for inside the data (where it may well occur). A part of a file
+    of another ``size`` (when given) is a _WrongRange.
 
     >>> body = (b'\r\n--B\r\nContent-Range: bytes 0-2/9\r\n\r\nabc'
     ...         b'\r\n--B\r\nContent-Range: bytes 6-8/9\r\n\r\n--B\r\n--B--\r\n')
@@ -498,6 +545,7 @@ def _byteranges(body: bytes, boundary: bytes) -> list[tuple[int, int, bytes]]:
             name, _, value = line.partition(':')
             if name.strip().lower() == 'content-range':
                 span = _content_range(value)
+                _check_part(None, span, span[1] - span[0], size)
         if span is None:
             raise _ShortBody('a part of a multipart answer has no Content-Range')
         start = head_end + 4
@@ -527,7 +575,10 @@ class _Part:
         self.future, self.k = future, k
 
     def result(self, timeout: float | None = None) -> bytes:
-        return self.future.result(timeout)[self.k]
+        data = self.future.result(timeout)[self.k]
+        if isinstance(data, BaseException):     # this span failed (alone), not the others
+            raise data
+        return data
 
     def cancel(self) -> bool:
         return self.future.cancel()
@@ -584,6 +635,10 @@ class RemoteStorage(Storage):
         self.requests = 0            # requests sent by this process (for tests and benchmarks)
         self.bytes_fetched = 0
         self._one_range_hosts: set[str] = set()   # they answer a multi-range request whole
+        self._no_range_hosts: set[str] = set()    # they answer any range request whole
+        self._wholes: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self._whole_bytes = 0
+        self._whole_pending: dict[str, asyncio.Future] = {}
         # The local cache (cache_dir): one per dataset, and what the loader said of
         # the reads under way (see cache_clock); ranges fetched since, to offer it.
         self._caches: dict[str, object] = {}
@@ -727,18 +782,134 @@ class RemoteStorage(Storage):
 
     async def _fetch(self, path: str, start: int, end: int, index: int | None) -> bytes:
         """Bytes ``[start, end)`` of ``path``, exactly, retried."""
-        fs = self.fs
+        if self.protocol in ('http', 'https'):
+            def once():
+                return self._http_range(path, start, end, index)
+        elif self.protocol in ('s3', 's3a'):
+            def once():
+                return self._s3_range(path, start, end)
+        else:
+            fs = self.fs
 
-        async def once():
-            self.requests += 1
-            data = await fs._cat_file(path, start=start, end=end)
-            self.bytes_fetched += len(data)
-            if len(data) != end - start:
-                if start == 0 and len(data) == self._sizes.get(path, -1) >= end:
-                    return data[:end]          # a server that ignored Range (sent it all)
-                raise _ShortBody(f'got {len(data)} of {end - start} bytes at offset {start}')
-            return data
+            async def once():
+                self.requests += 1
+                data = await fs._cat_file(path, start=start, end=end)
+                self.bytes_fetched += len(data)
+                _check_part(None, (start, end, None), len(data), None)
+                return data
         return await self._limited(lambda: self._retried(once, path, index))
+
+    def _http_kw(self, spans: Sequence[tuple[int, int]]) -> dict:
+        """The keywords of a GET of byte ranges ``spans`` (``[start, end)`` each); counted."""
+        kw = dict(self.fs.kwargs)
+        headers = dict(kw.pop('headers', None) or {})
+        headers['Range'] = 'bytes=' + ','.join(f'{a}-{b - 1}' for a, b in spans)
+        kw['headers'] = headers
+        self.requests += 1
+        return kw
+
+    async def _http_range(self, path: str, start: int, end: int, index: int | None) -> bytes:
+        """One attempt at bytes ``[start, end)`` over HTTP, the answer checked: a 206 for
+        exactly those bytes of a file of the size we know (else a _WrongRange, retried)."""
+        whole = await self._whole_kept(path, index)
+        if whole is not None:
+            return whole[start:end]
+        fs = self.fs
+        session = await fs.set_session()
+        async with session.get(fs.encode_url(path), **self._http_kw([(start, end)])) as r:
+            if r.status == 200:
+                return (await self._whole_answer(r, path, index))[start:end]
+            if r.status >= 400:
+                fs._raise_not_found_for_status(r, path)
+            if r.status != 206:
+                raise _WrongRange(f'HTTP {r.status} {r.reason} to a range request')
+            got = _content_range(r.headers.get('Content-Range', ''))
+            body = await r.read()
+        self.bytes_fetched += len(body)
+        _check_part((start, end), got, len(body), self._sizes.get(path))
+        return body
+
+    async def _s3_range(self, path: str, start: int, end: int) -> bytes:
+        """One attempt at bytes ``[start, end)`` of an S3 object, its ContentRange checked."""
+        fs = self.fs
+        bucket, key, version = fs.split_path(path)
+        self.requests += 1
+        answer = await fs._call_s3('get_object', Bucket=bucket, Key=key,
+                                   Range=f'bytes={start}-{end - 1}',
+                                   **({'VersionId': version} if version else {}))
+        try:
+            body = await answer['Body'].read()
+        finally:
+            answer['Body'].close()
+        self.bytes_fetched += len(body)
+        content_range = answer.get('ContentRange')
+        got = _content_range(content_range) if content_range else (start, start + len(body),
+                                                                    None)
+        _check_part((start, end), got, len(body), self._sizes.get(path))
+        return body
+
+    # A server that ignores Range (python's http.server, some CDNs) answers 200 with
+    # the whole file. Files up to WHOLE_FILE_MAX_BYTES are then read whole once and
+    # kept (at most that many bytes in all, per process): their ranges are cut from
+    # them. A larger file is a ReadError at once, not a whole download per retry.
+
+    async def _whole_kept(self, path: str, index: int | None) -> bytes | None:
+        """The file kept whole (or being read whole) from a server that ignores Range."""
+        if _host(path) not in self._no_range_hosts:
+            return None
+        whole = self._wholes.get(path)
+        if whole is None and path in self._whole_pending:
+            whole = await asyncio.shield(self._whole_pending[path])
+        if whole is not None:
+            self._wholes.move_to_end(path, last=True)
+            return whole
+        size = self._sizes.get(path)
+        if size is not None and size > WHOLE_FILE_MAX_BYTES:
+            raise self._no_ranges(path, index, size)
+        return None
+
+    async def _whole_answer(self, r, path: str, index: int | None) -> bytes:
+        """The whole file of a 200 answer to a range request, kept; a ReadError if too big."""
+        self._no_range_hosts.add(_host(path))
+        self._one_range_hosts.add(_host(path))
+        size = r.content_length if r.content_length is not None else self._sizes.get(path)
+        if size is None or size > WHOLE_FILE_MAX_BYTES:
+            r.close()                       # not read: the error is what it would end in
+            raise self._no_ranges(path, index, size)
+        pending = self._whole_pending.get(path)
+        if pending is not None:             # another read is reading it whole: wait for it
+            r.close()
+            return await asyncio.shield(pending)
+        pending = self._whole_pending[path] = asyncio.get_running_loop().create_future()
+        try:
+            body = await r.read()
+            self.bytes_fetched += len(body)
+            known = self._sizes.get(path)
+            if len(body) != size:
+                raise _ShortBody(f'got {len(body)} of the {size} bytes of the whole file')
+            if known is not None and size != known:
+                raise _WrongRange(f'the answer gives the file {size} bytes, not the {known} '
+                                  f'it had when it was opened')
+        except BaseException as exc:
+            pending.set_exception(exc)
+            pending.exception()             # retrieved: nobody may be waiting
+            raise
+        finally:
+            del self._whole_pending[path]
+        pending.set_result(body)
+        self._wholes[path] = body
+        self._whole_bytes += len(body)
+        while self._whole_bytes > WHOLE_FILE_MAX_BYTES and len(self._wholes) > 1:
+            self._whole_bytes -= len(self._wholes.popitem(last=False)[1])
+        return body
+
+    def _no_ranges(self, path: str, index: int | None, size: int | None) -> ReadError:
+        what = f'a file of {size} bytes' if size is not None else 'a file of unknown size'
+        err = ReadError(f'the server ignored the Range request; loadr needs byte ranges (it '
+                        f'answered with the whole file, and {what} is more than loadr reads '
+                        f'whole: {WHOLE_FILE_MAX_BYTES >> 20} MiB)', path, index)
+        err.transient, err.attempts, err.kind = False, 1, 'other'
+        return err
 
     def _groups(self, requests: list) -> list[list[int]]:
         """Requests (``(path, start, end, members)``, sorted by path) that go out
@@ -761,58 +932,69 @@ class RemoteStorage(Storage):
                 size = end - start
         return groups
 
-    async def _fetch_group(self, requests: list, ks: list[int], index: int | None
-                           ) -> list[bytes]:
-        """The bytes of requests ``ks`` (all of one file): one request over HTTP."""
-        if len(ks) == 1:
-            path, start, end, _ = requests[ks[0]]
-            return [await self._fetch(path, start, end, index)]
+    async def _fetch_group(self, requests: list, ks: list[int], index_of) -> list:
+        """The bytes of requests ``ks`` (all of one file), or for each that failed its
+        LoadrError; ``index_of(k)``: the record named in request ``k``'s error.
+
+        Over HTTP one multi-range request. What it left out, or all of it when
+        it failed after its retries, is asked request by request: one bad
+        range fails only its own request, never the others that shared its
+        multi-range request.
+        """
         path = requests[ks[0]][0]
         spans = [(requests[k][1], requests[k][2]) for k in ks]
-        fs = self.fs
-
-        async def once():
-            session = await fs.set_session()
-            kw = dict(fs.kwargs)
-            headers = dict(kw.pop('headers', None) or {})
-            headers['Range'] = 'bytes=' + ','.join(f'{a}-{b - 1}' for a, b in spans)
-            self.requests += 1
-            async with session.get(fs.encode_url(path), headers=headers, **kw) as r:
-                if r.status == 200:
-                    r.close()               # the whole file is coming: not read
-                    return None
-                if r.status >= 400:
-                    fs._raise_not_found_for_status(r, path)
-                content_type = r.headers.get('Content-Type', '')
-                content_range = r.headers.get('Content-Range', '')
-                body = await r.read()
-            self.bytes_fetched += len(body)
-            if content_type.lower().startswith('multipart/byteranges'):
-                parts = _byteranges(body, _boundary(content_type))
-            else:                           # the server made one range of them
-                first, last = _content_range(content_range)
-                if last - first != len(body):
-                    raise _ShortBody(f'got {len(body)} of {last - first} bytes at offset '
-                                     f'{first}')
-                parts = [(first, last, body)]
-            return [_cut(parts, a, b) for a, b in spans]
-        got = await self._limited(lambda: self._retried(once, path, index))
-        if got is None:
-            self._one_range_hosts.add(_host(path))
-            got = [None] * len(spans)
-        # Whatever the answer left out (or all of it): range by range.
+        got: list = [None] * len(spans)
+        if len(ks) > 1:
+            try:
+                got = await self._limited(lambda: self._retried(
+                    lambda: self._http_ranges(path, spans), path, index_of(ks[0])))
+            except LoadrError:
+                got = None
+            if got is None:
+                got = [None] * len(spans)
         missing = [j for j, data in enumerate(got) if data is None]
         if missing:
-            datas = await asyncio.gather(*(self._fetch(path, *spans[j], index)
-                                           for j in missing))
-            for j, data in zip(missing, datas):
-                got[j] = data
+            results = await asyncio.gather(*(self._fetch(path, *spans[j], index_of(ks[j]))
+                                             for j in missing), return_exceptions=True)
+            for j, result in zip(missing, results):
+                if isinstance(result, BaseException) and not isinstance(result, LoadrError):
+                    raise result
+                got[j] = result
         return got
 
-    async def _fetch_all(self, requests: list, index_of) -> list[bytes]:
-        """The bytes of every request, the groups of :meth:`_groups` concurrently."""
+    async def _http_ranges(self, path: str, spans: list[tuple[int, int]]) -> list | None:
+        """One attempt at byte ranges ``spans`` of ``path`` in one multi-range request:
+        each one's bytes, or None where the answer left it out; None for a server
+        that answers it with the whole file (remembered: asked range by range)."""
+        fs = self.fs
+        session = await fs.set_session()
+        async with session.get(fs.encode_url(path), **self._http_kw(spans)) as r:
+            if r.status == 200:
+                r.close()               # the whole file is coming: not read
+                self._one_range_hosts.add(_host(path))
+                return None
+            if r.status >= 400:
+                fs._raise_not_found_for_status(r, path)
+            if r.status != 206:
+                raise _WrongRange(f'HTTP {r.status} {r.reason} to a range request')
+            content_type = r.headers.get('Content-Type', '')
+            content_range = r.headers.get('Content-Range', '')
+            body = await r.read()
+        self.bytes_fetched += len(body)
+        size = self._sizes.get(path)
+        if content_type.lower().startswith('multipart/byteranges'):
+            parts = _byteranges(body, _boundary(content_type), size)
+        else:                           # the server made one range of them
+            got = _content_range(content_range)
+            _check_part(None, got, len(body), size)
+            parts = [(got[0], got[1], body)]
+        return [_cut(parts, a, b) for a, b in spans]
+
+    async def _fetch_all(self, requests: list, index_of) -> list:
+        """The bytes of every request (or its LoadrError), the groups of
+        :meth:`_groups` concurrently; ``index_of(k)`` as for :meth:`_fetch_group`."""
         groups = self._groups(requests)
-        datas = await asyncio.gather(*(self._fetch_group(requests, ks, index_of(ks[0]))
+        datas = await asyncio.gather(*(self._fetch_group(requests, ks, index_of)
                                        for ks in groups))
         out: list = [None] * len(requests)
         for ks, got in zip(groups, datas):
@@ -936,6 +1118,8 @@ class RemoteStorage(Storage):
         return data
 
     def _take(self, path: str, offset: int, length: int, index: int | None) -> bytes | None:
+        """The range from the read-ahead buffer; None when it is not there, or when the
+        request that carried it failed along with other ranges (asked alone then)."""
         buffer = self._buffer
         with buffer.lock:
             span = buffer.take(path, offset, length)
@@ -949,20 +1133,26 @@ class RemoteStorage(Storage):
             # Its own deadline should have ended it: the IO thread is stuck.
             raise ReadError(f'cannot read: the read ahead did not finish within timeout_s='
                             f'{self.settings["timeout_s"]:g}', path, index) from None
-        except ReadError as exc:
-            # The read ahead failed after its retries: the same error, for this record.
-            err = ReadError(exc.message, path, index)
-            err.__dict__.update({k: v for k, v in exc.__dict__.items()
-                                 if k not in ('message', 'path', 'index')})
-            raise err from None
+        except LoadrError as exc:
+            if (span.start, span.end) != (offset, offset + length):
+                # A merged span: the failure may be a neighbour's. This range is
+                # asked alone before the record is declared unreadable.
+                return None
+            # Its own request, tried alone after its retries: the error, for this record.
+            raise _for_record(exc, path, index) from None
         return data[offset - span.start:offset - span.start + length]
 
     def read_many(self, ranges: Iterable[Sequence]) -> list[bytes]:
-        """The bytes of each ``(path, offset, length[, index])``, fetched concurrently."""
+        """The bytes of each ``(path, offset, length[, index])``, fetched concurrently.
+
+        A merged request that fails is asked again range by range: the error
+        raised is that of the first range (in the order given) that fails on
+        its own, naming its record.
+        """
         if self._generation != _generation:
             self._init_process()
         ranges = [tuple(r) for r in ranges]
-        out: list[bytes | None] = [None] * len(ranges)
+        out: list = [None] * len(ranges)
         todo = []
         for k, r in enumerate(ranges):
             index = r[3] if len(r) > 3 else None
@@ -977,15 +1167,44 @@ class RemoteStorage(Storage):
         if todo:
             requests = _merge([ranges[k] for k in todo], int(self.settings['merge_gap_bytes']),
                               int(self.settings['max_request_bytes']))
-
             datas = self._run(self._fetch_all(
                 requests, lambda k: _index_of(ranges[todo[requests[k][3][0]]])))
+            alone: dict[tuple, list[int]] = {}      # (path, offset, length) -> positions
             for (path, start, end, members), data in zip(requests, datas):
                 for m in members:
-                    r = ranges[todo[m]]
-                    out[todo[m]] = data[r[1] - start:r[1] - start + r[2]]
-                    self._fetched_now(r[0], r[1], r[2], _index_of(r), out[todo[m]])
+                    k = todo[m]
+                    r = ranges[k]
+                    if isinstance(data, LoadrError):
+                        if (r[1], r[1] + r[2]) == (start, end):
+                            out[k] = data               # its own request: it failed alone
+                        else:
+                            alone.setdefault(tuple(r[:3]), []).append(k)
+                        continue
+                    out[k] = data[r[1] - start:r[1] - start + r[2]]
+                    self._fetched_now(r[0], r[1], r[2], _index_of(r), out[k])
+            if alone:
+                # Merged requests that failed: each of their ranges alone, so that only
+                # a range that fails by itself fails its record.
+                firsts = [ks[0] for ks in alone.values()]
+                got = self._run(self._fetch_each([ranges[k] for k in firsts]))
+                for ks, data in zip(alone.values(), got):
+                    for k in ks:
+                        out[k] = data
+                        if not isinstance(data, LoadrError):
+                            self._fetched_now(*ranges[k][:3], _index_of(ranges[k]), data)
+            for k, data in enumerate(out):
+                if isinstance(data, LoadrError):
+                    raise _for_record(data, ranges[k][0], _index_of(ranges[k])) from None
         return out
+
+    async def _fetch_each(self, ranges: list[Sequence]) -> list:
+        """The bytes of each ``(path, offset, length[, index])`` alone (or its LoadrError)."""
+        results = await asyncio.gather(*(self._fetch(r[0], r[1], r[1] + r[2], _index_of(r))
+                                         for r in ranges), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, LoadrError):
+                raise result
+        return results
 
     def prefetch(self, ranges: Iterable[Sequence], cache_root: str | None = None) -> None:
         """Start reading ``(path, offset, length[, index])`` ranges now; returns at once.
@@ -1024,7 +1243,7 @@ class RemoteStorage(Storage):
         with buffer.lock:
             for ks in self._groups(requests):
                 future = asyncio.run_coroutine_threadsafe(self._fetch_group(
-                    requests, ks, _index_of(fresh[requests[ks[0]][3][0]])), loop)
+                    requests, ks, lambda k: _index_of(fresh[requests[k][3][0]])), loop)
                 for j, k in enumerate(ks):
                     path, start, end, members = requests[k]
                     span = _Span(path, start, end, _Part(future, j), 0)
@@ -1265,6 +1484,16 @@ def _host(url: str) -> str:
 
 def _index_of(r: Sequence) -> int | None:
     return r[3] if len(r) > 3 else None
+
+
+def _for_record(exc: LoadrError, path: str, index: int | None) -> LoadrError:
+    """``exc`` (an error of a read that served several records) for the record at ``index``."""
+    if exc.path == path and exc.index == index:
+        return exc
+    err = type(exc)(exc.message, path, index)
+    err.__dict__.update({k: v for k, v in exc.__dict__.items()
+                         if k not in ('message', 'path', 'index')})
+    return err
 
 
 def _strip_protocol(url: str) -> str:
