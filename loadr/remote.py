@@ -876,6 +876,10 @@ class RemoteStorage(Storage):
         if size is None or size > WHOLE_FILE_MAX_BYTES:
             r.close()                       # not read: the error is what it would end in
             raise self._no_ranges(path, index, size)
+        kept = self._wholes.get(path)
+        if kept is not None:                # another read has read it whole meanwhile
+            r.close()
+            return kept
         pending = self._whole_pending.get(path)
         if pending is not None:             # another read is reading it whole: wait for it
             r.close()

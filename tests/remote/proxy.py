@@ -2,8 +2,11 @@
 
 Per request it can wait a fixed delay (as a round trip to a far server
 would; concurrent requests wait concurrently), answer ``503``, send the
-headers and only part of the body then close (a short body), or reset the
-connection (an RST, no answer). Which requests fail is deterministic: a
+headers and only part of the body then close (a short body), reset the
+connection (an RST, no answer), answer for other bytes than were asked (a
+``wrong`` range: the Range is shifted by one byte on its way to the server,
+which answers it honestly) or give the file another total size in the
+Content-Range (``total``). Which requests fail is deterministic: a
 request is named by (method, path, Range header) and its k-th attempt fails
 when ``hash(seed, name, k)`` falls under the fault fractions, so the same
 reads meet the same faults in every run whatever the timing; after
@@ -44,23 +47,30 @@ HEAD_END = b'\r\n\r\n'
 class Proxy:
     """The fault-injecting proxy, served by an asyncio loop in a thread of this process.
 
-    ``error``, ``short``, ``reset``: fractions of attempts answered 503, cut
-    short, or reset (their sum at most 1). ``delay_s``: added before every
-    request is forwarded. ``refuse``: a substring of the targets always
-    answered 503. ``whole_for_many_ranges``: a multi-range request is passed on
-without its Range (the whole file comes back, as from a server that does not
-do multi-range). Settings may be changed while it runs.
+    ``error``, ``short``, ``reset``, ``wrong``, ``total``: fractions of attempts
+    answered 503, cut short, reset, for a shifted range, or with a wrong total
+    size (their sum at most 1). ``delay_s``: added before every request is
+    forwarded. ``refuse``: a substring of the targets always answered 503;
+    with ``refuse_bytes=(a, b)`` only those of its requests whose Range
+    covers a byte of ``[a, b)`` (a bad record: every request that carries it
+    fails, whatever else it carries). ``whole_for_many_ranges``: a
+    multi-range request is passed on without its Range (the whole file comes
+    back, as from a server that does not do multi-range). Settings may be
+    changed while it runs.
     """
 
     def __init__(self, upstream: str, delay_s: float = 0.0, error: float = 0.0,
                  short: float = 0.0, reset: float = 0.0, seed: int = 0, max_faults: int = 2,
                  hang: bool = False, port: int = 0, refuse: str | None = None,
-                 whole_for_many_ranges: bool = False):
+                 whole_for_many_ranges: bool = False, wrong: float = 0.0, total: float = 0.0,
+                 refuse_bytes: tuple[int, int] | None = None):
         parts = urllib.parse.urlsplit(upstream if '//' in upstream else f'http://{upstream}')
         self.upstream = (parts.hostname or '127.0.0.1', parts.port or 80)
         self.delay_s, self.error, self.short, self.reset = delay_s, error, short, reset
         self.seed, self.max_faults, self.hang = seed, max_faults, hang
         self.refuse = refuse          # requests whose target holds this are always 503
+        self.refuse_bytes = refuse_bytes    # ... and whose Range covers one of these bytes
+        self.wrong, self.total = wrong, total
         # As a server without multi-range support: such a request gets the whole file (200).
         self.whole_for_many_ranges = whole_for_many_ranges
         self._port = port
@@ -80,7 +90,7 @@ do multi-range). Settings may be changed while it runs.
     def reset_stats(self) -> None:
         """Zero the counters (and forget past attempts, so faults repeat from the start)."""
         self.stats = {'requests': 0, 'body_bytes': 0, 'error': 0, 'short': 0, 'reset': 0,
-                      'hung': 0, 'max_in_flight': 0}
+                      'wrong': 0, 'total': 0, 'hung': 0, 'max_in_flight': 0}
         self._in_flight = 0
         self.log: list[tuple[str, str, str]] = []      # (method, target, Range) of each request
         self._attempts = {}
@@ -141,7 +151,7 @@ do multi-range). Settings may be changed while it runs.
 
     # ----------------------------------------------------------------- faults
     def _fault(self, method: str, target: str, range_: str) -> str | None:
-        """None, 'error', 'short' or 'reset' for this attempt of this request."""
+        """None, 'error', 'short', 'reset', 'wrong' or 'total' for this attempt."""
         key = (method, target, range_)
         attempt = self._attempts.get(key, 0)
         self._attempts[key] = attempt + 1
@@ -149,7 +159,8 @@ do multi-range). Settings may be changed while it runs.
             return None
         digest = hashlib.blake2b(repr((self.seed, key, attempt)).encode(), digest_size=8).digest()
         u = int.from_bytes(digest, 'little') / 2 ** 64
-        for kind, p in (('error', self.error), ('short', self.short), ('reset', self.reset)):
+        for kind, p in (('error', self.error), ('short', self.short), ('reset', self.reset),
+                        ('wrong', self.wrong), ('total', self.total)):
             if u < p:
                 return kind
             u -= p
@@ -203,7 +214,8 @@ do multi-range). Settings may be changed while it runs.
             finally:
                 self._in_flight -= 1
         fault = self._fault(method, target, h.get('range', ''))
-        if self.refuse is not None and self.refuse in target:
+        if self.refuse is not None and self.refuse in target and (
+                self.refuse_bytes is None or _covers(h.get('range', ''), self.refuse_bytes)):
             fault = 'error'
         if fault == 'reset':
             self.stats['reset'] += 1
@@ -220,7 +232,13 @@ do multi-range). Settings may be changed while it runs.
             return True
         if self.whole_for_many_ranges and ',' in h.get('range', ''):
             headers = [(k, v) for k, v in headers if k.lower() != 'range']
+        if fault == 'wrong' and h.get('range'):
+            self.stats['wrong'] += 1
+            headers = [(k, _shifted(v) if k.lower() == 'range' else v) for k, v in headers]
         status_head, resp_body, keep = await self._forward(method, target, headers, body)
+        if fault == 'total' and b'\r\ncontent-range: bytes ' in status_head.lower():
+            self.stats['total'] += 1
+            status_head = _other_total(status_head)
         if fault == 'short' and len(resp_body) >= 2:
             self.stats['short'] += 1
             self.stats['body_bytes'] += len(resp_body) // 2     # counted before the client sees it
@@ -283,6 +301,37 @@ do multi-range). Settings may be changed while it runs.
         return True
 
 
+def _ranges(header: str) -> list[tuple[int, int]]:
+    """``[start, end)`` of each range of a ``Range: bytes=a-b,c-`` header (``c-``: to 2**62)."""
+    out = []
+    for part in header.partition('=')[2].split(','):
+        first, _, last = part.strip().partition('-')
+        if first.isdigit():
+            out.append((int(first), int(last) + 1 if last.isdigit() else 1 << 62))
+    return out
+
+
+def _covers(header: str, span: tuple[int, int]) -> bool:
+    """True when a range of the Range header holds a byte of ``[start, end)``."""
+    return any(a < span[1] and span[0] < b for a, b in _ranges(header))
+
+
+def _shifted(header: str) -> str:
+    """The ranges of a Range header one byte later (one earlier where they start past 0)."""
+    step = -1 if all(a > 0 for a, _ in _ranges(header)) else 1
+    return 'bytes=' + ','.join(f'{a + step}-{b - 1 + step}' for a, b in _ranges(header))
+
+
+def _other_total(head: bytes) -> bytes:
+    """The response head with the total size of its Content-Range one more."""
+    lines = head.split(b'\r\n')
+    for k, line in enumerate(lines):
+        if line.lower().startswith(b'content-range:') and b'/' in line:
+            span, _, size = line.rpartition(b'/')
+            lines[k] = span + b'/' + str(int(size) + 1).encode()
+    return b'\r\n'.join(lines)
+
+
 def _shutdown(sock) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)
@@ -319,10 +368,13 @@ def main(argv=None) -> None:
     p.add_argument('--error', type=float, default=0.0)
     p.add_argument('--short', type=float, default=0.0)
     p.add_argument('--reset', type=float, default=0.0)
+    p.add_argument('--wrong', type=float, default=0.0)
+    p.add_argument('--total', type=float, default=0.0)
     p.add_argument('--seed', type=int, default=0)
     args = p.parse_args(argv)
     proxy = Proxy(args.upstream, delay_s=args.delay_ms / 1000, error=args.error,
-                  short=args.short, reset=args.reset, seed=args.seed, port=args.port).start()
+                  short=args.short, reset=args.reset, wrong=args.wrong, total=args.total,
+                  seed=args.seed, port=args.port).start()
     print(proxy.url, flush=True)
     try:
         threading.Event().wait()

@@ -12,6 +12,9 @@ when we started it, and nothing else.
 - :func:`start_moto` runs moto's standalone S3 server (``python -m
   moto.server``), the way s3fs's own test suite does; :func:`upload` copies a
   local tree into a bucket with boto3.
+- :func:`start_plain_http` serves a directory with python's own
+  ``http.server`` (in a thread of this process), which ignores ``Range``
+  and answers every GET with the whole file, as some CDNs do.
 
 Example::
 
@@ -21,6 +24,8 @@ Example::
 
 from __future__ import annotations
 
+import functools
+import http.server
 import os
 import pathlib
 import shutil
@@ -28,10 +33,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 __all__ = ['Server', 'ServerUnavailable', 'free_port', 'start_nginx', 'start_moto', 'upload',
-           'S3_ENV', 'in_ci']
+           'S3_ENV', 'in_ci', 'PlainHTTP', 'start_plain_http']
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -232,3 +238,51 @@ def upload(endpoint_url: str, bucket: str, root: str | os.PathLike, prefix: str 
         client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
         count += 1
     return count
+
+
+class _Logged(http.server.SimpleHTTPRequestHandler):
+    """python's file handler (no Range support), each request logged, nothing printed."""
+
+    def send_head(self):
+        self.server.log.append((self.command, self.path, self.headers.get('Range', '')))
+        return super().send_head()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+class _Quiet(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        pass            # a client that closes after the headers (it did not want the body)
+
+
+class PlainHTTP:
+    """python's ``http.server`` serving a directory on loopback: ``url``, ``log``
+    (``(method, path, Range)`` of each request), ``stop()``."""
+
+    def __init__(self, root: str | os.PathLike):
+        self._server = _Quiet(('127.0.0.1', 0),
+                              functools.partial(_Logged, directory=os.fspath(root)))
+        self._server.log = self.log = []
+        self.url = f'http://127.0.0.1:{self._server.server_address[1]}'
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
+                                        name='plain-http')
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(STOP_TIMEOUT_S)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def start_plain_http(root: str | os.PathLike) -> PlainHTTP:
+    """python's ``http.server`` serving ``root`` at ``http://127.0.0.1:PORT`` (no ranges)."""
+    return PlainHTTP(root)
