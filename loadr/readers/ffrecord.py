@@ -39,7 +39,7 @@ import numpy as np
 
 from ..codecs import array_from_parts
 from ..errors import ChecksumError, ConfigError, DecodeError, FormatError, LoadrError, \
-    SpecError, WriterError
+    ReadError, SpecError, WriterError
 from ..digests import check_record
 from ..storage import Storage, storage_for
 from .base import Format, Plan, Problem, Reader, Source, Writer, _known, check_index, value_type
@@ -537,8 +537,10 @@ class FFRecordReader(Reader):
                 continue
             try:
                 data = self._files.read(h.path, start, end - start, base + run[0])
-            except FormatError:
-                # The file shrank under us: read one by one to name the sample.
+            except (FormatError, ReadError):
+                # The file shrank under us, or the read failed (one bad record fails the
+                # read of its neighbours): read one by one, so that only an unreadable
+                # sample fails, named.
                 for local in run:
                     found[base + local] = self._sample(h, local)
                 continue

@@ -308,3 +308,59 @@ def test_a_directory_upload_that_fails_leaves_nothing(moto, served_root, source,
 
 
 _MARKERS = ('.json', '.gmeta')
+
+
+# ---------------------------------------------------------------------------
+# One bad record among healthy ones
+
+
+def _ffrecord_with_a_bad_sample(src, dst, index):
+    """A copy of the FFRecord dataset ``src`` whose sample ``index`` fails its CRC."""
+    shutil.copytree(src, dst)
+    path, offset, length, _ = loadr.open(dst, decode='msgpack')._ranges([index])[0]
+    with open(path, 'r+b') as f:
+        f.seek(offset + length // 2)
+        byte = f.read(1)
+        f.seek(offset + length // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return path, offset, length
+
+
+@pytest.mark.parametrize('max_ranges', [64, 0])
+def test_one_unreadable_record_fails_alone_for_any_worker_count(nginx, served_root, tmp_path,
+                                                                max_ranges):
+    """A record whose bytes the server never serves (every request carrying them fails)
+    among healthy neighbours that share its merged ranges, multi-range request and
+    read-ahead spans: only it is replaced under on_error='skip', by the datapoint that
+    replaces it locally (where it fails its CRC), the same stream for workers 0, 1 and
+    2; under on_error='raise' the error names it (issue 20 item 1)."""
+    bad = 3
+    rel = 'ffrecord/multi'
+    path, offset, length = _ffrecord_with_a_bad_sample(served_root / rel, tmp_path / 'multi',
+                                                       bad)
+    _, pipeline = PIPELINES['ffrecord'](served_root)
+    kw = dict(batch=4, fns=pipeline, seed=3, on_error='skip', max_error_fraction=0.5)
+    with loadr.Loader(loadr.open(tmp_path / 'multi', decode='msgpack'), workers=0,
+                      **kw) as loader:
+        expected = stream_digests(loader, 9)            # three epochs of 12
+        assert loader.errors == 3
+    name = path.rpartition('/')[2] if isinstance(path, str) else path.name
+    options = {'loadr': {**FAST, 'retries': 1, 'max_ranges': max_ranges}}
+    with Proxy(nginx.url, refuse=name, refuse_bytes=(offset + length // 2,
+                                                     offset + length // 2 + 1)) as proxy:
+        url = f'{proxy.url}/{rel}'
+        for workers in (0, 1, 2):
+            reader = loadr.open(url, decode='msgpack', storage_options=options)
+            with loadr.Loader(reader, workers=workers, **kw) as loader:
+                assert stream_digests(loader, 9) == expected, workers
+                assert loader.errors == 3, workers
+        assert proxy.stats['error'] > 0
+        reader = loadr.open(url, decode='msgpack', storage_options=options)
+        with pytest.raises(loadr.errors.ReadError) as info:
+            reader.read_batch([1, 2, 3, 4, 5])              # one merged read, then one by one
+        assert info.value.index == bad and info.value.path == f'{url}/{name}'
+        for workers in (0, 2):
+            reader = loadr.open(url, decode='msgpack', storage_options=options)
+            with loadr.Loader(reader, workers=workers, **{**kw, 'on_error': 'raise'}) as loader:
+                with pytest.raises(loadr.LoadrError, match=rf'\[index {bad}\]'):
+                    stream_digests(loader, 3)

@@ -291,6 +291,40 @@ def test_a_server_that_ignores_range_with_a_big_file_is_a_clear_error(tmp_path):
         assert storage.bytes_fetched == 0
 
 
+@pytest.mark.parametrize('max_ranges', [64, 0])
+def test_a_failed_grouped_request_is_asked_range_by_range(nginx, served_root, max_ranges):
+    # Byte 5000 is never served: every request that carries it fails. The ranges
+    # around it are merged into one request with it (and over HTTP go in one
+    # multi-range request with far ones); they used to fail with it, under its
+    # first neighbour's index (issue 20 item 1).
+    data = (served_root / FILE).read_bytes()
+    with Proxy(nginx.url, refuse='single.ffr', refuse_bytes=(5000, 5001)) as proxy:
+        storage = RemoteStorage(proxy.url, {'loadr': {**FAST, 'retries': 1, 'merge_gap_bytes':
+                                                      100, 'max_ranges': max_ranges}})
+        url = f'{proxy.url}/{FILE}'
+        storage.size(url)
+        ranges = [(url, off, 50, k) for k, off in enumerate(range(4000, 6000, 120))]
+        ranges += [(url, off, 50, 100 + k) for k, off in enumerate(range(20_000, 60_000, 9000))]
+        bad = next(r for r in ranges if r[1] <= 5000 < r[1] + r[2])
+        good = [r for r in ranges if r is not bad]
+        with pytest.raises(ReadError, match='503') as info:
+            storage.read_many(ranges)
+        assert info.value.index == bad[3] and info.value.path == url
+        assert storage.read_many(good) == [data[o:o + 50] for _, o, _, _ in good]
+        # Read ahead: the spans that held it fail; each other range is asked alone.
+        for _ in range(2):
+            storage.prefetch(ranges)
+            for r in ranges:
+                if r is bad:
+                    with pytest.raises(ReadError, match='503') as info:
+                        storage.read(*r)
+                    assert info.value.index == bad[3]
+                else:
+                    assert storage.read(*r) == data[r[1]:r[1] + 50]
+            storage.prefetch(ranges)
+            assert storage.read_many(good) == [data[o:o + 50] for _, o, _, _ in good]
+
+
 def test_server_that_hangs_times_out(nginx):
     with Proxy(nginx.url, hang=True) as proxy:
         storage = RemoteStorage(proxy.url, {'loadr': {**FAST, 'timeout_s': 0.5}})
