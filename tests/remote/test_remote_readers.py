@@ -364,3 +364,35 @@ def test_one_unreadable_record_fails_alone_for_any_worker_count(nginx, served_ro
             with loadr.Loader(reader, workers=workers, **{**kw, 'on_error': 'raise'}) as loader:
                 with pytest.raises(loadr.LoadrError, match=rf'\[index {bad}\]'):
                     stream_digests(loader, 3)
+
+
+def test_one_unreadable_bag_value_fails_alone_for_any_worker_count(nginx, served_root):
+    """The same over a bag, whose read ahead asks for the refs records first and then
+    the value records they name: one image never served, one datapoint replaced, the
+    same stream for workers 0, 1 and 2; the others read as locally."""
+    bad = 5
+    _, pipeline = PIPELINES['bag'](served_root)
+    kw = dict(batch=4, fns=pipeline, seed=3, on_error='skip', max_error_fraction=0.5)
+    n = len(loadr.open(served_root / 'bag'))
+    image = next(r for r in loadr.open(f'{nginx.url}/bag')._ranges([bad])
+                 if r[0].endswith('/image.bag'))
+    options = {'loadr': {**FAST, 'retries': 1}}
+    with Proxy(nginx.url, refuse='image.bag', refuse_bytes=(image[1] + 1, image[1] + 2)) \
+            as proxy:
+        streams = []
+        for workers in (0, 1, 2):
+            reader = loadr.open(f'{proxy.url}/bag', decode_images=False, storage_options=options)
+            with loadr.Loader(reader, workers=workers, **kw) as loader:
+                streams.append(stream_digests(loader, 3 * n // 4))   # three epochs
+                assert loader.errors == 3, workers
+        assert streams[0] == streams[1] == streams[2]
+        reader = loadr.open(f'{proxy.url}/bag', storage_options=options)
+        here = loadr.open(served_root / 'bag')
+        reader.prefetch(range(n))
+        for i in range(n):
+            if i == bad:
+                with pytest.raises(loadr.errors.ReadError, match='503') as info:
+                    reader[i]
+                assert info.value.index == bad
+            else:
+                assert_equal(reader[i], here[i], f'bag[{i}]')
