@@ -23,10 +23,17 @@ reader is pickled to a worker: a dataset is not expected to change while it
 is read.
 
 Failures. A transient failure (HTTP 5xx, 429 or 408, a connection reset or
-refused, a timeout, a body shorter than its Content-Length) is tried again
-after an exponential backoff with jitter, at most ``retries`` more times and
-never past ``timeout_s`` after the read began; then a :class:`ReadError`
-names the URL, the record and the attempts. The protocol libraries' own
+refused, a timeout, a body shorter than its Content-Length, an answer for
+other bytes than were asked: its Content-Range, length or total size) is
+tried again after an exponential backoff with jitter, at most ``retries``
+more times and never past ``timeout_s`` after the read began; then a
+:class:`ReadError` names the URL, the record and the attempts. A request
+that carried several records (a merged range, a multi-range request, a
+read-ahead span) and failed is asked again range by range first: only a
+record whose own range fails is unreadable, and its error names it. A
+server that ignores Range (a 200 with the whole file) is noticed at the
+first answer: a file up to ``WHOLE_FILE_MAX_BYTES`` is read whole once and
+its ranges cut from it; a larger one is a ReadError at once. The protocol libraries' own
 retries are turned off where we can (s3fs, botocore), so ``retries`` is the
 whole policy. Anything else (no such object or bucket, access denied, no
 credentials, a missing package) is a one-line loadr error naming the URL and
@@ -895,7 +902,10 @@ class RemoteStorage(Storage):
                 raise _WrongRange(f'the answer gives the file {size} bytes, not the {known} '
                                   f'it had when it was opened')
         except BaseException as exc:
-            pending.set_exception(exc)
+            # The waiters try again (a transient error), also when this read was
+            # cancelled (its deadline): they must not be cancelled with it.
+            pending.set_exception(exc if isinstance(exc, Exception) else
+                                  _ShortBody('the read of the whole file was cut short'))
             pending.exception()             # retrieved: nobody may be waiting
             raise
         finally:
