@@ -776,9 +776,14 @@ class RemoteStorage(Storage):
                     exc = TimeoutError(f'no answer within timeout_s={s["timeout_s"]:g}')
                 pause = self._random.uniform(0.5, 1.0) * min(
                     s['backoff_max_s'], s['backoff_s'] * 2 ** (attempts - 1))
-                if (_kind(exc) != 'transient' or attempts > s['retries']
-                        or time.monotonic() + pause >= deadline):
-                    raise _error(exc, url, index, attempts, what) from None
+                transient = _kind(exc) == 'transient'
+                if not transient or attempts > s['retries'] or time.monotonic() + pause >= deadline:
+                    err = _error(exc, url, index, attempts, what)
+                    # Ended by the deadline, not by the retries: a request that carried
+                    # several records is then not asked again range by range (that
+                    # would run past timeout_s, once per range, on a server that stalls).
+                    err.deadline_spent = transient and time.monotonic() + pause >= deadline
+                    raise err from None
                 await asyncio.sleep(pause)
 
     async def _limited(self, coro_fn):
@@ -962,7 +967,9 @@ class RemoteStorage(Storage):
             try:
                 got = await self._limited(lambda: self._retried(
                     lambda: self._http_ranges(path, spans), path, index_of(ks[0])))
-            except LoadrError:
+            except LoadrError as exc:
+                if getattr(exc, 'deadline_spent', False):
+                    return [exc] * len(spans)
                 got = None
             if got is None:
                 got = [None] * len(spans)
@@ -1148,7 +1155,8 @@ class RemoteStorage(Storage):
             raise ReadError(f'cannot read: the read ahead did not finish within timeout_s='
                             f'{self.settings["timeout_s"]:g}', path, index) from None
         except LoadrError as exc:
-            if (span.start, span.end) != (offset, offset + length):
+            if (span.start, span.end) != (offset, offset + length) and not getattr(
+                    exc, 'deadline_spent', False):
                 # A merged span: the failure may be a neighbour's. This range is
                 # asked alone before the record is declared unreadable.
                 return None
@@ -1189,8 +1197,9 @@ class RemoteStorage(Storage):
                     k = todo[m]
                     r = ranges[k]
                     if isinstance(data, LoadrError):
-                        if (r[1], r[1] + r[2]) == (start, end):
-                            out[k] = data               # its own request: it failed alone
+                        if (r[1], r[1] + r[2]) == (start, end) or getattr(
+                                data, 'deadline_spent', False):
+                            out[k] = data               # its own request failed, or timed out
                         else:
                             alone.setdefault(tuple(r[:3]), []).append(k)
                         continue

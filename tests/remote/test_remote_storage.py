@@ -333,6 +333,26 @@ def test_server_that_hangs_times_out(nginx):
         assert info.value.index == 3
 
 
+def test_a_grouped_request_that_times_out_is_not_asked_again_range_by_range(nginx):
+    # Its deadline is spent: asking each range again would wait timeout_s once more
+    # per range on a server that stalls. The records share the timeout error.
+    with Proxy(nginx.url, hang=True) as proxy:
+        storage = RemoteStorage(proxy.url, {'loadr': {**FAST, 'timeout_s': 0.3}})
+        url = f'{proxy.url}/{FILE}'
+        storage._sizes[url] = 144_202
+        ranges = [(url, off, 10, k) for k, off in enumerate([0, 100, 5000, 9000])]
+        with pytest.raises(ReadError, match='timeout_s=0.3') as info:
+            storage.read_many(ranges)
+        assert info.value.index == 0
+        assert proxy.stats['requests'] == 1         # one multi-range request, no more
+        storage.prefetch(ranges)
+        for r in ranges:
+            with pytest.raises(ReadError, match='timeout_s=0.3') as info:
+                storage.read(*r)
+            assert info.value.index == r[3]
+        assert proxy.stats['requests'] == 2
+
+
 def test_server_gone_is_a_clear_error(nginx):
     proxy = Proxy(nginx.url).start()
     proxy.stop()
