@@ -536,6 +536,9 @@ def _byteranges(body: bytes, boundary: bytes, size: int | None = None
     ...         b'\r\n--B\r\nContent-Range: bytes 6-8/9\r\n\r\n--B\r\n--B--\r\n')
     >>> _byteranges(body, b'B')
     [(0, 3, b'abc'), (6, 9, b'--B')]
+    >>> _byteranges(body, b'B', size=10)        # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    loadr.remote._WrongRange: the answer gives the file 9 bytes, not the 10 it had ...
     """
     delimiter = b'--' + boundary
     parts = []
