@@ -68,6 +68,7 @@ import functools
 import hashlib
 import json
 import math
+import numbers
 import os
 import random
 import shutil
@@ -187,9 +188,9 @@ def _number(key: str, value, url: str) -> int | float:
     """``value`` of numeric setting ``key``, checked (finite, in range); a ConfigError if not."""
     whole, least, most = _NUMBERS[key]
     what = 'a whole number' if whole else 'a number'
-    ok = not isinstance(value, bool) and isinstance(value, (int, float))
-    if ok and isinstance(value, float):
-        ok = math.isfinite(value) and (not whole or value.is_integer())
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)   # numpy's too
+    if ok and not isinstance(value, numbers.Integral):
+        ok = math.isfinite(value) and (not whole or float(value).is_integer())
     if not ok or not least <= value <= most:
         raise ConfigError(f"storage_options['loadr'][{key!r}] must be {what} from {least:g} "
                           f'to {most:g}, not {value!r}', url)

@@ -436,10 +436,13 @@ def test_numeric_settings_in_range_are_taken():
     from loadr.remote import _NUMBERS, DEFAULTS
     # Every numeric default has its bounds (a new setting cannot slip past the check).
     assert {k for k, v in DEFAULTS.items() if isinstance(v, (int, float))} == set(_NUMBERS)
+    import numpy as np
     storage = RemoteStorage('s3://b/x', {'loadr': {'retries': 3.0, 'timeout_s': 2,
-                                                   'readahead_bytes': 0, 'max_ranges': 0}})
+                                                   'readahead_bytes': np.int64(0),
+                                                   'max_ranges': 0, 'backoff_s': np.float32(.5)}})
     assert storage.settings['retries'] == 3 and type(storage.settings['retries']) is int
-    assert storage.settings['timeout_s'] == 2.0
+    assert storage.settings['timeout_s'] == 2.0 and storage.settings['backoff_s'] == 0.5
+    assert type(storage.settings['readahead_bytes']) is int
 
 
 # ---------------------------------------------------------------------------
