@@ -207,6 +207,9 @@ def _read_state(path: str) -> tuple[dict, dict | None]:
         raise ConfigError(f'cannot read the state file: {exc.strerror or exc}', path) from exc
     except ValueError as exc:
         raise ConfigError(f'the state file is not JSON: {exc}', path) from exc
+    except RecursionError:
+        raise ConfigError('the state file is not a loadr state: its JSON is nested too deeply '
+                          'to read', path) from None
     if isinstance(data, dict) and data.get('format') == RUN_STATE_FORMAT:
         run = data
         ok = (isinstance(run.get('loader'), dict) and isinstance(run.get('config'), str)

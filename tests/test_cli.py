@@ -387,6 +387,14 @@ def test_a_refused_resume_says_what_to_do_on_the_command_line_and_exits_2(tmp_pa
     assert digests(done.stdout) == whole[2:4]          # from the state's position on
 
 
+def test_a_state_file_nested_too_deeply_is_refused_with_exit_2(tmp_path, local_data):
+    state = tmp_path / 'state.json'
+    state.write_text('[' * 100_000 + ']' * 100_000)
+    done = loadr_cmd('run', bag_pipeline(tmp_path, local_data), '--resume', state)
+    assert done.returncode == 2 and 'nested too deeply' in done.stderr
+    assert 'RecursionError' not in done.stderr
+
+
 def test_resume_needs_the_pipeline_on_the_command_line_and_compares_the_saved_one(
         tmp_path, local_data):
     path = bag_pipeline(tmp_path, local_data, batch=3)
