@@ -69,6 +69,9 @@ class Reader:
     """
 
     spec: dict
+    #: What :func:`loadr.open` passes unless told otherwise: a format whose files can say
+    #: how they are read (FFRecord: ``decode='auto'``) lets ``loadr.open`` find out.
+    open_defaults: dict = {}
 
     def __len__(self) -> int:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -283,6 +283,10 @@ class FFRecordReader(Reader):
     ``decode`` turns a sample's bytes into the datapoint:
 
     - ``None``: ``{'data': bytes}``
+    - ``'auto'``: what sample 0 is, read once when the reader is made: ``'msgpack'`` for
+      a msgpack map (what ``loadr convert`` and :meth:`FFRecordWriter.append` write),
+      ``'json'`` for a JSON object, else None; ``self.decode`` then says which, and
+      never ``'pickle'``. The default of :func:`loadr.open`; this class's is None
     - ``'msgpack'`` / ``'json'``: the map as a dict (any other value ->
       ``{'data': value}``); numpy values stored as msgpack-numpy stores them
       (what :class:`FFRecordWriter` writes) come back as arrays
@@ -301,6 +305,7 @@ class FFRecordReader(Reader):
     """
 
     format_name = 'ffrecord'
+    open_defaults = {'decode': 'auto'}      # loadr.open(x.ffr): what convert wrote, as maps
 
     def __init__(self, path: str | os.PathLike, check_data: bool = True,
                  decode: None | str | Callable[[bytes], Any] = None,
@@ -314,10 +319,10 @@ class FFRecordReader(Reader):
             if not isinstance(decode, str):
                 raise TypeError(f'decode must be None, a name or a callable, '
                                 f'not {type(decode).__name__}')
-            if decode not in DECODERS:
-                raise ConfigError(f'unknown decode {decode!r}; use None, '
+            if decode not in DECODERS + ('auto', 'none'):
+                raise ConfigError(f'unknown decode {decode!r}; use None, \'auto\', '
                                   f'{", ".join(map(repr, DECODERS))} or a callable')
-        self.decode = decode
+        self.decode = None if decode in ('auto', 'none') else decode
         self.files = _list_files(self._files, self.path)
         self._headers: list[_Header] | None = None
         self._spec: dict | None = None
@@ -325,6 +330,9 @@ class FFRecordReader(Reader):
         self._counts = [h.n for h in headers]
         self._starts = [h.base for h in headers]
         self._n = sum(self._counts)
+        if decode == 'auto':
+            # What sample 0 is: never 'pickle', which is only ever used when named.
+            self.decode = _detect_decode(self.read_one(0)) if self._n else None
 
     # -- headers, once per process ------------------------------------------
 
@@ -363,21 +371,8 @@ class FFRecordReader(Reader):
         """``decode``, or for ``'auto'`` what sample 0 is: a msgpack map, a JSON object, bytes."""
         if decode != 'auto':
             return None if decode in (None, 'none') else decode
-        with cls(path, **_known(cls, options)) as probe:
-            if len(probe) == 0:
-                return None
-            data = probe.read_one(0)
-        try:
-            if isinstance(msgpack.unpackb(data, raw=False, strict_map_key=False), dict):
-                return 'msgpack'
-        except Exception:   # noqa: BLE001 - any failure just means "not msgpack"
-            pass
-        try:
-            if isinstance(json.loads(data), dict):
-                return 'json'
-        except ValueError:
-            pass
-        return None
+        with cls(path, decode='auto', **_known(cls, options)) as probe:
+            return probe.decode
 
     @classmethod
     def probe(cls, path: str, decode='auto', **options) -> FFRecordReader:
