@@ -265,6 +265,39 @@ def _list_bag(path):
     return spec
 
 
+def test_bag_list_types_survive_ffrecord_and_back(tmp_path):
+    spec = _list_bag(tmp_path / 'bag')
+    assert cli.main(['convert', str(tmp_path / 'bag'), str(tmp_path / 'x.ffr'),
+                     '--to', 'ffrecord']) == 0
+    assert open_source(tmp_path / 'x.ffr').types == spec
+    assert cli.main(['convert', str(tmp_path / 'x.ffr'), str(tmp_path / 'back'),
+                     '--to', 'bag']) == 0
+    back = loadr.open(tmp_path / 'back', decode_images=False)
+    assert back.spec == dict(sorted(spec.items()))
+    original = loadr.open(tmp_path / 'bag', decode_images=False)
+    for i in range(len(original)):
+        _same(back[i], original[i], f'datapoint {i}')
+
+
+def test_types_are_inferred_from_every_sample(tmp_path):
+    from loadr.readers.base import join_types
+    from .datasets import jpeg
+    with loadr.writers.FFRecordWriter(tmp_path / 'x.ffr', 3) as w:
+        w.append({'image': jpeg(), 'tags': [], 'score': 1, 'words': ['a']})
+        w.append({'image': b'not an image', 'tags': ['t'], 'score': None, 'words': ['']})
+        w.append({'image': jpeg(), 'tags': ['u', 'v'], 'score': 2, 'words': ['b']})
+    # A JPEG and other bytes: bytes; an empty list then strings: utf8[]; an int and None:
+    # msgpack; an empty string in a list (a bag record is never empty): the list whole.
+    assert open_source(tmp_path / 'x.ffr').types == {
+        'image': 'bytes', 'tags': 'utf8[]', 'score': 'msgpack', 'words': 'msgpack'}
+    convert(tmp_path / 'x.ffr', tmp_path / 'bag', 'bag')
+    assert [loadr.open(tmp_path / 'bag', decode_images=False)[i]['words'] for i in range(3)] \
+        == [['a'], [''], ['b']]
+    assert join_types('int[]', 'utf8[]') == 'msgpack'
+    assert join_types('jpg[]', 'png[]') == 'bytes[]'
+    assert join_types('array', 'int') == 'tree'
+
+
 def test_open_reads_what_convert_wrote_as_maps(tmp_path):
     spec = _list_bag(tmp_path / 'bag')
     convert(tmp_path / 'bag', tmp_path / 'x.ffr', 'ffrecord')

@@ -42,7 +42,7 @@ from ..errors import ChecksumError, ConfigError, DecodeError, FormatError, Loadr
     SpecError, WriterError
 from ..digests import check_record
 from ..storage import Storage, storage_for
-from .base import Format, Plan, Problem, Reader, Source, Writer, _known, check_index, value_type
+from .base import Format, Plan, Problem, Reader, Source, Writer, _known, check_index, infer_types
 
 try:
     # ISA-L's CRC-32 gives zlib's values ~6x faster (4 KiB: 0.22 us against 1.4 us), and
@@ -393,9 +393,8 @@ class FFRecordReader(Reader):
             return Source(path, cls.format_name, cls(path, **_known(cls, options)),
                           {'data': 'bytes'}, raw=True)
         reader = cls(path, decode=chosen, **_known(cls, options))
-        first = reader[0] if len(reader) else {}
-        return Source(path, cls.format_name, reader,
-                      {str(k): value_type(v) for k, v in first.items()})
+        # Every sample is read to type the keys (a list empty in sample 0 is still jpg[]).
+        return Source(path, cls.format_name, reader, infer_types(reader))
 
     def _locate(self, index: int) -> tuple[_Header, int]:
         headers = self._load()
