@@ -902,13 +902,21 @@ def _ingest_options(p, default_format: str, video: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the ``loadr`` command."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument('-v', '--verbose', action='store_true',
-                        help='show full tracebacks and info logs')
-    common.add_argument('--storage-option', action='append', default=[], metavar='KEY=VALUE',
-                        help='an fsspec storage option for URLs (s3://, https://, ...), e.g. '
-                             'endpoint_url=http://127.0.0.1:9000 or loadr.retries=3; repeat for '
-                             'more (AWS_* variables and the credentials chain apply too)')
+    # The common options go before or after the command (loadr -v check x, loadr check -v
+    # x). A subcommand's defaults would overwrite what was given before it, so there they
+    # default to nothing, and its --storage-option values are kept apart and added in main.
+    common, common_sub = (argparse.ArgumentParser(add_help=False) for _ in range(2))
+    for where, top in ((common, True), (common_sub, False)):
+        where.add_argument('-v', '--verbose', action='store_true',
+                           default=False if top else argparse.SUPPRESS,
+                           help='show full tracebacks and info logs')
+        where.add_argument('--storage-option', action='append', metavar='KEY=VALUE',
+                           dest='storage_option' if top else 'storage_option_after',
+                           default=[] if top else argparse.SUPPRESS,
+                           help='an fsspec storage option for URLs (s3://, https://, ...), '
+                                'e.g. endpoint_url=http://127.0.0.1:9000 or loadr.retries=3; '
+                                'repeat for more (AWS_* variables and the credentials chain '
+                                'apply too)')
     parser = argparse.ArgumentParser(
         prog='loadr', parents=[common],
         description='loadr: a deterministic, resumable, multiprocess data loader.',
@@ -918,7 +926,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--version', action='version', version=f'loadr {__version__}')
     sub = parser.add_subparsers(dest='command', metavar='COMMAND')
-    parents = [common]
+    parents = [common_sub]
 
     p = _command(sub, 'demo', cmd_demo,
                  'Make a small synthetic JPEG dataset, run a real pipeline over it with '
@@ -1117,7 +1125,7 @@ def _storage_options(pairs: list[str]) -> dict:
     >>> _storage_options(['anon=true', 'loadr.retries=3', 'endpoint_url=http://h:9000'])
     {'anon': True, 'loadr': {'retries': 3}, 'endpoint_url': 'http://h:9000'}
     """
-    import yaml
+    from .config import parse_override
 
     options: dict = {}
     for pair in pairs:
@@ -1128,10 +1136,11 @@ def _storage_options(pairs: list[str]) -> dict:
         where = options
         for name in parents:
             where = where.setdefault(name, {})
+        # Read as an -o value is (a YAML scalar, or the text as it is), with its guards.
         try:
-            where[last] = yaml.safe_load(text) if text else ''
-        except yaml.YAMLError:
-            where[last] = text
+            where[last] = parse_override(f'{key}={text}')[1] if text else ''
+        except ConfigError as exc:
+            raise ConfigError(f'--storage-option {key}: {exc.message}') from None
     return options
 
 
@@ -1143,6 +1152,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.storage_option = args.storage_option + getattr(args, 'storage_option_after', [])
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format='%(message)s', stream=sys.stderr)
     if not getattr(args, 'func', None):

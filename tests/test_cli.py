@@ -816,3 +816,21 @@ def test_python_dash_m_loadr_runs_the_command(local_data):
     done = subprocess.run([sys.executable, '-m', 'loadr', 'check', str(local_data / 'bag')],
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0 and 'OK' in done.stdout
+
+
+def test_a_storage_option_is_read_with_the_yaml_guards(tmp_path):
+    bomb = '&a [x,x,x,x,x,x,x,x,x]'
+    for name in 'bcdefg':
+        bomb = f'&{name} [{bomb}, ' + ', '.join([f'*{chr(ord(name) - 1)}'] * 9) + ']'
+    bomb = f'[{bomb}, ' + ', '.join(['*g'] * 9) + ']'
+    assert main(['--storage-option', f'anon={bomb}', 'check', str(tmp_path)]) == 2
+
+
+def test_common_options_count_before_the_command_too(tmp_path, capsys):
+    # They were silently dropped there: the subcommand's defaults overwrote them.
+    assert main(['-v', '--storage-option', 'a=&x [*x]', 'check', str(tmp_path)]) == 2
+    assert 'Traceback' in capsys.readouterr().err                  # -v before the command
+    from loadr.cli import build_parser
+    args = build_parser().parse_args(['--storage-option', 'a=1', 'check',
+                                      '--storage-option', 'b=2', 'x'])
+    assert args.storage_option + args.storage_option_after == ['a=1', 'b=2']
