@@ -192,10 +192,17 @@ ALLOWED = {
 
 
 def _safe_loaders(tree) -> set:
-    """Names of classes in this module that derive from yaml's SafeLoader or CSafeLoader."""
-    return {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
-            and any(isinstance(b, ast.Attribute) and b.attr in ('SafeLoader', 'CSafeLoader')
-                    for b in node.bases)}
+    """Names of classes in this module that derive from yaml's SafeLoader or CSafeLoader,
+    directly or through other such classes of the module."""
+    classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    safe: set = set()
+    while True:
+        more = {node.name for node in classes if node.name not in safe and any(
+            (isinstance(b, ast.Attribute) and b.attr in ('SafeLoader', 'CSafeLoader'))
+            or (isinstance(b, ast.Name) and b.id in safe) for b in node.bases)}
+        if not more:
+            return safe
+        safe |= more
 
 
 def _unsafe_sites(path: pathlib.Path) -> set:
