@@ -207,6 +207,9 @@ def _read_state(path: str) -> tuple[dict, dict | None]:
         raise ConfigError(f'cannot read the state file: {exc.strerror or exc}', path) from exc
     except ValueError as exc:
         raise ConfigError(f'the state file is not JSON: {exc}', path) from exc
+    except RecursionError:
+        raise ConfigError('the state file is not a loadr state: its JSON is nested too deeply '
+                          'to read', path) from None
     if isinstance(data, dict) and data.get('format') == RUN_STATE_FORMAT:
         run = data
         ok = (isinstance(run.get('loader'), dict) and isinstance(run.get('config'), str)
@@ -230,7 +233,8 @@ def _position(state: dict):
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-def _check_overwrite(path: str, resume: str | None, start: int, force: bool) -> None:
+def _check_overwrite(path: str, resume: str | None, start: int, force: bool,
+                     pipeline: str) -> None:
     """Refuse to replace a state file that is not one, or that lies ahead of this run."""
     if force or not os.path.lexists(path):
         return
@@ -246,7 +250,7 @@ def _check_overwrite(path: str, resume: str | None, start: int, force: bool) -> 
     if ahead is not None and ahead > start:
         raise ConfigError(f'--save-state would overwrite a state saved at position {ahead}, '
                           f'ahead of where this run starts ({start}): go on from it with  '
-                          f'loadr run --resume {path}  or {hint}', path)
+                          f'{_resume_command(pipeline, path)}  or {hint}', path)
 
 
 def cmd_run(args) -> int:
@@ -254,37 +258,68 @@ def cmd_run(args) -> int:
 
     ``--steps`` is the run's goal: batches in all, counted from where the run
     began. ``--save-state`` records the loader state with the pipeline, the
-    overrides and the goal, so ``loadr run --resume FILE`` alone goes on with
-    the same pipeline to the same end.
+    overrides and the goal, so ``loadr run p.yaml --resume FILE`` goes on
+    with the same overrides to the same end.
+
+    A state file is data, never code (SECURITY.md): the pipeline is built
+    from the YAML file named on the command line only (the path saved in the
+    state is compared, never read), and a saved override that names code (an
+    import path, or unpickling) is applied only when ``-o`` gives it again.
     """
     from .config import load_config, parse_override
+    from .errors import StateError
     loader_state = run = None
     if args.resume:
         loader_state, run = _read_state(args.resume)
     cwd = os.getcwd()
+    if args.pipeline is None:
+        if run is not None:
+            raise ConfigError(
+                f"--resume needs the pipeline YAML file on the command line: a state file is "
+                f"data and never chooses the code to run. It was saved from {run['config']}; "
+                f"if that is your pipeline, go on with  loadr run {_quoted(run['config'])} "
+                f"--resume {_quoted(args.resume)}", args.resume)
+        raise ConfigError('loadr run needs the pipeline YAML file (with --resume FILE too: '
+                          'loadr run PIPELINE --resume FILE)')
+    pipeline_path = args.pipeline
     if run is not None:
-        pipeline_path = args.pipeline or run['config']
-        overrides = list(run['overrides'])
-        if args.override and overrides and not _same_dir(cwd, run['cwd']):
+        saved = list(run['overrides'])
+        # An -o that repeats a saved override confirms it (and is applied once, in its place).
+        new = [text for text in args.override if text not in saved]
+        code = [text for text in saved if text not in args.override and _names_code(text)]
+        if code:
+            again = ' '.join(f'-o {_quoted(text)}' for text in code)
+            raise ConfigError(
+                f'the state file holds {_plural(len(code), "override")} that '
+                f'{"names" if len(code) == 1 else "name"} code to run (an import path, or '
+                f'unpickling): {", ".join(map(repr, code))}. A state file is data and cannot '
+                f'choose code: if you mean {"it" if len(code) == 1 else "them"}, pass '
+                f'{"it" if len(code) == 1 else "them"} again:  loadr run '
+                f'{_quoted(pipeline_path)} --resume {_quoted(args.resume)} {again}  '
+                f'(or start a new run without --resume)', args.resume)
+        if new and saved and not _same_dir(cwd, run['cwd']):
             raise ConfigError(f"the saved run's overrides are relative to {run['cwd']}: add "
                               f"-o overrides from there (or start a new run)", args.resume)
-        saved_cwd = run['cwd']
+        if not _same_file(pipeline_path, run['config']):
+            _err(f"loadr: note: the state was saved with the pipeline {run['config']}; this run "
+                 f"builds {os.path.abspath(pipeline_path)} (the state must belong to it)")
+        overrides, saved_cwd = saved, run['cwd']
     else:
-        pipeline_path, overrides, saved_cwd = args.pipeline, [], cwd
-    if pipeline_path is None:
-        raise ConfigError('loadr run needs the pipeline YAML file (or --resume FILE with a state '
-                          'saved by loadr run, which names it)')
+        overrides, new, saved_cwd = [], list(args.override), cwd
     config = load_config(pipeline_path)
     for text in overrides:
         config.override(*parse_override(text), cwd=saved_cwd)
-    for text in args.override:
+    for text in new:
         config.override(*parse_override(text), cwd=cwd)
     loader = config.build()
     with loader:
         if loader_state is not None:
-            loader.load(loader_state)
+            try:
+                loader.load(loader_state, strict=not args.no_strict)
+            except StateError as exc:
+                raise ConfigError(_refused_state(exc, args), args.resume) from exc
         record = {'format': RUN_STATE_FORMAT, 'config': os.path.abspath(pipeline_path),
-                  'overrides': overrides + list(args.override),
+                  'overrides': overrides + new,
                   'cwd': saved_cwd if overrides else cwd}
         if run is not None:
             record['start'] = run['start']
@@ -295,8 +330,58 @@ def cmd_run(args) -> int:
             record['start'] = 0 if loader_state is not None else loader.step
             record['steps'] = args.steps if args.steps is not None else _epoch_batches(loader)
         if args.save_state:
-            _check_overwrite(args.save_state, args.resume, loader.step, args.force)
+            _check_overwrite(args.save_state, args.resume, loader.step, args.force,
+                             record['config'])
         return _run(args, loader, record, pipeline_path)
+
+
+def _quoted(text: str) -> str:
+    import shlex
+    return shlex.quote(str(text))
+
+
+def _resume_command(pipeline: str, state: str) -> str:
+    return f'loadr run {_quoted(pipeline)} --resume {_quoted(state)}'
+
+
+def _names_code(override: str) -> bool:
+    """Whether an ``-o KEY=VALUE`` text names code: an import path anywhere in its value
+    (a fn, a ``decode`` callable), or unpickling (``decode: pickle``, ``allow_pickle``)."""
+    from .config import parse_override
+    key, value = parse_override(override)
+    last = key.replace('__', '.').split('.')[-1]
+    stack = [({last: value})]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _is_import_path(item):
+                return True
+        elif isinstance(item, dict):
+            if item.get('decode') == 'pickle' or item.get('allow_pickle') not in (None, False):
+                return True
+            for k, v in item.items():
+                stack += [k, v]
+        elif isinstance(item, (list, tuple)):
+            stack += list(item)
+    return False
+
+
+def _is_import_path(text: str) -> bool:
+    """``'pkg.module:attr'`` as :func:`loadr.fns.resolve` reads one."""
+    module, sep, attr = text.partition(':')
+    return bool(sep) and all(p.isidentifier() for p in module.split('.') + attr.split('.'))
+
+
+def _refused_state(exc, args) -> str:
+    """The loader's refusal of a state, told as the command line's options say it."""
+    lines = exc.message.split('\n')
+    diffs = [line.strip()[2:] for line in lines if line.strip().startswith('- ')]
+    if not diffs:
+        return exc.message.replace('call load(state, strict=False)', 'pass --no-strict')
+    return ('the state does not belong to this pipeline:\n  - ' + '\n  - '.join(diffs)
+            + '\nRun the pipeline, with the overrides, it was saved with; or pass --no-strict '
+              "to go on from the state's position with its seed and order anyway; or start "
+              'a new run without --resume.')
 
 
 def _same_dir(a: str, b: str) -> bool:
@@ -304,6 +389,9 @@ def _same_dir(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.abspath(a) == os.path.abspath(b)
+
+
+_same_file = _same_dir       # samefile, or the same absolute path where one is gone
 
 
 def _run(args, loader, record: dict, pipeline_path: str) -> int:
@@ -353,7 +441,8 @@ def _run(args, loader, record: dict, pipeline_path: str) -> int:
         if args.save_state:
             _write_state(args.save_state, {**record, 'loader': state})
             _err(f'loadr: {what} at position {state["step"]}; state saved to '
-                 f'{args.save_state}: go on with  loadr run --resume {args.save_state}')
+                 f'{args.save_state}: go on with  '
+                 f'{_resume_command(record["config"], args.save_state)}')
         else:
             _err(f'loadr: {what} at position {state["step"]} (pass --save-state FILE to be '
                  f'able to resume)')
@@ -813,13 +902,21 @@ def _ingest_options(p, default_format: str, video: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the ``loadr`` command."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument('-v', '--verbose', action='store_true',
-                        help='show full tracebacks and info logs')
-    common.add_argument('--storage-option', action='append', default=[], metavar='KEY=VALUE',
-                        help='an fsspec storage option for URLs (s3://, https://, ...), e.g. '
-                             'endpoint_url=http://127.0.0.1:9000 or loadr.retries=3; repeat for '
-                             'more (AWS_* variables and the credentials chain apply too)')
+    # The common options go before or after the command (loadr -v check x, loadr check -v
+    # x). A subcommand's defaults would overwrite what was given before it, so there they
+    # default to nothing, and its --storage-option values are kept apart and added in main.
+    common, common_sub = (argparse.ArgumentParser(add_help=False) for _ in range(2))
+    for where, top in ((common, True), (common_sub, False)):
+        where.add_argument('-v', '--verbose', action='store_true',
+                           default=False if top else argparse.SUPPRESS,
+                           help='show full tracebacks and info logs')
+        where.add_argument('--storage-option', action='append', metavar='KEY=VALUE',
+                           dest='storage_option' if top else 'storage_option_after',
+                           default=[] if top else argparse.SUPPRESS,
+                           help='an fsspec storage option for URLs (s3://, https://, ...), '
+                                'e.g. endpoint_url=http://127.0.0.1:9000 or loadr.retries=3; '
+                                'repeat for more (AWS_* variables and the credentials chain '
+                                'apply too)')
     parser = argparse.ArgumentParser(
         prog='loadr', parents=[common],
         description='loadr: a deterministic, resumable, multiprocess data loader.',
@@ -829,7 +926,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--version', action='version', version=f'loadr {__version__}')
     sub = parser.add_subparsers(dest='command', metavar='COMMAND')
-    parents = [common]
+    parents = [common_sub]
 
     p = _command(sub, 'demo', cmd_demo,
                  'Make a small synthetic JPEG dataset, run a real pipeline over it with '
@@ -844,9 +941,11 @@ def build_parser() -> argparse.ArgumentParser:
                  'stops cleanly (exit 130), saving the state when --save-state is given.',
                  'loadr run configs/imagenet_bag.yaml --steps 1000 -o loader.batch=128 '
                  '-o reader.path=/data/train --save-state state.json\n'
-                 'loadr run --resume state.json --save-state state.json', parents)
+                 'loadr run configs/imagenet_bag.yaml --resume state.json '
+                 '--save-state state.json', parents)
     p.add_argument('pipeline', nargs='?',
-                   help='the pipeline YAML file (with --resume: default the saved one)')
+                   help='the pipeline YAML file (with --resume too: a state file never names '
+                        'the code to run)')
     p.add_argument('--steps', type=_positive, default=None,
                    help='the goal: batches in all, counted from where the run began, also '
                         'with --resume (default: one epoch; with --resume, the saved goal)')
@@ -858,8 +957,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help='write the state (JSON: the loader state, the pipeline, its overrides '
                         'and the goal) here at the end or on Ctrl-C')
     p.add_argument('--resume', metavar='FILE',
-                   help='go on from a state saved with --save-state: the same pipeline and '
-                        'overrides, to the same goal')
+                   help='go on from a state saved with --save-state: the saved overrides, to '
+                        'the same goal (a saved override that names code, an import path or '
+                        'unpickling, only when -o gives it again)')
+    p.add_argument('--no-strict', action='store_true',
+                   help='with --resume: go on from a state saved with another pipeline or '
+                        "overrides anyway, from its position with its seed and order (what "
+                        'differs is logged)')
     p.add_argument('--force', action='store_true',
                    help='let --save-state overwrite a state that lies ahead of this run')
     p.add_argument('--digest', action='store_true',
@@ -1021,7 +1125,7 @@ def _storage_options(pairs: list[str]) -> dict:
     >>> _storage_options(['anon=true', 'loadr.retries=3', 'endpoint_url=http://h:9000'])
     {'anon': True, 'loadr': {'retries': 3}, 'endpoint_url': 'http://h:9000'}
     """
-    import yaml
+    from .config import parse_override
 
     options: dict = {}
     for pair in pairs:
@@ -1032,10 +1136,11 @@ def _storage_options(pairs: list[str]) -> dict:
         where = options
         for name in parents:
             where = where.setdefault(name, {})
+        # Read as an -o value is (a YAML scalar, or the text as it is), with its guards.
         try:
-            where[last] = yaml.safe_load(text) if text else ''
-        except yaml.YAMLError:
-            where[last] = text
+            where[last] = parse_override(f'{key}={text}')[1] if text else ''
+        except ConfigError as exc:
+            raise ConfigError(f'--storage-option {key}: {exc.message}') from None
     return options
 
 
@@ -1047,6 +1152,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.storage_option = args.storage_option + getattr(args, 'storage_option_after', [])
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format='%(message)s', stream=sys.stderr)
     if not getattr(args, 'func', None):

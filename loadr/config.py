@@ -107,8 +107,49 @@ class _Duplicate(Exception):
         self.key, self.first, self.again = key, first, again
 
 
-class _LineLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that records where each mapping key and list item starts."""
+# A pipeline is a few dozen lines: these bound what a hostile one can cost before
+# anything reads it. Aliases are kept shared while parsing, but the pipeline is then
+# walked as plain lists and dicts (overrides, _plain, error messages), so an alias
+# bomb (a 500-byte file naming 9**9 values) is refused by the values its aliases add.
+MAX_DEPTH = 64                 # nested lists and mappings
+MAX_ALIAS_VALUES = 100_000     # values that aliases (and '<<' merges) add to the document
+
+
+class _TooBig(Exception):
+    def __init__(self, message: str, line: int | None):
+        super().__init__(message)
+        self.message, self.line = message, line
+
+
+class _GuardedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses, before constructing anything, a document nested
+    deeper than :data:`MAX_DEPTH` (PyYAML composes recursively: a deep one ends in a
+    bare RecursionError), one whose aliases expand it by more than
+    :data:`MAX_ALIAS_VALUES` values, and one that contains itself."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                line = self.peek_event().start_mark.line + 1
+                raise _TooBig(f'nested deeper than {MAX_DEPTH} levels (line {line}): a '
+                              f'pipeline needs a few; is this the file you meant?', line)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def compose_document(self):
+        node = super().compose_document()
+        _check_expansion(node)
+        return node
+
+
+class _LineLoader(_GuardedLoader):
+    """The guarded loader that also records where each mapping key and list item starts."""
 
     def _map(self, node):
         data = _Map()
@@ -143,6 +184,48 @@ class _LineLoader(yaml.SafeLoader):
             data.lines.append(child.start_mark.line + 1)
 
 
+def _check_expansion(root) -> None:
+    """Raise _TooBig when aliases expand the document ``root`` by more than MAX_ALIAS_VALUES.
+
+    Each distinct node is visited once (its expanded size remembered), so a
+    bomb costs as little to measure as its text; the line named is that of
+    the first node (children first) whose expanded size is over the budget.
+    """
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()       # entered, children not done: an alias to one is a loop
+    first_over = None
+    stack = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if isinstance(node, yaml.ScalarNode):
+            sizes[id(node)] = 1
+        elif not children_done:
+            if id(node) in open_nodes:
+                line = node.start_mark.line + 1
+                raise _TooBig(f'an alias refers to a list or mapping that holds it (line '
+                              f'{line}): a pipeline cannot contain itself', line)
+            open_nodes.add(id(node))
+            stack.append((node, True))
+            kids = (node.value if isinstance(node, yaml.SequenceNode)
+                    else [n for pair in node.value for n in pair])
+            stack.extend((kid, False) for kid in kids if id(kid) not in sizes)
+            continue
+        else:
+            kids = (node.value if isinstance(node, yaml.SequenceNode)
+                    else [n for pair in node.value for n in pair])
+            sizes[id(node)] = 1 + sum(sizes[id(kid)] for kid in kids)
+        if first_over is None and sizes[id(node)] > MAX_ALIAS_VALUES:
+            first_over = node
+    added = sizes[id(root)] - len(sizes)
+    if added > MAX_ALIAS_VALUES:
+        line = first_over.start_mark.line + 1
+        raise _TooBig(f'its aliases expand it to {sizes[id(root)]:,} values (line {line}), more '
+                      f'than {MAX_ALIAS_VALUES:,} beyond what the file spells out: refused as '
+                      f'a YAML bomb; write the values out instead', line)
+
+
 _LineLoader.add_constructor('tag:yaml.org,2002:map', _LineLoader._map)
 _LineLoader.add_constructor('tag:yaml.org,2002:seq', _LineLoader._seq)
 
@@ -159,6 +242,10 @@ def _plain(value):
 def _parse_yaml(text: str, path: str | None):
     try:
         return yaml.load(text, Loader=_LineLoader)   # noqa: S506 - a SafeLoader subclass
+    except _TooBig as big:
+        err = ConfigError(f'not a pipeline: {big.message}', path)
+        err.line = big.line
+        raise err from None
     except _Duplicate as dup:
         lines = (f'line {dup.again}' if dup.first == dup.again
                  else f'lines {dup.first} and {dup.again}')
@@ -194,7 +281,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key:
         raise ConfigError(f'an override is key=value, e.g. loader.batch=128; got {text!r}')
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml.load(raw, Loader=_GuardedLoader) if raw.strip() else None  # noqa: S506
+    except _TooBig as big:
+        raise ConfigError(f'override {key!r}: the value is not a setting: {big.message}'
+                          ) from None
     except yaml.YAMLError:
         value = raw           # not YAML (e.g. an odd path): take the text as it is
     return key, value

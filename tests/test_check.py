@@ -122,3 +122,60 @@ def test_write_digests_refuses_a_dataset_with_problems(fixtures, tmp_path, capsy
     assert cli.main(['check', '--write-digests', str(data)]) == 1
     assert not os.path.exists(digests.sidecar_path(str(data)))
     assert 'not written' in capsys.readouterr().out
+
+
+# -- FFRecord: the CRCs say the bytes are the ones written; check decodes what they hold ------
+
+
+def test_check_decodes_every_image_of_an_ffrecord_file(tmp_path, capsys):
+    from loadr.writers import FFRecordWriter
+
+    from .datasets import jpeg
+    good = jpeg((24, 32, 3), seed=1)
+    images = [good, jpeg((16, 16, 3), seed=2, fmt='PNG'), good[:len(good) // 2], good,
+              b'GIF89a: no JPEG here', good]
+    path = tmp_path / 'maps.ffr'
+    with FFRecordWriter(path, n=len(images)) as w:          # as loadr convert writes them
+        for i, image in enumerate(images):
+            w.append({'image': image, 'label': i, 'frames': [good, good[:40] if i == 3 else good]})
+    report = loadr.check(path)
+    assert not report.ok
+    assert [(p.path, p.index) for p in report.problems] == [(str(path), i) for i in (2, 3, 4)]
+    cut, frame, other = (p.message for p in report.problems)
+    assert "key 'image'" in cut and 'damaged JPEG' in cut
+    assert "key 'frames[1]'" in frame and 'damaged JPEG' in frame     # each item of a list too
+    assert "key 'image'" in other and 'not a JPEG or PNG' in other
+    assert cli.main(['check', str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f'{path} [index 2]' in out and 'OK' not in out
+    # Raw samples that are images (no map around them), in a directory of two files.
+    raw = tmp_path / 'raw'
+    raw.mkdir()
+    for name, samples in (('a.ffr', [good, good]), ('b.ffr', [good, good[:-200], good])):
+        with FFRecordWriter(raw / name, n=len(samples)) as w:
+            for sample in samples:
+                w.write_one(sample)
+    (problem,) = loadr.check(raw).problems
+    assert problem.path == str(raw / 'b.ffr') and problem.index == 3
+    assert 'sample 1 of this file' in problem.message
+
+
+def test_check_reports_a_sample_that_does_not_read_as_the_others(tmp_path):
+    import msgpack
+
+    from loadr.writers import FFRecordWriter
+    path = tmp_path / 'x.ffr'
+    with FFRecordWriter(path, n=4) as w:
+        w.append({'label': 0})
+        w.write_one(b'\xc1 not msgpack')
+        w.write_one(msgpack.packb([1, 2]))
+        w.write_one(b'')
+    problems = loadr.check(path).problems
+    assert [p.index for p in problems] == [1, 2, 3]
+    assert 'does not decode as msgpack' in problems[0].message
+    assert 'not a map' in problems[1].message
+    # Opaque bytes that are neither maps nor images are data, not a problem.
+    with FFRecordWriter(tmp_path / 'blobs.ffr', n=3) as w:
+        for blob in (b'\x00\x01', b'', b'plain bytes'):
+            w.write_one(blob)
+    assert loadr.check(tmp_path / 'blobs.ffr').ok

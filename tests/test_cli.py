@@ -272,7 +272,7 @@ def digests(stdout) -> list:
     return [tuple(line.split()[1:]) for line in lines if line.startswith('position ')]
 
 
-def test_the_resume_hint_alone_goes_on_with_the_overrides_to_the_same_end(tmp_path, local_data):
+def test_the_resume_hint_goes_on_with_the_overrides_to_the_same_end(tmp_path, local_data):
     # README's pattern: the dataset given as an override relative to the current directory.
     path = bag_pipeline(tmp_path, tmp_path / 'nowhere', workers=1)
     args = [path, '-o', 'reader.path=bag', '-o', 'loader.batch=3', '-o', 'fns.0.size=[16, 24]',
@@ -286,7 +286,8 @@ def test_the_resume_hint_alone_goes_on_with_the_overrides_to_the_same_end(tmp_pa
     assert rc == 128 + signal.SIGTERM, err
     (hint,) = [line for line in err.splitlines() if 'go on with' in line]
     command = hint.split('go on with')[1].split()
-    assert command == ['loadr', 'run', '--resume', str(state)]
+    # The pipeline is named on the command line: a state file never chooses the code to run.
+    assert command == ['loadr', 'run', str(path), '--resume', str(state)]
     saved = json.loads(state.read_text())
     assert saved['steps'] == 7 and saved['start'] == 0
     assert saved['overrides'] == ['reader.path=bag', 'loader.batch=3', 'fns.0.size=[16, 24]']
@@ -307,13 +308,14 @@ def test_steps_on_resume_is_the_goal_not_n_more(tmp_path, local_data):
     whole = digests(loadr_cmd('run', path, '--steps', 8, '--digest').stdout)
     done = loadr_cmd('run', path, '--steps', 2, '--digest', '--save-state', state)
     assert digests(done.stdout) == whole[:2]
-    done = loadr_cmd('run', '--resume', state, '--steps', 5, '--digest', '--save-state', state)
+    done = loadr_cmd('run', path, '--resume', state, '--steps', 5, '--digest', '--save-state',
+                     state)
     assert done.returncode == 0, done.stderr
     assert digests(done.stdout) == whole[2:5] and 'batches 3..5 of 5' in done.stderr
-    done = loadr_cmd('run', '--resume', state, '--digest')        # the goal reached: nothing
+    done = loadr_cmd('run', path, '--resume', state, '--digest')   # the goal reached: nothing
     assert done.returncode == 0 and digests(done.stdout) == []
     assert 'nothing left to run' in done.stderr
-    done = loadr_cmd('run', '--resume', state, '--steps', 8, '--digest')
+    done = loadr_cmd('run', path, '--resume', state, '--steps', 8, '--digest')
     assert digests(done.stdout) == whole[5:8]
 
 
@@ -326,7 +328,7 @@ def test_save_state_refuses_to_overwrite_a_state_that_lies_ahead(tmp_path, local
     done = loadr_cmd('run', path, '--steps', 3, '--save-state', state)
     assert done.returncode == 2
     assert 'ahead of where this run starts (0)' in done.stderr and '--force' in done.stderr
-    assert f'loadr run --resume {state}' in done.stderr
+    assert f'loadr run {path} --resume {state}' in done.stderr
     assert state.read_text() == before and 'batches:' not in done.stdout    # refused first
     other = tmp_path / 'notes.json'
     other.write_text('{"my": "notes"}')
@@ -336,7 +338,7 @@ def test_save_state_refuses_to_overwrite_a_state_that_lies_ahead(tmp_path, local
     done = loadr_cmd('run', path, '--steps', 1, '--save-state', state, '--force')
     assert done.returncode == 0 and json.loads(state.read_text())['loader']['step'] == 3
     # Going on from the file into itself is its own progress, never refused.
-    done = loadr_cmd('run', '--resume', state, '--steps', 2, '--save-state', state)
+    done = loadr_cmd('run', path, '--resume', state, '--steps', 2, '--save-state', state)
     assert done.returncode == 0 and json.loads(state.read_text())['loader']['step'] == 6
 
 
@@ -360,10 +362,54 @@ def test_resume_with_a_state_of_another_dataset_is_refused(tmp_path, local_data)
     state.write_text(json.dumps({'version': 1, 'step': 4, 'seed': 1, 'n': 99,
                                  'shuffle': True, 'global_batch': 2}))
     done = loadr_cmd('run', bag_pipeline(tmp_path, local_data), '--resume', state)
-    assert done.returncode == 1
+    assert done.returncode == 2          # a state of another pipeline: a usage mistake
     # The whole of what differs, on the one error line.
     (line,) = done.stderr.splitlines()
     assert 'the state was saved for 99 datapoints per epoch, this loader reads 12' in line
+
+
+def test_a_refused_resume_says_what_to_do_on_the_command_line_and_exits_2(tmp_path, local_data):
+    path = bag_pipeline(tmp_path, local_data, batch=3)
+    state = tmp_path / 'state.json'
+    assert loadr_cmd('run', path, '--steps', 2, '--save-state', state).returncode == 0
+    whole = digests(loadr_cmd('run', path, '--steps', 4, '--digest', '-o', 'fns.1.p=0.25').stdout)
+    # The pipeline changed since the state was saved (another fn argument): refused, exit 2,
+    # with the command line's ways out, not the Python API's.
+    done = loadr_cmd('run', path, '--resume', state, '-o', 'fns.1.p=0.25')
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert 'does not belong to this pipeline' in line and 'fns' in line
+    assert 'strict=False' not in line and '--no-strict' in line and 'without --resume' in line
+    assert 'batches:' not in done.stdout
+    done = loadr_cmd('run', path, '--resume', state, '-o', 'fns.1.p=0.25', '--no-strict',
+                     '--digest', '--steps', 4)
+    assert done.returncode == 0, done.stderr
+    assert digests(done.stdout) == whole[2:4]          # from the state's position on
+
+
+def test_a_state_file_nested_too_deeply_is_refused_with_exit_2(tmp_path, local_data):
+    state = tmp_path / 'state.json'
+    state.write_text('[' * 100_000 + ']' * 100_000)
+    done = loadr_cmd('run', bag_pipeline(tmp_path, local_data), '--resume', state)
+    assert done.returncode == 2 and 'nested too deeply' in done.stderr
+    assert 'RecursionError' not in done.stderr
+
+
+def test_resume_needs_the_pipeline_on_the_command_line_and_compares_the_saved_one(
+        tmp_path, local_data):
+    path = bag_pipeline(tmp_path, local_data, batch=3)
+    state = tmp_path / 'state.json'
+    assert loadr_cmd('run', path, '--steps', 2, '--save-state', state).returncode == 0
+    done = loadr_cmd('run', '--resume', state)
+    assert done.returncode == 2
+    assert 'needs the pipeline YAML file on the command line' in done.stderr
+    assert f'loadr run {path} --resume {state}' in done.stderr        # what to type
+    # Another file with the same pipeline: a note that the saved path differs, then the run.
+    copy = tmp_path / 'copy.yaml'
+    shutil.copyfile(path, copy)
+    done = loadr_cmd('run', copy, '--resume', state, '--steps', 3)
+    assert done.returncode == 0, done.stderr
+    assert f'saved with the pipeline {path}' in done.stderr
 
 
 # ---------------------------------------------------------------------------
@@ -500,7 +546,8 @@ def test_a_conversion_that_fails_halfway_leaves_nothing(tmp_path):
             w.write_one(msgpack.packb(sample))
     done = loadr_cmd('convert', src, tmp_path / 'out', '--to', 'bag')
     assert done.returncode == 1
-    assert "datapoint 2 misses key 'a'" in done.stderr
+    # Every datapoint's keys make the spec: the first one lacks 'b' (none is left out).
+    assert "datapoint 0 misses key 'b'" in done.stderr
     assert sorted(os.listdir(tmp_path)) == ['mixed.ffr']
 
 
@@ -770,3 +817,21 @@ def test_python_dash_m_loadr_runs_the_command(local_data):
     done = subprocess.run([sys.executable, '-m', 'loadr', 'check', str(local_data / 'bag')],
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0 and 'OK' in done.stdout
+
+
+def test_a_storage_option_is_read_with_the_yaml_guards(tmp_path):
+    bomb = '&a [x,x,x,x,x,x,x,x,x]'
+    for name in 'bcdefg':
+        bomb = f'&{name} [{bomb}, ' + ', '.join([f'*{chr(ord(name) - 1)}'] * 9) + ']'
+    bomb = f'[{bomb}, ' + ', '.join(['*g'] * 9) + ']'
+    assert main(['--storage-option', f'anon={bomb}', 'check', str(tmp_path)]) == 2
+
+
+def test_common_options_count_before_the_command_too(tmp_path, capsys):
+    # They were silently dropped there: the subcommand's defaults overwrote them.
+    assert main(['-v', '--storage-option', 'a=&x [*x]', 'check', str(tmp_path)]) == 2
+    assert 'Traceback' in capsys.readouterr().err                  # -v before the command
+    from loadr.cli import build_parser
+    args = build_parser().parse_args(['--storage-option', 'a=1', 'check',
+                                      '--storage-option', 'b=2', 'x'])
+    assert args.storage_option + args.storage_option_after == ['a=1', 'b=2']

@@ -356,3 +356,92 @@ def test_the_command_prints_one_line_with_file_and_line(tmp_path, local_data):
     assert done.returncode == 2
     assert done.stderr == (f"loadr: error: {path}: unknown key 'bach' in loader (line 10): "
                            f"did you mean 'batch'?\n")
+
+
+# -- hostile YAML: alias bombs and deep nesting are ConfigErrors naming file and line ----------
+
+
+def alias_bomb(levels: int = 9, merge: bool = False) -> tuple[str, int]:
+    """A billion-laughs pipeline (each level 9 aliases of the one before) under loader.spec,
+    and the line of the first level whose expansion passes the budget of 100,000 values."""
+    lines = ['reader: {path: data}', 'loader:', '  batch: 1', '  spec:']
+    if merge:
+        lines.append('    a: &a {' + ', '.join(f'k{i}: {i}' for i in range(9)) + '}')
+    else:
+        lines.append('    a: &a [' + ','.join('x' * 9) + ']')
+    size, over = 10, None
+    for level, name in enumerate('bcdefghijk'[:levels - 1], start=2):
+        refs = ','.join([f'*{chr(ord(name) - 1)}'] * 9)
+        lines.append(f'    {name}: &{name} ' + ('{<<: [' + refs + ']}' if merge else f'[{refs}]'))
+        size = 1 + 9 * size if not merge else size
+        if over is None and not merge and size > 100_000:
+            over = len(lines)
+    return '\n'.join(lines) + '\n', over
+
+
+def test_an_alias_bomb_is_refused_at_once_naming_file_and_line(tmp_path):
+    text, line = alias_bomb()
+    assert len(text) < 480                     # 9**9 values in a few hundred bytes
+    path = tmp_path / 'bomb.yaml'
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)                      # measured without expanding: no time, no memory
+    err = info.value
+    assert err.path == str(path) and err.line == line and f'(line {line})' in err.message
+    assert 'alias' in err.message and 'YAML bomb' in err.message
+    # The same with '<<' merge keys, which PyYAML flattens into ever longer mappings.
+    text, _ = alias_bomb(merge=True)
+    path.write_text(text)
+    with pytest.raises(ConfigError, match='YAML bomb') as info:
+        load_config(path)
+    assert info.value.line is not None
+    # and in an -o value (a state file's overrides are parsed the same way)
+    flow = '&a [x,x,x,x,x,x,x,x,x]'
+    for name in 'bcdefgh':
+        flow = f'[{flow}, ' + ', '.join([f'*{chr(ord(name) - 1)}'] * 9) + ']'
+        flow = flow.replace('[', f'&{name} [', 1) if name != 'h' else flow
+    with pytest.raises(ConfigError, match='YAML bomb'):
+        parse_override(f'loader.spec={flow}')
+
+
+def test_aliases_that_share_a_few_values_still_build(tmp_path, local_data):
+    rel = os.path.relpath(local_data / 'bag', tmp_path)
+    path = write(tmp_path / 'p.yaml', f'''
+        reader: {{path: {rel}, decode_images: false}}
+        fns:
+          - decode_jpeg: {{key: image, size: &size [16, 24]}}
+          - resize: {{key: image, size: *size}}
+          - select: &keep [image, idx]
+        loader: &loader {{batch: 2, workers: 0}}
+        ''')
+    batch = first_batch(loadr.pipeline(path))
+    assert set(batch) == {'image', 'idx'} and batch['image'].shape == (2, 16, 24, 3)
+
+
+def test_a_deeply_nested_pipeline_is_a_config_error_not_a_recursion_error(tmp_path):
+    path = tmp_path / 'deep.yaml'
+    path.write_text('reader: {path: data}\nloader:\n  spec: ' + '[' * 5000 + ']' * 5000 + '\n')
+    with pytest.raises(ConfigError, match='nested deeper than') as info:
+        load_config(path)
+    assert info.value.path == str(path) and info.value.line == 3
+    path.write_text('reader:\n' + ''.join('  ' * (i + 1) + f'k{i}:\n' for i in range(2000)))
+    with pytest.raises(ConfigError, match='nested deeper than') as info:
+        load_config(path)
+    assert info.value.line is not None and info.value.line < 100
+    path.write_text('reader: {path: data}\nloader: &me {batch: 1, spec: *me}\n')
+    with pytest.raises(ConfigError, match='holds it') as info:
+        load_config(path)                  # a pipeline that contains itself
+    assert info.value.line == 2
+
+
+def test_the_command_exits_2_on_a_yaml_bomb_and_on_deep_nesting(tmp_path):
+    bomb, deep = tmp_path / 'bomb.yaml', tmp_path / 'deep.yaml'
+    bomb.write_text(alias_bomb()[0])
+    deep.write_text('reader: ' + '[' * 3000 + ']' * 3000 + '\n')
+    for path, what in ((bomb, 'YAML bomb'), (deep, 'nested deeper than')):
+        done = subprocess.run([sys.executable, '-m', 'loadr.cli', 'run', str(path)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        (line,) = done.stderr.splitlines()
+        assert line.startswith(f'loadr: error: {path}: ') and what in line
+        assert 'RecursionError' not in line

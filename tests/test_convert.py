@@ -244,3 +244,77 @@ def test_convert_help_says_how_arrays_are_stored(capsys):
         cli.main(['convert', '--help'])
     text = ' '.join(capsys.readouterr().out.split())
     assert 'msgpack-numpy' in text and 'shape, data: the C-order bytes' in text
+
+
+# -- list types survive bag -> ffrecord -> bag; loadr.open reads what convert wrote ------------
+
+def _list_bag(path):
+    from .datasets import jpeg
+    spec = {'names': 'utf8[]', 'images': 'jpg[]', 'counts': 'int[]', 'thumbs': 'png[]',
+            'blobs': 'bytes[]', 'feats': 'array[]', 'label': 'int', 'meta': 'msgpack'}
+    with loadr.writers.BagWriter(path, spec) as w:
+        for i in range(5):
+            # Datapoint 0's lists are empty: their types come from the others.
+            w.append({'names': [f'n{i}', 'x'] if i else [],
+                      'images': [jpeg(seed=i)] * (i % 3),
+                      'counts': [i, -i, 10 ** 12] if i else [],
+                      'thumbs': [jpeg((8, 8, 3), seed=i, fmt='PNG')],
+                      'blobs': [b'\x00\x01', bytes([i + 1])] if i else [],
+                      'feats': [np.arange(3, dtype=np.float32) * i] if i else [],
+                      'label': i, 'meta': {'i': i, 'f': [0.5, 1.5]}})
+    return spec
+
+
+def test_bag_list_types_survive_ffrecord_and_back(tmp_path):
+    spec = _list_bag(tmp_path / 'bag')
+    assert cli.main(['convert', str(tmp_path / 'bag'), str(tmp_path / 'x.ffr'),
+                     '--to', 'ffrecord']) == 0
+    assert open_source(tmp_path / 'x.ffr').types == spec
+    assert cli.main(['convert', str(tmp_path / 'x.ffr'), str(tmp_path / 'back'),
+                     '--to', 'bag']) == 0
+    back = loadr.open(tmp_path / 'back', decode_images=False)
+    assert back.spec == dict(sorted(spec.items()))
+    original = loadr.open(tmp_path / 'bag', decode_images=False)
+    for i in range(len(original)):
+        _same(back[i], original[i], f'datapoint {i}')
+
+
+def test_types_are_inferred_from_every_sample(tmp_path):
+    from loadr.readers.base import join_types
+    from .datasets import jpeg
+    with loadr.writers.FFRecordWriter(tmp_path / 'x.ffr', 3) as w:
+        w.append({'image': jpeg(), 'tags': [], 'score': 1, 'words': ['a']})
+        w.append({'image': b'not an image', 'tags': ['t'], 'score': None, 'words': ['']})
+        w.append({'image': jpeg(), 'tags': ['u', 'v'], 'score': 2, 'words': ['b']})
+    # A JPEG and other bytes: bytes; an empty list then strings: utf8[]; an int and None:
+    # msgpack; an empty string in a list (a bag record is never empty): the list whole.
+    assert open_source(tmp_path / 'x.ffr').types == {
+        'image': 'bytes', 'tags': 'utf8[]', 'score': 'msgpack', 'words': 'msgpack'}
+    convert(tmp_path / 'x.ffr', tmp_path / 'bag', 'bag')
+    assert [loadr.open(tmp_path / 'bag', decode_images=False)[i]['words'] for i in range(3)] \
+        == [['a'], [''], ['b']]
+    assert join_types('int[]', 'utf8[]') == 'msgpack'
+    assert join_types('jpg[]', 'png[]') == 'bytes[]'
+    assert join_types('array', 'int') == 'tree'
+
+
+def test_open_reads_what_convert_wrote_as_maps(tmp_path):
+    spec = _list_bag(tmp_path / 'bag')
+    convert(tmp_path / 'bag', tmp_path / 'x.ffr', 'ffrecord')
+    reader = loadr.open(tmp_path / 'x.ffr')             # decode='auto' by default here
+    assert reader.decode == 'msgpack' and reader.details()['decode'] == 'msgpack'
+    assert set(reader[1]) == set(spec) and reader[1]['names'] == ['n1', 'x']
+    # 'auto' is a decode like the others: for the class, and in a pipeline.
+    assert loadr.readers.FFRecordReader(tmp_path / 'x.ffr', decode='auto').decode == 'msgpack'
+    assert loadr.readers.FFRecordReader(tmp_path / 'x.ffr').decode is None     # as before
+    config = loadr.config.load_config({'reader': {'path': str(tmp_path / 'x.ffr'),
+                                                  'decode': 'auto'}, 'loader': {'batch': 1}})
+    assert config.build_reader().decode == 'msgpack'
+    # Raw samples stay raw, and never unpickled: 'auto' knows msgpack maps and JSON objects.
+    import pickle
+    with loadr.writers.FFRecordWriter(tmp_path / 'p.ffr', 1) as w:
+        w.write_one(pickle.dumps({'k': 1}))
+    assert loadr.open(tmp_path / 'p.ffr')[0] == {'data': pickle.dumps({'k': 1})}
+    with loadr.writers.FFRecordWriter(tmp_path / 'j.ffr', 1) as w:
+        w.write_one(b'{"k": [1, 2]}')
+    assert loadr.open(tmp_path / 'j.ffr')[0] == {'k': [1, 2]}

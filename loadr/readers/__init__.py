@@ -68,4 +68,5 @@ def open(path: str | os.PathLike, **options) -> Reader:  # noqa: A001 - mirrors 
         options['storage_options'] = with_cache_settings(options.get('storage_options'), cache)
     # A URL's storage_options apply to the detection too (loadr.storage).
     with using_storage_options(options.get('storage_options')):
-        return detect(path).reader(os.fspath(path), **options)
+        reader = detect(path).reader
+        return reader(os.fspath(path), **{**reader.open_defaults, **options})

@@ -69,6 +69,9 @@ class Reader:
     """
 
     spec: dict
+    #: What :func:`loadr.open` passes unless told otherwise: a format whose files can say
+    #: how they are read (FFRecord: ``decode='auto'``) lets ``loadr.open`` find out.
+    open_defaults: dict = {}
 
     def __len__(self) -> int:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -166,13 +169,11 @@ class Reader:
     def source(cls, path: str, **options) -> Source:
         """``path`` opened for copying into another format: encoded images stay bytes.
 
-        The default reads datapoints as they are, typed by :func:`value_type`
-        of datapoint 0; formats with a spec or undecoded images override it.
+        The default reads datapoints as they are, typed by :func:`infer_types`
+        over all of them; formats with a spec or undecoded images override it.
         """
         reader = cls(path, **_known(cls, options))
-        first = reader[0] if len(reader) else {}
-        return Source(path, reader.format_name, reader,
-                      {str(k): value_type(v) for k, v in first.items()})
+        return Source(path, reader.format_name, reader, infer_types(reader))
 
     def _identity_files(self) -> dict[str, int]:  # pragma: no cover - abstract
         """``{path: size in bytes}`` of every file the reader reads, as it saw them when made."""
@@ -232,9 +233,53 @@ _PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 def value_type(value) -> str:
     """The bag type (:mod:`loadr.codecs`) that stores ``value`` as it is.
 
-    >>> value_type(b'\\xff\\xd8...'), value_type(3), value_type({'a': 1})
-    ('jpg', 'int', 'msgpack')
+    A non-empty list of values of one storable type is that type's list
+    (``utf8[]``, ``int[]``, ``jpg[]``, ...); other lists are stored whole.
+
+    >>> value_type(b'\\xff\\xd8...'), value_type(3), value_type({'a': 1}), value_type(['a', 'b'])
+    ('jpg', 'int', 'msgpack', 'utf8[]')
     """
+    kind = _type_of(value)
+    return 'msgpack' if kind == _EMPTY_LIST else kind
+
+
+def infer_types(reader, batch: int = 64) -> dict:
+    """``{key: bag type}`` that stores every datapoint of ``reader``: each key's
+    :func:`value_type` over all datapoints, joined by :func:`join_types` (so a list key
+    empty in datapoint 0 is still ``jpg[]``, and a key that holds a JPEG in one
+    datapoint and other bytes in another is ``bytes``). Keys in the order first seen.
+    """
+    types: dict = {}
+    n = len(reader)
+    for start in range(0, n, batch):
+        for dp in reader.read_batch(range(start, min(n, start + batch))):
+            for key, value in dp.items():
+                key = str(key)
+                kind = _type_of(value)
+                types[key] = kind if key not in types else join_types(types[key], kind)
+    return {k: 'msgpack' if t == _EMPTY_LIST else t for k, t in types.items()}
+
+
+# Element types a bag list key is made of when inferred (msgpack and tree values,
+# lists among them, are stored whole: a list of floats stays one msgpack value).
+_LISTABLE = ('bytes', 'utf8', 'int', 'array', 'jpg', 'png')
+_EMPTY_LIST = '[]'          # an empty list: fits any list type
+
+
+def _type_of(value) -> str:
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return _EMPTY_LIST
+        kinds = {_scalar_type(v) for v in value}
+        kind = kinds.pop() if len(kinds) == 1 else _join_scalars(kinds)
+        if kind in _LISTABLE:
+            return kind + '[]'
+        import numpy as np
+        return 'tree' if _holds_array(value, np) else 'msgpack'
+    return _scalar_type(value)
+
+
+def _scalar_type(value) -> str:
     import numpy as np
     if isinstance(value, bool) or value is None:
         return 'msgpack'
@@ -250,15 +295,40 @@ def value_type(value) -> str:
         if value.startswith(_PNG_MAGIC):
             return 'png'
         return 'bytes' if value else 'msgpack'
-    if isinstance(value, (list, tuple)) and value and all(
-            isinstance(v, (bytes, bytearray)) for v in value):
-        if all(v.startswith(_JPEG_MAGIC) for v in value):
-            return 'jpg[]'
-        if all(v.startswith(_PNG_MAGIC) for v in value):
-            return 'png[]'
     if _holds_array(value, np):
         return 'tree'                   # lists and maps with arrays inside
     return 'msgpack'
+
+
+def _join_scalars(kinds: set) -> str:
+    if kinds <= {'jpg', 'png', 'bytes'}:
+        return 'bytes'                  # images of two kinds, or images and other bytes
+    if kinds & {'array', 'tree'}:
+        return 'tree'                   # the one whole-value type that holds arrays
+    return 'msgpack'
+
+
+def join_types(a: str, b: str) -> str:
+    """The bag type that stores values of both types ``a`` and ``b``.
+
+    >>> join_types('jpg[]', '[]'), join_types('jpg', 'png'), join_types('int', 'utf8')
+    ('jpg[]', 'bytes', 'msgpack')
+    >>> join_types('utf8[]', 'msgpack'), join_types('array[]', 'int')
+    ('msgpack', 'tree')
+    """
+    if a == b:
+        return a
+    if _EMPTY_LIST in (a, b):
+        other = b if a == _EMPTY_LIST else a
+        if other.endswith('[]'):
+            return other
+        return 'tree' if other in ('array', 'tree') else 'msgpack'
+    if a.endswith('[]') and b.endswith('[]'):
+        kind = _join_scalars({a[:-2], b[:-2]})
+        if kind in _LISTABLE:
+            return kind + '[]'
+    kinds = {k[:-2] if k.endswith('[]') else k for k in (a, b)}
+    return 'tree' if kinds & {'array', 'tree'} else _join_scalars(kinds)
 
 
 def _holds_array(value, np, depth: int = 0) -> bool:

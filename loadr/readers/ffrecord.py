@@ -42,7 +42,7 @@ from ..errors import ChecksumError, ConfigError, DecodeError, FormatError, Loadr
     ReadError, SpecError, WriterError
 from ..digests import check_record
 from ..storage import Storage, storage_for
-from .base import Format, Plan, Problem, Reader, Source, Writer, _known, check_index, value_type
+from .base import Format, Plan, Problem, Reader, Source, Writer, _known, check_index, infer_types
 
 try:
     # ISA-L's CRC-32 gives zlib's values ~6x faster (4 KiB: 0.22 us against 1.4 us), and
@@ -283,6 +283,10 @@ class FFRecordReader(Reader):
     ``decode`` turns a sample's bytes into the datapoint:
 
     - ``None``: ``{'data': bytes}``
+    - ``'auto'``: what sample 0 is, read once when the reader is made: ``'msgpack'`` for
+      a msgpack map (what ``loadr convert`` and :meth:`FFRecordWriter.append` write),
+      ``'json'`` for a JSON object, else None; ``self.decode`` then says which, and
+      never ``'pickle'``. The default of :func:`loadr.open`; this class's is None
     - ``'msgpack'`` / ``'json'``: the map as a dict (any other value ->
       ``{'data': value}``); numpy values stored as msgpack-numpy stores them
       (what :class:`FFRecordWriter` writes) come back as arrays
@@ -301,6 +305,7 @@ class FFRecordReader(Reader):
     """
 
     format_name = 'ffrecord'
+    open_defaults = {'decode': 'auto'}      # loadr.open(x.ffr): what convert wrote, as maps
 
     def __init__(self, path: str | os.PathLike, check_data: bool = True,
                  decode: None | str | Callable[[bytes], Any] = None,
@@ -314,10 +319,10 @@ class FFRecordReader(Reader):
             if not isinstance(decode, str):
                 raise TypeError(f'decode must be None, a name or a callable, '
                                 f'not {type(decode).__name__}')
-            if decode not in DECODERS:
-                raise ConfigError(f'unknown decode {decode!r}; use None, '
+            if decode not in DECODERS + ('auto', 'none'):
+                raise ConfigError(f'unknown decode {decode!r}; use None, \'auto\', '
                                   f'{", ".join(map(repr, DECODERS))} or a callable')
-        self.decode = decode
+        self.decode = None if decode in ('auto', 'none') else decode
         self.files = _list_files(self._files, self.path)
         self._headers: list[_Header] | None = None
         self._spec: dict | None = None
@@ -325,6 +330,9 @@ class FFRecordReader(Reader):
         self._counts = [h.n for h in headers]
         self._starts = [h.base for h in headers]
         self._n = sum(self._counts)
+        if decode == 'auto':
+            # What sample 0 is: never 'pickle', which is only ever used when named.
+            self.decode = _detect_decode(self.read_one(0)) if self._n else None
 
     # -- headers, once per process ------------------------------------------
 
@@ -363,21 +371,8 @@ class FFRecordReader(Reader):
         """``decode``, or for ``'auto'`` what sample 0 is: a msgpack map, a JSON object, bytes."""
         if decode != 'auto':
             return None if decode in (None, 'none') else decode
-        with cls(path, **_known(cls, options)) as probe:
-            if len(probe) == 0:
-                return None
-            data = probe.read_one(0)
-        try:
-            if isinstance(msgpack.unpackb(data, raw=False, strict_map_key=False), dict):
-                return 'msgpack'
-        except Exception:   # noqa: BLE001 - any failure just means "not msgpack"
-            pass
-        try:
-            if isinstance(json.loads(data), dict):
-                return 'json'
-        except ValueError:
-            pass
-        return None
+        with cls(path, decode='auto', **_known(cls, options)) as probe:
+            return probe.decode
 
     @classmethod
     def probe(cls, path: str, decode='auto', **options) -> FFRecordReader:
@@ -398,9 +393,8 @@ class FFRecordReader(Reader):
             return Source(path, cls.format_name, cls(path, **_known(cls, options)),
                           {'data': 'bytes'}, raw=True)
         reader = cls(path, decode=chosen, **_known(cls, options))
-        first = reader[0] if len(reader) else {}
-        return Source(path, cls.format_name, reader,
-                      {str(k): value_type(v) for k, v in first.items()})
+        # Every sample is read to type the keys (a list empty in sample 0 is still jpg[]).
+        return Source(path, cls.format_name, reader, infer_types(reader))
 
     def _locate(self, index: int) -> tuple[_Header, int]:
         headers = self._load()
@@ -795,7 +789,9 @@ def records(path: str | os.PathLike) -> dict:
 
 
 def check(path: str | os.PathLike) -> list[Problem]:
-    """Every problem in an FFRecord file or directory: header, offsets, each sample's CRC.
+    """Every problem in an FFRecord file or directory: header, offsets, each sample's CRC,
+    and each sample's content (:class:`_Contents`): it decodes as the first one does (a
+    msgpack map, a JSON object, or bytes), and every JPEG or PNG in it decodes whole.
 
     >>> check('../shared/fixtures/ffrecord/single.ffr')
     []
@@ -807,16 +803,18 @@ def check(path: str | os.PathLike) -> list[Problem]:
     except LoadrError as exc:
         return [Problem(exc.path or path, exc.index, exc.message)]
     problems: list[Problem] = []
+    contents = _Contents()
     base = 0
     try:
         for file in paths:
-            base += _check_file(files, file, base, problems)
+            base += _check_file(files, file, base, problems, contents)
     finally:
         files.close()
-    return problems
+    return problems + contents.strays()
 
 
-def _check_file(files: Storage, path: str, base: int, problems: list[Problem]) -> int:
+def _check_file(files: Storage, path: str, base: int, problems: list[Problem],
+                contents: _Contents | None = None) -> int:
     """Append this file's problems; return its sample count (0 if the header is unreadable).
 
     The table is read :data:`CHECK_TABLE_ENTRIES` entries at a time, so the
@@ -854,7 +852,7 @@ def _check_file(files: Storage, path: str, base: int, problems: list[Problem]) -
             following = size if hi == n else struct.unpack(
                 '<q', files.read(path, offset_table + 8 * hi, 8))[0]
             _check_piece(files, path, base, lo, start, size, previous, following, crcs,
-                         offsets, found)
+                         offsets, found, contents)
             previous = int(offsets[-1])
             if len(found) > MAX_PROBLEMS_PER_FILE:
                 break
@@ -875,7 +873,7 @@ def _check_file(files: Storage, path: str, base: int, problems: list[Problem]) -
 
 def _check_piece(files: Storage, path: str, base: int, lo: int, start: int, size: int,
                  previous: int, following: int, crcs: np.ndarray, offsets: np.ndarray,
-                 found: list[Problem]) -> None:
+                 found: list[Problem], contents: _Contents | None = None) -> None:
     """The problems of samples ``lo .. lo + len(offsets) - 1`` of one file.
 
     ``previous`` is the stored offset before ``offsets[0]`` (the end of the
@@ -922,6 +920,7 @@ def _check_piece(files: Storage, path: str, base: int, lo: int, start: int, size
                                                   f'0x00000000, header says {int(crcs[i]):#010x}'))
     readable = np.flatnonzero(sane & (lengths > 0)).tolist()
     for first, end, run in _runs(readable, bounds, CHECK_BLOCK_BYTES):
+        view = None
         if end - first > CHECK_BLOCK_BYTES:       # one big sample: stream it
             crc = 0
             for at in range(first, end, CHECK_BLOCK_BYTES):
@@ -938,7 +937,111 @@ def _check_piece(files: Storage, path: str, base: int, lo: int, start: int, size
                 mismatches.append(Problem(path, base + lo + i, f'sample {lo + i} of this file: '
                                                                f'CRC32 is {crc:#010x}, header '
                                                                f'says {int(crcs[i]):#010x}'))
+            elif contents is not None:
+                # The bytes are the ones written: now whether they are what they claim to be.
+                a, b = int(bounds[i]), int(bounds[i + 1])
+                data = (view[a - first:b - first] if view is not None
+                        else files.read(path, a, b - a, base + lo + i))
+                contents.visit(path, base + lo + i, lo + i, data, mismatches)
+    if contents is not None and contents.decode not in (False, None):
+        # An empty sample is no map: listed (up to the limit) where the samples are maps.
+        empty = np.flatnonzero(sane & (lengths == 0) & (crcs == 0))[:MAX_PROBLEMS_PER_FILE + 1]
+        for i in empty.tolist():
+            contents.visit(path, base + lo + i, lo + i, b'', mismatches)
     found += sorted(mismatches, key=lambda p: p.index)
+
+
+class _Contents:
+    """What ``check`` finds inside the samples whose CRC is right.
+
+    How samples are read is detected from the first one visited, as
+    ``decode='auto'`` does: a msgpack map (what ``loadr convert`` and
+    :meth:`FFRecordWriter.append` write), a JSON object, or opaque bytes.
+    Every later sample must read the same way. Each bytes value (and each
+    bytes item of a list) that starts like a JPEG or PNG is decoded whole; a
+    key that holds images in most samples but something else in a few has
+    those few reported (:meth:`strays`): the Loader's image fns would fail on them.
+    """
+
+    def __init__(self):
+        self.decode: str | None | bool = False      # False: not detected yet
+        self.images: dict = {}                      # key -> samples with an image there
+        self.others: dict = {}                      # key -> [(path, index, local, head, n)]
+
+    def visit(self, path: str, index: int, local: int, data, found: list[Problem]) -> None:
+        data = bytes(data)
+        if self.decode is False:
+            self.decode = _detect_decode(data)
+        dp = {'data': data}
+        if self.decode is not None:
+            try:
+                value = _decode_named(self.decode, data)
+            except Exception as exc:  # noqa: BLE001 - any failure is this sample's problem
+                found.append(Problem(path, index, f'sample {local} of this file does not decode '
+                                                  f'as {self.decode}, as the first sample '
+                                                  f'does: {type(exc).__name__}: {exc}'))
+                return
+            if not isinstance(value, dict):
+                found.append(Problem(path, index, f'sample {local} of this file is a '
+                                                  f'{self.decode} {type(value).__name__}, not a '
+                                                  f'map as the first sample is'))
+                return
+            dp = value
+        for key, value in dp.items():
+            items = value if isinstance(value, (list, tuple)) else [value]
+            for position, item in enumerate(items):
+                if isinstance(item, (bytes, bytearray, memoryview)):
+                    where = key if items is not value else f'{key}[{position}]'
+                    self._image(path, index, local, key, where, bytes(item), found)
+
+    def _image(self, path, index, local, key, where, data: bytes, found) -> None:
+        from ..codecs import decode_image, image_kind
+        if image_kind(data) not in ('JPEG', 'PNG'):
+            others = self.others.setdefault(key, [])
+            if len(others) <= MAX_PROBLEMS_PER_FILE:
+                others.append((path, index, local, where, data[:8], len(data)))
+            return
+        self.images[key] = self.images.get(key, 0) + 1
+        try:
+            decode_image(data)
+        except DecodeError as exc:
+            found.append(Problem(path, index, f'sample {local} of this file, key {where!r}: '
+                                              f'{exc.message}'))
+
+    def strays(self) -> list[Problem]:
+        """The non-images of keys that hold images in at least as many samples."""
+        out = []
+        for key, others in self.others.items():
+            images = self.images.get(key, 0)
+            if not images or len(others) > images:
+                continue
+            for path, index, local, where, head, n in others[:MAX_PROBLEMS_PER_FILE]:
+                out.append(Problem(path, index, f'sample {local} of this file, key {where!r}: '
+                                                f'not a JPEG or PNG ({n} bytes starting '
+                                                f'{head!r}), while {images} other values of '
+                                                f'{key!r} are images'))
+        return sorted(out, key=lambda p: p.index)
+
+
+def _detect_decode(data: bytes) -> str | None:
+    """``'msgpack'`` for a msgpack map, ``'json'`` for a JSON object, else None (bytes)."""
+    try:
+        if isinstance(msgpack.unpackb(data, raw=False, strict_map_key=False), dict):
+            return 'msgpack'
+    except Exception:   # noqa: BLE001 - any failure just means "not msgpack"
+        pass
+    try:
+        if isinstance(json.loads(data), dict):
+            return 'json'
+    except (ValueError, RecursionError):
+        pass
+    return None
+
+
+def _decode_named(decode: str, data: bytes):
+    if decode == 'msgpack':
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, object_hook=_unpack_numpy)
+    return json.loads(data)
 
 
 def crc32_combine(crc1: int, crc2: int, len2: int) -> int:

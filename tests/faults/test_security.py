@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import io
+import json
 import os
 import pathlib
 import pickle
@@ -191,10 +192,17 @@ ALLOWED = {
 
 
 def _safe_loaders(tree) -> set:
-    """Names of classes in this module that derive from yaml's SafeLoader or CSafeLoader."""
-    return {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
-            and any(isinstance(b, ast.Attribute) and b.attr in ('SafeLoader', 'CSafeLoader')
-                    for b in node.bases)}
+    """Names of classes in this module that derive from yaml's SafeLoader or CSafeLoader,
+    directly or through other such classes of the module."""
+    classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    safe: set = set()
+    while True:
+        more = {node.name for node in classes if node.name not in safe and any(
+            (isinstance(b, ast.Attribute) and b.attr in ('SafeLoader', 'CSafeLoader'))
+            or (isinstance(b, ast.Name) and b.id in safe) for b in node.bases)}
+        if not more:
+            return safe
+        safe |= more
 
 
 def _unsafe_sites(path: pathlib.Path) -> set:
@@ -238,3 +246,79 @@ def test_every_deserialiser_call_in_loadr_is_accounted_for():
         sites |= _unsafe_sites(path)
     assert sites == ALLOWED, ('a new pickle/yaml/eval call site: make it safe, or add it to '
                               'ALLOWED and to SECURITY.md with the reason it is safe')
+
+
+# -- a state file is data: `loadr run --resume` never imports or calls what it names ----------
+
+MARKER_MODULE = '''
+import pathlib
+pathlib.Path(__file__).with_name('imported').touch()
+
+
+def mark(dp, seed=None):
+    pathlib.Path(__file__).with_name('called').touch()
+    return dp
+'''
+
+
+def _loadr(*args, cwd):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, '-m', 'loadr.cli', *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_state_file_never_imports_or_calls_what_its_overrides_name(tmp_path, local_data):
+    (tmp_path / 'marker_mod.py').write_text(MARKER_MODULE)
+    imported, called = tmp_path / 'imported', tmp_path / 'called'
+    pipeline = tmp_path / 'p.yaml'
+    pipeline.write_text(f'reader: {{path: {local_data / "bag"}}}\n'
+                        f'fns: [{{select: [idx]}}]\n'
+                        f'loader: {{batch: 3, workers: 0}}\n')
+    code = 'fns=[{select: [idx]}, marker_mod:mark]'
+    state = tmp_path / 'state.json'
+    done = _loadr('run', pipeline, '-o', code, '--steps', 2, '--save-state', state, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert imported.exists() and called.exists()          # the user's own -o: code, run
+    imported.unlink(), called.unlink()
+    # Resumed without the -o: the state's copy of it is refused, and nothing is imported.
+    done = _loadr('run', pipeline, '--resume', state, cwd=tmp_path)
+    assert done.returncode == 2 and 'batches:' not in done.stdout
+    assert 'names code' in done.stderr and 'pass it again' in done.stderr
+    assert "marker_mod:mark" in done.stderr and 'without --resume' in done.stderr
+    assert not imported.exists() and not called.exists()
+    # A forged state: an import path (os:system in the wild), or unpickling, in its overrides.
+    saved = json.loads(state.read_text())
+    for forged in (['fns=[marker_mod:mark]'], ['reader.decode=marker_mod:mark'],
+                   ["fns.0={'marker_mod:mark': {}}"], ['reader={path: x, allow_pickle: true}'],
+                   ['reader.decode=pickle']):
+        state.write_text(json.dumps({**saved, 'overrides': forged}))
+        done = _loadr('run', pipeline, '--resume', state, cwd=tmp_path)
+        assert done.returncode == 2 and 'names code' in done.stderr, (forged, done.stderr)
+        assert not imported.exists() and not called.exists()
+    # Given again on the command line, it is the user's: the run goes on, and the state
+    # keeps the override once.
+    state.write_text(json.dumps(saved))
+    done = _loadr('run', pipeline, '--resume', state, '-o', code, '--steps', 4, '--save-state',
+                  state, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert called.exists() and json.loads(state.read_text())['overrides'] == [code]
+
+
+def test_the_pipeline_path_a_state_file_names_is_never_read(tmp_path, local_data):
+    (tmp_path / 'marker_mod.py').write_text(MARKER_MODULE)
+    pipeline, evil = tmp_path / 'p.yaml', tmp_path / 'evil.yaml'
+    body = f'reader: {{path: {local_data / "bag"}}}\nloader: {{batch: 3, workers: 0}}\n'
+    pipeline.write_text(body + 'fns: [{select: [idx]}]\n')
+    evil.write_text(body + 'fns: [{select: [idx]}, marker_mod:mark]\n')
+    state = tmp_path / 'state.json'
+    assert _loadr('run', pipeline, '--steps', 1, '--save-state', state,
+                  cwd=tmp_path).returncode == 0
+    state.write_text(json.dumps({**json.loads(state.read_text()), 'config': str(evil)}))
+    done = _loadr('run', '--resume', state, cwd=tmp_path)
+    assert done.returncode == 2 and 'on the command line' in done.stderr
+    assert str(evil) in done.stderr                  # named, to compare: never loaded
+    done = _loadr('run', pipeline, '--resume', state, '--steps', 2, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f'saved with the pipeline {evil}' in done.stderr
+    assert not (tmp_path / 'imported').exists()

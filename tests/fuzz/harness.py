@@ -80,10 +80,13 @@ class Target:
 _BAG = ({'decode_images': False}, {'decode_images': False, 'cache_index': False},
         {'decode_images': False, 'cache_keys': ('refs', '*')}, {'decode_images': True})
 TARGETS = {
+    # decode=None by name: loadr.open's own default for FFRecord is 'auto' (maps decoded).
     'ffrecord': Target('ffrecord', 'ffrecord', 'ffrecord/single.ffr',
-                       ({}, {'check_data': False}, {'decode': 'msgpack'}), check_covers=(0,)),
+                       ({'decode': None}, {'check_data': False, 'decode': None},
+                        {'decode': 'msgpack'}), check_covers=(0,)),
     'ffrecord_multi': Target('ffrecord_multi', 'ffrecord', 'ffrecord/multi',
-                             ({}, {'check_data': False}), check_covers=(0,)),
+                             ({'decode': None}, {'check_data': False, 'decode': None}),
+                             check_covers=(0,)),
     'gulp': Target('gulp', 'gulp', 'gulp', ({'decode_images': False}, {'decode_images': True}),
                    check_covers=(0,)),
     'bag': Target('bag', 'bag', 'bag', _BAG, check_covers=(0, 3), differential=(0, 1, 2)),
