@@ -57,6 +57,7 @@ import bisect
 import functools
 import hashlib
 import math
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -194,6 +195,24 @@ class _Schedule:
         return self.counts_at_block(k) + inside
 
 
+def _weight(value, name: str, where: str) -> Fraction:
+    """One weight as a fraction (denominator at most 10^6); ConfigError naming it if it is
+    not a number in ``[0, 1.8e308]`` (a float's range: the identity keeps it as a float)."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float, Fraction, np.number))
+    if ok:
+        try:
+            # float() of an int or Fraction past a float's range raises OverflowError.
+            ok = math.isfinite(float(value)) and value >= 0
+        except (OverflowError, TypeError, ValueError):
+            ok = False
+    if not ok:
+        text = repr(value)
+        text = text if len(text) <= 40 else f'{text[:20]}...{text[-8:]} ({len(text)} chars)'
+        raise ConfigError(f'{where}: the weight of {name!r} must be a finite number >= 0 '
+                          f'(at most {sys.float_info.max:.3g}), got {text}')
+    return Fraction(value).limit_denominator(WEIGHT_DENOMINATOR)
+
+
 def _fractions(weights: dict, names: list, where: str) -> list[Fraction]:
     if not isinstance(weights, dict) or not weights:
         raise ConfigError(f'{where}: weights must be a non-empty mapping '
@@ -204,12 +223,7 @@ def _fractions(weights: dict, names: list, where: str) -> list[Fraction]:
                           f'{names}')
     raw = []
     for name in names:
-        value = weights.get(name, 0)
-        if isinstance(value, bool) or not isinstance(value, (int, float, Fraction, np.number)) \
-                or not math.isfinite(value) or value < 0:
-            raise ConfigError(f'{where}: the weight of {name!r} must be a finite number >= 0, '
-                              f'got {value!r}')
-        raw.append(Fraction(value).limit_denominator(WEIGHT_DENOMINATOR))
+        raw.append(_weight(weights.get(name, 0), name, where))
     total = sum(raw)
     if total <= 0:
         raise ConfigError(f'{where}: the weights are all 0')
@@ -394,6 +408,22 @@ class MixOrder:
                 f'shuffle={self.shuffle}, version={self.version})')
 
 
+def _name_source(exc: BaseException, name: str, i: int) -> None:
+    """Name source ``name`` (and index ``i`` in it) in ``exc``: a loadr error's message starts
+    with ``source 'name': `` and keeps its type, file and index; any other gets a note."""
+    if isinstance(exc, LoadrError):
+        exc.message = f'source {name!r}: {exc.message}'
+        exc.args = (exc.message,)
+        if exc.index is None:
+            exc.index = i
+    else:
+        exc.add_note(f'loadr: in source {name!r}, index {i} of that source')
+    try:
+        exc.source = name
+    except AttributeError:          # an exception type with __slots__: the message says it
+        pass
+
+
 def _identity(reader) -> dict:
     identity = getattr(reader, 'identity', None)
     if identity is not None:
@@ -414,7 +444,9 @@ class Mix:
         datapoints only, each called as ``fn(datapoint, seed=s)`` with the
         sample's seed, before the Loader's own fns.
       source_key: the key that carries the source's name in every datapoint
-        (None: none).
+        (None: none). A datapoint that has this key already is a
+        :class:`~loadr.errors.ConfigError` naming the source and the index: its
+        own value is never overwritten.
 
     >>> mix = Mix({'a': [{'x': 0}], 'b': [{'x': 1}, {'x': 2}]}, weights={'a': 1, 'b': 1})
     >>> len(mix), mix[1]
@@ -476,9 +508,9 @@ class Mix:
         last = -1
         for position, w in schedule:
             if isinstance(position, bool) or not isinstance(position, (int, np.integer)) \
-                    or position <= last:
+                    or position <= last or position >= 2**63:
                 raise ConfigError(f'the positions of a weight schedule must be increasing ints '
-                                  f'from 0, got {[p for p, _ in schedule]}')
+                                  f'from 0, below 2**63, got {[p for p, _ in schedule]}'[:300])
             last = int(position)
             _fractions(w, self.names, f'weights at position {position}')   # checks them
         if schedule[0][0] != 0:
@@ -528,24 +560,34 @@ class Mix:
                 dp = dict(dp)
                 for fn in chain:
                     dp = fn(dp, seed=seed)
-        except LoadrError as exc:
-            exc.message = f'source {name!r}: {exc.message}'
-            exc.args = (exc.message,)
-            if exc.index is None:
-                exc.index = i
-            exc.source = name
-            raise
         except Exception as exc:
-            exc.add_note(f'loadr: in source {name!r}, index {i} of that source')
-            exc.source = name
+            _name_source(exc, name, i)
             raise
-        if self.source_key is not None:
+        key = self.source_key
+        if key is not None:
             if not isinstance(dp, dict):
                 return dp           # the Assembler says what is wrong, naming the index
+            if key in dp:
+                # Never overwrite the datapoint's own value: that would be silent data loss.
+                raise ConfigError(f'source {name!r}: the datapoint already has a key {key!r}, '
+                                  f"which the Mix sets to the source's name; give the Mix "
+                                  f"another source_key= (or source_key=None for none)",
+                                  index=i)
             if dp is source or not chain:
                 dp = dict(dp)       # never write into the reader's own dict
-            dp[self.source_key] = name
+            dp[key] = name
         return dp
+
+    def name_error(self, exc: BaseException, index: int) -> None:
+        """Say in ``exc`` which source composite ``index`` belongs to, as :meth:`read_seeded`
+        does for a source's own errors; the Assembler calls it for an error of the Loader's
+        own fns (common to every source). An error that names its source already is left."""
+        if getattr(exc, 'source', None) is None:
+            try:
+                name, i = self.decode(index)
+            except (TypeError, IndexError):
+                return
+            _name_source(exc, name, i)
 
     @property
     def prefetches(self) -> bool:

@@ -207,6 +207,12 @@ def test_identity_names_sources_and_weights():
     ({'weights': [(0, {'web': 1}), (0, {'curated': 1})]}, 'increasing'),
     ({'fns': {'nope': []}}, 'unknown sources'),
     ({'source_key': 3}, 'source_key'),
+    ({'weights': {'web': 10**400, 'curated': 1}}, "weight of 'web' must be a finite number"),
+    ({'weights': {'web': float('inf'), 'curated': 1}}, "weight of 'web' must be a finite"),
+    ({'weights': {'web': 1, 'curated': float('nan')}}, "weight of 'curated' must be a finite"),
+    ({'weights': {'web': 1, 'curated': np.float64('-inf')}}, "weight of 'curated'"),
+    ({'weights': {'web': 1, 'curated': -0.5}}, "weight of 'curated' must be a finite"),
+    ({'weights': [(0, {'web': 1}), (2**63, {'curated': 1})]}, 'below 2\\*\\*63'),
 ])
 def test_bad_arguments_are_config_errors(bad, message):
     with pytest.raises(ConfigError, match=message):
@@ -351,6 +357,54 @@ def test_errors_name_the_source_the_file_and_the_index(workers):
     with pytest.raises(KeyError) as info:
         bad[1]
     assert "source 'odd'" in ''.join(getattr(info.value, '__notes__', []))
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_an_error_of_a_fn_common_to_all_sources_names_the_source(workers):
+    def common(dp, seed=None):
+        if dp['x'] == 1003:
+            raise ValueError('boom')
+        if dp['x'] == 1004:
+            raise DecodeError('not a JPEG file', path='curated/part-0.bag')
+        return dp
+
+    for bad, kind in ((1003, ValueError), (1004, DecodeError)):
+        def only(dp, seed=None, bad=bad):
+            return common(dp) if dp['x'] == bad else dp
+
+        mix = Mix(two_sources(curated=6), weights={'web': 0.5, 'curated': 0.5})
+        with loadr.Loader(mix, batch=46, seed=0, fns=[only], workers=workers) as loader:
+            with pytest.raises(kind) as info:
+                next(iter(loader))
+        if kind is DecodeError:
+            assert str(info.value) == ("curated/part-0.bag [index 4]: source 'curated': "
+                                       "not a JPEG file")
+        else:
+            assert ("loadr: in source 'curated', index 3 of that source"
+                    in info.value.__notes__)
+        assert info.value.source == 'curated'
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_datapoint_that_has_the_source_key_already_is_an_error(workers):
+    sources = {'web': [{'x': i} for i in range(5)],
+               'tagged': [{'x': 100 + i, 'source': f'crawl-{i}'} for i in range(3)]}
+    with loadr.Loader(Mix(sources), batch=8, seed=0, workers=workers) as loader:
+        with pytest.raises(ConfigError) as info:
+            next(iter(loader))
+    assert "source 'tagged': the datapoint already has a key 'source'" in str(info.value)
+    assert 'source_key=' in str(info.value) and info.value.index in range(3)
+    mix = Mix(sources, weights={'web': 0.5, 'tagged': 0.5})
+    with pytest.raises(ConfigError, match=r"\[index 1\]: source 'tagged'"):
+        mix[5 + 1]
+    # A per-source fn that adds the key is caught the same way.
+    adds = Mix({'web': [{'x': 0}]}, fns={'web': [lambda dp, seed=None: {**dp, 'source': 1}]})
+    with pytest.raises(ConfigError, match="already has a key 'source'"):
+        adds[0]
+    # Another key keeps the datapoint's own value; None keeps it without a source name.
+    assert Mix(sources, source_key='mix_source')[6] == {'x': 101, 'source': 'crawl-1',
+                                                        'mix_source': 'tagged'}
+    assert Mix(sources, source_key=None)[6] == {'x': 101, 'source': 'crawl-1'}
 
 
 def test_skip_replaces_a_bad_datapoint_from_the_same_source():
