@@ -589,6 +589,17 @@ class Mix:
                 return
             _name_source(exc, name, i)
 
+    def source_fns(self) -> dict:
+        """``{source name: [fn, ...]}``: each source's own fns, a nested Mix's as
+        ``'outer/inner'`` (what a saved state's fingerprint digests)."""
+        out = {}
+        for name, reader in self.sources.items():
+            out[name] = list(self.fns[name])
+            inner = getattr(reader, 'source_fns', None)
+            if callable(inner):
+                out.update({f'{name}/{k}': v for k, v in inner().items()})
+        return out
+
     @property
     def prefetches(self) -> bool:
         """True when some source reads ahead (its files are remote; see loadr.remote)."""

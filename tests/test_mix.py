@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -14,6 +15,8 @@ import loadr
 from loadr.errors import ConfigError, DecodeError, LoadrError
 from loadr.mix import BLOCK, Mix, MixOrder, _source_seed
 from loadr.order import Order
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SEVEN = {f's{i}': w for i, w in enumerate([0.31, 0.22, 0.17, 0.13, 0.09, 0.05, 0.03])}
 WEIGHT_SETS = {
@@ -270,6 +273,90 @@ def test_a_state_from_another_mixture_is_refused():
         loader.load(states[0])
         with pytest.raises(StateError):
             loader.load(states[1])
+
+
+def _plus(k):
+    def plus(dp, seed=None):
+        return {**dp, 'x': dp['x'] + k}
+    return plus
+
+
+# A lambda at module level, imported by another process too.
+_LAMBDAS = [lambda dp, seed=None: dp]
+
+
+def _scale(dp, seed=None, by=1):
+    return {**dp, 'x': dp['x'] * by}
+
+
+def test_a_state_saved_with_other_source_fns_is_refused_naming_the_source_and_the_fn():
+    import functools
+
+    from loadr.errors import StateError
+
+    def loader_with(fns):
+        return loadr.Loader(Mix(two_sources(), weights={'web': 0.5, 'curated': 0.5}, fns=fns),
+                            batch=4, seed=0, workers=0)
+
+    same = [{'curated': [lambda dp, seed=None: {**dp, 'x': dp['x'] + 1}]},
+            {'curated': [lambda dp, seed=None: {**dp, 'x': dp['x'] + 1}]}]
+    others = [
+        ({}, "fns of source 'curated': the state was saved with 1 fns, this loader has 0"),
+        ({'curated': [lambda dp, seed=None: {**dp, 'x': dp['x'] + 2}]},
+         "fns of source 'curated': fn 0 differs"),
+        ({'web': same[0]['curated']}, "fns of source 'web'"),
+        ({'curated': [_plus(1)]}, "fns of source 'curated': fn 0 differs"),
+    ]
+    with loader_with(same[0]) as loader:
+        next(iter(loader))
+        state = loader.save()
+    with loader_with(same[1]) as loader:            # another lambda, the same code
+        loader.load(state)
+    for fns, message in others:
+        with loader_with(fns) as loader:
+            with pytest.raises(StateError) as info:
+                loader.load(state)
+            assert message in str(info.value), str(info.value)
+            assert loader.step == 0
+    # Closures and partials of other values are other fns too.
+    for a, b in ((_plus(1), _plus(2)), (functools.partial(_scale, by=2),
+                                        functools.partial(_scale, by=3))):
+        with loader_with({'curated': [a]}) as loader:
+            state = loader.save()
+        with loader_with({'curated': [b]}) as loader:
+            with pytest.raises(StateError, match="fns of source 'curated': fn 0 differs"):
+                loader.load(state)
+        with loader_with({'curated': [a]}) as loader:
+            loader.load(state)
+    # The key of a fn's code does not change once the interpreter has run (and
+    # specialised) it many times.
+    from loadr.state import fn_key
+    fn = _plus(1)
+    key = fn_key(fn)
+    for i in range(5000):
+        fn({'x': i})
+    assert fn_key(fn) == key and fn_key(_plus(1)) == key != fn_key(_plus(2))
+    # The same holds for the Loader's own fns.
+    with loadr.Loader(two_sources()['web'], batch=2, fns=[_plus(1)], workers=0) as loader:
+        state = loader.save()
+    with loadr.Loader(two_sources()['web'], batch=2, fns=[_plus(5)], workers=0) as loader:
+        with pytest.raises(StateError, match='fns: fn 0 differs'):
+            loader.load(state)
+
+
+def test_source_fns_fingerprint_is_the_same_in_another_process():
+    code = ('import json, loadr; from tests.test_mix import _LAMBDAS, _plus, two_sources; '
+            "mix = loadr.Mix(two_sources(), fns={'curated': [_plus(3), _LAMBDAS[0]]}); "
+            'print(json.dumps(loadr.Loader(mix, batch=2, workers=0).save()))')
+    runs = [subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                           cwd=ROOT, env={**os.environ, 'PYTHONHASHSEED': str(seed)})
+            for seed in (1, 2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
+    states = [json.loads(r.stdout) for r in runs]
+    assert states[0] == states[1] and len(states[0]['source_fns']['curated']) == 2
+    mix = Mix(two_sources(), fns={'curated': [_plus(3), _LAMBDAS[0]]})
+    with loadr.Loader(mix, batch=2, workers=0) as loader:
+        loader.load(states[0])                  # a resume in a new process is accepted
 
 
 def test_load_at_step_10_to_the_12_with_huge_and_tiny_sources():
