@@ -356,21 +356,40 @@ class MixOrder:
 
     # -- the Order protocol ----------------------------------------------------
 
-    def locate(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(source, source index)`` of each position: int64 arrays."""
+    def _source_runs(self, start: int, count: int):
+        """``(src, by_source, present, firsts, sizes)``: each position's source, the
+        positions grouped by source, and for each source present its first stream
+        position in the source and how many it has (consecutive: a source's positions
+        in one call are consecutive positions of its own stream)."""
         src = np.empty(count, dtype=np.int64)
         local = np.empty(count, dtype=np.int64)
         for lo, hi, s, loc in self._pieces(start, count):
             src[lo:hi] = s
             local[lo:hi] = loc
-        # Group the positions by source (stable: each source's positions stay
-        # in stream order, and its stream positions in one call are consecutive).
+        # Group the positions by source (stable: each source's positions stay in stream order).
         by_source = np.argsort(src, kind='stable')
         sizes = np.bincount(src, minlength=len(self.sizes))
         present = np.flatnonzero(sizes)
-        firsts = local[by_source[(np.cumsum(sizes) - sizes)[present]]].tolist()
+        firsts = local[by_source[(np.cumsum(sizes) - sizes)[present]]]
+        return src, by_source, present, firsts, sizes
+
+    def source_positions(self, start: int, count: int) -> list[tuple[int, object, int, int]]:
+        """``(source number, its Order, first position, count)`` in each source's own
+        stream for positions ``start .. start + count - 1``, for the sources present.
+
+        >>> order = MixOrder(['a', 'b'], [3, 5], [(0, {'a': 1, 'b': 3})], seed=0)
+        >>> [(s, first, n) for s, _, first, n in order.source_positions(4, 4)]
+        [(0, 1, 1), (1, 3, 3)]
+        """
+        _, _, present, firsts, sizes = self._source_runs(start, count)
+        return [(s, self._orders[s], first, int(sizes[s]))
+                for s, first in zip(present.tolist(), firsts.tolist())]
+
+    def locate(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(source, source index)`` of each position: int64 arrays."""
+        src, by_source, present, firsts, sizes = self._source_runs(start, count)
         found = indices_many([(self._orders[s], first, int(sizes[s]))
-                              for s, first in zip(present.tolist(), firsts)])
+                              for s, first in zip(present.tolist(), firsts.tolist())])
         index = np.empty(count, dtype=np.int64)
         if found:
             index[by_source] = np.concatenate(found)
@@ -614,6 +633,35 @@ class Mix:
         for name, local in wanted.items():
             if getattr(self.sources[name], 'prefetches', False):
                 self.sources[name].prefetch(local)
+
+    @property
+    def caches(self) -> bool:
+        """True when some source keeps a local cache of remote records (``cache_dir``)."""
+        return any(getattr(r, 'caches', False) for r in self.sources.values())
+
+    def cache_clock(self, order, start: int, count: int) -> None:
+        """Tell each caching source which positions of its own stream the reads that follow
+        serve (the Loader calls it once per batch; see ``loadr.remote``).
+
+        Positions ``start ..`` of the mix hold, for source ``s``, positions
+        ``first .. first + n - 1`` of the source's own order: that order and those
+        positions are what its cache needs to know when each record is read next.
+        A source with no position in the batch is not told (its last batch's reads
+        are offered at its next one, or at the end). A Mix inside a Mix reads its
+        sources in another order than its own: it is not told either.
+        """
+        if not isinstance(order, MixOrder) or order.names != self.names:
+            return
+        for s, source_order, first, n in order.source_positions(start, count):
+            source = self.sources[self.names[s]]
+            if getattr(source, 'caches', False) and not isinstance(source, Mix):
+                source.cache_clock(source_order, first, n)
+
+    def cache_flush(self) -> None:
+        """Offer each source's cache what was fetched since its last clock (at the end)."""
+        for source in self.sources.values():
+            if getattr(source, 'caches', False):
+                source.cache_flush()
 
     def __getitem__(self, index: int) -> dict:
         """Composite ``index``, its source's fns called with seed 0 (the Loader
