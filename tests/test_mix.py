@@ -626,6 +626,10 @@ def test_ten_thousand_sources_with_unrelated_weights_are_exact_window_by_window(
     with loadr.Loader(mix, batch=64, seed=7, workers=2) as loader:
         xs = [next(iter(loader))['x'].tolist()]
     assert xs[0] == [mix[i]['x'] for i in order.indices(0, 64).tolist()]
+    # So does a Mix sent to a worker: its schedule and shifts, as built here.
+    sent = pickle.loads(pickle.dumps(mix))
+    assert not sent._plans[0].f.flags.writeable and sent._shifts is not None
+    assert np.array_equal(sent.make_order(7).indices(10**12, 512), order.indices(10**12, 512))
 
 
 def test_the_stream_of_unrelated_weights_is_the_one_of_exact_fractions():
@@ -675,3 +679,16 @@ def test_weights_are_read_as_fractions_limit_denominator_reads_them():
         f = Fraction(value).limit_denominator(10**6)
         assert _limit_denominator(*value.as_integer_ratio()) == (f.numerator, f.denominator)
     assert _rotation.__wrapped__(2**62 + 0) == _rotation(2**62)      # the written-out one
+
+
+def test_reading_on_from_a_block_before_agrees_with_the_floor_sums():
+    weights = _random_weights(100, 3)
+    names, sizes = list(weights), [11] * 100
+    walked = MixOrder(names, sizes, [(0, weights)], seed=0)
+    far = 10**9 * BLOCK + 5
+    walked.indices(far, 10)                                 # warms block far // BLOCK
+    for step in (1, 7, 40, 63, 64, 65, 200):
+        at = far + step * BLOCK
+        cold = MixOrder(names, sizes, [(0, weights)], seed=0)
+        assert np.array_equal(walked.indices(at, 300), cold.indices(at, 300)), step
+        assert walked.counts(at).tolist() == cold.counts(at).tolist()
