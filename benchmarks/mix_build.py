@@ -12,6 +12,9 @@ fractions share no denominator, the hard case):
   time to load it there (nothing is built again);
 - ``resume far``: the order's indices at position 10^12 from a cold start
   (floor sums for every source);
+- ``order µs/sample``: ``order.indices`` over consecutive batches of 256 once
+  warm (CPU time; with many sources nearly every sample comes from another
+  source's own order);
 - ``windows``: the largest distance of a source's count from ``1024 * w`` in
   the aligned windows of 1,024 over the first 100 windows (at most 1 by
   construction).
@@ -80,6 +83,13 @@ def measure(count: int, repeats: int = 3) -> dict:
     payload = pickle.dumps(order)
     load_s, _ = _best(lambda: pickle.loads(payload), repeats)
     far_s, _ = _best(lambda: mix.make_order(0).indices(10**12, 256), repeats)
+    order.indices(10**6, 256)
+    for b in range(50):                     # warm: the sources' epoch tables
+        order.indices(10**6 + 256 * b, 256)
+    t0 = time.process_time()
+    for b in range(50):
+        order.indices(10**6 + 256 * b, 256)
+    per_sample_us = (time.process_time() - t0) / (50 * 256) * 1e6
     total = sum(weights.values())
     w = np.array([weights[name] / total for name in names])
     src = order.sources(0, 100 * BLOCK).reshape(-1, BLOCK)
@@ -87,7 +97,7 @@ def measure(count: int, repeats: int = 3) -> dict:
                   for row in src)
     return {'sources': count, 'build_s': build_s, 'first_batch_s': first_s,
             'pickle_bytes': len(payload), 'unpickle_s': load_s, 'resume_far_s': far_s,
-            'window_max': windows}
+            'order_us': per_sample_us, 'window_max': windows}
 
 
 def main(argv=None) -> int:
@@ -98,13 +108,14 @@ def main(argv=None) -> int:
     parser.add_argument('--repeats', type=int, default=3)
     args = parser.parse_args(argv)
     print('| sources | Mix() s | first batch s | pickled order | unpickle s | resume far s '
-          '| window max |')
-    print('|---:|---:|---:|---:|---:|---:|---:|')
+          '| order µs/sample | window max |')
+    print('|---:|---:|---:|---:|---:|---:|---:|---:|')
     for count in (int(c) for c in args.sources.split(',')):
         r = measure(count, args.repeats)
         print(f"| {r['sources']:,} | {r['build_s']:.3f} | {r['first_batch_s']:.3f} | "
               f"{r['pickle_bytes'] / 1024:.0f} KiB | {r['unpickle_s']:.4f} | "
-              f"{r['resume_far_s']:.3f} | {r['window_max']:.3f} |", flush=True)
+              f"{r['resume_far_s']:.3f} | {r['order_us']:.1f} | {r['window_max']:.3f} |",
+              flush=True)
     return 0
 
 

@@ -58,6 +58,7 @@ Example::
 from __future__ import annotations
 
 import bisect
+import collections
 import functools
 import hashlib
 import itertools
@@ -68,7 +69,8 @@ from fractions import Fraction
 import numpy as np
 
 from .errors import ConfigError, LoadrError
-from .order import ORDER_VERSION, Order, check_seed, check_version, indices_many
+from .order import (ORDER_VERSION, SORT_MAX, Order, check_seed, check_version, indices_many,
+                    permutation)
 
 __all__ = ['Mix', 'MixOrder', 'BLOCK']
 
@@ -86,6 +88,10 @@ _GOLDEN = (math.sqrt(5) - 1) / 2
 _WALK_BLOCKS = 64
 # _rotation(2**62), the search's answer (0.1 s), written out: tests/test_mix.py checks it.
 _ROTATION_2_62 = 2850178704830800257
+# Above this many sources a MixOrder keeps its sources' epoch tables itself, up to
+# _TABLE_BYTES (the order module keeps 16: fewer than the sources of one batch).
+_MANY_SOURCES = 16
+_TABLE_BYTES = 32 << 20
 
 
 def _floor_sum(n: int, m: int, a: int, b: int) -> int:
@@ -496,6 +502,8 @@ class MixOrder:
         self._seeder = Order(1, self.seed)
         self._block_counts: dict = {}
         self._table = (None, None)                          # (seg, k) -> the block's table
+        self._tables: collections.OrderedDict = collections.OrderedDict()   # _epoch_table
+        self._table_bytes = 0
 
     def __getstate__(self):
         # The built schedule goes as it is (arrays as bytes), never built again; a
@@ -616,12 +624,43 @@ class MixOrder:
     def locate(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """``(source, source index)`` of each position: int64 arrays."""
         src, by_source, present, firsts, sizes = self._source_runs(start, count)
-        found = indices_many([(self._order(s), first, int(sizes[s]))
-                              for s, first in zip(present.tolist(), firsts.tolist())])
+        found: list = []
+        rest: list = []                 # (slot in found, order, first, count)
+        tables = self.shuffle and self.version >= 2 and len(self.sizes) > _MANY_SOURCES
+        for s, first in zip(present.tolist(), firsts.tolist()):
+            n, c = self.sizes[s], int(sizes[s])
+            if tables and n <= SORT_MAX and first % n + c <= n:
+                # What Order.indices gives there: a slice of the epoch's sorted table.
+                epoch = first // n
+                found.append(self._epoch_table(s, epoch)[first - epoch * n:first - epoch * n + c]
+                             .astype(np.int64))
+            else:
+                rest.append((len(found), self._order(s), first, c))
+                found.append(None)
+        for (slot, *_), got in zip(rest, indices_many([r[1:] for r in rest])):
+            found[slot] = got
         index = np.empty(count, dtype=np.int64)
         if found:
             index[by_source] = np.concatenate(found)
         return src, index
+
+    def _epoch_table(self, s: int, epoch: int) -> np.ndarray:
+        """Source ``s``'s sorted table of ``epoch`` (see :func:`loadr.order.permutation`),
+        kept: with many sources the order module's few kept tables would be made again
+        for nearly every sample. The newest are kept, up to :data:`_TABLE_BYTES`."""
+        key = (s, epoch)
+        table = self._tables.get(key)
+        if table is None:
+            table = permutation(self.sizes[s], _source_seed(self.seed, self.names[s]), epoch,
+                                self.version).table
+            self._tables[key] = table
+            self._table_bytes += table.nbytes
+            while self._table_bytes > _TABLE_BYTES:
+                _, old = self._tables.popitem(last=False)
+                self._table_bytes -= old.nbytes
+        else:
+            self._tables.move_to_end(key)
+        return table
 
     def indices(self, start: int, count: int) -> np.ndarray:
         """Composite indices (``offset[source] + source index``) of the positions (int64)."""

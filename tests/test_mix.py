@@ -689,3 +689,17 @@ def test_reading_on_from_a_block_before_agrees_with_the_floor_sums():
         cold = MixOrder(names, sizes, [(0, weights)], seed=0)
         assert np.array_equal(walked.indices(at, 300), cold.indices(at, 300)), step
         assert walked.counts(at).tolist() == cold.counts(at).tolist()
+
+
+def test_many_sources_read_their_epoch_tables_as_their_orders_give_them():
+    # Above 16 sources a MixOrder keeps the sources' epoch tables itself; the indices
+    # are still each source's Order's, across epochs and far away.
+    weights = _random_weights(40, 5)
+    sizes = [[3, 50, 1000, 70_000, 2 * 10**6][i % 5] for i in range(40)]
+    order = MixOrder(list(weights), sizes, [(0, weights)], seed=4)
+    for start in (0, 777, 10**9 + 1, 10**12):
+        for _ in range(2):                  # the second time from the kept tables
+            src, index = order.locate(start, 2000)
+            for s, source_order, first, count in order.source_positions(start, 2000):
+                assert np.array_equal(index[src == s], source_order.indices(first, count))
+                assert source_order.seed == _source_seed(4, f's{s}')
