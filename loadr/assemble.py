@@ -181,6 +181,8 @@ class Assembler:
         # A reader whose datapoints depend on the sample's seed (a Mix applies
         # its sources' own fns) is read through read_seeded, one by one.
         self._read_seeded = getattr(reader, 'read_seeded', None)
+        # A reader made of sources (a Mix) names the source of an error the fns raise.
+        self._name_error = getattr(reader, 'name_error', None)
         if self.read_fn is not None or self._read_seeded is not None:
             read_batch = None
         self._reader_batch = read_batch
@@ -249,10 +251,15 @@ class Assembler:
         if not after:
             return dp
         dp = _own(dp)
-        for fn in after:
-            dp = fn(dp, seed=seed)
-            if type(dp) is not dict:
-                _returned(dp, index, fn)
+        try:
+            for fn in after:
+                dp = fn(dp, seed=seed)
+                if type(dp) is not dict:
+                    _returned(dp, index, fn)
+        except Exception as exc:
+            if self._name_error is not None:
+                self._name_error(exc, index)
+            raise
         return dp
 
     def _timed_row(self, index: int, seed: int, raw, row: int, arrays: dict,
@@ -268,13 +275,18 @@ class Assembler:
             _returned(dp, index)
         if self.after:
             dp = _own(dp)
-            for slot, fn in enumerate(self.after, self._first_after):
-                dp = fn(dp, seed=seed)
-                t2 = clock()
-                acc[slot] += t2 - t1
-                t1 = t2
-                if type(dp) is not dict:
-                    _returned(dp, index, fn)
+            try:
+                for slot, fn in enumerate(self.after, self._first_after):
+                    dp = fn(dp, seed=seed)
+                    t2 = clock()
+                    acc[slot] += t2 - t1
+                    t1 = t2
+                    if type(dp) is not dict:
+                        _returned(dp, index, fn)
+            except Exception as exc:
+                if self._name_error is not None:
+                    self._name_error(exc, index)
+                raise
         if dps is not None:
             dps.append(dp)              # written with the batch, timed there
             return

@@ -95,6 +95,15 @@ def _raise_failure(failure: protocol.Failure, exc: BaseException | None = None):
     raise original from cause
 
 
+def _source_fn_names(reader) -> dict:
+    """``{source: [fn name, ...]}`` of a Mix's per-source fns (for a refused state's message)."""
+    source_fns = getattr(reader, 'source_fns', None)
+    if not callable(source_fns):
+        return {}
+    return {name: [state_fields.fn_name(fn) for fn in chain]
+            for name, chain in source_fns().items()}
+
+
 def _start_methods() -> list[str]:
     import multiprocess
     return multiprocess.get_all_start_methods()
@@ -368,7 +377,8 @@ class Loader:
         parsed = state_fields.parse(state)
         mine = {'seed': self.seed, **self._fingerprint()}
         diffs = state_fields.differences(parsed, mine,
-                                         [state_fields.fn_name(fn) for fn in self.fns])
+                                         [state_fields.fn_name(fn) for fn in self.fns],
+                                         _source_fn_names(self.reader))
         if diffs and strict:
             raise StateError('this state does not belong to this loader:\n  - '
                              + '\n  - '.join(diffs) + '\nCreate the Loader as it was when '

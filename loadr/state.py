@@ -15,7 +15,10 @@ A state is small JSON (well under 1 KB), the same on every shard::
   format, or its type) and a digest of ``reader.identity()`` (format, files
   relative to the dataset, sizes), or of its type name and length for a
   reader without ``identity()``. ``fns`` holds a short digest of each fn's
-  repr, with memory addresses left out, so it is the same in every process.
+  repr, with memory addresses left out, so it is the same in every process;
+  where the repr cannot tell two fns apart (lambdas, closures), of its code
+  too (:func:`fn_key`). A Mix's state also has ``source_fns``, the same
+  digests for each source that has fns of its own.
 - Under ``on_error='skip'`` a state also carries the error budget,
   ``'skipped': [window, errors, samples]`` (see :class:`~loadr.Loader`): the
   saving shard's own count, the one field that may differ between shards.
@@ -35,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -43,7 +47,7 @@ import types
 from .errors import StateError
 from .order import ORDER_VERSIONS, MAX_SEED
 
-__all__ = ['STATE_VERSION', 'MAX_STEP', 'fingerprint', 'parse', 'differences']
+__all__ = ['STATE_VERSION', 'MAX_STEP', 'fingerprint', 'parse', 'differences', 'fn_key']
 
 STATE_VERSION = 2
 MAX_STEP = 2**63 - 1                # positions are uint64 below 2**63 (loadr.order)
@@ -68,6 +72,93 @@ def fn_name(fn) -> str:
     return _ADDRESS.sub('', repr(fn))
 
 
+def fn_key(fn) -> str:
+    """What a state's fingerprint digests for ``fn``: :func:`fn_name`, and where that name
+    cannot tell two fns apart, a digest of their code and values.
+
+    A module-level function (or a fn with its own repr) is known by its name, as it
+    always was. A lambda, a function defined inside another, a closure, a partial
+    of one, or an object whose repr is a memory address, also by its code
+    (bytecode, constants, names), its defaults, its closure's values and its
+    attributes, where those are plain values; so two lambdas that differ have
+    different keys. No memory address or hash order goes in: the key is the same
+    in every process and run of the same code.
+
+    >>> fn_key(lambda dp, seed: dp) == fn_key(lambda dp, seed: dp)
+    True
+    >>> fn_key(lambda dp, seed: dp) == fn_key(lambda dp, seed: {**dp, 'x': 1})
+    False
+    """
+    name = fn_name(fn)
+    if _named(fn):
+        return name
+    text = _stable(fn, 0)
+    return f'{name}#{hashlib.blake2b(text.encode(), digest_size=8).hexdigest()}'
+
+
+def _named(fn) -> bool:
+    """Whether ``fn_name(fn)`` alone tells ``fn`` from any other fn."""
+    if isinstance(fn, types.FunctionType):
+        return ('<lambda>' not in fn.__qualname__ and '<locals>' not in fn.__qualname__
+                and not fn.__closure__)
+    if isinstance(fn, functools.partial):
+        return _named(fn.func) and not _ADDRESS.search(repr((fn.args, fn.keywords)))
+    return not _ADDRESS.search(repr(fn))
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _stable(value, depth: int) -> str:
+    """A text for ``value`` that is the same in every process: plain values by repr,
+    containers item by item (sets sorted), code by its bytecode, constants and names;
+    anything else by its type and, a few levels deep, its attributes."""
+    if depth > 6:
+        return '...'
+    depth += 1
+    if isinstance(value, _PLAIN):
+        return repr(value)
+    if isinstance(value, (tuple, list)):
+        inner = ','.join(_stable(v, depth) for v in value)
+        return f'({inner})' if isinstance(value, tuple) else f'[{inner}]'
+    if isinstance(value, (set, frozenset)):
+        return '{' + ','.join(sorted(_stable(v, depth) for v in value)) + '}'
+    if isinstance(value, dict):
+        return '{' + ','.join(sorted(f'{_stable(k, depth)}:{_stable(v, depth)}'
+                                     for k, v in value.items())) + '}'
+    if isinstance(value, types.CodeType):
+        return (f'code({value.co_code.hex()},{_stable(value.co_consts, depth)},'
+                f'{value.co_names},{value.co_varnames},{value.co_freevars})')
+    if isinstance(value, types.FunctionType):
+        cells = []
+        for cell in value.__closure__ or ():
+            try:
+                cells.append(_stable(cell.cell_contents, depth))
+            except ValueError:                      # an empty cell
+                cells.append('<empty>')
+        return (f'function({value.__module__}.{value.__qualname__},'
+                f'{_stable(value.__code__, depth)},{_stable(value.__defaults__, depth)},'
+                f'{_stable(value.__kwdefaults__, depth)},[{",".join(cells)}])')
+    if isinstance(value, functools.partial):
+        return (f'partial({_stable(value.func, depth)},{_stable(value.args, depth)},'
+                f'{_stable(value.keywords, depth)})')
+    if isinstance(value, types.MethodType):
+        return f'method({_stable(value.__func__, depth)},{_stable(value.__self__, depth)})'
+    if isinstance(value, (type, types.ModuleType, types.BuiltinFunctionType)):
+        qualname = getattr(value, '__qualname__', value.__name__)
+        return f'{getattr(value, "__module__", "")}.{qualname}'
+    kind = f'{type(value).__module__}.{type(value).__qualname__}'
+    shape, dtype, tobytes = (getattr(value, k, None) for k in ('shape', 'dtype', 'tobytes'))
+    if shape is not None and dtype is not None and callable(tobytes):     # an array
+        data = tobytes() if getattr(value, 'nbytes', 1 << 30) <= 1 << 20 else b''
+        return f'{kind}({dtype},{shape},{hashlib.blake2b(data).hexdigest()})'
+    text = repr(value)
+    if not _ADDRESS.search(text):
+        return text
+    attributes = getattr(value, '__dict__', None)
+    return f'{kind}({_stable(attributes, depth) if isinstance(attributes, dict) else ""})'
+
+
 def dataset_identity(reader, n: int) -> dict:
     """``reader.identity()`` if the reader has it, else its type name and length."""
     identity = getattr(reader, 'identity', None)
@@ -86,9 +177,16 @@ def fingerprint(reader, fns, n: int, shuffle: bool, global_batch: int,
     """
     identity = dataset_identity(reader, n)
     kind = str(identity.get('format') or identity.get('type') or type(reader).__name__)[:40]
-    return {'n': n, 'shuffle': shuffle, 'global_batch': global_batch, 'order': order_version,
-            'dataset': {'kind': kind, 'digest': _digest(identity, 6)},
-            'fns': [_digest(fn_name(fn), 3) for fn in fns]}
+    out = {'n': n, 'shuffle': shuffle, 'global_batch': global_batch, 'order': order_version,
+           'dataset': {'kind': kind, 'digest': _digest(identity, 6)},
+           'fns': [_digest(fn_key(fn), 3) for fn in fns]}
+    source_fns = getattr(reader, 'source_fns', None)
+    if callable(source_fns):
+        # A Mix's per-source fns make its stream too: {source: [digest, ...]} for
+        # the sources that have fns (a state without the field predates it).
+        out['source_fns'] = {name: [_digest(fn_key(fn), 3) for fn in chain]
+                             for name, chain in source_fns().items() if chain}
+    return out
 
 
 def _int(state: dict, key: str, lo: int, hi: int) -> int:
@@ -145,6 +243,14 @@ def parse(state) -> dict:
         if not isinstance(fns, list) or not all(isinstance(f, str) for f in fns):
             raise StateError(f'fns must be a list of digests, got {fns!r}'[:300])
         out['fns'] = list(fns)
+    if 'source_fns' in state:
+        by_source = state['source_fns']
+        if not isinstance(by_source, dict) or not all(
+                isinstance(k, str) and isinstance(v, list) and all(isinstance(f, str) for f in v)
+                for k, v in by_source.items()):
+            raise StateError(f'source_fns must map source names to lists of digests, got '
+                             f'{by_source!r}'[:300])
+        out['source_fns'] = {k: list(v) for k, v in by_source.items()}
     if 'skipped' in state:
         skipped = state['skipped']
         if (not isinstance(skipped, list) or len(skipped) != 3
@@ -155,10 +261,12 @@ def parse(state) -> dict:
     return out
 
 
-def differences(saved: dict, mine: dict, fn_names: list[str] = ()) -> list[str]:
+def differences(saved: dict, mine: dict, fn_names: list[str] = (),
+                source_fn_names: dict | None = None) -> list[str]:
     """One line per field of the fingerprint (and the seed) where ``saved`` and ``mine``
     differ; fields the saved state lacks are not compared. ``fn_names`` are this
-    loader's fns, to name the one that differs.
+    loader's fns, to name the one that differs; ``source_fn_names`` the same for each
+    source of a Mix (``{source: [name, ...]}``).
 
     >>> differences({'seed': 1, 'shuffle': True}, {'seed': 2, 'shuffle': True})
     ['seed: the state was saved with seed 1, this loader has seed 2']
@@ -189,6 +297,21 @@ def differences(saved: dict, mine: dict, fn_names: list[str] = ()) -> list[str]:
             name = fn_names[k] if k < len(fn_names) else '?'
             out.append(f"fns: fn {k} differs from the one the state was saved with (this "
                        f"loader's: {name})")
+    if not lacks('source_fns') and saved['source_fns'] != mine['source_fns']:
+        was, now, names = saved['source_fns'], mine['source_fns'], source_fn_names or {}
+        for source in sorted(set(was) | set(now)):
+            a, b = was.get(source, []), now.get(source, [])
+            if a == b:
+                continue
+            if len(a) != len(b):
+                out.append(f'fns of source {source!r}: the state was saved with {len(a)} fns, '
+                           f'this loader has {len(b)}')
+                continue
+            k = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+            mine_k = names.get(source, [])
+            name = mine_k[k] if k < len(mine_k) else '?'
+            out.append(f"fns of source {source!r}: fn {k} differs from the one the state was "
+                       f"saved with (this loader's: {name})")
     if not lacks('shuffle') and saved['shuffle'] != mine['shuffle']:
         out.append(f"shuffle: the state was saved with shuffle={saved['shuffle']}, this "
                    f"loader has shuffle={mine['shuffle']}")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import sys
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -14,6 +16,8 @@ import loadr
 from loadr.errors import ConfigError, DecodeError, LoadrError
 from loadr.mix import BLOCK, Mix, MixOrder, _source_seed
 from loadr.order import Order
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SEVEN = {f's{i}': w for i, w in enumerate([0.31, 0.22, 0.17, 0.13, 0.09, 0.05, 0.03])}
 WEIGHT_SETS = {
@@ -207,6 +211,12 @@ def test_identity_names_sources_and_weights():
     ({'weights': [(0, {'web': 1}), (0, {'curated': 1})]}, 'increasing'),
     ({'fns': {'nope': []}}, 'unknown sources'),
     ({'source_key': 3}, 'source_key'),
+    ({'weights': {'web': 10**400, 'curated': 1}}, "weight of 'web' must be a finite number"),
+    ({'weights': {'web': float('inf'), 'curated': 1}}, "weight of 'web' must be a finite"),
+    ({'weights': {'web': 1, 'curated': float('nan')}}, "weight of 'curated' must be a finite"),
+    ({'weights': {'web': 1, 'curated': np.float64('-inf')}}, "weight of 'curated'"),
+    ({'weights': {'web': 1, 'curated': -0.5}}, "weight of 'curated' must be a finite"),
+    ({'weights': [(0, {'web': 1}), (2**63, {'curated': 1})]}, 'below 2\\*\\*63'),
 ])
 def test_bad_arguments_are_config_errors(bad, message):
     with pytest.raises(ConfigError, match=message):
@@ -264,6 +274,90 @@ def test_a_state_from_another_mixture_is_refused():
         loader.load(states[0])
         with pytest.raises(StateError):
             loader.load(states[1])
+
+
+def _plus(k):
+    def plus(dp, seed=None):
+        return {**dp, 'x': dp['x'] + k}
+    return plus
+
+
+# A lambda at module level, imported by another process too.
+_LAMBDAS = [lambda dp, seed=None: dp]
+
+
+def _scale(dp, seed=None, by=1):
+    return {**dp, 'x': dp['x'] * by}
+
+
+def test_a_state_saved_with_other_source_fns_is_refused_naming_the_source_and_the_fn():
+    import functools
+
+    from loadr.errors import StateError
+
+    def loader_with(fns):
+        return loadr.Loader(Mix(two_sources(), weights={'web': 0.5, 'curated': 0.5}, fns=fns),
+                            batch=4, seed=0, workers=0)
+
+    same = [{'curated': [lambda dp, seed=None: {**dp, 'x': dp['x'] + 1}]},
+            {'curated': [lambda dp, seed=None: {**dp, 'x': dp['x'] + 1}]}]
+    others = [
+        ({}, "fns of source 'curated': the state was saved with 1 fns, this loader has 0"),
+        ({'curated': [lambda dp, seed=None: {**dp, 'x': dp['x'] + 2}]},
+         "fns of source 'curated': fn 0 differs"),
+        ({'web': same[0]['curated']}, "fns of source 'web'"),
+        ({'curated': [_plus(1)]}, "fns of source 'curated': fn 0 differs"),
+    ]
+    with loader_with(same[0]) as loader:
+        next(iter(loader))
+        state = loader.save()
+    with loader_with(same[1]) as loader:            # another lambda, the same code
+        loader.load(state)
+    for fns, message in others:
+        with loader_with(fns) as loader:
+            with pytest.raises(StateError) as info:
+                loader.load(state)
+            assert message in str(info.value), str(info.value)
+            assert loader.step == 0
+    # Closures and partials of other values are other fns too.
+    for a, b in ((_plus(1), _plus(2)), (functools.partial(_scale, by=2),
+                                        functools.partial(_scale, by=3))):
+        with loader_with({'curated': [a]}) as loader:
+            state = loader.save()
+        with loader_with({'curated': [b]}) as loader:
+            with pytest.raises(StateError, match="fns of source 'curated': fn 0 differs"):
+                loader.load(state)
+        with loader_with({'curated': [a]}) as loader:
+            loader.load(state)
+    # The key of a fn's code does not change once the interpreter has run (and
+    # specialised) it many times.
+    from loadr.state import fn_key
+    fn = _plus(1)
+    key = fn_key(fn)
+    for i in range(5000):
+        fn({'x': i})
+    assert fn_key(fn) == key and fn_key(_plus(1)) == key != fn_key(_plus(2))
+    # The same holds for the Loader's own fns.
+    with loadr.Loader(two_sources()['web'], batch=2, fns=[_plus(1)], workers=0) as loader:
+        state = loader.save()
+    with loadr.Loader(two_sources()['web'], batch=2, fns=[_plus(5)], workers=0) as loader:
+        with pytest.raises(StateError, match='fns: fn 0 differs'):
+            loader.load(state)
+
+
+def test_source_fns_fingerprint_is_the_same_in_another_process():
+    code = ('import json, loadr; from tests.test_mix import _LAMBDAS, _plus, two_sources; '
+            "mix = loadr.Mix(two_sources(), fns={'curated': [_plus(3), _LAMBDAS[0]]}); "
+            'print(json.dumps(loadr.Loader(mix, batch=2, workers=0).save()))')
+    runs = [subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                           cwd=ROOT, env={**os.environ, 'PYTHONHASHSEED': str(seed)})
+            for seed in (1, 2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
+    states = [json.loads(r.stdout) for r in runs]
+    assert states[0] == states[1] and len(states[0]['source_fns']['curated']) == 2
+    mix = Mix(two_sources(), fns={'curated': [_plus(3), _LAMBDAS[0]]})
+    with loadr.Loader(mix, batch=2, workers=0) as loader:
+        loader.load(states[0])                  # a resume in a new process is accepted
 
 
 def test_load_at_step_10_to_the_12_with_huge_and_tiny_sources():
@@ -351,6 +445,54 @@ def test_errors_name_the_source_the_file_and_the_index(workers):
     with pytest.raises(KeyError) as info:
         bad[1]
     assert "source 'odd'" in ''.join(getattr(info.value, '__notes__', []))
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_an_error_of_a_fn_common_to_all_sources_names_the_source(workers):
+    def common(dp, seed=None):
+        if dp['x'] == 1003:
+            raise ValueError('boom')
+        if dp['x'] == 1004:
+            raise DecodeError('not a JPEG file', path='curated/part-0.bag')
+        return dp
+
+    for bad, kind in ((1003, ValueError), (1004, DecodeError)):
+        def only(dp, seed=None, bad=bad):
+            return common(dp) if dp['x'] == bad else dp
+
+        mix = Mix(two_sources(curated=6), weights={'web': 0.5, 'curated': 0.5})
+        with loadr.Loader(mix, batch=46, seed=0, fns=[only], workers=workers) as loader:
+            with pytest.raises(kind) as info:
+                next(iter(loader))
+        if kind is DecodeError:
+            assert str(info.value) == ("curated/part-0.bag [index 4]: source 'curated': "
+                                       "not a JPEG file")
+        else:
+            assert ("loadr: in source 'curated', index 3 of that source"
+                    in info.value.__notes__)
+        assert info.value.source == 'curated'
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_datapoint_that_has_the_source_key_already_is_an_error(workers):
+    sources = {'web': [{'x': i} for i in range(5)],
+               'tagged': [{'x': 100 + i, 'source': f'crawl-{i}'} for i in range(3)]}
+    with loadr.Loader(Mix(sources), batch=8, seed=0, workers=workers) as loader:
+        with pytest.raises(ConfigError) as info:
+            next(iter(loader))
+    assert "source 'tagged': the datapoint already has a key 'source'" in str(info.value)
+    assert 'source_key=' in str(info.value) and info.value.index in range(3)
+    mix = Mix(sources, weights={'web': 0.5, 'tagged': 0.5})
+    with pytest.raises(ConfigError, match=r"\[index 1\]: source 'tagged'"):
+        mix[5 + 1]
+    # A per-source fn that adds the key is caught the same way.
+    adds = Mix({'web': [{'x': 0}]}, fns={'web': [lambda dp, seed=None: {**dp, 'source': 1}]})
+    with pytest.raises(ConfigError, match="already has a key 'source'"):
+        adds[0]
+    # Another key keeps the datapoint's own value; None keeps it without a source name.
+    assert Mix(sources, source_key='mix_source')[6] == {'x': 101, 'source': 'crawl-1',
+                                                        'mix_source': 'tagged'}
+    assert Mix(sources, source_key=None)[6] == {'x': 101, 'source': 'crawl-1'}
 
 
 def test_skip_replaces_a_bad_datapoint_from_the_same_source():
@@ -452,3 +594,112 @@ def test_inspect_a_mix_yaml(tmp_path):
 def test_mix_is_exported_and_light():
     assert 'Mix' in loadr.__all__ and loadr.Mix is Mix
     assert issubclass(ConfigError, LoadrError)
+
+
+# -- many sources ---------------------------------------------------------------------
+
+
+def _random_weights(count, seed):
+    import random
+
+    rng = random.Random(seed)
+    return {f's{i}': rng.random() for i in range(count)}
+
+
+def test_ten_thousand_sources_with_unrelated_weights_are_exact_window_by_window():
+    weights = _random_weights(10_000, 0)
+    sources = {name: [{'x': i}] * (3 + i % 4) for i, name in enumerate(weights)}
+    mix = Mix(sources, weights=weights)
+    order = mix.make_order(7)
+    total = sum(weights.values())
+    want = np.array([w / total for w in weights.values()]) * BLOCK
+    for start in (0, 10**12):
+        rows = order.sources(start, 20 * BLOCK).reshape(-1, BLOCK)
+        for row in rows:
+            assert np.abs(np.bincount(row, minlength=10_000) - want).max() <= 1
+    assert abs(sum(mix.weights_at(0).values()) - 1) < 1e-9
+    # A worker receives the built schedule (arrays, as bytes), not the weights to build it.
+    copy = pickle.loads(pickle.dumps(order))
+    assert not copy._plans[0].f.flags.writeable              # read from the pickled bytes
+    assert np.array_equal(copy.sources(10**12, 4096), order.sources(10**12, 4096))
+    assert np.array_equal(copy.indices(0, 512), order.indices(0, 512))
+    # So does a Mix sent to a worker: its schedule and shifts, as built here.
+    sent = pickle.loads(pickle.dumps(mix))
+    assert not sent._plans[0].f.flags.writeable and sent._shifts is not None
+    assert np.array_equal(sent.make_order(7).indices(0, 512), order.indices(0, 512))
+
+
+def test_the_stream_of_unrelated_weights_is_the_one_of_exact_fractions():
+    import hashlib
+
+    # Digest of this mix's stream as the former construction (Fractions all the way,
+    # which took seconds for a few hundred sources) gave it: the faster one keeps it.
+    weights = _random_weights(300, 20)
+    order = MixOrder(list(weights), [7 + i % 5 for i in range(300)],
+                     [(0, weights), (50_000, dict(list(weights.items())[:40]))], seed=1)
+    data = order.indices(0, 100_000).tobytes() + order.indices(10**12, 4096).tobytes()
+    assert hashlib.sha256(data).hexdigest()[:16] == '886d7d3f17b43e68'
+    assert order.counts(10**12)[:3].tolist() == [47642753191, 36101595687, 40323555029]
+
+
+@pytest.mark.parametrize('bits', [1, 2, 5, 64])
+def test_rounding_to_2_62_is_exact_where_the_first_bits_leave_doubt(bits):
+    import random
+
+    from loadr.mix import _hamilton, _round_large, _sum
+
+    rng = random.Random(bits)
+    checked = 0
+    for _ in range(12):
+        pool = [rng.random() for _ in range(rng.choice([1, 3, 40]))]
+        values = [rng.choice(pool) if rng.random() < 0.8 else rng.random() * 10**rng.randint(-5, 5)
+                  for _ in range(rng.choice([30, 200]))]
+        raw = [(f.numerator, f.denominator) for f in
+               (Fraction(v).limit_denominator(10**6) for v in values)]
+        a_sum, b = _sum(raw, 0, len(raw))
+        if b.bit_length() <= 128:
+            continue                    # exact integer arithmetic anyway (_normalise)
+        checked += 1
+        units, rests = zip(*(divmod((n * (b // d)) << 62, a_sum) for n, d in raw))
+        exact = _hamilton(list(units), lambda s: rests[s], 2**62, len(raw))
+        assert _round_large(raw, a_sum, b, bits=bits) == exact
+    assert checked >= 6
+
+
+def test_weights_are_read_as_fractions_limit_denominator_reads_them():
+    import random
+
+    from loadr.mix import _limit_denominator, _rotation
+
+    rng = random.Random(0)
+    for value in [rng.random() * 10**rng.randint(-9, 9) for _ in range(20_000)] + [0.8, 1 / 3]:
+        f = Fraction(value).limit_denominator(10**6)
+        assert _limit_denominator(*value.as_integer_ratio()) == (f.numerator, f.denominator)
+    assert _rotation.__wrapped__(2**62 + 0) == _rotation(2**62)      # the written-out one
+
+
+def test_reading_on_from_a_block_before_agrees_with_the_floor_sums():
+    weights = _random_weights(100, 3)
+    names, sizes = list(weights), [11] * 100
+    walked = MixOrder(names, sizes, [(0, weights)], seed=0)
+    far = 10**9 * BLOCK + 5
+    walked.indices(far, 10)                                 # warms block far // BLOCK
+    for step in (1, 7, 40, 63, 64, 65, 200):
+        at = far + step * BLOCK
+        cold = MixOrder(names, sizes, [(0, weights)], seed=0)
+        assert np.array_equal(walked.indices(at, 300), cold.indices(at, 300)), step
+        assert walked.counts(at).tolist() == cold.counts(at).tolist()
+
+
+def test_many_sources_read_their_epoch_tables_as_their_orders_give_them():
+    # Above 16 sources a MixOrder keeps the sources' epoch tables itself; the indices
+    # are still each source's Order's, across epochs and far away.
+    weights = _random_weights(40, 5)
+    sizes = [[3, 50, 1000, 70_000, 2 * 10**6][i % 5] for i in range(40)]
+    order = MixOrder(list(weights), sizes, [(0, weights)], seed=4)
+    for start in (0, 777, 10**9 + 1, 10**12):
+        for _ in range(2):                  # the second time from the kept tables
+            src, index = order.locate(start, 2000)
+            for s, source_order, first, count in order.source_positions(start, 2000):
+                assert np.array_equal(index[src == s], source_order.indices(first, count))
+                assert source_order.seed == _source_seed(4, f's{s}')

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pickle
 
+import numpy as np
 import pytest
 
 import loadr
@@ -132,3 +135,43 @@ def test_a_yaml_reader_section_takes_the_cache_settings(nginx, served_root, tmp_
                       f'cache_bytes: 10000}}\n')
     with pytest.raises(ConfigError, match='behind URLs'):
         loadr.pipeline(str(config))
+
+
+
+def _content(dp, seed=None):
+    """The datapoint's content as one fixed-size key (the sources' keys differ)."""
+    digest = hashlib.blake2b(pickle.dumps(sorted(dp.items())), digest_size=16).digest()
+    return {'content': np.frombuffer(digest, dtype=np.uint8)}
+
+
+def test_each_source_of_a_mix_keeps_its_cache(nginx, served_root, tmp_path):
+    """Inside a Mix, each remote source's cache fills as it does alone (it stayed empty):
+    a run after one that read two epochs fetches nothing, with the local batches."""
+    def mix(root, **cache):
+        return loadr.Mix({'ffr': loadr.open(f'{root}/ffrecord/multi', decode='msgpack', **cache),
+                          'bag': loadr.open(f'{root}/bag_sharded', decode_images=False,
+                                            **cache)},
+                         weights={'ffr': 0.5, 'bag': 0.5}, source_key=None)
+
+    def run(reader, workers):
+        with loadr.Loader(reader, batch=BATCH, seed=2, fns=[_content], workers=workers) as loader:
+            return stream_digests(loader, steps)
+
+    local = mix(served_root)
+    steps = 2 * len(local) // BATCH                 # two epochs
+    expected = run(local, 0)
+    with Proxy(nginx.url) as proxy:
+        for workers in (0, 2):
+            cache = {'cache_dir': tmp_path / f'cache{workers}', 'cache_bytes': 10**8}
+            fetched = []
+            for again in (False, True):
+                remote = mix(proxy.url, **cache)
+                assert remote.caches
+                before = proxy.stats['body_bytes']
+                assert run(remote, 0 if again else workers) == expected
+                fetched.append(proxy.stats['body_bytes'] - before)
+            folders = os.listdir(tmp_path / f'cache{workers}')
+            assert len(folders) == 2 and all(
+                _entries_bytes(tmp_path / f'cache{workers}' / f) > 0 for f in folders), folders
+            # The records came from the cache (a few small ranges are not cached).
+            assert fetched[1] < fetched[0] // 10, (workers, fetched)
