@@ -795,7 +795,7 @@ def records(path: str | os.PathLike) -> dict:
 def check(path: str | os.PathLike) -> list[Problem]:
     """Every problem in an FFRecord file or directory: header, offsets, each sample's CRC.
 
-    >>> check('../shared/fixtures/ffrecord/single.ffr')
+    >>> check(FIXTURES / 'ffrecord/single.ffr')
     []
     """
     path = os.fspath(path)
@@ -983,7 +983,7 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
 def detect(path: str | os.PathLike) -> bool:
     """True for a ``.ffr`` file or a directory directly holding ``*.ffr`` files; never raises.
 
-    >>> detect('../shared/fixtures/ffrecord/multi')
+    >>> detect(FIXTURES / 'ffrecord/multi')
     True
     """
     try:
