@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -77,10 +78,11 @@ EXIT_CHECK_S = 0.05
 _EVENTS, _POLLIN, _SNDMORE = zmq.EVENTS, int(zmq.POLLIN), int(zmq.SNDMORE)
 
 
-def _block_sigint():
+def _block_sigint(*more: int):
+    """Block SIGINT (and ``more``) in this thread; the old mask, for _restore_sigmask."""
     if not hasattr(signal, 'pthread_sigmask'):
         return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, *more})
 
 
 def _restore_sigmask(old) -> None:
@@ -216,6 +218,34 @@ def _release(held: _Held) -> None:
             held.released = True
 
 
+_OPEN_POOLS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _at_exit(pool: 'WorkerPool') -> None:
+    """Have ``pool`` released when the interpreter exits, before multiprocess's exit hook.
+
+    That hook SIGTERMs every daemonic child and joins it with no limit: a worker
+    that is stopped (SIGSTOP, a frozen cgroup) or that swallowed the SIGTERM never
+    ends, and neither does the exit. Weakref finalisers (ours) run after it when
+    their atexit hook was registered first, as it usually is. Registered after
+    multiprocess's hook, this one runs before it (atexit is last in, first out)
+    and releases each open pool in :func:`_release`'s bounded order, so the hook
+    finds no child left.
+    """
+    if not _OPEN_POOLS and not _at_exit.registered:
+        atexit.register(_release_open_pools)
+        _at_exit.registered = True
+    _OPEN_POOLS.add(pool)
+
+
+_at_exit.registered = False
+
+
+def _release_open_pools() -> None:
+    for pool in list(_OPEN_POOLS):
+        pool._finalizer()
+
+
 class _Worker:
     def __init__(self, wid: int, incarnation: int, process, identity: bytes):
         self.wid, self.incarnation = wid, incarnation
@@ -236,12 +266,14 @@ class WorkerPool:
                  task_timeout_s: float | None = None, order_version: int | None = None,
                  steady_memory: bool | None = None, shm_bytes: int | None = None):
         import multiprocess
+        import multiprocess.util  # noqa: F401 (its exit hook is registered on import)
 
         self.closed = False
         # Everything taken is recorded in held at once, and given back by close(),
         # or by this finaliser if the pool is dropped (or the interpreter exits) first.
         self._held = held = _Held(workers)
         self._finalizer = weakref.finalize(self, _release, held)
+        _at_exit(self)
         self.workers: list[_Worker | None] = held.workers
         self._segments = held.segments
         self._dir = self._shm_dir = None
@@ -358,7 +390,11 @@ class WorkerPool:
         # process) or hits the child before it ignores SIGINT (a traceback),
         # and one raised before the assignment below would leak the process.
         # The child inherits the mask and unblocks SIGINT once it ignores it.
-        blocked = _block_sigint()
+        # SIGTERM too, until the child has put back its default action: a forked
+        # child runs the parent's Python handler until then (Lightning's does not
+        # exit), and a SIGTERM it swallowed at start-up left a worker that never
+        # ends (multiprocess's exit hook waits for it with no limit).
+        blocked = _block_sigint(signal.SIGTERM)
         try:
             proc.start()
             self.workers[wid] = _Worker(wid, self._incarnations, proc, identity)

@@ -114,9 +114,11 @@ def run(args: WorkerArgs) -> None:
     # Trainer installs one that does not exit). multiprocess's exit hook SIGTERMs its
     # daemon children and joins them with no limit: a worker that survives SIGTERM
     # would hang the interpreter's exit. SIGTERM ends a worker, always.
+    # The pool started us with SIGTERM blocked too, so that none reached the
+    # inherited handler before this line; one that came meanwhile ends us now.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if hasattr(signal, 'pthread_sigmask'):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     if not _parent_alive(args):
         return
     if args.steady_memory:
