@@ -90,3 +90,36 @@ def test_without_a_size_fn_the_shape_error_says_how_to_fix_it(tmp_path):
         batch = next(iter(loader))
     assert [a.shape for a in batch['image']] == [(24, 32, 3), (40, 30, 3), (33, 33, 3),
                                                  (20, 50, 3)]
+
+
+def install_lines(text: str) -> list[list[str]]:
+    """The words after each ``pip install`` in ``text`` (README lines, hints in the code)."""
+    out = []
+    for match in re.finditer(r"pip install ([^`\n\"]+)", text):
+        try:
+            out.append(shlex.split(match.group(1), comments=True))
+        except ValueError:              # an unclosed quote: the line goes on in the source
+            out.append(match.group(1).replace("'", ' ').split())
+    return out
+
+
+def test_no_install_line_fetches_the_unrelated_loadr_from_the_package_index():
+    # "loadr" on the package index is somebody else's project (issue 20, item 21): every
+    # install line installs this one, from the checkout ('.', '.[s3]'), or packages by name.
+    import tomllib
+    project = tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']
+    assert project['name'] == 'loadr-ml' and project['scripts'] == {'loadr': 'loadr.cli:main'}
+    texts = {'README.md': (ROOT / 'README.md').read_text(encoding='utf-8')}
+    texts.update({str(p.relative_to(ROOT)): p.read_text(encoding='utf-8')
+                  for p in sorted((ROOT / 'loadr').rglob('*.py'))})
+    seen = 0
+    for name, text in texts.items():
+        for words in install_lines(text):
+            seen += 1
+            for word in words:
+                base = re.split(r'[\[<>=!~ ]', word, maxsplit=1)[0].lower()
+                assert base != 'loadr', (name, words)
+    assert seen >= 5
+    readme = texts['README.md']
+    assert "pip install -e '.[s3]'" in readme and 'pip install .  ' in readme
+    assert 'pip install torch --index-url https://download.pytorch.org/whl/cpu' in readme
