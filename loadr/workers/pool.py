@@ -53,6 +53,7 @@ import zmq
 from .. import pids
 from . import protocol
 from ..stats import row_width
+from .inherited import note, open_files
 from .memory import resident, steady_memory_default
 from .shm import (SHM_DIR, Segment, StatusCells, owned_dir, plan_slots, reclaim_stale,
                   remove_owned, shm_budget, size_text, use_memfd)
@@ -361,6 +362,13 @@ class WorkerPool:
             steady_memory=steady_memory_default() if steady_memory is None else steady_memory)
         self.task_timeout_s = task_timeout_s
         self.max_tasks = tasks_held(reader)
+        # Files the dataset holds open now: every forked worker would share each one
+        # (one file offset), and their reads would interleave. Said once here, and
+        # by every error of a worker (see inherited.py).
+        shared = open_files(reader) if mp.get_start_method() == 'fork' else []
+        if shared:
+            log.warning('loadr: %s', note(shared))
+        self._template['shared_files'] = tuple(shared)
         # One task a worker until every worker has said hello: the first tasks
         # (the first batches, split, see window.ramp_pieces) would otherwise
         # queue behind each other in the workers that started first while the

@@ -66,6 +66,7 @@ class WorkerArgs:
     order_version: int | None = None    # None: the default (loadr.order.ORDER_VERSION)
     workers: int = 1
     steady_memory: bool = True  # glibc malloc thresholds for a steady heap (memory.py)
+    shared_files: tuple = ()    # files the dataset held open at the fork (inherited.py)
 
 
 def _parent_alive(args: WorkerArgs) -> bool:
@@ -95,6 +96,18 @@ def _watch_parent(args: WorkerArgs, beat) -> None:
                 os._exit(0)
 
     threading.Thread(target=watch, name='loadr-parent-watch', daemon=True).start()
+
+
+def _noted(exc: BaseException, args: WorkerArgs) -> BaseException:
+    """``exc``, noting the files the dataset shares with the other workers, if any: the
+    likely cause of garbage read (the note travels with the exception, and shows under
+    its traceback in the main process)."""
+    if args.shared_files and hasattr(exc, 'add_note'):
+        from .inherited import note
+        text = note(list(args.shared_files))
+        if text not in getattr(exc, '__notes__', ()):
+            exc.add_note(text)
+    return exc
 
 
 def run(args: WorkerArgs) -> None:
@@ -220,12 +233,13 @@ def run(args: WorkerArgs) -> None:
             except Cancelled:
                 reply = protocol.done(task_id, {}, [])
             except SampleFailure as f:
-                failure = protocol.Failure.capture(f.exc, f.index, f.position, args.wid,
-                                                   f.traceback)
+                failure = protocol.Failure.capture(_noted(f.exc, args), f.index, f.position,
+                                                   args.wid, f.traceback)
                 reply = protocol.fail(task_id, failure)
             except Exception as exc:
                 index = int(progress[1])
-                failure = protocol.Failure.capture(exc, index if index >= 0 else None,
+                failure = protocol.Failure.capture(_noted(exc, args),
+                                                   index if index >= 0 else None,
                                                    int(progress[0]), args.wid)
                 reply = protocol.fail(task_id, failure)
             clock.finish()
