@@ -100,12 +100,12 @@ def _children(obj):
     except TypeError:
         attrs = {}
     # An object that records the pid it opened its files in (README's way: reopen when
-    # os.getpid() differs) is taken at its word: its files are this process's own.
+    # os.getpid() differs) is taken at its word: what it holds is this process's own.
     pid = os.getpid()
-    per_process = any(type(v) is int and v == pid for v in attrs.values())
+    if any(type(v) is int and v == pid for v in attrs.values()):
+        return
     for key, value in list(attrs.items())[:MAX_ITEMS]:
-        if not (per_process and _is_open_file(value)):
-            yield f'.{key}', value
+        yield f'.{key}', value
     for key in getattr(type(obj), '__slots__', ()):
         if isinstance(key, str) and key not in attrs:
             try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import tarfile
 
 import pytest
 
@@ -79,6 +80,14 @@ def test_open_files_finds_a_file_held_by_the_dataset_and_nothing_in_loadr_reader
     lazy = OpenedPerProcess(path, 4)
     lazy[0]                                       # opened here, with the pid it was opened in
     assert open_files(lazy) == []
+    with tarfile.open(tmp_path / 'shard.tar', 'w') as tar:     # the WebDataset wrapper's way
+        tar.add(path, 'records.bin')
+    holder = type('Shard', (), {})()
+    holder.tar = tarfile.open(tmp_path / 'shard.tar')
+    assert open_files(holder) == [f"dataset.tar.fileobj ({tmp_path / 'shard.tar'})"]
+    holder.pid = os.getpid()                      # it says whose file it is: believed
+    assert open_files(holder) == []
+    holder.tar.close()
     for name in ('bag', 'gulp', 'ffrecord/multi'):
         reader = loadr.open(local_data / name)
         reader[0]                                 # its files opened in this process
