@@ -262,6 +262,9 @@ def cores() -> int:
 # one) the workers mostly wait on I/O (storage, network): more workers than
 # cores can help then.
 IO_BOUND_SHARE = 0.5
+# Above this share of their ready time waiting for a core (Stats.runq_share), the
+# cores are in use (by other processes, if not by the workers): no more workers help.
+CONTENDED_SHARE = 0.2
 SCHED_EVERY_S = 0.05
 
 
@@ -416,6 +419,13 @@ class Stats:
             return 0.0
         return min(1.0, max(0.0, busy - self._sum('cpu') - self._sum('runq')) / busy)
 
+    @property
+    def runq_share(self) -> float:
+        """The share of the time the workers were ready to run that they waited for a
+        core (other processes' load, or more workers than cores): runq / (cpu + runq)."""
+        ready = self._sum('cpu') + self._sum('runq')
+        return self._sum('runq') / ready if ready > 0 else 0.0
+
     def with_process_times(self, before: dict, after: dict, pids: list) -> 'Stats':
         """These stats with each worker's ``cpu`` and ``runq`` replaced by what its
         process's clocks (:func:`process_times`, ``before`` and ``after``) counted, the
@@ -531,10 +541,15 @@ class Stats:
         # The training process needs a core too, for the share of the time it works
         # (it waited the rest): a caller that only waits leaves a core to a worker.
         spare = math.floor(self.cores - have - (1.0 - waited) + 0.5)
-        if spare >= 1:
+        # Cores that are free by count but busy with other processes' work: the
+        # workers waited for one (a second worker then only makes both slower).
+        queued = self.runq_share
+        if spare >= 1 and queued <= CONTENDED_SHARE:
             more = min(more, spare)
             return f'{head}; {more} more worker{"s" if more > 1 else ""} would help'
-        return (f'{head}; the {self.cores} cores are all in use: make {top} cheaper '
+        why = (f' (the workers waited for one {100 * queued:.0f}% of the time they were '
+               f'ready to run)' if queued > CONTENDED_SHARE else '')
+        return (f'{head}; the {self.cores} cores are all in use{why}: make {top} cheaper '
                 f'or add cores')
 
 

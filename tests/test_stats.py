@@ -221,6 +221,12 @@ def test_the_verdict_leaves_a_waiting_caller_s_core_to_a_worker():
     both = Stats(['spin'], elapsed_s=1.0, main_wait_s=0.99, batches=100, samples=800,
                  workers=[w, w], cores=2)
     assert 'the 2 cores are all in use' in both.verdict()
+    # A core free by count but busy with other processes' work: the worker waited for one.
+    queued = Stats(['spin'], elapsed_s=1.0, main_wait_s=0.99, batches=100, samples=800,
+                   workers=[dict(w, cpu=0.6, runq=0.4)], cores=2)
+    assert queued.verdict().endswith('the 2 cores are all in use (the workers waited for one '
+                                     '40% of the time they were ready to run): make spin '
+                                     'cheaper or add cores')
 
 
 def test_cpu_time_not_read_yet_is_not_counted_as_io():
