@@ -23,6 +23,8 @@ NEEDS_FIXTURES = 'tests/fuzz/test_bad_files.py'
 LOCAL = 'tests/test_loader_readers.py::test_resume_over_a_real_reader'
 # A docstring example that reads the fixtures (loadr/check.py has only that one).
 DOCTEST = 'loadr/check.py'
+# Remote tests: their servers serve a copy of the fixtures.
+REMOTE = 'tests/remote/test_remote_storage.py'
 
 
 def run_pytest(tmp_path, *args, ci: bool = False,
@@ -77,9 +79,10 @@ def test_under_ci_a_missing_fixture_is_a_failure(tmp_path):
 def test_without_fixtures_the_doctests_that_read_them_skip_with_the_same_line(tmp_path):
     # From a working directory with nothing beside it: an example's fixture path must not
     # depend on where pytest runs (they named '../shared/fixtures/...' and failed there).
+    # The remote tests' servers skip with the same line too (they had a line of their own).
     where = tmp_path / 'elsewhere'
     where.mkdir()
-    done, left = run_pytest(tmp_path, NEEDS_FIXTURES, DOCTEST, cwd=where)
+    done, left = run_pytest(tmp_path, NEEDS_FIXTURES, DOCTEST, REMOTE, cwd=where)
     assert done.returncode == 0, done.stdout[-3000:]
     got = counts(done.stdout)
     assert got.get('skipped', 0) >= 21 and 'failed' not in got, got
