@@ -234,6 +234,7 @@ def _at_exit(pool: 'WorkerPool') -> None:
     finds no child left.
     """
     if not _OPEN_POOLS and not _at_exit.registered:
+        import multiprocess.util  # noqa: F401 - registers its exit hook on import: first
         atexit.register(_release_open_pools)
         _at_exit.registered = True
     _OPEN_POOLS.add(pool)
@@ -267,7 +268,6 @@ class WorkerPool:
                  task_timeout_s: float | None = None, order_version: int | None = None,
                  steady_memory: bool | None = None, shm_bytes: int | None = None):
         import multiprocess
-        import multiprocess.util  # noqa: F401 (its exit hook is registered on import)
 
         self.closed = False
         # Everything taken is recorded in held at once, and given back by close(),
