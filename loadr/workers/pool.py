@@ -233,7 +233,7 @@ def _at_exit(pool: 'WorkerPool') -> None:
     and releases each open pool in :func:`_release`'s bounded order, so the hook
     finds no child left.
     """
-    if not _OPEN_POOLS and not _at_exit.registered:
+    if not _at_exit.registered:
         import multiprocess.util  # noqa: F401 - registers its exit hook on import: first
         atexit.register(_release_open_pools)
         _at_exit.registered = True
