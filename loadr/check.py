@@ -60,7 +60,7 @@ def check(path: str | os.PathLike, storage_options: dict | None = None) -> Repor
     compared with them. ``storage_options`` are those of a URL (``s3://``,
     ``https://``; see loadr.remote).
 
-    >>> check('../shared/fixtures/bag').ok
+    >>> check(FIXTURES / 'bag').ok
     True
     """
     path = os.fspath(path)

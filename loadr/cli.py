@@ -815,8 +815,10 @@ def cmd_bench(args) -> int:
         try:
             import matplotlib
         except ImportError:
+            # matplotlib by name: "loadr[bench]" would fetch another project of that
+            # name from the package index (and the bench extra pins torch and more).
             raise ConfigError("--plot needs matplotlib, which is not installed: "
-                              "pip install matplotlib (or pip install 'loadr[bench]'); "
+                              "pip install matplotlib; "
                               "or leave out --plot for the table alone") from None
     rows, profiles = [], []
     for workers in counts:

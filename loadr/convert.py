@@ -44,7 +44,7 @@ def open_source(path: str | os.PathLike, decode: str = 'auto', **options) -> Sou
     lets a format that can only be read by unpickling be read (trusted files
     only).
 
-    >>> open_source('../shared/fixtures/gulp').types
+    >>> open_source(FIXTURES / 'gulp').types
     {'id': 'utf8', 'frames': 'jpg[]', 'meta': 'msgpack'}
     """
     path = os.fspath(path)

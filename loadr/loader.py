@@ -46,7 +46,7 @@ from .errors import ConfigError, LoadrError, StateError, WorkerError
 from . import state as state_fields
 from .state import STATE_VERSION
 from .order import ORDER_VERSION, check_seed, check_version, order_for
-from .stats import StageClock, Stats, cores, fn_names, row_width, settle
+from .stats import StageClock, Stats, cores, fn_names, process_times, row_width, settle
 from .workers import protocol
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
 from .workers.worker import tasks_held
@@ -530,13 +530,19 @@ class Loader:
     def _calibrate(self) -> None:
         """workers='auto' / prefetch='auto': measure, then settle (see the class docstring)."""
         now = self.stats()
+        pids = self._pool.pids if self._pool is not None else []
         if self._auto_from is None:
             self._auto_from = now           # from the first batch on: start-up left out
+            # The workers' CPU time over the whole calibration, read at its start and
+            # end: their own reads come every SCHED_EVERY_S at most, none at all in a
+            # short calibration (whose CPU-bound workers then looked blocked on I/O).
+            self._auto_cpu = process_times(pids)
             return
         seen = now.since(self._auto_from)
         if seen.batches < AUTO_BATCHES and not (seen.batches >= 2
                                                 and seen.elapsed_s >= AUTO_MAX_S):
             return
+        seen = seen.with_process_times(self._auto_cpu, process_times(pids), pids)
         auto_workers, auto_prefetch = self._auto
         self._auto = None
         max_prefetch = None

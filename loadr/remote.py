@@ -3,9 +3,9 @@
 :func:`loadr.storage.storage_for` hands every ``scheme://`` path to
 :class:`RemoteStorage`, which implements the storage interface of
 :mod:`loadr.storage` on an fsspec filesystem. fsspec and the protocol's
-package (``s3fs``, ``gcsfs``, ``aiohttp``) come with the extras
-``loadr[s3]``, ``loadr[gcs]``, ``loadr[http]``; this module imports them only
-when a URL is opened, never on ``import loadr``.
+package (``s3fs``, ``gcsfs``, ``aiohttp``) come with the extras ``s3``,
+``gcs``, ``http`` (``pip install -e '.[s3]'`` in a checkout); this module
+imports them only when a URL is opened, never on ``import loadr``.
 
 Reading. Every range is read with fsspec's async API on fsspec's IO thread,
 so many ranges are in flight at once: :meth:`RemoteStorage.read_many` reads a
@@ -159,10 +159,16 @@ def split_url(url: str) -> tuple[str, str]:
     return scheme.lower(), rest
 
 
+# What each extra installs (pyproject.toml), for the hint: the packages by name, since
+# "loadr" on the package index is another project and loadr may run from a checkout.
+_EXTRA_PACKAGES = {'s3': 'fsspec s3fs', 'gcs': 'fsspec gcsfs', 'http': 'fsspec aiohttp'}
+
+
 def _install_hint(protocol: str) -> str:
     extra = EXTRAS.get(protocol)
     if extra:
-        return f"pip install 'loadr[{extra}]'"
+        return (f"pip install {_EXTRA_PACKAGES[extra]} (the '{extra}' extra: pip install -e "
+                f"'.[{extra}]' in loadr's checkout)")
     return f'install fsspec and the fsspec package for {protocol}:// (see fsspec\'s list)'
 
 

@@ -17,13 +17,15 @@ Worker stages, in seconds of that worker's time:
 - ``wait``: idle, waiting for work.
 
 Besides the stages a row holds ``cpu`` (CPU seconds of the worker while
-busy; read every ``SCHED_EVERY_S`` at most), ``runq`` (seconds it was
-ready to run but waited for a core: other processes' load, from
-``/proc/thread-self/schedstat``; 0 where there is none) and ``busy_sq``
-(the sum of squared per-task busy times: how much batches vary). Busy time
-that is neither CPU nor ``runq`` is time blocked in the kernel: waiting on
-I/O. ``batches`` counts the tasks a worker did (a batch split between
-workers counts once per part).
+busy; read every ``SCHED_EVERY_S`` at most, and when the worker falls idle),
+``runq`` (seconds it was ready to run but waited for a core: other
+processes' load, from ``/proc/thread-self/schedstat``; 0 where there is
+none), ``sampled`` (the busy seconds those two reads cover: the busy time
+since the last read is not in them yet) and ``busy_sq`` (the sum of squared
+per-task busy times: how much batches vary). Sampled busy time that is
+neither CPU nor ``runq`` is time blocked in the kernel: waiting on I/O.
+``batches`` counts the tasks a worker did (a batch split between workers
+counts once per part).
 
 The per-stage split is timed on a sample of the rows of each batch (every
 few rows, sparser the cheaper a row is, and every row once a row costs more
@@ -49,12 +51,14 @@ from dataclasses import dataclass, field
 
 __all__ = ['Stats', 'WORKER_FIELDS', 'STRIDE', 'MAX_STRIDE', 'TIMED_ROW_COST_US', 'TIMING_SHARE',
            'TIME_EVERY_ROW_US', 'format_table', 'StageClock', 'NOT_BOTTLENECK_FRACTION',
-           'fn_names', 'row_width', 'worker_dict', 'cores', 'settle', 'schedstat']
+           'fn_names', 'row_width', 'worker_dict', 'cores', 'settle', 'schedstat',
+           'process_times']
 
 # The fixed counters of a worker's row; one counter per fn follows them.
 WORKER_FIELDS = ('busy', 'wait', 'read', 'write', 'batches', 'samples', 'cpu', 'busy_sq',
-                 'runq')
-BUSY, WAIT, READ, WRITE, BATCHES, SAMPLES, CPU, BUSY_SQ, RUNQ = range(len(WORKER_FIELDS))
+                 'runq', 'sampled')
+BUSY, WAIT, READ, WRITE, BATCHES, SAMPLES, CPU, BUSY_SQ, RUNQ, SAMPLED = \
+    range(len(WORKER_FIELDS))
 # A timed row costs about TIMED_ROW_COST_US more than another (clock reads
 # and bookkeeping, measured: 1-2 us in CPython 3.11). Rows are timed every
 # TIMED_ROW_COST_US / (TIMING_SHARE * row_us) rows (at most MAX_STRIDE
@@ -126,6 +130,7 @@ class StageClock:
         self._sched = sched
         self._sched_seen = sched() if sched is not None else (0.0, 0.0)
         self._sched_at = time.perf_counter()
+        self._unsampled = 0.0           # busy seconds since the last read of sched
         self._idle_since = None
         self._busy_since = None
         self._cpu_since = 0.0
@@ -153,16 +158,27 @@ class StageClock:
                 # Read at most every SCHED_EVERY_S (a read right after a batch's work
                 # costs ~15 us); what it counts since the last read is the tasks'
                 # (the idle loop between them only polls).
+                self._unsampled += busy
                 if now - self._sched_at >= SCHED_EVERY_S:
-                    self._sched_at = now
-                    seen = self._sched_seen
-                    self._sched_seen = cpu, runq = self._sched()
-                    row[CPU] += cpu - seen[0]
-                    row[RUNQ] += runq - seen[1]
+                    self._read_sched(now)
             else:
                 cpu = time.process_time()
                 row[CPU] += cpu - self._cpu_since
+                row[SAMPLED] += busy
                 self._cpu_since = cpu
+
+    def _read_sched(self, now: float) -> None:
+        # The busy time since the last read goes into SAMPLED with the CPU and runq
+        # time read now: io_share compares only what was read (a short run whose
+        # CPU was not read yet looked 100% blocked on I/O).
+        row = self.row
+        self._sched_at = now
+        seen = self._sched_seen
+        self._sched_seen = cpu, runq = self._sched()
+        row[CPU] += cpu - seen[0]
+        row[RUNQ] += runq - seen[1]
+        row[SAMPLED] += self._unsampled
+        self._unsampled = 0.0
 
     def idle(self) -> None:
         """The worker starts waiting for work; the task in hand, if any, is done."""
@@ -180,6 +196,8 @@ class StageClock:
             now = time.perf_counter()
             self.row[WAIT] += now - self._idle_since
             self._idle_since = now
+            if self._unsampled and self._sched is not None:
+                self._read_sched(now)       # idle: the last tasks' CPU time, for free
 
     def working(self) -> None:
         """Work arrived: what was waited since :meth:`idle` is counted."""
@@ -204,6 +222,7 @@ class StageClock:
         row[BUSY] += fill_s
         row[BUSY_SQ] += fill_s * fill_s
         row[CPU] += cpu_s
+        row[SAMPLED] += fill_s
 
     def _commit(self, read: float, write: float, fns, samples: int, batches: int) -> None:
         row = self.row
@@ -243,7 +262,31 @@ def cores() -> int:
 # one) the workers mostly wait on I/O (storage, network): more workers than
 # cores can help then.
 IO_BOUND_SHARE = 0.5
+# Above this share of their ready time waiting for a core (Stats.runq_share), the
+# cores are in use (by other processes, if not by the workers): no more workers help.
+CONTENDED_SHARE = 0.2
 SCHED_EVERY_S = 0.05
+
+
+def process_times(pids) -> dict:
+    """``{pid: (seconds on a CPU, seconds waiting for one)}`` so far, of the main thread
+    of each process (a worker works in it), from ``/proc/<pid>/schedstat``; a pid that
+    cannot be read is left out.
+
+    >>> import os
+    >>> times = process_times([os.getpid()])
+    >>> times == {} or times[os.getpid()][0] > 0
+    True
+    """
+    out = {}
+    for pid in pids:
+        try:
+            with open(f'/proc/{pid}/schedstat', 'rb') as f:
+                cpu, runq = f.read().split()[:2]
+            out[pid] = int(cpu) / 1e9, int(runq) / 1e9
+        except (OSError, ValueError):
+            pass
+    return out
 
 
 def schedstat():
@@ -355,20 +398,55 @@ class Stats:
         done = self._sum('batches')
         return self.busy_s / done if done else 0.0
 
+    def _sampled_s(self) -> float:
+        # The busy time the cpu and runq counters cover (all of it in a row without
+        # 'sampled', as an older snapshot's).
+        return sum(w.get('sampled', w.get('busy', 0.0)) for w in self.workers)
+
     @property
     def cpu_share(self) -> float:
-        """CPU time over busy time of the workers."""
-        busy = self.busy_s
+        """CPU time over busy time of the workers (the busy time it was read for)."""
+        busy = self._sampled_s()
         return self._sum('cpu') / busy if busy > 0 else 1.0
 
     @property
     def io_share(self) -> float:
         """The share of the workers' busy time blocked in the kernel: neither on a CPU
-        nor waiting for one (0: CPU-bound, or short of cores; near 1: waiting on I/O)."""
-        busy = self.busy_s
+        nor waiting for one (0: CPU-bound, or short of cores, or not read yet; near 1:
+        waiting on I/O). Only the busy time whose CPU time was read counts."""
+        busy = self._sampled_s()
         if busy <= 0:
             return 0.0
-        return max(0.0, busy - self._sum('cpu') - self._sum('runq')) / busy
+        return min(1.0, max(0.0, busy - self._sum('cpu') - self._sum('runq')) / busy)
+
+    @property
+    def runq_share(self) -> float:
+        """The share of the time the workers were ready to run that they waited for a
+        core (other processes' load, or more workers than cores): runq / (cpu + runq)."""
+        ready = self._sum('cpu') + self._sum('runq')
+        return self._sum('runq') / ready if ready > 0 else 0.0
+
+    def with_process_times(self, before: dict, after: dict, pids: list) -> 'Stats':
+        """These stats with each worker's ``cpu`` and ``runq`` replaced by what its
+        process's clocks (:func:`process_times`, ``before`` and ``after``) counted, the
+        whole of its busy time sampled; unchanged unless every one of ``pids`` (the
+        workers' pids, in the rows' order) was read both times.
+
+        >>> s = Stats(['f'], 1.0, 0.9, 10, 640, [dict(busy=0.5, cpu=0.0, sampled=0.0)])
+        >>> timed = s.with_process_times({7: (1.0, 0.0)}, {7: (1.3, 0.0)}, [7])
+        >>> s.io_share, round(timed.io_share, 3)      # 0.2 s of 0.5 neither on a CPU nor queued
+        (0.0, 0.4)
+        """
+        if len(pids) != len(self.workers) or not all(p in before and p in after
+                                                     for p in pids):
+            return self
+        workers = []
+        for w, pid in zip(self.workers, pids):
+            w = dict(w, cpu=after[pid][0] - before[pid][0], runq=after[pid][1] - before[pid][1])
+            w['sampled'] = w.get('busy', 0.0)
+            workers.append(w)
+        return Stats(self.fn_names, self.elapsed_s, self.main_wait_s, self.batches,
+                     self.samples, workers, self.cores, self.first_batch_s, self.inline)
 
     @property
     def variability(self) -> float:
@@ -460,11 +538,18 @@ class Stats:
             return (f'{head}; the workers wait on I/O ({100 * self.io_share:.0f}% of their busy '
                     f'time): {more} more worker{"s" if more > 1 else ""} would help, '
                     f'even beyond the {self.cores} cores')
-        spare = self.cores - have - 1       # the training process needs a core too
-        if spare >= 1:
+        # The training process needs a core too, for the share of the time it works
+        # (it waited the rest): a caller that only waits leaves a core to a worker.
+        spare = math.floor(self.cores - have - (1.0 - waited) + 0.5)
+        # Cores that are free by count but busy with other processes' work: the
+        # workers waited for one (a second worker then only makes both slower).
+        queued = self.runq_share
+        if spare >= 1 and queued <= CONTENDED_SHARE:
             more = min(more, spare)
             return f'{head}; {more} more worker{"s" if more > 1 else ""} would help'
-        return (f'{head}; the {self.cores} cores are all in use: make {top} cheaper '
+        why = (f' (the workers waited for one {100 * queued:.0f}% of the time they were '
+               f'ready to run)' if queued > CONTENDED_SHARE else '')
+        return (f'{head}; the {self.cores} cores are all in use{why}: make {top} cheaper '
                 f'or add cores')
 
 

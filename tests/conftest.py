@@ -6,6 +6,9 @@ A clone without them still runs the suite: every test that needs them asks
 for the ``fixtures`` fixture (or calls :func:`require_fixtures`), which skips
 with one line saying how to get them, or fails when ``CI=true`` (CI must not
 pass by skipping). Everything else writes its own data (``tests/datasets.py``).
+The docstring examples of loadr/ get the same path as ``FIXTURES`` and the
+same skip, and ``-ra`` folds every such skip into one line: both in the
+checkout's root conftest.py.
 """
 
 from __future__ import annotations
@@ -35,20 +38,6 @@ def require_fixtures() -> pathlib.Path:
             pytest.fail(f'{reason} (CI=true: a missing fixture is a failure)', pytrace=False)
         pytest.skip(reason)
     return FIXTURES
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    # Every skip for missing fixtures is reported at one place, so that `-ra`
-    # folds them into a single line instead of one per test file and line.
-    outcome = yield
-    report = outcome.get_result()
-    if report.skipped and isinstance(report.longrepr, tuple) and HOW_TO_GET in str(
-            report.longrepr[2]):
-        report.longrepr = (__file__, _SKIP_LINE, report.longrepr[2])
-
-
-_SKIP_LINE = require_fixtures.__code__.co_firstlineno
 
 
 @pytest.fixture(scope='session')

@@ -179,6 +179,62 @@ def test_auto_with_a_slow_consumer_takes_few_workers():
         assert loader.settled is not None and loader.settled['workers'] == 1
 
 
+def spin(dp, seed):
+    """Pure CPU, short: about 0.1 ms a datapoint, no I/O at all."""
+    x = 0
+    for i in range(2000):
+        x += i * i
+    return {'label': dp['label'], 'vec': dp['vec'] + (x & 1)}
+
+
+def test_auto_with_a_pure_cpu_fn_settles_on_at_most_the_cores_and_does_not_claim_io():
+    # The workers' CPU time was read every 50 ms at most: over a calibration shorter
+    # than that it read as 0, and 8 workers on 2 cores were "blocked on I/O 100%".
+    with loadr.Loader(trivial(3000), batch=8, fns=[spin], seed=2, workers='auto') as loader:
+        take(loader, 40)
+        settled = loader.settled
+    assert settled is not None, 'auto did not settle within 40 batches'
+    assert 1 <= settled['workers'] <= (os.cpu_count() or 1), settled
+    assert 'I/O' not in settled['why'] and 'CPU-bound' in settled['why'], settled
+
+
+def test_a_short_run_of_a_pure_cpu_fn_is_not_read_as_waiting_on_io():
+    # The busy time since a worker last read its CPU clock counted as blocked on I/O.
+    with loadr.Loader(trivial(3000), batch=8, fns=[spin], seed=2, workers=1) as loader:
+        take(loader, 6)
+        stats = loader.stats()
+    assert stats.io_share < loadr.stats.IO_BOUND_SHARE, stats.as_dict()
+    assert 'I/O' not in stats.verdict()
+
+
+def test_the_verdict_leaves_a_waiting_caller_s_core_to_a_worker():
+    # `loadr bench --workers 1,2` said "the 2 cores are all in use" at 1 worker while its
+    # table showed 2 workers faster: a caller that only waits does not need a core.
+    w = dict(busy=1.0, wait=0.0, read=0.1, write=0.1, batches=100, samples=800, cpu=0.95,
+             sampled=1.0, fns=[0.8])
+    waiting = Stats(['spin'], elapsed_s=1.0, main_wait_s=0.99, batches=100, samples=800,
+                    workers=[w], cores=2)
+    assert waiting.verdict().endswith('spin is 80% of worker time; 1 more worker would help')
+    working = Stats(['spin'], elapsed_s=1.0, main_wait_s=0.3, batches=100, samples=800,
+                    workers=[w], cores=2)
+    assert 'the 2 cores are all in use' in working.verdict()
+    both = Stats(['spin'], elapsed_s=1.0, main_wait_s=0.99, batches=100, samples=800,
+                 workers=[w, w], cores=2)
+    assert 'the 2 cores are all in use' in both.verdict()
+    # A core free by count but busy with other processes' work: the worker waited for one.
+    queued = Stats(['spin'], elapsed_s=1.0, main_wait_s=0.99, batches=100, samples=800,
+                   workers=[dict(w, cpu=0.6, runq=0.4)], cores=2)
+    assert queued.verdict().endswith('the 2 cores are all in use (the workers waited for one '
+                                     '40% of the time they were ready to run): make spin '
+                                     'cheaper or add cores')
+
+
+def test_cpu_time_not_read_yet_is_not_counted_as_io():
+    unread = dict(busy=0.04, cpu=0.0, runq=0.0, sampled=0.0, batches=5, samples=40)
+    assert Stats(['f'], 0.05, 0.04, 5, 40, [unread], cores=2).io_share == 0.0
+    read = dict(unread, cpu=0.01, sampled=0.02)            # half of what was read: blocked
+    assert Stats(['f'], 0.05, 0.04, 5, 40, [read], cores=2).io_share == 0.5
+
 def test_auto_is_refused_where_it_means_nothing():
     with pytest.raises(loadr.errors.ConfigError, match='workers'):
         loadr.Loader(trivial(10), batch=2, workers='many')

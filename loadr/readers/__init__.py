@@ -37,7 +37,7 @@ def formats() -> list[Format]:
 def detect(path: str | os.PathLike) -> Format:
     """The :class:`Format` of ``path``, or a FormatError naming what was looked for.
 
-    >>> detect('../shared/fixtures/gulp').name
+    >>> detect(FIXTURES / 'gulp').name
     'gulp'
     """
     path = os.fspath(path)
@@ -56,7 +56,7 @@ def open(path: str | os.PathLike, **options) -> Reader:  # noqa: A001 - mirrors 
     A dataset behind a URL takes ``cache_dir=``, ``cache_bytes=`` (and
     ``cache_policy=``): a local cache of its records (see :mod:`loadr.remote`).
 
-    >>> r = open('../shared/fixtures/ffrecord/single.ffr')
+    >>> r = open(FIXTURES / 'ffrecord/single.ffr')
     >>> len(r)
     20
     """

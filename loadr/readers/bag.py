@@ -231,7 +231,7 @@ class Bag:
     def read_range(self, start: int, stop: int, index: int | None = None) -> list[bytes]:
         """Records ``start .. stop-1`` with one data read; ``index`` goes into errors.
 
-        >>> Bag('../shared/fixtures/bag_raw/v1.bag').read_range(0, 2)[0]
+        >>> Bag(FIXTURES / 'bag_raw/v1.bag').read_range(0, 2)[0]
         b'\\xa2'
         """
         if not 0 <= start <= stop <= self._len:
@@ -1006,7 +1006,7 @@ class BagWriter(Writer):
 def detect(path: str) -> bool:
     """True for a directory with spec.json, or with shard directories holding one.
 
-    >>> detect('../shared/fixtures/bag_sharded'), detect('../shared/fixtures/bag_raw')
+    >>> detect(FIXTURES / 'bag_sharded'), detect(FIXTURES / 'bag_raw')
     (True, False)
     """
     try:
@@ -1121,7 +1121,7 @@ def check(path: str | os.PathLike) -> list[Problem]:
     decoded. The index is the datapoint's for refs and values, the record's
     for a bag's table.
 
-    >>> check('../shared/fixtures/bag_sharded')
+    >>> check(FIXTURES / 'bag_sharded')
     []
     """
     path = os.fspath(path)

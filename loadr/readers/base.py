@@ -188,7 +188,7 @@ class Reader:
         :data:`IDENTITY_MAX_FILES` files): computing it costs no read.
 
         >>> import loadr
-        >>> loadr.open('../shared/fixtures/ffrecord/single.ffr').identity()
+        >>> loadr.open(FIXTURES / 'ffrecord/single.ffr').identity()
         {'format': 'ffrecord', 'datapoints': 20, 'files': {'single.ffr': 144202}}
         """
         root = self.path if self._files.isdir(self.path) else os.path.dirname(self.path)

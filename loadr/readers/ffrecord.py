@@ -793,7 +793,7 @@ def check(path: str | os.PathLike) -> list[Problem]:
     and each sample's content (:class:`_Contents`): it decodes as the first one does (a
     msgpack map, a JSON object, or bytes), and every JPEG or PNG in it decodes whole.
 
-    >>> check('../shared/fixtures/ffrecord/single.ffr')
+    >>> check(FIXTURES / 'ffrecord/single.ffr')
     []
     """
     path = os.fspath(path)
@@ -1088,7 +1088,7 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
 def detect(path: str | os.PathLike) -> bool:
     """True for a ``.ffr`` file or a directory directly holding ``*.ffr`` files; never raises.
 
-    >>> detect('../shared/fixtures/ffrecord/multi')
+    >>> detect(FIXTURES / 'ffrecord/multi')
     True
     """
     try:

@@ -423,7 +423,7 @@ class GulpReader(Reader):
     def index_of(self, id_: str) -> int:
         """Datapoint index of a video id; KeyError naming the id and path if absent.
 
-        >>> GulpReader('../shared/fixtures/gulp').index_of('10')
+        >>> GulpReader(FIXTURES / 'gulp').index_of('10')
         3
         """
         self._index()
@@ -450,7 +450,7 @@ class GulpReader(Reader):
     def frame_info(self, index: int) -> list[tuple[int, int, int]]:
         """The ``(offset, pad, total_length)`` of each frame of datapoint ``index``, as stored.
 
-        >>> GulpReader('../shared/fixtures/gulp').frame_info(0)[1]
+        >>> GulpReader(FIXTURES / 'gulp').frame_info(0)[1]
         (2536, 3, 1364)
         """
         return list(self._index()[check_index(index, len(self))].frames)
@@ -805,7 +805,7 @@ def check(path: str | os.PathLike) -> list[Problem]:
     missing or misnumbered chunk files. Gulp has no checksums: a changed byte
     that still decodes is found only with digests (:mod:`loadr.digests`).
 
-    >>> check('../shared/fixtures/gulp')
+    >>> check(FIXTURES / 'gulp')
     []
     """
     path = os.fspath(path)
@@ -912,7 +912,7 @@ def _frame_problems(files: Storage, chunk: _Chunk, id_: str, info: list, index: 
 def detect(path: str | os.PathLike) -> bool:
     """True for a directory holding ``data_*.gulp`` or ``meta_*.gmeta`` files. Never raises.
 
-    >>> detect('../shared/fixtures/gulp')
+    >>> detect(FIXTURES / 'gulp')
     True
     """
     try:

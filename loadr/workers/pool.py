@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -52,6 +53,7 @@ import zmq
 from .. import pids
 from . import protocol
 from ..stats import row_width
+from .inherited import note, open_files
 from .memory import resident, steady_memory_default
 from .shm import (SHM_DIR, Segment, StatusCells, owned_dir, plan_slots, reclaim_stale,
                   remove_owned, shm_budget, size_text, use_memfd)
@@ -77,10 +79,11 @@ EXIT_CHECK_S = 0.05
 _EVENTS, _POLLIN, _SNDMORE = zmq.EVENTS, int(zmq.POLLIN), int(zmq.SNDMORE)
 
 
-def _block_sigint():
+def _block_sigint(*more: int):
+    """Block SIGINT (and ``more``) in this thread; the old mask, for _restore_sigmask."""
     if not hasattr(signal, 'pthread_sigmask'):
         return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, *more})
 
 
 def _restore_sigmask(old) -> None:
@@ -216,6 +219,35 @@ def _release(held: _Held) -> None:
             held.released = True
 
 
+_OPEN_POOLS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _at_exit(pool: 'WorkerPool') -> None:
+    """Have ``pool`` released when the interpreter exits, before multiprocess's exit hook.
+
+    That hook SIGTERMs every daemonic child and joins it with no limit: a worker
+    that is stopped (SIGSTOP, a frozen cgroup) or that swallowed the SIGTERM never
+    ends, and neither does the exit. Weakref finalisers (ours) run after it when
+    their atexit hook was registered first, as it usually is. Registered after
+    multiprocess's hook, this one runs before it (atexit is last in, first out)
+    and releases each open pool in :func:`_release`'s bounded order, so the hook
+    finds no child left.
+    """
+    if not _at_exit.registered:
+        import multiprocess.util  # noqa: F401 - registers its exit hook on import: first
+        atexit.register(_release_open_pools)
+        _at_exit.registered = True
+    _OPEN_POOLS.add(pool)
+
+
+_at_exit.registered = False
+
+
+def _release_open_pools() -> None:
+    for pool in list(_OPEN_POOLS):
+        pool._finalizer()
+
+
 class _Worker:
     def __init__(self, wid: int, incarnation: int, process, identity: bytes):
         self.wid, self.incarnation = wid, incarnation
@@ -242,6 +274,7 @@ class WorkerPool:
         # or by this finaliser if the pool is dropped (or the interpreter exits) first.
         self._held = held = _Held(workers)
         self._finalizer = weakref.finalize(self, _release, held)
+        _at_exit(self)
         self.workers: list[_Worker | None] = held.workers
         self._segments = held.segments
         self._dir = self._shm_dir = None
@@ -329,6 +362,13 @@ class WorkerPool:
             steady_memory=steady_memory_default() if steady_memory is None else steady_memory)
         self.task_timeout_s = task_timeout_s
         self.max_tasks = tasks_held(reader)
+        # Files the dataset holds open now: every forked worker would share each one
+        # (one file offset), and their reads would interleave. Said once here, and
+        # by every error of a worker (see inherited.py).
+        shared = open_files(reader) if mp.get_start_method() == 'fork' else []
+        if shared:
+            log.warning('loadr: %s', note(shared))
+        self._template['shared_files'] = tuple(shared)
         # One task a worker until every worker has said hello: the first tasks
         # (the first batches, split, see window.ramp_pieces) would otherwise
         # queue behind each other in the workers that started first while the
@@ -358,7 +398,11 @@ class WorkerPool:
         # process) or hits the child before it ignores SIGINT (a traceback),
         # and one raised before the assignment below would leak the process.
         # The child inherits the mask and unblocks SIGINT once it ignores it.
-        blocked = _block_sigint()
+        # SIGTERM too, until the child has put back its default action: a forked
+        # child runs the parent's Python handler until then (Lightning's does not
+        # exit), and a SIGTERM it swallowed at start-up left a worker that never
+        # ends (multiprocess's exit hook waits for it with no limit).
+        blocked = _block_sigint(signal.SIGTERM)
         try:
             proc.start()
             self.workers[wid] = _Worker(wid, self._incarnations, proc, identity)

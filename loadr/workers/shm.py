@@ -400,11 +400,17 @@ than the budget of 650 B (x); lower batch or workers, or raise shm_bytes (or LOA
     fits = max(0, budget[0] - extra_bytes) // max(1, slot_bytes)
     least = workers + 1
     if fits < least:
+        # The need counts what the budget is charged with (the workers' status cells
+        # too, ``extra_bytes``), so that it is always more than the budget; in bytes
+        # where MiB would round the two to one figure.
+        need = least * slot_bytes + extra_bytes
+        text = size_text if size_text(need) != size_text(budget[0]) else '{} B'.format
+        status = f', and {text(extra_bytes)} of worker status cells' if extra_bytes else ''
         raise ResourceError(
-            f'the batches need at least {size_text(least * slot_bytes)} of shared memory (one '
-            f'batch slot of {size_text(slot_bytes)} for each of the {workers} workers, plus '
-            f'one), more than the budget of {size_text(budget[0])} ({budget[1]}); lower batch or '
-            'workers, or raise shm_bytes (or LOADR_SHM_BYTES)')
+            f'the batches need at least {text(need)} of shared memory (one batch slot of '
+            f'{text(slot_bytes)} for each of the {workers} workers, plus one{status}), more '
+            f'than the budget of {text(budget[0])} ({budget[1]}); lower batch or workers, or '
+            'raise shm_bytes (or LOADR_SHM_BYTES)')
     return min(wanted, fits)
 
 

@@ -66,6 +66,7 @@ class WorkerArgs:
     order_version: int | None = None    # None: the default (loadr.order.ORDER_VERSION)
     workers: int = 1
     steady_memory: bool = True  # glibc malloc thresholds for a steady heap (memory.py)
+    shared_files: tuple = ()    # files the dataset held open at the fork (inherited.py)
 
 
 def _parent_alive(args: WorkerArgs) -> bool:
@@ -97,6 +98,18 @@ def _watch_parent(args: WorkerArgs, beat) -> None:
     threading.Thread(target=watch, name='loadr-parent-watch', daemon=True).start()
 
 
+def _noted(exc: BaseException, args: WorkerArgs) -> BaseException:
+    """``exc``, noting the files the dataset shares with the other workers, if any: the
+    likely cause of garbage read (the note travels with the exception, and shows under
+    its traceback in the main process)."""
+    if args.shared_files and hasattr(exc, 'add_note'):
+        from .inherited import note
+        text = note(list(args.shared_files))
+        if text not in getattr(exc, '__notes__', ()):
+            exc.add_note(text)
+    return exc
+
+
 def run(args: WorkerArgs) -> None:
     """Serve tasks until STOP; never lets an exception escape unreported."""
     import zmq
@@ -114,9 +127,11 @@ def run(args: WorkerArgs) -> None:
     # Trainer installs one that does not exit). multiprocess's exit hook SIGTERMs its
     # daemon children and joins them with no limit: a worker that survives SIGTERM
     # would hang the interpreter's exit. SIGTERM ends a worker, always.
+    # The pool started us with SIGTERM blocked too, so that none reached the
+    # inherited handler before this line; one that came meanwhile ends us now.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if hasattr(signal, 'pthread_sigmask'):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     if not _parent_alive(args):
         return
     if args.steady_memory:
@@ -218,12 +233,13 @@ def run(args: WorkerArgs) -> None:
             except Cancelled:
                 reply = protocol.done(task_id, {}, [])
             except SampleFailure as f:
-                failure = protocol.Failure.capture(f.exc, f.index, f.position, args.wid,
-                                                   f.traceback)
+                failure = protocol.Failure.capture(_noted(f.exc, args), f.index, f.position,
+                                                   args.wid, f.traceback)
                 reply = protocol.fail(task_id, failure)
             except Exception as exc:
                 index = int(progress[1])
-                failure = protocol.Failure.capture(exc, index if index >= 0 else None,
+                failure = protocol.Failure.capture(_noted(exc, args),
+                                                   index if index >= 0 else None,
                                                    int(progress[0]), args.wid)
                 reply = protocol.fail(task_id, failure)
             clock.finish()

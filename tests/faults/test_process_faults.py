@@ -335,26 +335,77 @@ def test_a_live_loader_of_another_pid_namespace_is_never_reclaimed():
     assert proc.returncode == 0
 
 
+# A worker forked second sleeps in an at-fork hook (as a slow start-up under load does):
+# it is still starting when the first batch comes and the script ends.
+SECOND_WORKER_STARTS_SLOWLY = """
+    import os, time
+    forks = [0]
+    os.register_at_fork(before=lambda: forks.__setitem__(0, forks[0] + 1),
+                        after_in_child=lambda: forks[0] == 2 and time.sleep(1))
+"""
+
+
+def run_script(*parts: str, timeout_s: float = 20) -> tuple[int, str, str]:
+    """(returncode, stdout, stderr) of a script in ``parts``; its processes are killed if
+    it hangs."""
+    script = ''.join(textwrap.dedent(part) for part in parts)
+    proc = subprocess.Popen([sys.executable, '-c', script], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        err = 'hung at exit'
+        out = ''
+    finally:
+        if proc.poll() is None:
+            for pid in children(proc.pid):
+                os.kill(pid, signal.SIGKILL)
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out, err
+
+
 def test_exit_without_close_with_a_sigterm_handler_that_does_not_exit():
     # Lightning's Trainer installs a SIGTERM handler that does not exit; forked workers
     # inherited it, and multiprocess's exit hook (SIGTERM, then join with no limit)
-    # waited forever on them when a script ended with its loader still open.
-    script = textwrap.dedent('''
+    # waited forever on them when a script ended with its loader still open. A worker
+    # still starting (before it put back SIGTERM's default) swallowed that SIGTERM: the
+    # exit hung after "done" (seen once under load; made certain here by a slow start).
+    code, out, err = run_script(SECOND_WORKER_STARTS_SLOWLY, """
         import signal
         import loadr
         signal.signal(signal.SIGTERM, lambda *a: None)
         loader = loadr.Loader([{'x': i} for i in range(100)], batch=4, workers=2)
         next(iter(loader))
         print('done', flush=True)
-    ''')
-    proc = subprocess.Popen([sys.executable, '-c', script], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            for pid in children(proc.pid):
-                os.kill(pid, signal.SIGKILL)
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0 and out.strip() == 'done', err
+    """)
+    assert code == 0 and out.strip() == 'done', err
+
+
+def test_a_sigterm_while_a_worker_starts_ends_it_despite_the_handler_it_inherits():
+    code, out, err = run_script(SECOND_WORKER_STARTS_SLOWLY, """
+        import signal
+        import loadr
+        signal.signal(signal.SIGTERM, lambda *a: None)
+        with loadr.Loader([{'x': i} for i in range(100)], batch=4, workers=2) as loader:
+            next(iter(loader))
+            second = loader._pool.workers[1].process
+            os.kill(second.pid, signal.SIGTERM)      # while it sleeps in the at-fork hook
+            second.join(10)
+            print(second.exitcode, flush=True)
+    """)
+    assert code == 0 and out.strip() == str(-signal.SIGTERM), (out, err)
+
+
+def test_exit_without_close_with_a_stopped_worker():
+    # multiprocess's exit hook SIGTERMs a stopped worker (it stays stopped) and joins it
+    # with no limit; the pools are released before that hook runs, in close()'s order.
+    code, out, err = run_script("""
+        import os, signal
+        import loadr
+        loader = loadr.Loader([{'x': i} for i in range(100)], batch=4, workers=2)
+        next(iter(loader))
+        os.kill(loader.worker_pids[0], signal.SIGSTOP)
+        print('done', flush=True)
+    """)
+    assert code == 0 and out.strip() == 'done', err

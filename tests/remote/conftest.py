@@ -14,11 +14,10 @@ import shutil
 
 import pytest
 
+from ..conftest import require_fixtures
 from .proxy import Proxy
 from .servers import S3_ENV, ServerUnavailable, in_ci, start_moto, start_nginx, upload
 
-FIXTURES = pathlib.Path(os.environ.get(
-    'LOADR_FIXTURES', pathlib.Path(__file__).resolve().parents[2].parent / 'shared' / 'fixtures'))
 BUCKET = 'fixtures'
 
 
@@ -31,10 +30,10 @@ def _unavailable(reason: str):
 @pytest.fixture(scope='session')
 def served_root(tmp_path_factory) -> pathlib.Path:
     """A private copy of the reference fixtures, which the servers serve."""
-    if not (FIXTURES / 'MANIFEST.json').is_file():
-        _unavailable(f'reference fixtures not found at {FIXTURES} (set LOADR_FIXTURES)')
+    # Missing fixtures skip (fail under CI) with the one line every fixture test gives.
+    fixtures = require_fixtures()
     root = tmp_path_factory.mktemp('served') / 'fixtures'
-    shutil.copytree(FIXTURES, root)
+    shutil.copytree(fixtures, root)
     return root
 
 

@@ -70,7 +70,7 @@ def test_cli_errors_are_one_line(moto, capsys):
         pass
     assert main(['inspect', 'gs://bucket/data.ffr']) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "pip install 'loadr[gcs]'" in err[0], err
+    assert len(err) == 1 and "pip install fsspec gcsfs" in err[0], err
     assert main(['inspect', 's3://fixtures/nothing.ffr',
                  '--storage-option', f'endpoint_url={moto.url}']) == 1
     err = capsys.readouterr().err.strip().splitlines()

@@ -386,7 +386,8 @@ def test_missing_package_names_the_extra():
         pytest.skip('gcsfs is installed here: no missing package to report')
     except ImportError:
         pass
-    with pytest.raises(ConfigError, match=r"pip install 'loadr\[gcs\]'") as info:
+    with pytest.raises(ConfigError, match=r"pip install fsspec gcsfs \(the 'gcs' extra: "
+                                          r"pip install -e '\.\[gcs\]'") as info:
         RemoteStorage('gs://bucket/x.ffr')
     assert str(info.value).startswith('gs://bucket/x.ffr: ') and info.value.__cause__ is None
     with pytest.raises(ConfigError, match='unknown protocol nosuch://'):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -174,13 +175,33 @@ def test_the_budget_decides_the_slot_count_and_refuses_below_one_per_worker_plus
     assert 'more than the budget of 8.0 MiB (shm_bytes=8388608)' in message
 
 
+def test_the_budget_error_adds_up_with_the_status_cells_it_counts():
+    # It said "need at least 393216 B, more than the budget of 393216 B": the status
+    # segment was charged to the budget but left out of the need.
+    with pytest.raises(ResourceError) as info:
+        plan_slots(131072, wanted=6, workers=2, budget=(393216, 'shm_bytes=393216'),
+                   extra_bytes=192)
+    message = str(info.value)
+    assert 'need at least 393408 B of shared memory' in message
+    assert 'one batch slot of 131072 B for each of the 2 workers, plus one, and 192 B of ' \
+        'worker status cells' in message
+    assert 'more than the budget of 393216 B (shm_bytes=393216)' in message
+    # Where MiB would round the need and the budget to one figure, both are in bytes.
+    with pytest.raises(ResourceError) as info:
+        plan_slots(3 * 2**20, wanted=6, workers=2, budget=(9 * 2**20, 'x'), extra_bytes=192)
+    need, slot, cells, budget = (int(n) for n in re.findall(r'(\d+) B\b', str(info.value)))
+    assert need == 3 * slot + cells > budget == 9 * 2**20
+
 def test_the_budget_comes_from_the_argument_the_environment_or_the_memory_free(monkeypatch):
     monkeypatch.delenv('LOADR_SHM_BYTES', raising=False)
     assert shm_budget(12345) == (12345, 'shm_bytes=12345')
+    # The budget against the figure its own message names: one reading of the memory
+    # free (a second reading, MemAvailable read again, moves with everything else running).
     budget, how = shm_budget()
-    avail = shm.available_memory()
-    assert avail is None or budget == int(avail * shm.DEFAULT_SHM_FRACTION)
     assert 'of memory free' in how or how == 'no limit known'
+    if how != 'no limit known':
+        avail_mib = float(re.search(r'of the ([\d.]+) MiB of memory free', how)[1])
+        assert abs(budget / 2**20 - avail_mib * shm.DEFAULT_SHM_FRACTION) <= 0.05
     monkeypatch.setenv('LOADR_SHM_BYTES', '4096')
     assert shm_budget() == (4096, 'shm_bytes=4096')
     assert shm_budget(100) == (100, 'shm_bytes=100')            # the argument wins
@@ -188,9 +209,9 @@ def test_the_budget_comes_from_the_argument_the_environment_or_the_memory_free(m
     with pytest.raises(ResourceError, match='LOADR_SHM_BYTES'):
         shm_budget()
     monkeypatch.delenv('LOADR_SHM_BYTES')
-    free = shm.free_bytes()
-    budget, how = shm_budget(free * 2, memfd=False)            # files: no more than is free
-    assert budget <= free * 1.01 + 2**20 and '/dev/shm has' in how
+    budget, how = shm_budget(2**62, memfd=False)                # files: no more than is free
+    free_mib = float(re.search(r'/dev/shm has ([\d.]+) MiB free', how)[1])
+    assert abs(budget / 2**20 - free_mib) <= 0.05
 
 
 # -- a pool: slots made, used and all given back ------------------------------------------------
@@ -239,6 +260,14 @@ def test_a_pool_that_cannot_hold_one_slot_per_worker_plus_one_makes_nothing(monk
     with pytest.raises(ResourceError, match='for each of the 3 workers, plus one'):
         WorkerPool(trivial(40), [], SPEC, layout, workers=3, slots=8, n=40, shuffle=False,
                    on_error='raise', start_method='fork', shm_bytes=3 * layout.nbytes)
+    # A budget of exactly one slot per worker plus one: the status cells do not fit,
+    # and the message's need (which counts them) is more than its budget.
+    with pytest.raises(ResourceError, match='of worker status cells') as info:
+        WorkerPool(trivial(40), [], SPEC, layout, workers=2, slots=8, n=40, shuffle=False,
+                   on_error='raise', start_method='fork', shm_bytes=3 * layout.nbytes)
+    need, budget = (int(n) for n in re.search(r'need at least (\d+) B.*budget of (\d+) B',
+                                              str(info.value)).groups())
+    assert need == 3 * layout.nbytes + StatusCells.nbytes(2) and budget == 3 * layout.nbytes
     assert memfds() == []
     assert not {n for n in set(os.listdir(tempfile.gettempdir())) - tmp_before
                 if n.startswith(f'loadr-{os.getpid()}-')}
