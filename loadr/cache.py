@@ -252,8 +252,11 @@ def _warn_once(directory: str, message: str) -> None:
     Each worker of a run meets a read-only or full disk for itself; one
     warning says it all. The processes of a run share the process group:
     the first to bind an abstract unix socket named after the directory and
-    the group warns, and keeps the name for as long as it lives (Linux;
-    elsewhere every process warns once).
+    the group warns, and keeps the name for as long as it lives; a process
+    forked from one that warned does not warn again. So a run warns once
+    where its main process meets it, else once per pool of workers (a later
+    Loader warns again only after the worker that warned has exited). Linux;
+    elsewhere every process warns once.
     """
     if directory in _warned:
         return
@@ -547,6 +550,14 @@ class RangeCache:
             # Adopted, but not writable: a version-1 directory whose entries (no
             # checksum: nothing to verify them by) cannot be deleted is not read.
             self._off(exc.args[0], readable=False)
+        else:
+            # Said at the start, not at the first change (which may never come: a
+            # worker whose ranges were all cached).
+            try:
+                os.close(os.open(self._path(LOCK_NAME), os.O_RDWR | os.O_CREAT | _O_CLOEXEC,
+                                 0o644))
+            except OSError as exc:
+                self._off(exc)
         self._prepared = True
 
     def _adopt(self) -> None:
@@ -833,9 +844,15 @@ class RangeCache:
         if name is None:
             return False
         try:
-            return os.stat(self._path(name)).st_size == length
+            st = os.stat(self._path(name))
         except OSError:
             return False
+        if st.st_size != length:
+            # Damaged: deleted now, else the range fetched (read ahead) instead would
+            # not be offered in its place (its key is taken).
+            self._damaged(name, st)
+            return False
+        return True
 
     # -- deciding what stays -------------------------------------------------
 

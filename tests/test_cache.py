@@ -376,8 +376,8 @@ def test_a_lock_file_that_cannot_be_made_leaves_the_cache_read_only(tmp_path, ca
     cache.offer([item(0, RANGES)], next_use)
     os.unlink(tmp_path / 'c' / LOCK_NAME)
     os.mkdir(tmp_path / 'c' / LOCK_NAME)        # in the way (root ignores a chmod)
-    other = RangeCache(cache.directory, max_bytes=100)
     with caplog.at_level(logging.WARNING, logger='loadr'):
+        other = RangeCache(cache.directory, max_bytes=100)
         for _ in range(3):
             other.offer([item(1, RANGES), item(2, RANGES)], next_use)     # no error
         assert other.get(PATH, *RANGES[0]) == payload(0, 4)   # what is there still serves
