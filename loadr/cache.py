@@ -120,7 +120,7 @@ import time
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, ResourceError
 from .pids import running
 
 try:
@@ -1013,18 +1013,25 @@ class RangeCache:
     def clear(self) -> None:
         """Remove every entry, the temporary files, the marker, the lock and the
         journal, and the directory if loadr created it and it is then empty;
-        anything else in it stays. Not while other processes use the directory."""
+        anything else in it stays. Not while other processes use the directory.
+        ResourceError where the disk refuses (read-only, no permission)."""
         self._check_process()
         self._prepare()
-        with self._locked(compact=False):
-            for name in os.listdir(self.directory):
-                if (_ENTRY.match(name) or _OLD_ENTRY.match(name) or name.startswith(TMP_PREFIX)
-                        or name == JOURNAL_NAME):
+        try:
+            with self._mutex, self._lock_file():
+                if self._read_marker() is None:         # never adopted: not provably ours
+                    return
+                for name in os.listdir(self.directory):
+                    if (_ENTRY.match(name) or _OLD_ENTRY.match(name)
+                            or name.startswith(TMP_PREFIX) or name == JOURNAL_NAME):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(self._path(name))
+                for name in (MARKER_NAME, LOCK_NAME):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(self._path(name))
-            for name in (MARKER_NAME, LOCK_NAME):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self._path(name))
+        except OSError as exc:
+            raise ResourceError(f'cannot clear the cache: {exc.strerror or exc}',
+                                self.directory) from exc
         if self._created:
             with contextlib.suppress(OSError):
                 os.rmdir(self.directory)

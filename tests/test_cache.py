@@ -25,7 +25,7 @@ import pytest
 import loadr.cache as cache_module
 from loadr.cache import (DEFAULT_CAP, JOURNAL_NAME, LOCK_NAME, MARKER_NAME, NEVER, TMP_PREFIX,
                          NextUse, RangeCache, default_budget, entry_name)
-from loadr.errors import ConfigError
+from loadr.errors import ConfigError, ResourceError
 from loadr.order import Order
 
 # <key: 24 hex><crc32: 8 hex>-<index>-<length>
@@ -411,6 +411,9 @@ def test_a_read_only_directory_serves_only_what_verifies(tmp_path, caplog, mount
     assert cache.stats()['hits'] == 2 and cache.stats()['damaged'] == 1
     (line,) = warnings_about(caplog, directory)
     assert 'Read-only file system' in line
+    with pytest.raises(ResourceError, match='cannot clear') as err:
+        cache.clear()
+    assert str(directory) in str(err.value)
 
 
 def test_a_read_only_version_1_directory_is_not_read(tmp_path, caplog, mounts):
