@@ -122,7 +122,7 @@ class Mounts:
             done = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs',
                                    str(path)], capture_output=True, text=True)
             if done.returncode:
-                why = (done.stderr.strip().splitlines() or ['refused'])[-1]
+                why = (done.stderr.strip().splitlines() or ['refused'])[0]
         if why:
             pytest.skip(f'needs a tmpfs mount (root with CAP_SYS_ADMIN): {why}')
         self.points.append(str(path))
