@@ -166,7 +166,24 @@ _ENTRY = re.compile(r'([0-9a-f]{24})([0-9a-f]{8})-(\d{1,19})-(\d{1,19})\Z')
 # The entries of a version-1 directory: no checksum.
 _OLD_ENTRY = re.compile(r'[0-9a-f]{24}-\d{1,19}-\d{1,19}\Z')
 _JOURNAL_HEAD = b'loadr-cache-journal 2 '
+_INT64_MAX = np.iinfo(np.int64).max
 _O_CLOEXEC = getattr(os, 'O_CLOEXEC', 0)
+
+
+def _entry(name: str):
+    """The match of an entry's name; None for any other name (19 digits can pass int64:
+    loadr never makes such a name, so it is not provably ours)."""
+    m = _ENTRY.match(name)
+    if m is None or max(int(m.group(3)), int(m.group(4))) > _INT64_MAX:
+        return None
+    return m
+
+
+def _old_entry(name: str) -> bool:
+    """A version-1 entry's name (see _entry)."""
+    if _OLD_ENTRY.match(name) is None:
+        return False
+    return max(map(int, name[_HASH_HEX + 1:].split('-'))) <= _INT64_MAX
 
 
 def _host() -> str:
@@ -208,7 +225,7 @@ def _held(directory: str) -> int:
         except OSError:
             continue
         if MARKER_NAME in names:
-            total += sum(int(m.group(4)) for m in map(_ENTRY.match, names) if m)
+            total += sum(int(m.group(4)) for m in map(_entry, names) if m)
     return total
 
 
@@ -375,7 +392,7 @@ class _View:
         self.bytes = 0
 
     def add(self, name: str) -> None:
-        m = _ENTRY.match(name)
+        m = _entry(name)
         if m is None:
             return
         key = m.group(1)
@@ -635,7 +652,7 @@ class RangeCache:
                 if meta.get('version') != 1:
                     return meta                 # another process did it meanwhile
                 for name in os.listdir(self.directory):
-                    if _OLD_ENTRY.match(name) or name == JOURNAL_NAME:
+                    if _old_entry(name) or name == JOURNAL_NAME:
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(self._path(name))
                 meta = {**meta, 'version': CACHE_VERSION}
@@ -708,7 +725,7 @@ class RangeCache:
         view = _View()
         names = os.listdir(self.directory)
         for name in names:
-            if _ENTRY.match(name):
+            if _entry(name):
                 view.add(name)
         return view, names
 
@@ -1023,7 +1040,7 @@ class RangeCache:
                 if self._read_marker() is None:         # never adopted: not provably ours
                     return
                 for name in os.listdir(self.directory):
-                    if (_ENTRY.match(name) or _OLD_ENTRY.match(name)
+                    if (_entry(name) or _old_entry(name)
                             or name.startswith(TMP_PREFIX) or name == JOURNAL_NAME):
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(self._path(name))

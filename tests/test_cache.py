@@ -539,7 +539,8 @@ def test_foreign_files_are_never_deleted(tmp_path, policy):
     directory = tmp_path / 'c'
     cache = RangeCache(str(directory), max_bytes=10, policy=policy)
     foreign = ['notes.txt', 'ABCDEF0123456789ABCDEF01-1-4',     # upper case: not our name
-               '0123456789abcdef01234567-1', '.loadr-cache-other']
+               '0123456789abcdef01234567-1', '.loadr-cache-other',
+               '0123456789abcdef0123456789abcdef-9999999999999999999-4']   # past int64
     for name in foreign:
         (directory / name).write_bytes(b'theirs')
     order = Order(6, seed=0, shuffle=True)
