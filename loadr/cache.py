@@ -220,12 +220,13 @@ def _held(directory: str) -> int:
     holds one per dataset), counted from their names; only directories with the marker."""
     total = 0
     for folder in (directory, *_subdirectories(directory)):
+        if not os.path.isfile(os.path.join(folder, MARKER_NAME)):
+            continue                # listed only where it is ours: cache_dir may be anything
         try:
             names = os.listdir(folder)
         except OSError:
             continue
-        if MARKER_NAME in names:
-            total += sum(int(m.group(4)) for m in map(_entry, names) if m)
+        total += sum(int(m.group(4)) for m in map(_entry, names) if m)
     return total
 
 
