@@ -107,10 +107,11 @@ DEFAULTS = {
     'max_ranges': 64,
     # A local disk cache of record ranges (loadr.cache), used under a Loader:
     # a directory (one subdirectory per dataset is made in it), the bytes it
-    # may hold per dataset, and what it evicts when full: 'furthest' (the
+    # may hold per dataset (None: loadr.cache.default_budget, a share of the free
+    # disk, fixed at open), and what it evicts when full: 'furthest' (the
     # range read again furthest in the future, known from the order) or 'lru'.
     'cache_dir': None,
-    'cache_bytes': 0,
+    'cache_bytes': None,
     'cache_policy': 'furthest',
 }
 _CACHE_POLICIES = ('furthest', 'lru')
@@ -186,7 +187,6 @@ _NUMBERS = {
     'max_request_bytes': (True, 1, 1 << 40),
     'readahead_bytes': (True, 0, 1 << 50),
     'max_ranges': (True, 0, 1 << 16),
-    'cache_bytes': (True, 0, 1 << 60),
 }
 
 
@@ -215,19 +215,30 @@ def _settings(options: dict, url: str) -> dict:
     for key, value in given.items():
         if key == 'cache_dir':
             if value is not None and not isinstance(value, (str, os.PathLike)):
-                raise ConfigError(f"storage_options['loadr']['cache_dir'] must be a local "
-                                  f'directory, not {value!r}', url)
+                raise ConfigError(f'cache_dir must be a local directory, not {value!r}', url)
             value = None if value is None else os.fspath(value)
         elif key == 'cache_policy':
             if value not in _CACHE_POLICIES:
-                raise ConfigError(f"storage_options['loadr']['cache_policy'] must be one of "
-                                  f'{list(_CACHE_POLICIES)}, not {value!r}', url)
+                raise ConfigError(f'cache_policy must be one of {list(_CACHE_POLICIES)}, '
+                                  f'not {value!r}', url)
+        elif key == 'cache_bytes':
+            # Named as the user gave it (loadr.open, YAML), not as storage_options['loadr'].
+            if value is not None and (isinstance(value, bool) or not isinstance(
+                    value, (int, float)) or not 0 <= value < float('inf')):
+                raise ConfigError(f'cache_bytes must be a number of bytes > 0, not '
+                                  f'{value!r}; leave it out for the default (a share of the '
+                                  f'free disk)', url)
         elif key in _NUMBERS:
             value = _number(key, value, url)
         settings[key] = value
-    if settings['cache_dir'] and not settings['cache_bytes'] >= 1:
-        raise ConfigError(f"storage_options['loadr']: a cache_dir needs cache_bytes > 0 "
-                          f"(the bytes it may hold), got {settings['cache_bytes']!r}", url)
+    if settings['cache_dir']:
+        if settings['cache_bytes'] is None:
+            from .cache import default_budget       # numpy: not on import loadr.remote
+            settings['cache_bytes'] = default_budget(settings['cache_dir'])
+        elif not settings['cache_bytes'] >= 1:
+            raise ConfigError(f"cache_bytes must be a number of bytes > 0, not "
+                              f"{settings['cache_bytes']!r}; leave it out for the default (a "
+                              f"share of the free disk)", url)
     return settings
 
 
@@ -1072,7 +1083,7 @@ class RemoteStorage(Storage):
             name = hashlib.sha1(root.encode()).hexdigest()[:16]
             cache = self._caches[root] = RangeCache(
                 os.path.join(self.settings['cache_dir'], name),
-                int(self.settings['cache_bytes']), self.settings['cache_policy'])
+                int(self.settings['cache_bytes'] or 0), self.settings['cache_policy'])
         return cache
 
     def _offer(self) -> None:

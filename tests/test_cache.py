@@ -6,24 +6,30 @@ nothing here looks at a clock.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
+import json
+import logging
 import multiprocessing
 import os
 import pickle
 import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
 
 import loadr.cache as cache_module
-from loadr.cache import (LOCK_NAME, MARKER_NAME, NEVER, TMP_PREFIX, NextUse, RangeCache,
-                         entry_name)
-from loadr.errors import ConfigError
+from loadr.cache import (DEFAULT_CAP, JOURNAL_NAME, LOCK_NAME, MARKER_NAME, NEVER, TMP_PREFIX,
+                         NextUse, RangeCache, default_budget, entry_name)
+from loadr.errors import ConfigError, ResourceError
 from loadr.order import Order
 
-ENTRY = re.compile(r'[0-9a-f]{24}-(\d+)-(\d+)\Z')
+# <key: 24 hex><crc32: 8 hex>-<index>-<length>
+ENTRY = re.compile(r'[0-9a-f]{32}-(\d+)-(\d+)\Z')
 PATH = 's3://bucket/data.bag'
 
 
@@ -73,6 +79,83 @@ def entry_bytes(directory) -> int:
 
 def temp_files(directory) -> list[str]:
     return [n for n in os.listdir(directory) if n.startswith(TMP_PREFIX)]
+
+
+def entry_path(cache: RangeCache, index: int, ranges=None) -> str:
+    ranges = RANGES if ranges is None else ranges
+    return os.path.join(cache.directory,
+                        entry_name(PATH, *ranges[index], index, payload(index, ranges[index][1])))
+
+
+def journal_names(directory) -> set[str]:
+    """The entries the journal lists (its + lines less its - lines); whole lines only."""
+    with open(os.path.join(directory, JOURNAL_NAME), 'rb') as f:
+        data = f.read()
+    assert data.endswith(b'\n'), data[-40:]
+    names: dict[str, str] = {}
+    for line in data.decode().splitlines()[1:]:
+        assert ENTRY.match(line[1:]), line
+        if line[0] == '+':
+            names[line[1:25]] = line[1:]
+        else:
+            names.pop(line[1:25], None)
+    return set(names.values())
+
+
+def warnings_about(caplog, directory) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == 'loadr' and str(directory) in r.getMessage()]
+
+
+class Mounts:
+    """tmpfs mounts made by a test (as root), unmounted at its end."""
+
+    def __init__(self):
+        self.points: list[str] = []
+
+    def tmpfs(self, path, size: str = '64k'):
+        os.makedirs(path, exist_ok=True)
+        why = None
+        if shutil.which('mount') is None:
+            why = 'no mount command'
+        else:
+            done = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs',
+                                   str(path)], capture_output=True, text=True)
+            if done.returncode:
+                why = (done.stderr.strip().splitlines() or ['refused'])[0]
+        if why:
+            pytest.skip(f'needs a tmpfs mount (root with CAP_SYS_ADMIN): {why}')
+        self.points.append(str(path))
+        return path
+
+    def read_only(self, path) -> None:
+        subprocess.run(['mount', '-o', 'remount,ro', str(path)], check=True,
+                       capture_output=True)
+
+    def close(self) -> None:
+        for point in reversed(self.points):
+            subprocess.run(['umount', '-l', point], capture_output=True)
+
+
+@pytest.fixture
+def mounts():
+    made = Mounts()
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def fill(directory) -> None:
+    """Fill the filesystem of ``directory`` to the last byte."""
+    fd = os.open(os.path.join(directory, 'filler'), os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for chunk in (b'\0' * 4096, b'\0'):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, chunk)
+    finally:
+        os.close(fd)
 
 
 # -- NextUse -------------------------------------------------------------------
@@ -153,7 +236,8 @@ def test_furthest_keeps_the_nearest_next_uses(tmp_path):
     assert cache.get(PATH, *RANGES[4]) == payload(4, 3)
     assert cache.get(PATH, *RANGES[1]) is None
     assert cache.stats() == {'hits': 3, 'misses': 1, 'bytes_hit': 11, 'admitted': 4,
-                             'evicted': 1, 'bytes_admitted': 13, 'write_errors': 0}
+                             'evicted': 1, 'bytes_admitted': 13, 'write_errors': 0,
+                             'damaged': 0}
     assert not temp_files(cache.directory)
 
 
@@ -201,12 +285,227 @@ def test_what_is_not_admitted(tmp_path):
 def test_an_entry_of_the_wrong_size_is_a_miss(tmp_path):
     cache = RangeCache(str(tmp_path / 'c'), max_bytes=100)
     cache.offer([item(0, RANGES)], functools.partial(NextUse(Order(6, seed=0)), now=0))
-    name = entry_name(PATH, *RANGES[0], 0)
+    name = entry_name(PATH, *RANGES[0], 0, payload(0, RANGES[0][1]))
     with open(os.path.join(cache.directory, name), 'r+b') as f:
         f.truncate(2)
     assert cache.get(PATH, *RANGES[0]) is None
     assert not cache.has(PATH, *RANGES[0])
     assert cache.stats()['misses'] == 1
+
+
+# -- checksums -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('damage', ['flip', 'longer', 'shorter'])
+def test_a_damaged_entry_is_a_miss_is_deleted_and_is_cached_again(tmp_path, damage):
+    cache = RangeCache(str(tmp_path / 'c'), max_bytes=100)
+    next_use = functools.partial(NextUse(Order(6, seed=0, shuffle=False)), now=0)
+    cache.offer([item(0, RANGES), item(1, RANGES)], next_use)
+    path = entry_path(cache, 0)
+    with open(path, 'r+b') as f:
+        if damage == 'flip':
+            f.seek(2)
+            byte = f.read(1)
+            f.seek(2)
+            f.write(bytes([byte[0] ^ 0x10]))
+        elif damage == 'longer':
+            f.seek(0, os.SEEK_END)
+            f.write(b'x')
+        else:
+            f.truncate(3)
+    other = RangeCache(cache.directory, max_bytes=100)     # another process, in effect
+    assert other.has(PATH, *RANGES[0]) == (damage == 'flip')  # a stat: bytes unread
+    assert other.get(PATH, *RANGES[0]) is None
+    assert not os.path.exists(path) and os.path.basename(path) not in journal_names(
+        cache.directory)
+    assert other.stats()['damaged'] == 1 and other.stats()['misses'] == 1
+    assert other.get(PATH, *RANGES[1]) == payload(1, 4)      # the others are untouched
+    # Fetched again, it is cached again, whole.
+    other.offer([item(0, RANGES)], next_use)
+    assert cache.get(PATH, *RANGES[0]) == payload(0, 4)
+    assert cached_indices(cache.directory) == {0: 4, 1: 4}
+    assert os.path.basename(path) in journal_names(cache.directory)
+
+
+def test_a_damaged_entry_written_again_meanwhile_is_not_deleted(tmp_path):
+    cache = RangeCache(str(tmp_path / 'c'), max_bytes=100)
+    next_use = functools.partial(NextUse(Order(6, seed=0, shuffle=False)), now=0)
+    cache.offer([item(0, RANGES)], next_use)
+    path = entry_path(cache, 0)
+    with open(path, 'rb') as f:
+        stale = os.fstat(f.fileno())
+    # Another process replaced the file (evicted and admitted it again) after this
+    # one read the damaged copy: the new file is not the one found damaged.
+    os.rename(path, path + '.old')
+    with open(path, 'wb') as f:
+        f.write(payload(0, 4))
+    cache._damaged(os.path.basename(path), stale)
+    assert cache.get(PATH, *RANGES[0]) == payload(0, 4)
+    os.unlink(path + '.old')
+
+
+def test_a_version_1_directory_loses_its_unchecked_entries_only(tmp_path):
+    directory = tmp_path / 'c'
+    directory.mkdir()
+    (directory / MARKER_NAME).write_text(json.dumps({'version': 1, 'created_dir': True}))
+    key = entry_name(PATH, *RANGES[0], 0, b'')[:24]
+    old = f'{key}-0-4'                                  # version 1: <key>-<index>-<length>
+    (directory / old).write_bytes(b'abcX')              # no checksum: nothing tells it wrong
+    (directory / JOURNAL_NAME).write_text(f'loadr-cache-journal 1 abc\n+{old}\n')
+    (directory / 'notes.txt').write_text('theirs')
+    cache = RangeCache(str(directory), max_bytes=100)
+    assert cache.get(PATH, *RANGES[0]) is None
+    assert sorted(os.listdir(directory)) == sorted([MARKER_NAME, LOCK_NAME, 'notes.txt'])
+    assert json.loads((directory / MARKER_NAME).read_text()) == {'version': 2,
+                                                                 'created_dir': True}
+    cache.offer([item(0, RANGES)], functools.partial(NextUse(Order(6, seed=0)), now=0))
+    assert RangeCache(str(directory), max_bytes=100).get(PATH, *RANGES[0]) == payload(0, 4)
+    # Another version still is refused.
+    (tmp_path / 'v9').mkdir()
+    (tmp_path / 'v9' / MARKER_NAME).write_text(json.dumps({'version': 9}))
+    with pytest.raises(ConfigError, match='version'):
+        RangeCache(str(tmp_path / 'v9'), max_bytes=100)
+
+
+# -- a disk that refuses ----------------------------------------------------------
+
+
+def test_a_lock_file_that_cannot_be_made_leaves_the_cache_read_only(tmp_path, caplog):
+    cache = RangeCache(str(tmp_path / 'c'), max_bytes=100)
+    next_use = functools.partial(NextUse(Order(6, seed=0, shuffle=False)), now=0)
+    cache.offer([item(0, RANGES)], next_use)
+    os.unlink(tmp_path / 'c' / LOCK_NAME)
+    os.mkdir(tmp_path / 'c' / LOCK_NAME)        # in the way (root ignores a chmod)
+    with caplog.at_level(logging.WARNING, logger='loadr'):
+        other = RangeCache(cache.directory, max_bytes=100)
+        for _ in range(3):
+            other.offer([item(1, RANGES), item(2, RANGES)], next_use)     # no error
+        assert other.get(PATH, *RANGES[0]) == payload(0, 4)   # what is there still serves
+        assert other.get(PATH, *RANGES[1]) is None
+    assert not other.writable
+    assert cached_indices(cache.directory) == {0: 4}
+    (line,) = warnings_about(caplog, cache.directory)
+    assert 'cannot be written' in line and 'uncached' in line
+
+
+def test_a_read_only_directory_serves_only_what_verifies(tmp_path, caplog, mounts):
+    directory = mounts.tmpfs(tmp_path / 'ro', size='1m')
+    next_use = functools.partial(NextUse(Order(6, seed=0, shuffle=False)), now=0)
+    RangeCache(str(directory), max_bytes=100).offer([item(i, RANGES) for i in range(4)],
+                                                    next_use)
+    cache = RangeCache(str(directory), max_bytes=100)
+    with open(entry_path(cache, 1), 'r+b') as f:
+        f.write(b'\xff')
+    os.unlink(directory / JOURNAL_NAME)             # and no journal: the names tell
+    os.unlink(directory / LOCK_NAME)
+    mounts.read_only(directory)
+    with caplog.at_level(logging.WARNING, logger='loadr'):
+        assert cache.get(PATH, *RANGES[0]) == payload(0, 4)
+        assert cache.get(PATH, *RANGES[1]) is None                # damaged: not served
+        assert os.path.exists(entry_path(cache, 1))               # nor can it be deleted
+        assert not cache.has(PATH, *RANGES[1])                    # nor read again
+        cache.offer([item(4, RANGES), item(5, RANGES)], next_use)
+        cache.offer([item(4, RANGES)], next_use)
+        assert cache.get(PATH, *RANGES[3]) == payload(3, 4)
+        assert cache.get(PATH, *RANGES[4]) is None
+    assert cache.stats()['hits'] == 2 and cache.stats()['damaged'] == 1
+    (line,) = warnings_about(caplog, directory)
+    assert 'Read-only file system' in line
+    with pytest.raises(ResourceError, match='cannot clear') as err:
+        cache.clear()
+    assert str(directory) in str(err.value)
+
+
+def test_a_read_only_version_1_directory_is_not_read(tmp_path, caplog, mounts):
+    directory = mounts.tmpfs(tmp_path / 'ro', size='1m')
+    (directory / MARKER_NAME).write_text(json.dumps({'version': 1}))
+    key = entry_name(PATH, *RANGES[0], 0, b'')[:24]
+    (directory / f'{key}-0-4').write_bytes(payload(0, 4))
+    mounts.read_only(directory)
+    with caplog.at_level(logging.WARNING, logger='loadr'):
+        cache = RangeCache(str(directory), max_bytes=100)
+        assert cache.get(PATH, *RANGES[0]) is None
+    (line,) = warnings_about(caplog, directory)
+    assert 'cannot be used' in line
+
+
+def test_a_cache_directory_that_cannot_be_made_is_no_cache(tmp_path, caplog, mounts):
+    parent = mounts.tmpfs(tmp_path / 'ro', size='64k')
+    mounts.read_only(parent)
+    with caplog.at_level(logging.WARNING, logger='loadr'):
+        cache = RangeCache(str(parent / 'c'), max_bytes=100)
+        cache.offer([item(0, RANGES)], functools.partial(NextUse(Order(6, seed=0)), now=0))
+        assert cache.get(PATH, *RANGES[0]) is None
+    assert len(warnings_about(caplog, parent / 'c')) == 1
+    (file := tmp_path / 'a-file').write_text('')
+    with pytest.raises(ConfigError, match='not a directory'):
+        RangeCache(str(file), max_bytes=100)
+    with pytest.raises(ConfigError, match='a parent is a file'):
+        RangeCache(str(file / 'c'), max_bytes=100)
+
+
+def test_a_full_disk_stops_the_offers_and_keeps_the_journal_whole(tmp_path, caplog, mounts):
+    directory = mounts.tmpfs(tmp_path / 'full', size='64k')
+    sizes = [300] * 400
+    ranges = layout(sizes)
+    order = Order(400, seed=0, shuffle=False)
+    cache = RangeCache(str(directory / 'c'), max_bytes=10**6)
+    cache.offer([item(i, ranges) for i in range(4)], functools.partial(NextUse(order), now=0))
+    fill(directory)
+    with caplog.at_level(logging.WARNING, logger='loadr'):
+        # 100 lines do not fit in the journal's last page: the append fails half way.
+        cache.offer([item(i, ranges) for i in range(4, 104)],
+                    functools.partial(NextUse(order), now=0))
+        cache.offer([item(i, ranges) for i in range(104, 110)],
+                    functools.partial(NextUse(order), now=0))
+    assert len(warnings_about(caplog, directory / 'c')) == 1
+    assert not cache.writable
+    on_disk = {n for n in os.listdir(directory / 'c') if ENTRY.match(n)}
+    assert journal_names(directory / 'c') >= on_disk        # never a file it does not list
+    for i in range(4):
+        assert cache.get(PATH, *ranges[i]) == payload(i, 300)
+    # Room again: another process writes, and the entries follow the journal.
+    os.unlink(directory / 'filler')
+    again = RangeCache(str(directory / 'c'), max_bytes=10**6)
+    again.offer([item(i, ranges) for i in range(4, 10)], functools.partial(NextUse(order), now=0))
+    assert set(cached_indices(directory / 'c')) == set(range(10))   # a page each: 40 of 64 KiB
+    assert journal_names(directory / 'c') == {n for n in os.listdir(directory / 'c')
+                                              if ENTRY.match(n)}
+    assert all(again.get(PATH, *ranges[i]) == payload(i, 300) for i in range(10))
+
+
+def test_a_full_disk_while_writing_entries(tmp_path, caplog, mounts):
+    directory = mounts.tmpfs(tmp_path / 'full', size='64k')
+    sizes = [3000] * 40
+    ranges = layout(sizes)
+    cache = RangeCache(str(directory), max_bytes=10**6)
+    next_use = functools.partial(NextUse(Order(40, seed=0, shuffle=False)), now=0)
+    with caplog.at_level(logging.WARNING, logger='loadr'):
+        for start in range(0, 40, 4):
+            cache.offer([item(i, ranges) for i in range(start, start + 4)], next_use)
+    assert len(warnings_about(caplog, directory)) == 1
+    stats = cache.stats()
+    assert stats['write_errors'] > 0 and 0 < stats['admitted'] < 40
+    assert journal_names(directory) >= {n for n in os.listdir(directory) if ENTRY.match(n)}
+    assert not temp_files(directory)
+    for i, length in cached_indices(directory).items():
+        assert cache.get(PATH, *ranges[i]) == payload(i, length)
+
+
+def test_default_budget_is_a_share_of_the_free_disk(tmp_path, mounts):
+    directory = mounts.tmpfs(tmp_path / 'm', size='1m')
+    st = os.statvfs(directory)
+    free = st.f_bavail * st.f_frsize
+    assert default_budget(directory / 'a' / 'b') == int(0.1 * free)     # not made yet
+    cache = RangeCache(str(directory / 'ds'), max_bytes=None)
+    assert cache.max_bytes == int(0.1 * free)
+    cache.offer([item(i, RANGES) for i in range(3)],
+                functools.partial(NextUse(Order(6, seed=0)), now=0))
+    # What the cache holds counts as free: a resumed run gets the same budget, about.
+    st = os.statvfs(directory)
+    held = sum(SIZES[:3])
+    assert default_budget(directory) == int(0.1 * (st.f_bavail * st.f_frsize + held))
+    assert 0 < default_budget(tmp_path) <= DEFAULT_CAP
 
 
 def test_pickled_copy_shares_the_directory_not_the_counts(tmp_path):
@@ -240,7 +539,8 @@ def test_foreign_files_are_never_deleted(tmp_path, policy):
     directory = tmp_path / 'c'
     cache = RangeCache(str(directory), max_bytes=10, policy=policy)
     foreign = ['notes.txt', 'ABCDEF0123456789ABCDEF01-1-4',     # upper case: not our name
-               '0123456789abcdef01234567-1', '.loadr-cache-other']
+               '0123456789abcdef01234567-1', '.loadr-cache-other',
+               '0123456789abcdef0123456789abcdef-9999999999999999999-4']   # past int64
     for name in foreign:
         (directory / name).write_bytes(b'theirs')
     order = Order(6, seed=0, shuffle=True)

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 import pickle
+import re
+import zlib
 
 import numpy as np
 import pytest
 
 import loadr
+from loadr.cache import DEFAULT_CAP
 from loadr.errors import ConfigError
 from loadr.storage import using_storage_options
 
 from ..loader_helpers import stream_digests
+from ..test_cache import mounts  # noqa: F401 - a fixture: tmpfs mounts, unmounted at the end
 from ..test_loader_readers import PIPELINES
 from .proxy import Proxy
 from .test_remote_readers import _remote_pipeline
@@ -32,6 +38,41 @@ def _entries_bytes(cache_dir) -> int:
                 assert os.path.getsize(os.path.join(folder, name)) == int(parts[2])
                 total += int(parts[2])
     return total
+
+
+def _entries(cache_dir) -> dict[str, bytes]:
+    """{path: bytes} of the cache's entries (<key><crc>-<index>-<length>)."""
+    out = {}
+    for folder, _, names in os.walk(cache_dir):
+        for name in names:
+            if re.fullmatch(r'[0-9a-f]{32}-\d+-\d+', name):
+                with open(os.path.join(folder, name), 'rb') as f:
+                    out[os.path.join(folder, name)] = f.read()
+    return out
+
+
+@contextlib.contextmanager
+def _logged(path):
+    """The 'loadr' log of this process and of its forked workers, written to ``path`` (a
+    forked worker has pytest's handlers, which keep what it logs in its own memory)."""
+    handler = logging.FileHandler(path)
+    logger = logging.getLogger('loadr')
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+
+
+def _warnings(path, capfd, directory) -> list[str]:
+    """The lines about ``directory`` logged (see _logged; a spawned worker writes to stderr)
+    since the last call."""
+    with open(path, 'r+') as f:
+        lines = f.read().splitlines()
+        f.truncate(0)
+    lines += capfd.readouterr().err.splitlines()
+    return [line for line in lines if str(directory) in line]
 
 
 def _epoch(reader, pipeline, epoch, workers=2):
@@ -100,10 +141,14 @@ def test_loadr_open_takes_the_cache_settings(nginx, served_root, tmp_path):
 
 def test_cache_settings_are_checked(nginx, served_root, tmp_path):
     url = f'{nginx.url}/bag'
-    with pytest.raises(ConfigError, match='cache_bytes'):
-        loadr.open(url, cache_dir=tmp_path / 'c')
-    with pytest.raises(ConfigError, match='cache_policy'):
+    # Named as given (reader options), never as storage_options['loadr'] the user did not use.
+    for bad in (0, -1, float('inf'), float('nan'), '10GB', True):
+        with pytest.raises(ConfigError, match='cache_bytes') as err:
+            loadr.open(url, cache_dir=tmp_path / 'c', cache_bytes=bad)
+        assert 'storage_options' not in str(err.value) and 'leave it out' in str(err.value)
+    with pytest.raises(ConfigError, match='cache_policy') as err:
         loadr.open(url, cache_dir=tmp_path / 'c', cache_bytes=1000, cache_policy='random')
+    assert 'storage_options' not in str(err.value)
     with pytest.raises(ConfigError, match='URLs') as err:
         loadr.open(served_root / 'bag', cache_dir=tmp_path / 'c', cache_bytes=1000)
     assert str(served_root / 'bag') in str(err.value)
@@ -175,3 +220,131 @@ def test_each_source_of_a_mix_keeps_its_cache(nginx, served_root, tmp_path):
                 _entries_bytes(tmp_path / f'cache{workers}' / f) > 0 for f in folders), folders
             # The records came from the cache (a few small ranges are not cached).
             assert fetched[1] < fetched[0] // 10, (workers, fetched)
+
+
+def test_a_cache_dir_alone_gets_a_share_of_the_free_disk(nginx, served_root, tmp_path):
+    reader = loadr.open(f'{nginx.url}/ffrecord/multi', decode='msgpack', cache_dir=tmp_path / 'c')
+    budget = reader._files.settings['cache_bytes']
+    assert 0 < budget <= DEFAULT_CAP                # loadr.cache.default_budget, fixed at open
+    with loadr.Loader(reader, batch=BATCH, seed=1, workers=0) as loader:
+        got = stream_digests(loader, 4)
+    local = loadr.open(served_root / 'ffrecord/multi', decode='msgpack')
+    with loadr.Loader(local, batch=BATCH, seed=1, workers=0) as loader:
+        assert got == stream_digests(loader, 4)
+    assert _entries_bytes(tmp_path / 'c') > 0
+    # The workers get the figure of the open, not one of their own.
+    config = tmp_path / 'p.yaml'
+    config.write_text(f'reader: {{path: "{nginx.url}/ffrecord/multi", decode: msgpack, '
+                      f'cache_dir: "{tmp_path / "y"}"}}\n'
+                      f'loader: {{batch: {BATCH}, seed: 1, workers: 2}}\n')
+    with loadr.pipeline(str(config)) as loader:
+        assert stream_digests(loader, 4) == got
+        assert 0 < loader.reader._files.settings['cache_bytes'] <= DEFAULT_CAP
+
+
+def _flip(path: str) -> None:
+    with open(path, 'r+b') as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+@pytest.mark.parametrize('name', ['bag', 'ffrecord'])
+def test_damaged_entries_are_fetched_again_and_replaced(nginx, served_root, tmp_path, name):
+    local, pipeline = PIPELINES[name](served_root)
+    expected = [_epoch(local, pipeline, e, workers=0) for e in range(2)]
+    settings = {'cache_dir': str(tmp_path / 'cache'), 'cache_bytes': 10**7}   # holds it all
+    with using_storage_options({'loadr': settings}):
+        reader, pipeline = _remote_pipeline(name, nginx.url)
+    assert _epoch(reader, pipeline, 0, workers=0) == expected[0]
+    whole = _entries(tmp_path / 'cache')
+    assert len(whole) >= 4                           # ranges read: a record or a few
+    paths = sorted(whole)
+    damaged = paths[::2] + paths[1:4:2]
+    for path in paths[::2]:
+        _flip(path)                                  # same length, other bytes
+    with open(paths[1], 'ab') as f:
+        f.write(b'!')                                # longer
+    os.truncate(paths[3], len(whole[paths[3]]) - 1)  # shorter
+    # A new run on that cache (the same epoch: the same ranges are read): the batches
+    # of the server, each damaged entry it meets replaced.
+    with using_storage_options({'loadr': settings}):
+        reader, pipeline = _remote_pipeline(name, nginx.url)
+    assert _epoch(reader, pipeline, 0, workers=0) == expected[0]
+    met = reader._files.cache_stats()['damaged']
+    # Most reads look in the cache; some take their bytes from what was read for a
+    # neighbour (a read ahead over a small gap, an FFRecord header read with its file's
+    # first records): those are the server's bytes, and leave their entry unseen.
+    assert met >= len(damaged) // 2, (met, len(damaged))
+    assert _replaced(tmp_path / 'cache', whole, damaged) == met
+    # And under workers, in other epochs.
+    for path in paths[::3]:
+        _flip(path)
+    with using_storage_options({'loadr': settings}):
+        reader, pipeline = _remote_pipeline(name, nginx.url)
+    assert _epoch(reader, pipeline, 1, workers=2) == expected[1]
+    assert _epoch(reader, pipeline, 0, workers=2) == expected[0]
+
+
+def _replaced(cache_dir, whole: dict, damaged: list) -> int:
+    """How many of the ``damaged`` entries are back whole; the others are as they were
+    before (damaged), never another content, and every other entry verifies."""
+    now = _entries(cache_dir)
+    assert {path: now.get(path) for path in whole if path not in damaged} == {
+        path: data for path, data in whole.items() if path not in damaged}
+    for path, data in now.items():
+        crc, _, length = os.path.basename(path)[24:].split('-')
+        if path not in damaged:
+            assert (zlib.crc32(data), len(data)) == (int(crc, 16), int(length)), path
+    return sum(now.get(path) == whole[path] for path in damaged)
+
+
+def test_a_read_only_cache_dir_gives_the_same_batches_and_one_warning(
+        nginx, served_root, tmp_path, mounts, capfd):  # noqa: F811 - the fixture
+    local, pipeline = PIPELINES['ffrecord'](served_root)
+    expected = [_epoch(local, pipeline, e, workers=0) for e in range(2)]
+    cache_dir = mounts.tmpfs(tmp_path / 'cache', size='1m')
+    settings = {'cache_dir': str(cache_dir), 'cache_bytes': 40_000}         # about half
+    with using_storage_options({'loadr': settings}):
+        reader, pipeline = _remote_pipeline('ffrecord', nginx.url)
+    assert _epoch(reader, pipeline, 0, workers=0) == expected[0]
+    entries = _entries(cache_dir)
+    assert entries
+    _flip(sorted(entries)[0])                        # and one of them damaged
+    (dataset,) = [d for d in cache_dir.iterdir() if d.is_dir()]
+    os.unlink(dataset / '.loadr-cache.lock')        # nor can the lock be made
+    mounts.read_only(cache_dir)
+    log = tmp_path / 'log'
+    with _logged(log):
+        for workers in (2, 0):
+            with using_storage_options({'loadr': settings}):
+                reader, pipeline = _remote_pipeline('ffrecord', nginx.url)
+            assert _epoch(reader, pipeline, 1, workers=workers) == expected[1]
+            lines = _warnings(log, capfd, dataset)
+            # Both workers meet it, one says it; then this process, unless a worker
+            # of the run that said it still lives (see loadr.cache._warn_once).
+            assert len(lines) == (1 if workers else len(lines[:1])), lines
+            assert all('Read-only file system' in line and 'uncached' in line
+                       for line in lines)
+    assert reader._files.cache_stats()['hits'] > 0   # what verifies is still read
+    assert _entries(cache_dir).keys() == entries.keys()
+
+
+def test_a_full_cache_disk_gives_the_same_batches_and_one_warning(
+        nginx, served_root, tmp_path, mounts, capfd):  # noqa: F811 - the fixture
+    local, pipeline = PIPELINES['bag'](served_root)
+    expected = [_epoch(local, pipeline, e, workers=0) for e in range(2)]
+    cache_dir = mounts.tmpfs(tmp_path / 'cache', size='64k')     # a page an entry: 16
+    settings = {'cache_dir': str(cache_dir), 'cache_bytes': 10**7}
+    log = tmp_path / 'log'
+    with _logged(log):
+        for workers in (2, 0):
+            with using_storage_options({'loadr': settings}):
+                reader, pipeline = _remote_pipeline('bag', nginx.url)
+            assert _epoch(reader, pipeline, 0, workers=workers) == expected[0]
+            lines = _warnings(log, capfd, cache_dir)
+            assert len(lines) == (1 if workers else len(lines[:1])), lines   # as above
+            assert all('No space left on device' in line and 'uncached' in line
+                       for line in lines)
+    assert _entries(cache_dir)

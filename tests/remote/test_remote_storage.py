@@ -421,7 +421,7 @@ def test_bad_settings_are_config_errors():
     ('readahead_bytes', float('inf')), ('max_concurrency', float('inf')),
     ('timeout_s', float('nan')), ('backoff_max_s', float('nan')), ('backoff_s', float('inf')),
     ('retries', 2.5), ('retries', 10**400), ('max_ranges', -1), ('merge_gap_bytes', 'big'),
-    ('max_request_bytes', 0), ('cache_bytes', float('-inf')), ('timeout_s', 0),
+    ('max_request_bytes', 0), ('timeout_s', 0),
     ('max_concurrency', True), ('readahead_bytes', 1e300),
 ])
 def test_every_numeric_setting_is_checked_finite_and_in_range(key, value):
