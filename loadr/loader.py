@@ -100,6 +100,43 @@ def _start_methods() -> list[str]:
     return multiprocess.get_all_start_methods()
 
 
+# The largest values the Loader's whole-number settings may take: past these a
+# setting is a typo, not a plan (a slot is a batch of shared memory, a worker
+# a process), and each is far below where a count would overflow.
+MAX_BATCH = 2**31 - 1
+MAX_WORKERS = 4096
+MAX_PREFETCH = 65536
+
+
+def _whole(name: str, value, lo: int, hi: int | None = None, also: str = '') -> int:
+    """``value`` as an int in ``[lo, hi]``, else a ConfigError naming the setting."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        raise ConfigError(f'{name} must be an int >= {lo}{also}, got {value!r}')
+    if hi is not None and value > hi:
+        raise ConfigError(f'{name} must be at most {hi}, got {value!r}')
+    return int(value)
+
+
+def _real(name: str, value, lo: float, hi: float | None = None, above: bool = False,
+          none: str = '') -> float:
+    """``value`` as a finite float in its range (``> lo`` if ``above``), else a ConfigError
+    naming the setting: NaN and infinity pass no comparison, so they are refused first."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float, np.integer,
+                                                             np.floating))
+    if ok:
+        try:
+            value = float(value)
+        except OverflowError:               # an int past float's range
+            ok = False
+    if ok and np.isfinite(value) and (value > lo if above else value >= lo) \
+            and (hi is None or value <= hi):
+        return value
+    where = f'> {lo:g}' if above else f'>= {lo:g}'
+    if hi is not None:
+        where = f'in [{lo:g}, {hi:g}]'
+    raise ConfigError(f'{name} must be a finite number {where}{none}, got {value!r}')
+
+
 def _normalize_spec(spec: dict) -> dict:
     out = {}
     for key, value in spec.items():
@@ -181,30 +218,30 @@ class Loader:
                  timeout: float | None = DEFAULT_TASK_TIMEOUT_S, start_method: str | None = None,
                  order_version: int | None = None, stats_every: int | None = None,
                  on_stats=None):
-        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-            raise ConfigError(f'batch must be a positive int, got {batch!r}')
+        # Every numeric setting is checked here, once: finite and in range.
+        _whole('batch', batch, 1, MAX_BATCH)
         auto_workers, auto_prefetch = workers == 'auto', prefetch == 'auto'
         if workers is None:
             workers = min(8, os.cpu_count() or 1)
         elif auto_workers:
             workers = cores()
-        if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) \
-                or workers < 0:
-            auto = " or 'auto'" if isinstance(workers, str) else ''
-            raise ConfigError(f'workers must be an int >= 0{auto}, got {workers!r}')
+        _whole('workers', workers, 0, MAX_WORKERS,
+               " or 'auto'" if isinstance(workers, str) else '')
         if auto_prefetch or prefetch is None:
             prefetch = None
-        elif isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)):
-            raise ConfigError(f"prefetch must be an int >= 1 or 'auto', got {prefetch!r}")
-        if stats_every is not None and (isinstance(stats_every, bool) or not isinstance(
-                stats_every, (int, np.integer)) or stats_every < 1):
-            raise ConfigError(f'stats_every must be an int >= 1, got {stats_every!r}')
+        else:
+            _whole('prefetch', prefetch, 1, MAX_PREFETCH, " or 'auto'")
+        if stats_every is not None:
+            _whole('stats_every', stats_every, 1)
         if on_stats is not None and not callable(on_stats):
             raise ConfigError(f'on_stats must be callable, got {on_stats!r}')
-        if not isinstance(num_shards, (int, np.integer)) or num_shards < 1:
-            raise ConfigError(f'num_shards must be an int >= 1, got {num_shards!r}')
-        if not isinstance(shard_id, (int, np.integer)) or not 0 <= shard_id < num_shards:
+        _whole('num_shards', num_shards, 1, MAX_BATCH)
+        if isinstance(shard_id, bool) or not isinstance(shard_id, (int, np.integer)) \
+                or not 0 <= shard_id < num_shards:
             raise ConfigError(f'shard_id must be in [0, {num_shards}), got {shard_id!r}')
+        max_error_fraction = _real('max_error_fraction', max_error_fraction, 0, 1)
+        if timeout is not None:
+            timeout = _real('timeout', timeout, 0, above=True, none=' (None: no deadline)')
         if on_error not in ('raise', 'skip'):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if start_method is None:
@@ -235,12 +272,12 @@ class Loader:
         self.workers = int(workers)
         # As many batches in flight as the workers hold tasks (a remote reader's
         # workers hold a third, whose reads start a task ahead of the work).
-        self.prefetch = (max(1, int(prefetch)) if prefetch is not None
+        self.prefetch = (int(prefetch) if prefetch is not None
                          else max(2, tasks_held(reader) * self.workers))
         self.shard_id, self.num_shards = int(shard_id), int(num_shards)
         self.ring = bool(ring)
         self.on_error = on_error
-        self.max_error_fraction = float(max_error_fraction)
+        self.max_error_fraction = max_error_fraction
         self.timeout = timeout
         self.start_method = start_method
         self.step = 0

@@ -712,3 +712,25 @@ def test_bad_arguments_and_states():
                   {'step': 0, 'seed': 0, 'shuffle': False}, {'step': 0, 'seed': 0, 'version': 99}):
         with pytest.raises(StateError):
             loader.load(state)
+
+
+@pytest.mark.parametrize('name,value', [
+    ('batch', 10**400), ('batch', 2.0), ('workers', 10**9), ('prefetch', 0),
+    ('prefetch', -3), ('prefetch', 10**30), ('prefetch', 2.5), ('stats_every', 0),
+    ('num_shards', True), ('num_shards', 10**20), ('max_error_fraction', float('nan')),
+    ('max_error_fraction', float('inf')), ('max_error_fraction', -0.1),
+    ('max_error_fraction', 1.5), ('max_error_fraction', 10**400), ('max_error_fraction', '1'),
+    ('timeout', float('nan')), ('timeout', float('inf')), ('timeout', 0), ('timeout', -1),
+    ('timeout', 10**400), ('timeout', '30')], ids=lambda v: str(v)[:12])
+def test_every_numeric_setting_is_checked_once_finite_and_in_range(name, value):
+    # nan and inf used to pass (no deadline at all, OverflowError later), prefetch=0 was
+    # silently made 1; each is now a ConfigError naming the setting.
+    kwargs = {'batch': 2, 'workers': 0, name: value}
+    with pytest.raises(ConfigError, match=f'^{name} must be'):
+        loadr.Loader(trivial(10), **kwargs)
+
+
+def test_numeric_settings_in_range_are_kept():
+    with loadr.Loader(trivial(10), batch=2, workers=1, prefetch=3, timeout=2.5,
+                      max_error_fraction=np.float32(0.5), stats_every=np.int64(2)) as lo:
+        assert (lo.prefetch, lo.timeout, lo.max_error_fraction) == (3, 2.5, 0.5)
