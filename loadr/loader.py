@@ -402,6 +402,11 @@ class Loader:
         >>> next(iter(loader))['x'].tolist() == order_for(loader.reader, 1).indices(4, 2).tolist()
         True
         """
+        self._apply_state(*self._check_state(state, strict))
+
+    def _check_state(self, state: dict, strict: bool = True) -> tuple[dict, list]:
+        """``(parsed state, what differs)``, or a StateError; touches nothing, so a refused
+        state leaves the loader (and every iteration in progress) exactly as it was."""
         parsed = state_fields.parse(state)
         mine = {'seed': self.seed, **self._fingerprint()}
         diffs = state_fields.differences(parsed, mine,
@@ -411,6 +416,10 @@ class Loader:
                              + '\n  - '.join(diffs) + '\nCreate the Loader as it was when '
                              'the state was saved, or call load(state, strict=False) to go on '
                              "from the state's step with its seed and order anyway.")
+        return parsed, diffs
+
+    def _apply_state(self, parsed: dict, diffs: list) -> None:
+        """Go on from a state :meth:`_check_state` accepted (nothing here can refuse it)."""
         for line in diffs:
             log.warning('loadr: load(strict=False) of a state that differs: %s', line)
         order = parsed.get('order', self.order_version)

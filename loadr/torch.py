@@ -518,27 +518,43 @@ class DataLoader:
         ``{}`` changes nothing (as in torchdata). ``strict=False`` is passed
         to :meth:`loadr.Loader.load`.
         """
-        if state == {}:
+        if isinstance(state, dict) and not state:
             return
-        if (not isinstance(state, dict) or not isinstance(state.get('loader'), dict)
-                or isinstance(state.get('epoch'), bool)
-                or not isinstance(state.get('epoch'), int) or state['epoch'] < 0):
-            raise StateError(f"a DataLoader state is a dict with 'epoch' (an int >= 0) and "
-                             f"'loader' (from DataLoader.state_dict()), got {state!r}")
-        if state.get('version', STATE_VERSION) > STATE_VERSION:
-            raise StateError(f"DataLoader state version {state['version']} is newer than this "
-                             f'loadr understands ({STATE_VERSION}); upgrade loadr')
+        epoch, checked = self._check_state(state, strict)
+        # Only now, with every field checked, does anything move.
         self._loads += 1                  # the iterator in progress goes on from here
         self._unstarted = False
-        if strict:
-            self.loader.load(state['loader'])
-        else:
-            self.loader.load(state['loader'], strict=False)
-        epoch, step = state['epoch'], self.loader.step
-        if step > (epoch + 1) * self.loader.n:
-            raise StateError(f"the state's step {step} lies past the end of its epoch {epoch} "
-                             f'(the dataset has {self.loader.n} datapoints)')
-        self._epoch, self._step, self._resume = epoch, step, True
+        self.loader._apply_state(*checked)
+        self._epoch, self._step, self._resume = epoch, self.loader.step, True
+
+    def _check_state(self, state, strict: bool) -> tuple[int, tuple]:
+        """``(epoch, the loader's checked state)``, or a StateError naming the field;
+        changes nothing."""
+        if not isinstance(state, dict) or not isinstance(state.get('loader'), dict):
+            raise StateError(f"a DataLoader state is a dict with 'version', 'epoch' and "
+                             f"'loader' (from DataLoader.state_dict()), got {state!r}"[:300])
+        version = state.get('version', STATE_VERSION)
+        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) \
+                or version < 1:
+            raise StateError(f'DataLoader state version must be an int >= 1, got {version!r}')
+        if version > STATE_VERSION:
+            raise StateError(f'DataLoader state version {version} is newer than this loadr '
+                             f'understands ({STATE_VERSION}); upgrade loadr')
+        epoch = state.get('epoch')
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise StateError(f'DataLoader state epoch must be an int >= 0, got {epoch!r}')
+        epoch = int(epoch)
+        checked = self.loader._check_state(state['loader'], strict)
+        step, n = checked[0]['step'], self.loader.n
+        # The step of epoch e lies in [e*N, (e+1)*N] (at (e+1)*N: the epoch's batches
+        # are all out). Anything else contradicts the epoch; a huge epoch is one.
+        if not epoch * n <= step <= (epoch + 1) * n:
+            where = 'past the end of' if step > (epoch + 1) * n else 'before the start of'
+            raise StateError(f"DataLoader state epoch {epoch} contradicts its step: the "
+                             f"loader's step {step} lies {where} epoch {epoch} (positions "
+                             f'[{epoch * n}, {(epoch + 1) * n}]; the dataset has {n} '
+                             f'datapoints)')
+        return epoch, checked
 
     # -- lifecycle ---------------------------------------------------------
 

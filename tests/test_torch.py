@@ -437,6 +437,65 @@ def test_bad_arguments_and_states():
         iter(dl)
 
 
+def _malformed(good: dict, n: int) -> list:
+    """(state, field the StateError must name): wrong types and values everywhere."""
+    loader = good['loader']
+    return [
+        ({**good, 'version': '1'}, 'version'), ({**good, 'version': 1.5}, 'version'),
+        ({**good, 'version': None}, 'version'), ({**good, 'version': 0}, 'version'),
+        ({**good, 'epoch': 10**30}, 'epoch'), ({**good, 'epoch': 2.0}, 'epoch'),
+        ({**good, 'epoch': '0'}, 'epoch'), ({**good, 'epoch': 5}, 'epoch'),
+        ({**good, 'epoch': 2**62}, 'epoch'),
+        ({'version': 1, 'epoch': 0, 'loader': {**loader, 'step': 2 * n}}, 'epoch'),
+        ({**good, 'loader': {**loader, 'step': '4'}}, 'step'),
+        ({**good, 'loader': {**loader, 'step': 2.0**70}}, 'step'),
+        ({**good, 'loader': {**loader, 'seed': [3]}}, 'seed'),
+        ({**good, 'loader': {**loader, 'n': 'x'}}, 'n must'),
+        ({**good, 'loader': {**loader, 'shuffle': 1}}, 'shuffle'),
+        ({**good, 'loader': {**loader, 'fns': 'abc'}}, 'fns'),
+        ({**good, 'loader': {**loader, 'dataset': []}}, 'dataset'),
+        ({**good, 'loader': {**loader, 'order': 'v2'}}, 'order'),
+        ({**good, 'loader': {**loader, 'skipped': [0, -1, 2]}}, 'skipped'),
+        ({**good, 'loader': None}, 'loader'),
+    ]
+
+
+def test_malformed_states_are_refused_at_load_naming_the_field(reference):
+    # A non-integer version was a TypeError, a huge epoch a struct.error at the first
+    # batch, an epoch ahead of its step was accepted (and skipped epochs).
+    with make() as dl:
+        it = iter(dl)
+        head = [digest(next(it)) for _ in range(2)]
+        good = json.loads(json.dumps(dl.state_dict()))
+        for bad, field in _malformed(good, N):
+            with pytest.raises(StateError, match=field):
+                dl.load_state_dict(bad)
+        dl.load_state_dict(good)                         # the good one still loads
+        assert head + [digest(b) for b in it] == reference[0]
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_refused_load_changes_nothing(workers, reference):
+    # A state refused at its epoch check had already moved the loader: the running
+    # epoch lost its last batches.
+    with make(workers) as dl:
+        it = iter(dl)
+        got = [digest(next(it)) for _ in range(2)]
+        state = dl.state_dict()
+        refused = [{'epoch': 0, 'loader': {**state['loader'], 'step': 2 * N}},
+                   {'epoch': 1, 'loader': state['loader']},
+                   {**state, 'version': 'x'},
+                   {**state, 'loader': {**state['loader'], 'seed': 99}},
+                   {**state, 'loader': {**state['loader'], 'n': N + 1}}]
+        for bad in refused:
+            with pytest.raises(StateError):
+                dl.load_state_dict(bad)
+            assert dl.state_dict() == state
+        got += [digest(b) for b in it]
+        assert got == reference[0]
+        assert epochs(dl, 1) == reference[1:2]
+
+
 # -- CUDA options -------------------------------------------------------------
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='checks the machine without CUDA')
