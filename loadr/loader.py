@@ -148,6 +148,46 @@ def _normalize_spec(spec: dict) -> dict:
     return out
 
 
+class _Batches:
+    """A Loader's iterator (``iter(loader)``, ``loader.epoch(e)``): its batches in order.
+
+    An exception from ``next()`` (a worker's error, ``on_stats``, Ctrl-C) leaves
+    the batch that was due due: the loader's step has not moved past it, and
+    the next ``next()`` goes on from the step, so that batch comes next. A
+    generator that raised would be over, and its batch lost to the caller.
+    """
+
+    __slots__ = ('_loader', '_epoch', '_drop_last', '_gen', '_over')
+
+    def __init__(self, loader: 'Loader', epoch: int | None, drop_last: bool):
+        self._loader, self._epoch, self._drop_last = loader, epoch, drop_last
+        self._gen, self._over = None, False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._gen is None:
+            if self._over:
+                raise StopIteration
+            self._gen = self._loader._stream(self._epoch, self._drop_last)
+        try:
+            return next(self._gen)
+        except StopIteration:
+            self._gen, self._over = None, True
+            raise
+        except BaseException:
+            self._gen = None            # that generator is over; the next next() resumes
+            raise
+
+    def close(self) -> None:
+        """End the iteration now: its batches in flight are given back."""
+        self._over = True
+        if self._gen is not None:
+            gen, self._gen = self._gen, None
+            gen.close()
+
+
 class Loader:
     """Batches from ``reader``, shuffled globally, in worker processes.
 
@@ -189,7 +229,10 @@ class Loader:
       stats_every, on_stats: call ``on_stats(loader.stats())`` every
         ``stats_every`` batches (in the iterating thread, just before the
         batch is handed out; what it costs counts as the caller's time). Both
-        are plain attributes too, to set or change later.
+        are plain attributes too, to set or change later. If ``on_stats``
+        raises, its exception reaches the caller and the batch is not handed
+        out: the step stays before it (so does a state saved now), and the
+        iterator's next ``next()`` yields it, calling ``on_stats`` again.
 
     ``loader.stats()`` says where the time goes (:class:`loadr.stats.Stats`:
     per-stage seconds of every worker, the caller's waiting, rates, a
@@ -445,7 +488,7 @@ class Loader:
     # -- iteration -----------------------------------------------------------
 
     def __iter__(self):
-        return self._stream(None, False)
+        return _Batches(self, None, False)
 
     def epoch(self, epoch: int, drop_last: bool = False):
         """The batches of one epoch only (positions ``[epoch*N, (epoch+1)*N)``).
@@ -460,7 +503,7 @@ class Loader:
         """
         if not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ConfigError(f'epoch must be an int >= 0, got {epoch!r}')
-        return self._stream(int(epoch), bool(drop_last))
+        return _Batches(self, int(epoch), bool(drop_last))
 
     def _schedule(self, epoch: int | None, drop_last: bool) -> Schedule:
         """What an iteration makes from the loader's step.
@@ -510,9 +553,18 @@ class Loader:
                 batch = self._batch_from(done.arrays, done.extras)
                 plan, replaced = done.plan, done.replaced
                 del done
-                self._count_errors(plan, replaced)
-                self.step = plan.next_step
-                self._handed(time.perf_counter() - asked)
+                mark = (self.step, self._budget, self.samples, self.errors, self._batches_out)
+                try:
+                    self._count_errors(plan, replaced)
+                    self.step = plan.next_step
+                    self._handed(time.perf_counter() - asked)
+                except BaseException:
+                    # The batch is not handed out (on_stats or the error budget raised):
+                    # it stays due, counted nowhere; the iterator's next next() (or a
+                    # new iterator, or a saved state) goes on from it.
+                    self.step, self._budget, self.samples, self.errors, \
+                        self._batches_out = mark
+                    raise
                 yield batch
                 # Only the caller may keep a lent batch alive.
                 del batch

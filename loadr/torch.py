@@ -248,22 +248,32 @@ class _Epoch:
         self._gen = None
         self._loads = None                  # dl._loads when the generator was made
         self._over = False
+        self._cut = False                   # an exception ended the generator
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self._gen is None or self._loads != self.dl._loads:
+        if self._gen is None or self._loads != self.dl._loads or self._cut:
             if self._over:
                 raise StopIteration
             if self._gen is not None:
                 self._gen.close()
+            cut, self._cut = self._cut and self._loads == self.dl._loads, False
             self._loads = self.dl._loads
-            self._gen = self.dl._claim(self)
+            self._gen = self.dl._rerun(self) if cut else self.dl._claim(self)
             if self._gen is None:           # a newer iter() started first
                 self._over = True
                 raise StopIteration
-        return next(self._gen)
+        try:
+            return next(self._gen)
+        except StopIteration:
+            raise
+        except BaseException:
+            # A worker's error, on_stats, Ctrl-C: the batch that was due stays due,
+            # and the next next() yields it (a generator that raised is over).
+            self._cut = True
+            raise
 
     def close(self) -> None:
         self._over = True
@@ -397,6 +407,16 @@ class DataLoader:
         # From here a new iter() starts the next epoch (torch's rule), until
         # this epoch runs to its end or a state is loaded.
         self._resume, self._unstarted, self._current = False, False, it
+        return self._run(self._epoch, self._step)
+
+    def _rerun(self, it: _Epoch):
+        """The rest of ``it``'s epoch after an exception cut it short, from the batch after
+        the last one handed out; None if a newer iter() came first."""
+        if it is not self._current or self.closed:
+            return None
+        # The loader may have made a batch it never handed out (the one copied
+        # ahead to the device): it goes on from ours.
+        self.loader.step = self._step
         return self._run(self._epoch, self._step)
 
     def _stop_current(self) -> None:

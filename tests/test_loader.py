@@ -734,3 +734,53 @@ def test_numeric_settings_in_range_are_kept():
     with loadr.Loader(trivial(10), batch=2, workers=1, prefetch=3, timeout=2.5,
                       max_error_fraction=np.float32(0.5), stats_every=np.int64(2)) as lo:
         assert (lo.prefetch, lo.timeout, lo.max_error_fraction) == (3, 2.5, 0.5)
+
+
+class _Flaky:
+    """An on_stats that raises at the calls listed (counted from 1)."""
+
+    def __init__(self, *raise_at):
+        self.raise_at, self.calls = set(raise_at), 0
+
+    def __call__(self, stats):
+        self.calls += 1
+        if self.calls in self.raise_at:
+            raise RuntimeError(f'on_stats call {self.calls}')
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_raising_on_stats_loses_no_batch_and_a_state_saved_then_has_it_due(workers):
+    # The step had moved past the batch before on_stats ran: the batch was never
+    # yielded, the iterator was over, and a state saved then counted it as consumed.
+    made = dict(batch=3, seed=4, fns=[noisy], workers=workers)
+    with loadr.Loader(trivial(20), **made) as loader:
+        expected = stream_digests(loader, 12)
+    with loadr.Loader(trivial(20), stats_every=2, on_stats=_Flaky(2, 3), **made) as loader:
+        it = iter(loader)
+        got, states = [], []
+        while len(got) < 12:
+            try:
+                got.append(batch_digest(next(it)))
+            except RuntimeError as exc:
+                assert 'on_stats call' in str(exc)
+                states.append((len(got), loader.save()))
+        assert loader.stats().batches == 12
+    assert got == expected
+    assert [k for k, _ in states] == [3, 3]            # raised twice at the 4th batch
+    for k, state in states:
+        with loadr.Loader(trivial(20), **made) as fresh:
+            fresh.load(state)
+            assert stream_digests(fresh, 12 - k) == expected[k:]
+
+
+def test_a_raising_on_stats_in_an_epoch_keeps_the_epoch_whole():
+    made = dict(batch=4, seed=2, workers=0)
+    with loadr.Loader(trivial(10), **made) as loader:
+        expected = [batch_digest(b) for b in loader.epoch(1)]
+    with loadr.Loader(trivial(10), stats_every=1, on_stats=_Flaky(3), **made) as loader:
+        it, got = loader.epoch(1), []
+        with pytest.raises(RuntimeError):
+            for batch in it:
+                got.append(batch_digest(batch))
+        got += [batch_digest(b) for b in it]
+    assert got == expected

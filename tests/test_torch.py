@@ -496,6 +496,35 @@ def test_a_refused_load_changes_nothing(workers, reference):
         assert epochs(dl, 1) == reference[1:2]
 
 
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_raising_on_stats_loses_no_batch_of_the_epoch(workers, reference):
+    # The exception ended the epoch's generator: the next next() ended the epoch
+    # short, the due batch was never yielded, and a state saved then had it consumed.
+    calls = []
+
+    def on_stats(stats):
+        calls.append(stats.batches)
+        if len(calls) in (2, 4):
+            raise RuntimeError('on_stats failed')
+
+    with make(workers, stats_every=2, on_stats=on_stats) as dl:
+        it, got, states = iter(dl), [], []
+        while True:
+            try:
+                got.append(digest(next(it)))
+            except RuntimeError:
+                states.append((len(got), dl.state_dict()))
+            except StopIteration:
+                break
+        assert got == reference[0]
+        assert epochs(dl, 1) == reference[1:2]
+    assert [k for k, _ in states] == [3, 5]
+    for k, state in states:
+        with make(workers) as fresh:
+            fresh.load_state_dict(state)
+            assert [digest(b) for b in fresh] == reference[0][k:]
+
+
 # -- CUDA options -------------------------------------------------------------
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='checks the machine without CUDA')
