@@ -333,6 +333,10 @@ class Loader:
         self._pool = None
         self._window = None
         self._finalizer = None
+        # Called with no argument just before a worker pool is closed (a restart:
+        # workers='auto' settling, a load with another order version; close()):
+        # what refers to its slots' memory (page-locked registrations) lets go first.
+        self._before_pool_close: list = []
         self.errors = 0                 # datapoints replaced under on_error='skip' (all told)
         self.samples = 0                # datapoints made (all told)
         self._budget = (-1, 0, 0)       # window, errors, samples: see _count_errors
@@ -718,6 +722,9 @@ class Loader:
         pool = self._pool
         if self._window is not None:
             self._window.reset()
+        if pool is not None:
+            for hook in self._before_pool_close:
+                hook()
         if self._finalizer is not None:
             self._finalizer()
         self._pool = self._window = self._finalizer = None

@@ -145,24 +145,47 @@ def _root(array: np.ndarray) -> np.ndarray:
 
 
 class _SlotPinner:
-    """Page-locks, once, each shared-memory slot a lent batch lives in.
+    """Page-locks, once, each shared-memory slot of the live worker pool a lent batch
+    lives in.
 
     A lent batch's arrays are views of one array over the whole slot
-    (``WorkerPool.fresh_views``), whose base is the shared-memory mapping;
-    the slots live as long as the loader, so registering each slot once
+    (``WorkerPool.fresh_views``), whose base is the slot's mapping; the slots
+    live as long as their pool, so registering each slot once
     (``cudaHostRegister``) makes every later batch in it pinned with no copy
-    and no pin thread. Arrays that are not in a slot (``num_workers=0``, or a
-    batch copied because the caller holds too many) are pinned by a copy.
-    ``register(address, nbytes) -> error code`` and ``unregister(address)``
-    are CUDA's; tests pass recording functions.
+    and no pin thread. A new pool (``workers='auto'`` settling, a load with
+    another order version) maps new slots, possibly at the old addresses:
+    :meth:`release` runs just before a pool is closed (the Loader's
+    ``_before_pool_close``), so every registration is undone while its memory
+    is still mapped, and :meth:`follow` makes the new pool's slots the ones
+    that may be registered. Arrays that are not in a slot of the live pool
+    (``num_workers=0``, a batch copied because the caller holds too many, the
+    last batch of a pool closed under it) are pinned by a copy.
+
+    ``register(address, nbytes) -> error code``, ``unregister(address)`` and
+    ``copy(tensor) -> pinned tensor`` are CUDA's by default; they are the test
+    hook: tests pass recording functions (``DataLoader._pin_functions``).
     """
 
-    def __init__(self, register, unregister):
+    def __init__(self, register, unregister, copy=None):
         self._register, self._unregister = register, unregister
+        self._copy = copy if copy is not None else (lambda t: t.pin_memory())
         self.pinned: dict[int, int] = {}     # address -> nbytes
         self.broken = False                  # registration failed: pin by copying
+        self._pool = None                    # weak reference to the pool followed
+        self._buffers: dict = {}             # id -> slot buffer of that pool (kept alive)
+
+    def follow(self, pool) -> None:
+        """Take the slots of ``pool`` (the loader's live pool, or None) as the ones to pin."""
+        if pool is None or pool.closed:
+            self._pool, self._buffers = None, {}
+        elif self._pool is None or self._pool() is not pool:
+            self._pool = weakref.ref(pool)
+            # Held here, so an id cannot stand for another buffer while it is listed.
+            self._buffers = {id(b): b for b in pool.slot_buffers()}
 
     def _pin_slot(self, root: np.ndarray) -> bool:
+        if self._buffers.get(id(root.base)) is not root.base:
+            return False                    # not a slot of the live pool
         address = root.__array_interface__['data'][0]
         if address in self.pinned:
             return True
@@ -189,13 +212,14 @@ class _SlotPinner:
                     copy = True
         if not copy:
             return tensors
-        return _map_tensors(tensors, lambda t: t.pin_memory())
+        return _map_tensors(tensors, self._copy)
 
     def release(self) -> None:
-        """Unregister every slot; before the loader unmaps them."""
+        """Unregister every slot and follow no pool; before the loader unmaps them."""
         for address in list(self.pinned):
             self._unregister(address)
             del self.pinned[address]
+        self._pool, self._buffers = None, {}
 
 
 def _release(pinner, loader) -> None:
@@ -309,6 +333,10 @@ class DataLoader:
     >>> dl.close()
     """
 
+    # The test hook: (register, unregister, copy) in place of CUDA's (see _SlotPinner),
+    # for a build without CUDA to count what pin_memory=True does.
+    _pin_functions: tuple | None = None
+
     def __init__(self, reader, batch_size: int, fns=(), shuffle: bool = True, seed: int = 0,
                  num_workers: int | None = None, drop_last: bool = False,
                  pin_memory: bool = False, device=None, rank: int | None = None,
@@ -320,7 +348,7 @@ class DataLoader:
         self.device = self._check_device(device)
         cuda = self.device is not None and self.device.type == 'cuda'
         self.pin_memory = bool(pin_memory) or cuda
-        if pin_memory and not torch.cuda.is_available():
+        if pin_memory and not torch.cuda.is_available() and self._pin_functions is None:
             warnings.warn('loadr: pin_memory=True but CUDA is not available: batches stay in '
                           'pageable shared memory', RuntimeWarning, stacklevel=2)
             self.pin_memory = False
@@ -332,12 +360,23 @@ class DataLoader:
                              num_shards=self.world_size, **loader_kwargs)
         self.num_workers = self.loader.workers
         self._pinner = None
-        if self.pin_memory:
+        if self.pin_memory and self._pin_functions is not None:
+            self._pinner = _SlotPinner(*self._pin_functions)
+        elif self.pin_memory:
             cudart = torch.cuda.cudart()
+
+            def unregister(address):
+                # A copy still running from the slot (the side stream's) must end first.
+                torch.cuda.synchronize()
+                return cudart.cudaHostUnregister(address)
+
             self._pinner = _SlotPinner(
                 lambda address, nbytes: cudart.cudaHostRegister(address, nbytes,
                                                                 CUDA_HOST_REGISTER_DEFAULT),
-                cudart.cudaHostUnregister)
+                unregister)
+        if self._pinner is not None:
+            # Every registration is undone before a pool's slots can be unmapped.
+            self.loader._before_pool_close.append(self._pinner.release)
         # Holds the loader, so the slots are unregistered before it can unmap them.
         self._finalizer = weakref.finalize(self, _release, self._pinner, self.loader)
         _live.add(self)
@@ -463,6 +502,7 @@ class DataLoader:
         self._fetched += 1
         out = to_torch(batch)
         if self._pinner is not None:
+            self._pinner.follow(self.loader._pool)
             out = self._pinner.pin(batch, out)
         return batch, out, self.loader.step
 

@@ -12,6 +12,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -547,8 +548,10 @@ def test_each_slot_is_registered_once_and_other_batches_are_pinned_by_a_copy():
     with make(2, prefetch=2) as dl:
         slots = 2 + 2                       # prefetch + the lent ones
         for batch in dl.loader.epoch(0):
+            pinner.follow(dl.loader._pool)
             assert pinner.pin(batch, to_torch(batch)) is not None
         for batch in dl.loader.epoch(1):
+            pinner.follow(dl.loader._pool)
             pinner.pin(batch, to_torch(batch))
         assert 1 <= len(registered) <= slots
         assert len(set(registered)) == len(registered)      # once per slot
@@ -562,6 +565,113 @@ def test_each_slot_is_registered_once_and_other_batches_are_pinned_by_a_copy():
             with pytest.raises(RuntimeError):       # pin_memory() itself needs CUDA
                 pinner.pin(batch, to_torch(batch))
         assert registered == []
+
+
+def _mapping(address: int):
+    """(start, end, inode) of the mapping of this process that holds ``address``, or None."""
+    with open('/proc/self/maps') as f:
+        for line in f:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split('-'))
+            if start <= address < end:
+                return start, end, fields[4]
+    return None
+
+
+class _CudaLike:
+    """cudaHostRegister / cudaHostUnregister / pin_memory() as CUDA keeps them, checked
+    against the process's mappings: a range registered twice gets error 712, and
+    unregistering memory that was unmapped (or mapped anew) since it was registered
+    is an error."""
+
+    def __init__(self):
+        self.live: dict[int, tuple] = {}        # address -> (nbytes, mapping)
+        self.calls = {'register': 0, 'unregister': 0, 'copy': 0}
+        self.errors: list[str] = []
+
+    def register(self, address, nbytes):
+        self.calls['register'] += 1
+        if address in self.live:
+            return 712
+        self.live[address] = (nbytes, _mapping(address))
+        return 0
+
+    def unregister(self, address):
+        self.calls['unregister'] += 1
+        nbytes, mapping = self.live.pop(address, (None, None))
+        if mapping is None:
+            self.errors.append(f'{address:#x} unregistered but not registered')
+        elif _mapping(address) != mapping:
+            self.errors.append(f'{address:#x} unmapped before it was unregistered')
+
+    def copy(self, tensor):
+        self.calls['copy'] += 1
+        return tensor.clone()
+
+    def pinned(self, tensor) -> bool:
+        """Whether ``tensor``'s memory lies in a range registered in its mapping now."""
+        ptr = tensor.data_ptr()
+        return any(a <= ptr < a + n and _mapping(a) == m for a, (n, m) in self.live.items())
+
+
+def test_pinned_slots_are_unregistered_before_a_new_pool_and_its_slots_registered(reference):
+    # A load with another order version starts a new worker pool: its slots were
+    # taken as registered (the old addresses) and the old registrations were undone
+    # only at close, after their memory was unmapped.
+    cuda = _CudaLike()
+
+    class Recorded(DataLoader):
+        _pin_functions = (cuda.register, cuda.unregister, cuda.copy)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')              # no "CUDA is not available"
+        dl = Recorded(trivial(N), batch_size=4, fns=[noisy], seed=3, num_workers=2,
+                      prefetch=2, pin_memory=True)
+    with dl:
+        it = iter(dl)
+        for _ in range(3):
+            batch = next(it)
+            assert cuda.pinned(batch['vec'])
+        del batch
+        first = cuda.calls['register']
+        assert 1 <= first <= 4 and len(cuda.live) == first
+        state = dl.state_dict()
+        other = 1 if state['loader']['order'] != 1 else 2
+        dl.load_state_dict({**state, 'loader': {**state['loader'], 'order': other}})
+        assert cuda.live == {} and cuda.calls['unregister'] == first
+        for batch in it:
+            assert cuda.pinned(batch['vec']), cuda.live
+        del batch
+        assert cuda.calls['register'] > first
+    assert cuda.live == {} and cuda.errors == []
+    assert cuda.calls['register'] == cuda.calls['unregister'] and cuda.calls['copy'] == 0
+
+
+def test_pinned_slots_across_the_restart_of_workers_auto():
+    # workers='auto' settling on fewer workers starts a new pool in the middle of the
+    # hand-out of a batch: that batch (the old pool's last) is pinned by a copy (as
+    # are the first batches, joined from pieces), the new pool's slots are
+    # registered, and the old pool's registrations are undone while still mapped.
+    cuda = _CudaLike()
+
+    class Recorded(DataLoader):
+        _pin_functions = (cuda.register, cuda.unregister, cuda.copy)
+
+    with Recorded(trivial(400), batch_size=4, fns=[noisy], num_workers='auto',
+                  pin_memory=True) as dl:
+        started = dl.num_workers
+        it = iter(dl)
+        for _ in range(40):
+            copies = cuda.calls['copy']
+            batch = next(it)
+            assert cuda.pinned(batch['vec']) or cuda.calls['copy'] > copies
+            del batch
+            time.sleep(0.02)                # a slow consumer: one worker is enough
+        settled = dl.loader.settled
+    assert settled is not None and cuda.errors == [] and cuda.live == {}
+    assert cuda.calls['register'] == cuda.calls['unregister']
+    if settled['workers'] == started:
+        pytest.skip(f'auto kept {started} workers here: no restart to check')
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')

@@ -606,6 +606,13 @@ class WorkerPool:
             return self._held.last_stats.copy()
         return np.zeros((len(self.workers), self.stats_width))
 
+    def slot_buffers(self) -> list:
+        """The buffers the batch slots are mapped in (what a lent batch's arrays hang
+        from); none once closed."""
+        if self.closed:
+            return []
+        return [seg.buf for seg in self._segments[:self.slot_count]]
+
     def fresh_views(self, slot: int) -> tuple[np.ndarray, dict]:
         """New arrays over ``slot`` and the one array they all hang from.
 
