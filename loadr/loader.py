@@ -337,6 +337,9 @@ class Loader:
         # workers='auto' settling, a load with another order version; close()):
         # what refers to its slots' memory (page-locked registrations) lets go first.
         self._before_pool_close: list = []
+        # Called as fn(worker id) once in each worker process before its first task
+        # (loadr.torch's worker_init_fn); None: nothing.
+        self._worker_init_fn = None
         self.errors = 0                 # datapoints replaced under on_error='skip' (all told)
         self.samples = 0                # datapoints made (all told)
         self._budget = (-1, 0, 0)       # window, errors, samples: see _count_errors
@@ -705,7 +708,8 @@ class Loader:
         slots = self.prefetch + (1 if self.ring else LEASED_SLOTS)
         self._pool = WorkerPool(self.reader, self.fns, spec, Layout(fields, self.batch),
                                 self.workers, slots, self.n, self.shuffle, self.on_error,
-                                self.start_method, self.timeout, self.order_version)
+                                self.start_method, self.timeout, self.order_version,
+                                init_fn=self._worker_init_fn)
         self._finalizer = weakref.finalize(self, self._pool.close)
         list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
         self._window = Window(self._pool, self.prefetch, self.workers, list_keys, self.ring)

@@ -40,6 +40,7 @@ It wraps a :class:`loadr.Loader` (``batch=batch_size`` per rank,
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 import warnings
 import weakref
@@ -49,7 +50,7 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, LoadrError, StateError
-from .loader import Loader
+from .loader import MAX_PREFETCH, Loader
 
 __all__ = ['DataLoader', 'rank_and_world_size', 'to_torch', 'STATE_VERSION']
 
@@ -60,6 +61,22 @@ CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
 # Loader arguments the DataLoader sets itself, by their torch names.
 _OWN_ARGS = {'batch': 'batch_size', 'workers': 'num_workers', 'shard_id': 'rank',
              'num_shards': 'world_size'}
+# torch DataLoader arguments with no meaning here (None, torch's default, is taken),
+# and the loadr way to get what they are for.
+_ORDER_WAY = ("the order is loadr's: a resumable permutation of every epoch (shuffle=, "
+              "seed=), split between ranks by rank= and world_size=; to read a subset, "
+              "pass a reader of it (anything with len() and [i])")
+_TORCH_ONLY = {
+    'collate_fn': "loadr stacks each key of the datapoints into the batch itself (arrays "
+                  "in shared memory, other values as lists); transform datapoints with "
+                  "fns=[fn, ...] (each called as fn(datapoint, seed=s), returning a new "
+                  "datapoint), or the batches after the loop",
+    'sampler': _ORDER_WAY,
+    'batch_sampler': _ORDER_WAY + '; batch_size= and drop_last= make the batches',
+    'pin_memory_device': "pin_memory=True pins for CUDA; device='cuda:N' delivers the "
+                         "batches on that device",
+    'snapshot_every_n_steps': 'state_dict() is exact at every step, at no cost',
+}
 
 
 def rank_and_world_size(rank: int | None = None, world_size: int | None = None) -> tuple:
@@ -95,6 +112,9 @@ def _env_int(name: str, default: int) -> int:
     except ValueError:
         raise ConfigError(f'environment variable {name}={value!r} is not an int') from None
 
+
+# What a DataLoader passes on to its Loader (the Loader's own arguments).
+_LOADER_ARGS = frozenset(inspect.signature(Loader).parameters) - {'reader'}
 
 _convertible: dict = {}          # numpy dtype -> whether torch.from_numpy takes it
 
@@ -321,8 +341,23 @@ class DataLoader:
         slots too). ``'cuda'`` without CUDA is an error.
       rank, world_size: default: the initialised ``torch.distributed`` group,
         else ``RANK``/``WORLD_SIZE`` (torchrun), else 0 and 1.
+      persistent_workers: False: the workers stop at the end of each epoch
+        and start again for the next (torch's meaning); default: they live
+        as long as the DataLoader.
+      prefetch_factor: batches in flight per worker (``prefetch`` =
+        ``prefetch_factor * num_workers``).
+      multiprocessing_context: ``'fork'``, ``'spawn'``, ``'forkserver'`` or
+        a context with that start method (the Loader's ``start_method``).
+      generator: a ``torch.Generator``: its ``initial_seed()`` is the seed.
+      worker_init_fn: called as ``worker_init_fn(worker_id)`` once in each
+        worker process before its first batch (never with ``num_workers=0``).
+      timeout: the Loader's (seconds a worker may spend on one batch); 0
+        means none, as in torch.
       **loader_kwargs: any other :class:`loadr.Loader` argument (``prefetch``,
-        ``on_error``, ``timeout``, ``spec``, ``start_method``, ...).
+        ``on_error``, ``spec``, ``start_method``, ...). torch's
+        ``collate_fn``, ``sampler``, ``batch_sampler`` and
+        ``pin_memory_device`` have no meaning here: a TypeError says the
+        loadr way.
 
     Example:
 
@@ -337,13 +372,37 @@ class DataLoader:
     # for a build without CUDA to count what pin_memory=True does.
     _pin_functions: tuple | None = None
 
-    def __init__(self, reader, batch_size: int, fns=(), shuffle: bool = True, seed: int = 0,
-                 num_workers: int | None = None, drop_last: bool = False,
-                 pin_memory: bool = False, device=None, rank: int | None = None,
-                 world_size: int | None = None, **loader_kwargs):
+    def __init__(self, reader, batch_size: int, fns=(), shuffle: bool = True,
+                 seed: int | None = None, num_workers: int | None = None,
+                 drop_last: bool = False, pin_memory: bool = False, device=None,
+                 rank: int | None = None, world_size: int | None = None, *,
+                 persistent_workers: bool | None = None, prefetch_factor: int | None = None,
+                 multiprocessing_context=None, generator=None, worker_init_fn=None,
+                 **loader_kwargs):
         for name, ours in _OWN_ARGS.items():
             if name in loader_kwargs:
                 raise ConfigError(f'DataLoader sets {name!r} itself: pass {ours}= instead')
+        loader_kwargs = self._torch_args(loader_kwargs)
+        seed = self._seed(seed, generator)
+        if multiprocessing_context is not None:
+            if 'start_method' in loader_kwargs:
+                raise ConfigError('pass multiprocessing_context= or start_method=, not both')
+            method = multiprocessing_context
+            if not isinstance(method, str):
+                method = getattr(method, 'get_start_method', lambda: method)()
+            loader_kwargs['start_method'] = method
+        if prefetch_factor is not None:
+            if 'prefetch' in loader_kwargs:
+                raise ConfigError('pass prefetch_factor= or prefetch=, not both')
+            if num_workers == 'auto':
+                raise ConfigError("prefetch_factor needs a number of workers; with "
+                                  "num_workers='auto' pass prefetch='auto' (or nothing)")
+        if persistent_workers is not None and not isinstance(persistent_workers, bool):
+            raise ConfigError(f'persistent_workers must be True or False, got '
+                              f'{persistent_workers!r}')
+        self.persistent_workers = persistent_workers is not False
+        if worker_init_fn is not None and not callable(worker_init_fn):
+            raise ConfigError(f'worker_init_fn must be callable, got {worker_init_fn!r}')
         self.rank, self.world_size = rank_and_world_size(rank, world_size)
         self.device = self._check_device(device)
         cuda = self.device is not None and self.device.type == 'cuda'
@@ -359,6 +418,17 @@ class DataLoader:
                              workers=num_workers, shard_id=self.rank,
                              num_shards=self.world_size, **loader_kwargs)
         self.num_workers = self.loader.workers
+        if prefetch_factor is not None:
+            if isinstance(prefetch_factor, bool) or not isinstance(
+                    prefetch_factor, (int, np.integer)) or not 1 <= prefetch_factor \
+                    <= MAX_PREFETCH // max(1, self.num_workers):
+                self.loader.close()
+                raise ConfigError(f'prefetch_factor must be an int in [1, '
+                                  f'{MAX_PREFETCH // max(1, self.num_workers)}], got '
+                                  f'{prefetch_factor!r}')
+            if self.num_workers:            # no workers: nothing is fetched ahead
+                self.loader.prefetch = int(prefetch_factor) * self.num_workers
+        self.loader._worker_init_fn = worker_init_fn
         self._pinner = None
         if self.pin_memory and self._pin_functions is not None:
             self._pinner = _SlotPinner(*self._pin_functions)
@@ -391,6 +461,40 @@ class DataLoader:
         self._unstarted = False           # it has not yielded yet
         self._loads = 0                   # load_state_dict() calls
         self.closed = False
+
+    @staticmethod
+    def _torch_args(kwargs: dict) -> dict:
+        """``kwargs`` for the Loader: torch's names that mean nothing here refused (a
+        TypeError that says the loadr way), torch's defaults dropped, torch's timeout=0
+        (none) made the Loader's None."""
+        out = {}
+        for name, value in kwargs.items():
+            if name in _TORCH_ONLY or name == 'in_order':
+                # torch's default (None; in_order=True) is what loadr does anyway.
+                if value is None or (name == 'in_order' and value is True):
+                    continue
+                how = (_TORCH_ONLY[name] if name in _TORCH_ONLY
+                       else 'loadr yields every batch in order, always')
+                raise TypeError(f'loadr.torch.DataLoader does not take {name}=: {how}')
+            if name not in _LOADER_ARGS:
+                raise TypeError(f'DataLoader() got an unexpected keyword argument {name!r} '
+                                f"(neither one of torch's DataLoader that loadr.torch takes "
+                                f'nor one of loadr.Loader: {", ".join(sorted(_LOADER_ARGS))})')
+            out[name] = value
+        if out.get('timeout') == 0 and not isinstance(out['timeout'], bool):
+            out['timeout'] = None           # torch's "no timeout"
+        return out
+
+    @staticmethod
+    def _seed(seed, generator):
+        """The seed: ``seed``, else ``generator.initial_seed()``, else 0."""
+        if generator is None:
+            return 0 if seed is None else seed
+        if seed is not None:
+            raise ConfigError('pass seed= or generator=, not both')
+        if not isinstance(generator, torch.Generator):
+            raise ConfigError(f'generator must be a torch.Generator, got {generator!r}')
+        return generator.initial_seed()
 
     @staticmethod
     def _check_device(device):
@@ -486,6 +590,9 @@ class DataLoader:
         # The epoch ran to its end: the next iter() starts the next epoch
         # fresh, and so does a state taken now.
         self._epoch, self._step, self._resume = epoch + 1, (epoch + 1) * self.loader.n, True
+        if not self.persistent_workers:
+            # torch's persistent_workers=False: the next epoch starts them again.
+            self.loader._close_window()
 
     def _empty_batch(self) -> dict:
         """A batch of zero rows with the keys, dtypes and shapes of every other batch."""

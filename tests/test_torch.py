@@ -8,6 +8,7 @@ end of epoch, many epochs, JSON round trip, another worker count) to ours.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -524,6 +525,99 @@ def test_a_raising_on_stats_loses_no_batch_of_the_epoch(workers, reference):
         with make(workers) as fresh:
             fresh.load_state_dict(state)
             assert [digest(b) for b in fresh] == reference[0][k:]
+
+
+# -- torch's other arguments ---------------------------------------------------
+
+@pytest.mark.parametrize('name,value,way', [
+    ('collate_fn', lambda batch: batch, 'fns='), ('sampler', [0, 1], 'shuffle='),
+    ('batch_sampler', [[0, 1]], 'batch_size='), ('pin_memory_device', 'cuda', 'device='),
+    ('in_order', False, 'in order'), ('snapshot_every_n_steps', 10, 'state_dict')])
+def test_torch_arguments_without_a_meaning_here_say_the_loadr_way(name, value, way):
+    # They used to fail with "Loader.__init__() got an unexpected keyword argument".
+    with pytest.raises(TypeError, match=f'DataLoader does not take {name}=') as info:
+        make(**{name: value})
+    assert way in str(info.value)
+
+
+def test_torch_defaults_pass_and_unknown_arguments_name_dataloader(reference):
+    with make(collate_fn=None, sampler=None, batch_sampler=None, in_order=True,
+              timeout=0) as dl:
+        assert dl.loader.timeout is None            # torch's 0: no timeout
+        assert [digest(b) for b in dl] == reference[0]
+    with pytest.raises(TypeError, match=r"DataLoader\(\) got an unexpected keyword "
+                                        r"argument 'shufle'.*shuffle"):
+        make(shufle=False)
+
+
+def test_generator_gives_the_seed_and_multiprocessing_context_the_start_method(reference):
+    import multiprocess
+    generator = torch.Generator().manual_seed(3)
+    with DataLoader(trivial(N), batch_size=4, fns=[noisy], num_workers=0,
+                    generator=generator) as dl:
+        assert dl.loader.seed == 3 and [digest(b) for b in dl] == reference[0]
+    with pytest.raises(ConfigError, match='not both'):
+        make(generator=generator)                   # make() passes seed=3
+    with pytest.raises(ConfigError, match='torch.Generator'):
+        DataLoader(trivial(N), batch_size=4, generator=3)
+    with make(2, multiprocessing_context='spawn') as dl:
+        assert dl.loader.start_method == 'spawn'
+    with make(2, multiprocessing_context=multiprocess.get_context('forkserver')) as dl:
+        assert dl.loader.start_method == 'forkserver'
+        assert [digest(b) for b in dl] == reference[0]
+    with pytest.raises(ConfigError, match='not both'):
+        make(2, multiprocessing_context='spawn', start_method='fork')
+
+
+def test_prefetch_factor_is_per_worker(reference):
+    with make(2, prefetch_factor=3) as dl:
+        assert dl.loader.prefetch == 6 and [digest(b) for b in dl] == reference[0]
+    for bad in (0, 2.5, True, 10**9):
+        with pytest.raises(ConfigError, match='prefetch_factor'):
+            make(2, prefetch_factor=bad)
+    with pytest.raises(ConfigError, match='not both'):
+        make(2, prefetch_factor=2, prefetch=4)
+
+
+@pytest.mark.parametrize('persistent', [None, True, False])
+def test_persistent_workers_false_stops_them_at_the_end_of_each_epoch(persistent, reference,
+                                                                       tmp_path):
+    def init(worker_id):
+        (tmp_path / f'{worker_id}-{os.getpid()}').touch()
+
+    with make(2, persistent_workers=persistent, worker_init_fn=init) as dl:
+        got, pids = [], []
+        for _ in range(2):
+            got.append([digest(b) for b in dl])
+            pids.append(set(dl.loader.worker_pids))
+        assert got == reference[:2]
+    started = sorted(p.name for p in tmp_path.iterdir())
+    if persistent is False:
+        assert pids == [set(), set()]               # stopped after each epoch
+        assert len(started) == 4 and sorted(n.split('-')[0] for n in started) == \
+            ['0', '0', '1', '1']                    # once per worker, per epoch
+    else:
+        assert len(pids[0]) == 2 and pids[0] == pids[1]
+        assert sorted(n.split('-')[0] for n in started) == ['0', '1']   # once per worker
+        assert {int(n.split('-')[1]) for n in started} == pids[0]       # in the workers
+
+
+def test_worker_init_fn_runs_in_each_worker_only_and_its_error_reaches_the_caller(tmp_path):
+    calls = []
+    with make(0, worker_init_fn=calls.append) as dl:
+        list(dl)
+    assert calls == []                              # no workers, as in torch
+
+    def broken(worker_id):
+        raise ValueError(f'worker {worker_id} cannot start')
+
+    with make(2, worker_init_fn=broken) as dl:
+        with pytest.raises(ValueError, match='cannot start'):
+            next(iter(dl))
+    with pytest.raises(ConfigError, match='worker_init_fn'):
+        make(2, worker_init_fn=3)
+    with pytest.raises(ConfigError, match='persistent_workers'):
+        make(2, persistent_workers='yes')
 
 
 # -- CUDA options -------------------------------------------------------------

@@ -234,7 +234,8 @@ class WorkerPool:
     def __init__(self, reader, fns, spec, layout, workers: int, slots: int, n: int,
                  shuffle: bool, on_error: str, start_method: str = 'spawn',
                  task_timeout_s: float | None = None, order_version: int | None = None,
-                 steady_memory: bool | None = None, shm_bytes: int | None = None):
+                 steady_memory: bool | None = None, shm_bytes: int | None = None,
+                 init_fn=None):
         import multiprocess
 
         self.closed = False
@@ -248,6 +249,7 @@ class WorkerPool:
         self._ctx = self._sock = None
         self._stats_rows = None
         self.stats_width = row_width(len(fns))
+        self._init_fn = init_fn             # each worker calls it once with its id
         try:
             with _sigint_deferred():
                 self._open(reader, fns, spec, layout, workers, slots, n, shuffle, on_error,
@@ -325,7 +327,7 @@ class WorkerPool:
             status_spec=self._status.spec, owned_dirs=list(held.dirs),
             parent_pid=os.getpid(), parent_start=None if me is None else me[2], n=n,
             shuffle=shuffle, on_error=on_error, endpoint=self.endpoint, workers=workers,
-            order_version=order_version,
+            order_version=order_version, init_fn=self._init_fn,
             steady_memory=steady_memory_default() if steady_memory is None else steady_memory)
         self.task_timeout_s = task_timeout_s
         self.max_tasks = tasks_held(reader)
