@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import time
 import weakref
 
@@ -98,6 +99,21 @@ def _raise_failure(failure: protocol.Failure, exc: BaseException | None = None):
 def _start_methods() -> list[str]:
     import multiprocess
     return multiprocess.get_all_start_methods()
+
+
+def default_start_method() -> str:
+    """How workers start when ``start_method`` is not given.
+
+    ``'fork'`` where there is one, like torch's DataLoader on Linux: workers
+    start in milliseconds and need no ``__main__`` guard. Not once JAX is
+    imported: JAX runs threads, a fork of a multithreaded process can
+    deadlock (JAX warns at each one), so ``'forkserver'`` (else ``'spawn'``),
+    which start workers from a process without those threads.
+    """
+    methods = _start_methods()
+    if 'fork' in methods and 'jax' not in sys.modules:
+        return 'fork'
+    return 'forkserver' if 'forkserver' in methods else 'spawn'
 
 
 # The largest values the Loader's whole-number settings may take: past these a
@@ -222,8 +238,9 @@ class Loader:
         uninterrupted one would have.
       timeout: seconds a worker may spend on one batch before it is killed
         and the batch redone (None: no deadline).
-      start_method: ``'fork'`` (default where there is one) or ``'spawn'`` (safe
-        in processes that run threads; needs the ``__main__`` guard).
+      start_method: ``'fork'`` (default where there is one, unless JAX is
+        imported: then ``'forkserver'``), ``'forkserver'`` or ``'spawn'`` (safe
+        in processes that run threads; they need the ``__main__`` guard).
       order_version: which permutation the shuffle uses (default
         :data:`loadr.order.ORDER_VERSION`; 1 is loadr 0.1's). A state records it.
       stats_every, on_stats: call ``on_stats(loader.stats())`` every
@@ -288,9 +305,7 @@ class Loader:
         if on_error not in ('raise', 'skip'):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if start_method is None:
-            # Like torch's DataLoader on Linux: fork starts workers in milliseconds and
-            # needs no __main__ guard; spawn is there for processes that hold threads.
-            start_method = 'fork' if 'fork' in _start_methods() else 'spawn'
+            start_method = default_start_method()
         if start_method not in _start_methods():
             raise ConfigError(f'unknown start_method {start_method!r}')
         for fn in fns:
