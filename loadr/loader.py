@@ -523,8 +523,9 @@ class Loader:
         >>> [len(b['x']) for b in loader.epoch(0)]
         [2, 2, 1]
         """
-        if not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ConfigError(f'epoch must be an int >= 0, got {epoch!r}')
+        # Positions stay below 2**63 (loadr.order): past the last whole epoch there,
+        # a clear error now, not a ValueError at the first batch.
+        _whole('epoch', epoch, 0, state_fields.MAX_STEP // self.n - 1)
         return _Batches(self, int(epoch), bool(drop_last))
 
     def _schedule(self, epoch: int | None, drop_last: bool) -> Schedule:

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, LoadrError, StateError
-from .loader import MAX_PREFETCH, Loader
+from .loader import MAX_BATCH, MAX_PREFETCH, MAX_WORKERS, Loader, _whole
 
 __all__ = ['DataLoader', 'rank_and_world_size', 'to_torch', 'STATE_VERSION']
 
@@ -382,6 +382,11 @@ class DataLoader:
         for name, ours in _OWN_ARGS.items():
             if name in loader_kwargs:
                 raise ConfigError(f'DataLoader sets {name!r} itself: pass {ours}= instead')
+        # Checked under torch's names (the Loader's errors would name batch= and workers=).
+        _whole('batch_size', batch_size, 1, MAX_BATCH)
+        if num_workers is not None and not (isinstance(num_workers, str)
+                                            and num_workers == 'auto'):
+            _whole('num_workers', num_workers, 0, MAX_WORKERS, " or 'auto'")
         loader_kwargs = self._torch_args(loader_kwargs)
         seed = self._seed(seed, generator)
         if multiprocessing_context is not None:

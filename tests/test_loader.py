@@ -784,3 +784,13 @@ def test_a_raising_on_stats_in_an_epoch_keeps_the_epoch_whole():
                 got.append(batch_digest(batch))
         got += [batch_digest(b) for b in it]
     assert got == expected
+
+
+def test_an_epoch_past_the_last_position_is_refused_when_asked_for():
+    # epoch(10**30) was a ValueError ("positions ... out of range") at the first batch.
+    loader = loadr.Loader(trivial(10), batch=2, workers=0)
+    last = (2**63 - 1) // 10 - 1
+    for bad in (10**30, last + 1, True, -1, 1.0):
+        with pytest.raises(ConfigError, match='^epoch must be'):
+            loader.epoch(bad)
+    assert len(next(iter(loader.epoch(last)))['label']) == 2

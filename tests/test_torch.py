@@ -424,6 +424,12 @@ def test_a_failing_fn_raises_its_own_error_on_the_rank(reference):
 def test_bad_arguments_and_states():
     with pytest.raises(ConfigError, match='batch_size'):
         DataLoader(trivial(5), batch_size=2, batch=3)
+    for bad in (0, 2.0, 10**400, None):             # named as the caller named them
+        with pytest.raises(ConfigError, match='^batch_size must be'):
+            DataLoader(trivial(5), batch_size=bad)
+    for bad in (-1, 1.5, 10**9, 'many'):
+        with pytest.raises(ConfigError, match='^num_workers must be'):
+            DataLoader(trivial(5), batch_size=2, num_workers=bad)
     with pytest.raises(ConfigError, match='num_workers'):
         DataLoader(trivial(5), batch_size=2, workers=3)
     with make() as dl:

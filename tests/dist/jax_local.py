@@ -41,6 +41,8 @@ def test_a_loader_that_does_not_match_the_sharding_is_refused():
             global_batches(loader, sharding)
     with pytest.raises(ConfigError, match='batch_size'):
         global_batches(data, sharding)
+    with pytest.raises(ConfigError, match='batch_size'):
+        global_batches(data, sharding, batch_size=10**400)     # was a hang
     with pytest.raises(ConfigError, match='sets'):
         global_batches(data, sharding, batch_size=4, shard_id=0)
 
