@@ -618,8 +618,9 @@ def test_worker_init_fn_runs_in_each_worker_only_and_its_error_reaches_the_calle
         raise ValueError(f'worker {worker_id} cannot start')
 
     with make(2, worker_init_fn=broken) as dl:
-        with pytest.raises(ValueError, match='cannot start'):
+        with pytest.raises(ValueError, match='cannot start') as info:
             next(iter(dl))
+        assert 'init_fn(' in str(info.value.__cause__)
     with pytest.raises(ConfigError, match='worker_init_fn'):
         make(2, worker_init_fn=3)
     with pytest.raises(ConfigError, match='persistent_workers'):

@@ -163,6 +163,7 @@ def run(args: WorkerArgs) -> None:
             args.init_fn(args.wid)
         except Exception as exc:
             init_failure = protocol.Failure.capture(exc, None, None, args.wid)
+            init_failure.message = f'init_fn({args.wid}) failed: {init_failure.message}'
     warm = getattr(args.reader, 'warm', None)
     if warm is not None:
         try:
