@@ -37,7 +37,7 @@ import jax
 import numpy as np
 
 from .errors import ConfigError
-from .loader import Loader
+from .loader import MAX_BATCH, Loader
 
 __all__ = ['global_batches', 'GlobalBatches', 'local_rows']
 
@@ -136,8 +136,9 @@ def global_batches(source, sharding, batch_size: int | None = None, **loader_kwa
     else:
         global_batch = batch_size
     if isinstance(global_batch, bool) or not isinstance(global_batch, (int, np.integer)) \
-            or global_batch < 1:
-        raise ConfigError(f'batch_size must be a positive int, got {global_batch!r}')
+            or not 1 <= global_batch <= MAX_BATCH:
+        raise ConfigError(f'batch_size must be an int in [1, {MAX_BATCH}], got '
+                          f'{global_batch!r}')
     # Only the rows matter here; other dimensions get a size every mesh axis divides.
     ndim = max(1, len(getattr(sharding, 'spec', None) or ()))
     devices = len(sharding.device_set)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import time
 import weakref
 
@@ -109,6 +110,58 @@ def _start_methods() -> list[str]:
     return multiprocess.get_all_start_methods()
 
 
+def default_start_method() -> str:
+    """How workers start when ``start_method`` is not given.
+
+    ``'fork'`` where there is one, like torch's DataLoader on Linux: workers
+    start in milliseconds and need no ``__main__`` guard. Not once JAX is
+    imported: JAX runs threads, a fork of a multithreaded process can
+    deadlock (JAX warns at each one), so ``'forkserver'`` (else ``'spawn'``),
+    which start workers from a process without those threads.
+    """
+    methods = _start_methods()
+    if 'fork' in methods and 'jax' not in sys.modules:
+        return 'fork'
+    return 'forkserver' if 'forkserver' in methods else 'spawn'
+
+
+# The largest values the Loader's whole-number settings may take: past these a
+# setting is a typo, not a plan (a slot is a batch of shared memory, a worker
+# a process), and each is far below where a count would overflow.
+MAX_BATCH = 2**31 - 1
+MAX_WORKERS = 4096
+MAX_PREFETCH = 65536
+
+
+def _whole(name: str, value, lo: int, hi: int | None = None, also: str = '') -> int:
+    """``value`` as an int in ``[lo, hi]``, else a ConfigError naming the setting."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        raise ConfigError(f'{name} must be an int >= {lo}{also}, got {value!r}')
+    if hi is not None and value > hi:
+        raise ConfigError(f'{name} must be at most {hi}, got {value!r}')
+    return int(value)
+
+
+def _real(name: str, value, lo: float, hi: float | None = None, above: bool = False,
+          none: str = '') -> float:
+    """``value`` as a finite float in its range (``> lo`` if ``above``), else a ConfigError
+    naming the setting: NaN and infinity pass no comparison, so they are refused first."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float, np.integer,
+                                                             np.floating))
+    if ok:
+        try:
+            value = float(value)
+        except OverflowError:               # an int past float's range
+            ok = False
+    if ok and np.isfinite(value) and (value > lo if above else value >= lo) \
+            and (hi is None or value <= hi):
+        return value
+    where = f'> {lo:g}' if above else f'>= {lo:g}'
+    if hi is not None:
+        where = f'in [{lo:g}, {hi:g}]'
+    raise ConfigError(f'{name} must be a finite number {where}{none}, got {value!r}')
+
+
 def _normalize_spec(spec: dict) -> dict:
     out = {}
     for key, value in spec.items():
@@ -118,6 +171,46 @@ def _normalize_spec(spec: dict) -> dict:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f'spec[{key!r}] must be (dtype, shape), got {value!r}') from exc
     return out
+
+
+class _Batches:
+    """A Loader's iterator (``iter(loader)``, ``loader.epoch(e)``): its batches in order.
+
+    An exception from ``next()`` (a worker's error, ``on_stats``, Ctrl-C) leaves
+    the batch that was due due: the loader's step has not moved past it, and
+    the next ``next()`` goes on from the step, so that batch comes next. A
+    generator that raised would be over, and its batch lost to the caller.
+    """
+
+    __slots__ = ('_loader', '_epoch', '_drop_last', '_gen', '_over')
+
+    def __init__(self, loader: 'Loader', epoch: int | None, drop_last: bool):
+        self._loader, self._epoch, self._drop_last = loader, epoch, drop_last
+        self._gen, self._over = None, False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._gen is None:
+            if self._over:
+                raise StopIteration
+            self._gen = self._loader._stream(self._epoch, self._drop_last)
+        try:
+            return next(self._gen)
+        except StopIteration:
+            self._gen, self._over = None, True
+            raise
+        except BaseException:
+            self._gen = None            # that generator is over; the next next() resumes
+            raise
+
+    def close(self) -> None:
+        """End the iteration now: its batches in flight are given back."""
+        self._over = True
+        if self._gen is not None:
+            gen, self._gen = self._gen, None
+            gen.close()
 
 
 class Loader:
@@ -154,14 +247,18 @@ class Loader:
         uninterrupted one would have.
       timeout: seconds a worker may spend on one batch before it is killed
         and the batch redone (None: no deadline).
-      start_method: ``'fork'`` (default where there is one) or ``'spawn'`` (safe
-        in processes that run threads; needs the ``__main__`` guard).
+      start_method: ``'fork'`` (default where there is one, unless JAX is
+        imported: then ``'forkserver'``), ``'forkserver'`` or ``'spawn'`` (safe
+        in processes that run threads; they need the ``__main__`` guard).
       order_version: which permutation the shuffle uses (default
         :data:`loadr.order.ORDER_VERSION`; 1 is loadr 0.1's). A state records it.
       stats_every, on_stats: call ``on_stats(loader.stats())`` every
         ``stats_every`` batches (in the iterating thread, just before the
         batch is handed out; what it costs counts as the caller's time). Both
-        are plain attributes too, to set or change later.
+        are plain attributes too, to set or change later. If ``on_stats``
+        raises, its exception reaches the caller and the batch is not handed
+        out: the step stays before it (so does a state saved now), and the
+        iterator's next ``next()`` yields it, calling ``on_stats`` again.
 
     ``loader.stats()`` says where the time goes (:class:`loadr.stats.Stats`:
     per-stage seconds of every worker, the caller's waiting, rates, a
@@ -190,36 +287,34 @@ class Loader:
                  timeout: float | None = DEFAULT_TASK_TIMEOUT_S, start_method: str | None = None,
                  order_version: int | None = None, stats_every: int | None = None,
                  on_stats=None):
-        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-            raise ConfigError(f'batch must be a positive int, got {batch!r}')
+        # Every numeric setting is checked here, once: finite and in range.
+        _whole('batch', batch, 1, MAX_BATCH)
         auto_workers, auto_prefetch = workers == 'auto', prefetch == 'auto'
         if workers is None:
             workers = min(8, os.cpu_count() or 1)
         elif auto_workers:
             workers = cores()
-        if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) \
-                or workers < 0:
-            auto = " or 'auto'" if isinstance(workers, str) else ''
-            raise ConfigError(f'workers must be an int >= 0{auto}, got {workers!r}')
+        _whole('workers', workers, 0, MAX_WORKERS,
+               " or 'auto'" if isinstance(workers, str) else '')
         if auto_prefetch or prefetch is None:
             prefetch = None
-        elif isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)):
-            raise ConfigError(f"prefetch must be an int >= 1 or 'auto', got {prefetch!r}")
-        if stats_every is not None and (isinstance(stats_every, bool) or not isinstance(
-                stats_every, (int, np.integer)) or stats_every < 1):
-            raise ConfigError(f'stats_every must be an int >= 1, got {stats_every!r}')
+        else:
+            _whole('prefetch', prefetch, 1, MAX_PREFETCH, " or 'auto'")
+        if stats_every is not None:
+            _whole('stats_every', stats_every, 1)
         if on_stats is not None and not callable(on_stats):
             raise ConfigError(f'on_stats must be callable, got {on_stats!r}')
-        if not isinstance(num_shards, (int, np.integer)) or num_shards < 1:
-            raise ConfigError(f'num_shards must be an int >= 1, got {num_shards!r}')
-        if not isinstance(shard_id, (int, np.integer)) or not 0 <= shard_id < num_shards:
+        _whole('num_shards', num_shards, 1, MAX_BATCH)
+        if isinstance(shard_id, bool) or not isinstance(shard_id, (int, np.integer)) \
+                or not 0 <= shard_id < num_shards:
             raise ConfigError(f'shard_id must be in [0, {num_shards}), got {shard_id!r}')
+        max_error_fraction = _real('max_error_fraction', max_error_fraction, 0, 1)
+        if timeout is not None:
+            timeout = _real('timeout', timeout, 0, above=True, none=' (None: no deadline)')
         if on_error not in ('raise', 'skip'):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if start_method is None:
-            # Like torch's DataLoader on Linux: fork starts workers in milliseconds and
-            # needs no __main__ guard; spawn is there for processes that hold threads.
-            start_method = 'fork' if 'fork' in _start_methods() else 'spawn'
+            start_method = default_start_method()
         if start_method not in _start_methods():
             raise ConfigError(f'unknown start_method {start_method!r}')
         for fn in fns:
@@ -244,12 +339,12 @@ class Loader:
         self.workers = int(workers)
         # As many batches in flight as the workers hold tasks (a remote reader's
         # workers hold a third, whose reads start a task ahead of the work).
-        self.prefetch = (max(1, int(prefetch)) if prefetch is not None
+        self.prefetch = (int(prefetch) if prefetch is not None
                          else max(2, tasks_held(reader) * self.workers))
         self.shard_id, self.num_shards = int(shard_id), int(num_shards)
         self.ring = bool(ring)
         self.on_error = on_error
-        self.max_error_fraction = float(max_error_fraction)
+        self.max_error_fraction = max_error_fraction
         self.timeout = timeout
         self.start_method = start_method
         self.step = 0
@@ -262,6 +357,13 @@ class Loader:
         self._pool = None
         self._window = None
         self._finalizer = None
+        # Called with no argument just before a worker pool is closed (a restart:
+        # workers='auto' settling, a load with another order version; close()):
+        # what refers to its slots' memory (page-locked registrations) lets go first.
+        self._before_pool_close: list = []
+        # Called as fn(worker id) once in each worker process before its first task
+        # (loadr.torch's worker_init_fn); None: nothing.
+        self._worker_init_fn = None
         self.errors = 0                 # datapoints replaced under on_error='skip' (all told)
         self.samples = 0                # datapoints made (all told)
         self._budget = (-1, 0, 0)       # window, errors, samples: see _count_errors
@@ -374,6 +476,11 @@ class Loader:
         >>> next(iter(loader))['x'].tolist() == order_for(loader.reader, 1).indices(4, 2).tolist()
         True
         """
+        self._apply_state(*self._check_state(state, strict))
+
+    def _check_state(self, state: dict, strict: bool = True) -> tuple[dict, list]:
+        """``(parsed state, what differs)``, or a StateError; touches nothing, so a refused
+        state leaves the loader (and every iteration in progress) exactly as it was."""
         parsed = state_fields.parse(state)
         mine = {'seed': self.seed, **self._fingerprint()}
         diffs = state_fields.differences(parsed, mine,
@@ -384,6 +491,10 @@ class Loader:
                              + '\n  - '.join(diffs) + '\nCreate the Loader as it was when '
                              'the state was saved, or call load(state, strict=False) to go on '
                              "from the state's step with its seed and order anyway.")
+        return parsed, diffs
+
+    def _apply_state(self, parsed: dict, diffs: list) -> None:
+        """Go on from a state :meth:`_check_state` accepted (nothing here can refuse it)."""
         for line in diffs:
             log.warning('loadr: load(strict=False) of a state that differs: %s', line)
         order = parsed.get('order', self.order_version)
@@ -409,7 +520,7 @@ class Loader:
     # -- iteration -----------------------------------------------------------
 
     def __iter__(self):
-        return self._stream(None, False)
+        return _Batches(self, None, False)
 
     def epoch(self, epoch: int, drop_last: bool = False):
         """The batches of one epoch only (positions ``[epoch*N, (epoch+1)*N)``).
@@ -422,9 +533,10 @@ class Loader:
         >>> [len(b['x']) for b in loader.epoch(0)]
         [2, 2, 1]
         """
-        if not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ConfigError(f'epoch must be an int >= 0, got {epoch!r}')
-        return self._stream(int(epoch), bool(drop_last))
+        # Positions stay below 2**63 (loadr.order): past the last whole epoch there,
+        # a clear error now, not a ValueError at the first batch.
+        _whole('epoch', epoch, 0, state_fields.MAX_STEP // self.n - 1)
+        return _Batches(self, int(epoch), bool(drop_last))
 
     def _schedule(self, epoch: int | None, drop_last: bool) -> Schedule:
         """What an iteration makes from the loader's step.
@@ -474,9 +586,18 @@ class Loader:
                 batch = self._batch_from(done.arrays, done.extras)
                 plan, replaced = done.plan, done.replaced
                 del done
-                self._count_errors(plan, replaced)
-                self.step = plan.next_step
-                self._handed(time.perf_counter() - asked)
+                mark = (self.step, self._budget, self.samples, self.errors, self._batches_out)
+                try:
+                    self._count_errors(plan, replaced)
+                    self.step = plan.next_step
+                    self._handed(time.perf_counter() - asked)
+                except BaseException:
+                    # The batch is not handed out (on_stats or the error budget raised):
+                    # it stays due, counted nowhere; the iterator's next next() (or a
+                    # new iterator, or a saved state) goes on from it.
+                    self.step, self._budget, self.samples, self.errors, \
+                        self._batches_out = mark
+                    raise
                 yield batch
                 # Only the caller may keep a lent batch alive.
                 del batch
@@ -619,7 +740,8 @@ class Loader:
         slots = self.prefetch + (1 if self.ring else LEASED_SLOTS)
         self._pool = WorkerPool(self.reader, self.fns, spec, Layout(fields, self.batch),
                                 self.workers, slots, self.n, self.shuffle, self.on_error,
-                                self.start_method, self.timeout, self.order_version)
+                                self.start_method, self.timeout, self.order_version,
+                                init_fn=self._worker_init_fn)
         self._finalizer = weakref.finalize(self, self._pool.close)
         list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
         self._window = Window(self._pool, self.prefetch, self.workers, list_keys, self.ring)
@@ -636,6 +758,9 @@ class Loader:
         pool = self._pool
         if self._window is not None:
             self._window.reset()
+        if pool is not None:
+            for hook in self._before_pool_close:
+                hook()
         if self._finalizer is not None:
             self._finalizer()
         self._pool = self._window = self._finalizer = None

@@ -40,6 +40,7 @@ It wraps a :class:`loadr.Loader` (``batch=batch_size`` per rank,
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 import warnings
 import weakref
@@ -49,7 +50,7 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, LoadrError, StateError
-from .loader import Loader
+from .loader import MAX_BATCH, MAX_PREFETCH, MAX_WORKERS, Loader, _whole
 
 __all__ = ['DataLoader', 'rank_and_world_size', 'to_torch', 'STATE_VERSION']
 
@@ -60,6 +61,22 @@ CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
 # Loader arguments the DataLoader sets itself, by their torch names.
 _OWN_ARGS = {'batch': 'batch_size', 'workers': 'num_workers', 'shard_id': 'rank',
              'num_shards': 'world_size'}
+# torch DataLoader arguments with no meaning here (None, torch's default, is taken),
+# and the loadr way to get what they are for.
+_ORDER_WAY = ("the order is loadr's: a resumable permutation of every epoch (shuffle=, "
+              "seed=), split between ranks by rank= and world_size=; to read a subset, "
+              "pass a reader of it (anything with len() and [i])")
+_TORCH_ONLY = {
+    'collate_fn': "loadr stacks each key of the datapoints into the batch itself (arrays "
+                  "in shared memory, other values as lists); transform datapoints with "
+                  "fns=[fn, ...] (each called as fn(datapoint, seed=s), returning a new "
+                  "datapoint), or the batches after the loop",
+    'sampler': _ORDER_WAY,
+    'batch_sampler': _ORDER_WAY + '; batch_size= and drop_last= make the batches',
+    'pin_memory_device': "pin_memory=True pins for CUDA; device='cuda:N' delivers the "
+                         "batches on that device",
+    'snapshot_every_n_steps': 'state_dict() is exact at every step, at no cost',
+}
 
 
 def rank_and_world_size(rank: int | None = None, world_size: int | None = None) -> tuple:
@@ -95,6 +112,9 @@ def _env_int(name: str, default: int) -> int:
     except ValueError:
         raise ConfigError(f'environment variable {name}={value!r} is not an int') from None
 
+
+# What a DataLoader passes on to its Loader (the Loader's own arguments).
+_LOADER_ARGS = frozenset(inspect.signature(Loader).parameters) - {'reader'}
 
 _convertible: dict = {}          # numpy dtype -> whether torch.from_numpy takes it
 
@@ -145,24 +165,47 @@ def _root(array: np.ndarray) -> np.ndarray:
 
 
 class _SlotPinner:
-    """Page-locks, once, each shared-memory slot a lent batch lives in.
+    """Page-locks, once, each shared-memory slot of the live worker pool a lent batch
+    lives in.
 
     A lent batch's arrays are views of one array over the whole slot
-    (``WorkerPool.fresh_views``), whose base is the shared-memory mapping;
-    the slots live as long as the loader, so registering each slot once
+    (``WorkerPool.fresh_views``), whose base is the slot's mapping; the slots
+    live as long as their pool, so registering each slot once
     (``cudaHostRegister``) makes every later batch in it pinned with no copy
-    and no pin thread. Arrays that are not in a slot (``num_workers=0``, or a
-    batch copied because the caller holds too many) are pinned by a copy.
-    ``register(address, nbytes) -> error code`` and ``unregister(address)``
-    are CUDA's; tests pass recording functions.
+    and no pin thread. A new pool (``workers='auto'`` settling, a load with
+    another order version) maps new slots, possibly at the old addresses:
+    :meth:`release` runs just before a pool is closed (the Loader's
+    ``_before_pool_close``), so every registration is undone while its memory
+    is still mapped, and :meth:`follow` makes the new pool's slots the ones
+    that may be registered. Arrays that are not in a slot of the live pool
+    (``num_workers=0``, a batch copied because the caller holds too many, the
+    last batch of a pool closed under it) are pinned by a copy.
+
+    ``register(address, nbytes) -> error code``, ``unregister(address)`` and
+    ``copy(tensor) -> pinned tensor`` are CUDA's by default; they are the test
+    hook: tests pass recording functions (``DataLoader._pin_functions``).
     """
 
-    def __init__(self, register, unregister):
+    def __init__(self, register, unregister, copy=None):
         self._register, self._unregister = register, unregister
+        self._copy = copy if copy is not None else (lambda t: t.pin_memory())
         self.pinned: dict[int, int] = {}     # address -> nbytes
         self.broken = False                  # registration failed: pin by copying
+        self._pool = None                    # weak reference to the pool followed
+        self._buffers: dict = {}             # id -> slot buffer of that pool (kept alive)
+
+    def follow(self, pool) -> None:
+        """Take the slots of ``pool`` (the loader's live pool, or None) as the ones to pin."""
+        if pool is None or pool.closed:
+            self._pool, self._buffers = None, {}
+        elif self._pool is None or self._pool() is not pool:
+            self._pool = weakref.ref(pool)
+            # Held here, so an id cannot stand for another buffer while it is listed.
+            self._buffers = {id(b): b for b in pool.slot_buffers()}
 
     def _pin_slot(self, root: np.ndarray) -> bool:
+        if self._buffers.get(id(root.base)) is not root.base:
+            return False                    # not a slot of the live pool
         address = root.__array_interface__['data'][0]
         if address in self.pinned:
             return True
@@ -189,13 +232,14 @@ class _SlotPinner:
                     copy = True
         if not copy:
             return tensors
-        return _map_tensors(tensors, lambda t: t.pin_memory())
+        return _map_tensors(tensors, self._copy)
 
     def release(self) -> None:
-        """Unregister every slot; before the loader unmaps them."""
+        """Unregister every slot and follow no pool; before the loader unmaps them."""
         for address in list(self.pinned):
             self._unregister(address)
             del self.pinned[address]
+        self._pool, self._buffers = None, {}
 
 
 def _release(pinner, loader) -> None:
@@ -248,22 +292,32 @@ class _Epoch:
         self._gen = None
         self._loads = None                  # dl._loads when the generator was made
         self._over = False
+        self._cut = False                   # an exception ended the generator
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self._gen is None or self._loads != self.dl._loads:
+        if self._gen is None or self._loads != self.dl._loads or self._cut:
             if self._over:
                 raise StopIteration
             if self._gen is not None:
                 self._gen.close()
+            cut, self._cut = self._cut and self._loads == self.dl._loads, False
             self._loads = self.dl._loads
-            self._gen = self.dl._claim(self)
+            self._gen = self.dl._rerun(self) if cut else self.dl._claim(self)
             if self._gen is None:           # a newer iter() started first
                 self._over = True
                 raise StopIteration
-        return next(self._gen)
+        try:
+            return next(self._gen)
+        except StopIteration:
+            raise
+        except BaseException:
+            # A worker's error, on_stats, Ctrl-C: the batch that was due stays due,
+            # and the next next() yields it (a generator that raised is over).
+            self._cut = True
+            raise
 
     def close(self) -> None:
         self._over = True
@@ -287,8 +341,23 @@ class DataLoader:
         slots too). ``'cuda'`` without CUDA is an error.
       rank, world_size: default: the initialised ``torch.distributed`` group,
         else ``RANK``/``WORLD_SIZE`` (torchrun), else 0 and 1.
+      persistent_workers: False: the workers stop at the end of each epoch
+        and start again for the next (torch's meaning); default: they live
+        as long as the DataLoader.
+      prefetch_factor: batches in flight per worker (``prefetch`` =
+        ``prefetch_factor * num_workers``).
+      multiprocessing_context: ``'fork'``, ``'spawn'``, ``'forkserver'`` or
+        a context with that start method (the Loader's ``start_method``).
+      generator: a ``torch.Generator``: its ``initial_seed()`` is the seed.
+      worker_init_fn: called as ``worker_init_fn(worker_id)`` once in each
+        worker process before its first batch (never with ``num_workers=0``).
+      timeout: the Loader's (seconds a worker may spend on one batch); 0
+        means none, as in torch.
       **loader_kwargs: any other :class:`loadr.Loader` argument (``prefetch``,
-        ``on_error``, ``timeout``, ``spec``, ``start_method``, ...).
+        ``on_error``, ``spec``, ``start_method``, ...). torch's
+        ``collate_fn``, ``sampler``, ``batch_sampler`` and
+        ``pin_memory_device`` have no meaning here: a TypeError says the
+        loadr way.
 
     Example:
 
@@ -299,18 +368,51 @@ class DataLoader:
     >>> dl.close()
     """
 
-    def __init__(self, reader, batch_size: int, fns=(), shuffle: bool = True, seed: int = 0,
-                 num_workers: int | None = None, drop_last: bool = False,
-                 pin_memory: bool = False, device=None, rank: int | None = None,
-                 world_size: int | None = None, **loader_kwargs):
+    # The test hook: (register, unregister, copy) in place of CUDA's (see _SlotPinner),
+    # for a build without CUDA to count what pin_memory=True does.
+    _pin_functions: tuple | None = None
+
+    def __init__(self, reader, batch_size: int, fns=(), shuffle: bool = True,
+                 seed: int | None = None, num_workers: int | None = None,
+                 drop_last: bool = False, pin_memory: bool = False, device=None,
+                 rank: int | None = None, world_size: int | None = None, *,
+                 persistent_workers: bool | None = None, prefetch_factor: int | None = None,
+                 multiprocessing_context=None, generator=None, worker_init_fn=None,
+                 **loader_kwargs):
         for name, ours in _OWN_ARGS.items():
             if name in loader_kwargs:
                 raise ConfigError(f'DataLoader sets {name!r} itself: pass {ours}= instead')
+        # Checked under torch's names (the Loader's errors would name batch= and workers=).
+        _whole('batch_size', batch_size, 1, MAX_BATCH)
+        if num_workers is not None and not (isinstance(num_workers, str)
+                                            and num_workers == 'auto'):
+            _whole('num_workers', num_workers, 0, MAX_WORKERS, " or 'auto'")
+        loader_kwargs = self._torch_args(loader_kwargs)
+        seed = self._seed(seed, generator)
+        if multiprocessing_context is not None:
+            if 'start_method' in loader_kwargs:
+                raise ConfigError('pass multiprocessing_context= or start_method=, not both')
+            method = multiprocessing_context
+            if not isinstance(method, str):
+                method = getattr(method, 'get_start_method', lambda: method)()
+            loader_kwargs['start_method'] = method
+        if prefetch_factor is not None:
+            if 'prefetch' in loader_kwargs:
+                raise ConfigError('pass prefetch_factor= or prefetch=, not both')
+            if num_workers == 'auto':
+                raise ConfigError("prefetch_factor needs a number of workers; with "
+                                  "num_workers='auto' pass prefetch='auto' (or nothing)")
+        if persistent_workers is not None and not isinstance(persistent_workers, bool):
+            raise ConfigError(f'persistent_workers must be True or False, got '
+                              f'{persistent_workers!r}')
+        self.persistent_workers = persistent_workers is not False
+        if worker_init_fn is not None and not callable(worker_init_fn):
+            raise ConfigError(f'worker_init_fn must be callable, got {worker_init_fn!r}')
         self.rank, self.world_size = rank_and_world_size(rank, world_size)
         self.device = self._check_device(device)
         cuda = self.device is not None and self.device.type == 'cuda'
         self.pin_memory = bool(pin_memory) or cuda
-        if pin_memory and not torch.cuda.is_available():
+        if pin_memory and not torch.cuda.is_available() and self._pin_functions is None:
             warnings.warn('loadr: pin_memory=True but CUDA is not available: batches stay in '
                           'pageable shared memory', RuntimeWarning, stacklevel=2)
             self.pin_memory = False
@@ -321,13 +423,35 @@ class DataLoader:
                              workers=num_workers, shard_id=self.rank,
                              num_shards=self.world_size, **loader_kwargs)
         self.num_workers = self.loader.workers
+        if prefetch_factor is not None:
+            if isinstance(prefetch_factor, bool) or not isinstance(
+                    prefetch_factor, (int, np.integer)) or not 1 <= prefetch_factor \
+                    <= MAX_PREFETCH // max(1, self.num_workers):
+                self.loader.close()
+                raise ConfigError(f'prefetch_factor must be an int in [1, '
+                                  f'{MAX_PREFETCH // max(1, self.num_workers)}], got '
+                                  f'{prefetch_factor!r}')
+            if self.num_workers:            # no workers: nothing is fetched ahead
+                self.loader.prefetch = int(prefetch_factor) * self.num_workers
+        self.loader._worker_init_fn = worker_init_fn
         self._pinner = None
-        if self.pin_memory:
+        if self.pin_memory and self._pin_functions is not None:
+            self._pinner = _SlotPinner(*self._pin_functions)
+        elif self.pin_memory:
             cudart = torch.cuda.cudart()
+
+            def unregister(address):
+                # A copy still running from the slot (the side stream's) must end first.
+                torch.cuda.synchronize()
+                return cudart.cudaHostUnregister(address)
+
             self._pinner = _SlotPinner(
                 lambda address, nbytes: cudart.cudaHostRegister(address, nbytes,
                                                                 CUDA_HOST_REGISTER_DEFAULT),
-                cudart.cudaHostUnregister)
+                unregister)
+        if self._pinner is not None:
+            # Every registration is undone before a pool's slots can be unmapped.
+            self.loader._before_pool_close.append(self._pinner.release)
         # Holds the loader, so the slots are unregistered before it can unmap them.
         self._finalizer = weakref.finalize(self, _release, self._pinner, self.loader)
         _live.add(self)
@@ -342,6 +466,40 @@ class DataLoader:
         self._unstarted = False           # it has not yielded yet
         self._loads = 0                   # load_state_dict() calls
         self.closed = False
+
+    @staticmethod
+    def _torch_args(kwargs: dict) -> dict:
+        """``kwargs`` for the Loader: torch's names that mean nothing here refused (a
+        TypeError that says the loadr way), torch's defaults dropped, torch's timeout=0
+        (none) made the Loader's None."""
+        out = {}
+        for name, value in kwargs.items():
+            if name in _TORCH_ONLY or name == 'in_order':
+                # torch's default (None; in_order=True) is what loadr does anyway.
+                if value is None or (name == 'in_order' and value is True):
+                    continue
+                how = (_TORCH_ONLY[name] if name in _TORCH_ONLY
+                       else 'loadr yields every batch in order, always')
+                raise TypeError(f'loadr.torch.DataLoader does not take {name}=: {how}')
+            if name not in _LOADER_ARGS:
+                raise TypeError(f'DataLoader() got an unexpected keyword argument {name!r} '
+                                f"(neither one of torch's DataLoader that loadr.torch takes "
+                                f'nor one of loadr.Loader: {", ".join(sorted(_LOADER_ARGS))})')
+            out[name] = value
+        if out.get('timeout') == 0 and not isinstance(out['timeout'], bool):
+            out['timeout'] = None           # torch's "no timeout"
+        return out
+
+    @staticmethod
+    def _seed(seed, generator):
+        """The seed: ``seed``, else ``generator.initial_seed()``, else 0."""
+        if generator is None:
+            return 0 if seed is None else seed
+        if seed is not None:
+            raise ConfigError('pass seed= or generator=, not both')
+        if not isinstance(generator, torch.Generator):
+            raise ConfigError(f'generator must be a torch.Generator, got {generator!r}')
+        return generator.initial_seed()
 
     @staticmethod
     def _check_device(device):
@@ -399,6 +557,16 @@ class DataLoader:
         self._resume, self._unstarted, self._current = False, False, it
         return self._run(self._epoch, self._step)
 
+    def _rerun(self, it: _Epoch):
+        """The rest of ``it``'s epoch after an exception cut it short, from the batch after
+        the last one handed out; None if a newer iter() came first."""
+        if it is not self._current or self.closed:
+            return None
+        # The loader may have made a batch it never handed out (the one copied
+        # ahead to the device): it goes on from ours.
+        self.loader.step = self._step
+        return self._run(self._epoch, self._step)
+
     def _stop_current(self) -> None:
         # Closing the abandoned epoch gives its prefetched slots back now.
         if self._current is not None:
@@ -427,6 +595,9 @@ class DataLoader:
         # The epoch ran to its end: the next iter() starts the next epoch
         # fresh, and so does a state taken now.
         self._epoch, self._step, self._resume = epoch + 1, (epoch + 1) * self.loader.n, True
+        if not self.persistent_workers:
+            # torch's persistent_workers=False: the next epoch starts them again.
+            self.loader._close_window()
 
     def _empty_batch(self) -> dict:
         """A batch of zero rows with the keys, dtypes and shapes of every other batch."""
@@ -443,6 +614,7 @@ class DataLoader:
         self._fetched += 1
         out = to_torch(batch)
         if self._pinner is not None:
+            self._pinner.follow(self.loader._pool)
             out = self._pinner.pin(batch, out)
         return batch, out, self.loader.step
 
@@ -518,27 +690,43 @@ class DataLoader:
         ``{}`` changes nothing (as in torchdata). ``strict=False`` is passed
         to :meth:`loadr.Loader.load`.
         """
-        if state == {}:
+        if isinstance(state, dict) and not state:
             return
-        if (not isinstance(state, dict) or not isinstance(state.get('loader'), dict)
-                or isinstance(state.get('epoch'), bool)
-                or not isinstance(state.get('epoch'), int) or state['epoch'] < 0):
-            raise StateError(f"a DataLoader state is a dict with 'epoch' (an int >= 0) and "
-                             f"'loader' (from DataLoader.state_dict()), got {state!r}")
-        if state.get('version', STATE_VERSION) > STATE_VERSION:
-            raise StateError(f"DataLoader state version {state['version']} is newer than this "
-                             f'loadr understands ({STATE_VERSION}); upgrade loadr')
+        epoch, checked = self._check_state(state, strict)
+        # Only now, with every field checked, does anything move.
         self._loads += 1                  # the iterator in progress goes on from here
         self._unstarted = False
-        if strict:
-            self.loader.load(state['loader'])
-        else:
-            self.loader.load(state['loader'], strict=False)
-        epoch, step = state['epoch'], self.loader.step
-        if step > (epoch + 1) * self.loader.n:
-            raise StateError(f"the state's step {step} lies past the end of its epoch {epoch} "
-                             f'(the dataset has {self.loader.n} datapoints)')
-        self._epoch, self._step, self._resume = epoch, step, True
+        self.loader._apply_state(*checked)
+        self._epoch, self._step, self._resume = epoch, self.loader.step, True
+
+    def _check_state(self, state, strict: bool) -> tuple[int, tuple]:
+        """``(epoch, the loader's checked state)``, or a StateError naming the field;
+        changes nothing."""
+        if not isinstance(state, dict) or not isinstance(state.get('loader'), dict):
+            raise StateError(f"a DataLoader state is a dict with 'version', 'epoch' and "
+                             f"'loader' (from DataLoader.state_dict()), got {state!r}"[:300])
+        version = state.get('version', STATE_VERSION)
+        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) \
+                or version < 1:
+            raise StateError(f'DataLoader state version must be an int >= 1, got {version!r}')
+        if version > STATE_VERSION:
+            raise StateError(f'DataLoader state version {version} is newer than this loadr '
+                             f'understands ({STATE_VERSION}); upgrade loadr')
+        epoch = state.get('epoch')
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise StateError(f'DataLoader state epoch must be an int >= 0, got {epoch!r}')
+        epoch = int(epoch)
+        checked = self.loader._check_state(state['loader'], strict)
+        step, n = checked[0]['step'], self.loader.n
+        # The step of epoch e lies in [e*N, (e+1)*N] (at (e+1)*N: the epoch's batches
+        # are all out). Anything else contradicts the epoch; a huge epoch is one.
+        if not epoch * n <= step <= (epoch + 1) * n:
+            where = 'past the end of' if step > (epoch + 1) * n else 'before the start of'
+            raise StateError(f"DataLoader state epoch {epoch} contradicts its step: the "
+                             f"loader's step {step} lies {where} epoch {epoch} (positions "
+                             f'[{epoch * n}, {(epoch + 1) * n}]; the dataset has {n} '
+                             f'datapoints)')
+        return epoch, checked
 
     # -- lifecycle ---------------------------------------------------------
 

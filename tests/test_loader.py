@@ -712,3 +712,85 @@ def test_bad_arguments_and_states():
                   {'step': 0, 'seed': 0, 'shuffle': False}, {'step': 0, 'seed': 0, 'version': 99}):
         with pytest.raises(StateError):
             loader.load(state)
+
+
+@pytest.mark.parametrize('name,value', [
+    ('batch', 10**400), ('batch', 2.0), ('workers', 10**9), ('prefetch', 0),
+    ('prefetch', -3), ('prefetch', 10**30), ('prefetch', 2.5), ('stats_every', 0),
+    ('num_shards', True), ('num_shards', 10**20), ('max_error_fraction', float('nan')),
+    ('max_error_fraction', float('inf')), ('max_error_fraction', -0.1),
+    ('max_error_fraction', 1.5), ('max_error_fraction', 10**400), ('max_error_fraction', '1'),
+    ('timeout', float('nan')), ('timeout', float('inf')), ('timeout', 0), ('timeout', -1),
+    ('timeout', 10**400), ('timeout', '30')], ids=lambda v: str(v)[:12])
+def test_every_numeric_setting_is_checked_once_finite_and_in_range(name, value):
+    # nan and inf used to pass (no deadline at all, OverflowError later), prefetch=0 was
+    # silently made 1; each is now a ConfigError naming the setting.
+    kwargs = {'batch': 2, 'workers': 0, name: value}
+    with pytest.raises(ConfigError, match=f'^{name} must be'):
+        loadr.Loader(trivial(10), **kwargs)
+
+
+def test_numeric_settings_in_range_are_kept():
+    with loadr.Loader(trivial(10), batch=2, workers=1, prefetch=3, timeout=2.5,
+                      max_error_fraction=np.float32(0.5), stats_every=np.int64(2)) as lo:
+        assert (lo.prefetch, lo.timeout, lo.max_error_fraction) == (3, 2.5, 0.5)
+
+
+class _Flaky:
+    """An on_stats that raises at the calls listed (counted from 1)."""
+
+    def __init__(self, *raise_at):
+        self.raise_at, self.calls = set(raise_at), 0
+
+    def __call__(self, stats):
+        self.calls += 1
+        if self.calls in self.raise_at:
+            raise RuntimeError(f'on_stats call {self.calls}')
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_raising_on_stats_loses_no_batch_and_a_state_saved_then_has_it_due(workers):
+    # The step had moved past the batch before on_stats ran: the batch was never
+    # yielded, the iterator was over, and a state saved then counted it as consumed.
+    made = dict(batch=3, seed=4, fns=[noisy], workers=workers)
+    with loadr.Loader(trivial(20), **made) as loader:
+        expected = stream_digests(loader, 12)
+    with loadr.Loader(trivial(20), stats_every=2, on_stats=_Flaky(2, 3), **made) as loader:
+        it = iter(loader)
+        got, states = [], []
+        while len(got) < 12:
+            try:
+                got.append(batch_digest(next(it)))
+            except RuntimeError as exc:
+                assert 'on_stats call' in str(exc)
+                states.append((len(got), loader.save()))
+        assert loader.stats().batches == 12
+    assert got == expected
+    assert [k for k, _ in states] == [3, 3]            # raised twice at the 4th batch
+    for k, state in states:
+        with loadr.Loader(trivial(20), **made) as fresh:
+            fresh.load(state)
+            assert stream_digests(fresh, 12 - k) == expected[k:]
+
+
+def test_a_raising_on_stats_in_an_epoch_keeps_the_epoch_whole():
+    made = dict(batch=4, seed=2, workers=0)
+    with loadr.Loader(trivial(10), **made) as loader:
+        expected = [batch_digest(b) for b in loader.epoch(1)]
+    with loadr.Loader(trivial(10), stats_every=1, on_stats=_Flaky(3), **made) as loader:
+        it, got = loader.epoch(1), []
+        with pytest.raises(RuntimeError):
+            for batch in it:
+                got.append(batch_digest(batch))
+        got += [batch_digest(b) for b in it]
+    assert got == expected
+
+
+def test_an_epoch_past_the_last_position_is_refused_when_asked_for():
+    # epoch(10**30) was a ValueError ("positions ... out of range") at the first batch.
+    loader = loadr.Loader(trivial(10), batch=2, workers=0)
+    last = (2**63 - 1) // 10 - 1
+    for bad in (10**30, last + 1, True, -1, 1.0):
+        with pytest.raises(ConfigError, match='^epoch must be'):
+            loader.epoch(bad)
+    assert len(next(iter(loader.epoch(last)))['label']) == 2

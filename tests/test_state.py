@@ -185,3 +185,31 @@ def test_next_after_close_says_the_loader_is_closed(workers):
     for stream in (it, epoch, iter(loader)):
         with pytest.raises(LoadrError, match='this loader is closed'):
             next(stream)
+
+
+def _mix():
+    return loadr.Mix({'a': trivial(30), 'b': trivial(17)}, weights={'a': 2, 'b': 1})
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+@pytest.mark.parametrize('make', [trivial, _mix], ids=['list', 'mix'])
+def test_a_refused_load_leaves_the_running_iteration_as_it_was(workers, make):
+    # Every load is checked in full before it touches the loader (a Mix is loaded
+    # by the same path): the iteration in progress goes on exactly as it would have.
+    made = dict(batch=4, seed=1, fns=[noisy], workers=workers)
+    with loadr.Loader(make(), **made) as loader:
+        expected = stream_digests(loader, 8)
+    with loadr.Loader(make(), **made) as loader:
+        it = iter(loader)
+        got = [batch_digest(next(it)) for _ in range(3)]
+        state = loader.save()
+        other_order = {**state, 'order': 1 if state['order'] != 1 else 2, 'seed': 5}
+        for bad in ({**state, 'seed': 2}, {**state, 'n': state['n'] + 1},
+                    {**state, 'fns': []}, {**state, 'global_batch': 8},
+                    {**state, 'step': -4}, {**state, 'skipped': [1]}, other_order,
+                    {**state, 'version': 99}, {**state, 'step': 'x'}):
+            with pytest.raises(StateError):
+                loader.load(bad)
+            assert loader.save() == state
+        got += [batch_digest(next(it)) for _ in range(5)]
+    assert got == expected

@@ -8,10 +8,12 @@ end of epoch, many epochs, JSON round trip, another worker count) to ours.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -422,6 +424,12 @@ def test_a_failing_fn_raises_its_own_error_on_the_rank(reference):
 def test_bad_arguments_and_states():
     with pytest.raises(ConfigError, match='batch_size'):
         DataLoader(trivial(5), batch_size=2, batch=3)
+    for bad in (0, 2.0, 10**400, None):             # named as the caller named them
+        with pytest.raises(ConfigError, match='^batch_size must be'):
+            DataLoader(trivial(5), batch_size=bad)
+    for bad in (-1, 1.5, 10**9, 'many'):
+        with pytest.raises(ConfigError, match='^num_workers must be'):
+            DataLoader(trivial(5), batch_size=2, num_workers=bad)
     with pytest.raises(ConfigError, match='num_workers'):
         DataLoader(trivial(5), batch_size=2, workers=3)
     with make() as dl:
@@ -435,6 +443,188 @@ def test_bad_arguments_and_states():
                                                        'step': 3 * N}})
     with pytest.raises(Exception, match='closed'):
         iter(dl)
+
+
+def _malformed(good: dict, n: int) -> list:
+    """(state, field the StateError must name): wrong types and values everywhere."""
+    loader = good['loader']
+    return [
+        ({**good, 'version': '1'}, 'version'), ({**good, 'version': 1.5}, 'version'),
+        ({**good, 'version': None}, 'version'), ({**good, 'version': 0}, 'version'),
+        ({**good, 'epoch': 10**30}, 'epoch'), ({**good, 'epoch': 2.0}, 'epoch'),
+        ({**good, 'epoch': '0'}, 'epoch'), ({**good, 'epoch': 5}, 'epoch'),
+        ({**good, 'epoch': 2**62}, 'epoch'),
+        ({'version': 1, 'epoch': 0, 'loader': {**loader, 'step': 2 * n}}, 'epoch'),
+        ({**good, 'loader': {**loader, 'step': '4'}}, 'step'),
+        ({**good, 'loader': {**loader, 'step': 2.0**70}}, 'step'),
+        ({**good, 'loader': {**loader, 'seed': [3]}}, 'seed'),
+        ({**good, 'loader': {**loader, 'n': 'x'}}, 'n must'),
+        ({**good, 'loader': {**loader, 'shuffle': 1}}, 'shuffle'),
+        ({**good, 'loader': {**loader, 'fns': 'abc'}}, 'fns'),
+        ({**good, 'loader': {**loader, 'dataset': []}}, 'dataset'),
+        ({**good, 'loader': {**loader, 'order': 'v2'}}, 'order'),
+        ({**good, 'loader': {**loader, 'skipped': [0, -1, 2]}}, 'skipped'),
+        ({**good, 'loader': None}, 'loader'),
+    ]
+
+
+def test_malformed_states_are_refused_at_load_naming_the_field(reference):
+    # A non-integer version was a TypeError, a huge epoch a struct.error at the first
+    # batch, an epoch ahead of its step was accepted (and skipped epochs).
+    with make() as dl:
+        it = iter(dl)
+        head = [digest(next(it)) for _ in range(2)]
+        good = json.loads(json.dumps(dl.state_dict()))
+        for bad, field in _malformed(good, N):
+            with pytest.raises(StateError, match=field):
+                dl.load_state_dict(bad)
+        dl.load_state_dict(good)                         # the good one still loads
+        assert head + [digest(b) for b in it] == reference[0]
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_refused_load_changes_nothing(workers, reference):
+    # A state refused at its epoch check had already moved the loader: the running
+    # epoch lost its last batches.
+    with make(workers) as dl:
+        it = iter(dl)
+        got = [digest(next(it)) for _ in range(2)]
+        state = dl.state_dict()
+        refused = [{'epoch': 0, 'loader': {**state['loader'], 'step': 2 * N}},
+                   {'epoch': 1, 'loader': state['loader']},
+                   {**state, 'version': 'x'},
+                   {**state, 'loader': {**state['loader'], 'seed': 99}},
+                   {**state, 'loader': {**state['loader'], 'n': N + 1}}]
+        for bad in refused:
+            with pytest.raises(StateError):
+                dl.load_state_dict(bad)
+            assert dl.state_dict() == state
+        got += [digest(b) for b in it]
+        assert got == reference[0]
+        assert epochs(dl, 1) == reference[1:2]
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_a_raising_on_stats_loses_no_batch_of_the_epoch(workers, reference):
+    # The exception ended the epoch's generator: the next next() ended the epoch
+    # short, the due batch was never yielded, and a state saved then had it consumed.
+    calls = []
+
+    def on_stats(stats):
+        calls.append(stats.batches)
+        if len(calls) in (2, 4):
+            raise RuntimeError('on_stats failed')
+
+    with make(workers, stats_every=2, on_stats=on_stats) as dl:
+        it, got, states = iter(dl), [], []
+        while True:
+            try:
+                got.append(digest(next(it)))
+            except RuntimeError:
+                states.append((len(got), dl.state_dict()))
+            except StopIteration:
+                break
+        assert got == reference[0]
+        assert epochs(dl, 1) == reference[1:2]
+    assert [k for k, _ in states] == [3, 5]
+    for k, state in states:
+        with make(workers) as fresh:
+            fresh.load_state_dict(state)
+            assert [digest(b) for b in fresh] == reference[0][k:]
+
+
+# -- torch's other arguments ---------------------------------------------------
+
+@pytest.mark.parametrize('name,value,way', [
+    ('collate_fn', lambda batch: batch, 'fns='), ('sampler', [0, 1], 'shuffle='),
+    ('batch_sampler', [[0, 1]], 'batch_size='), ('pin_memory_device', 'cuda', 'device='),
+    ('in_order', False, 'in order'), ('snapshot_every_n_steps', 10, 'state_dict')])
+def test_torch_arguments_without_a_meaning_here_say_the_loadr_way(name, value, way):
+    # They used to fail with "Loader.__init__() got an unexpected keyword argument".
+    with pytest.raises(TypeError, match=f'DataLoader does not take {name}=') as info:
+        make(**{name: value})
+    assert way in str(info.value)
+
+
+def test_torch_defaults_pass_and_unknown_arguments_name_dataloader(reference):
+    with make(collate_fn=None, sampler=None, batch_sampler=None, in_order=True,
+              timeout=0) as dl:
+        assert dl.loader.timeout is None            # torch's 0: no timeout
+        assert [digest(b) for b in dl] == reference[0]
+    with pytest.raises(TypeError, match=r"DataLoader\(\) got an unexpected keyword "
+                                        r"argument 'shufle'.*shuffle"):
+        make(shufle=False)
+
+
+def test_generator_gives_the_seed_and_multiprocessing_context_the_start_method(reference):
+    import multiprocess
+    generator = torch.Generator().manual_seed(3)
+    with DataLoader(trivial(N), batch_size=4, fns=[noisy], num_workers=0,
+                    generator=generator) as dl:
+        assert dl.loader.seed == 3 and [digest(b) for b in dl] == reference[0]
+    with pytest.raises(ConfigError, match='not both'):
+        make(generator=generator)                   # make() passes seed=3
+    with pytest.raises(ConfigError, match='torch.Generator'):
+        DataLoader(trivial(N), batch_size=4, generator=3)
+    with make(2, multiprocessing_context='spawn') as dl:
+        assert dl.loader.start_method == 'spawn'
+    with make(2, multiprocessing_context=multiprocess.get_context('forkserver')) as dl:
+        assert dl.loader.start_method == 'forkserver'
+        assert [digest(b) for b in dl] == reference[0]
+    with pytest.raises(ConfigError, match='not both'):
+        make(2, multiprocessing_context='spawn', start_method='fork')
+
+
+def test_prefetch_factor_is_per_worker(reference):
+    with make(2, prefetch_factor=3) as dl:
+        assert dl.loader.prefetch == 6 and [digest(b) for b in dl] == reference[0]
+    for bad in (0, 2.5, True, 10**9):
+        with pytest.raises(ConfigError, match='prefetch_factor'):
+            make(2, prefetch_factor=bad)
+    with pytest.raises(ConfigError, match='not both'):
+        make(2, prefetch_factor=2, prefetch=4)
+
+
+@pytest.mark.parametrize('persistent', [None, True, False])
+def test_persistent_workers_false_stops_them_at_the_end_of_each_epoch(persistent, reference,
+                                                                       tmp_path):
+    def init(worker_id):
+        (tmp_path / f'{worker_id}-{os.getpid()}').touch()
+
+    with make(2, persistent_workers=persistent, worker_init_fn=init) as dl:
+        got, pids = [], []
+        for _ in range(2):
+            got.append([digest(b) for b in dl])
+            pids.append(set(dl.loader.worker_pids))
+        assert got == reference[:2]
+    started = sorted(p.name for p in tmp_path.iterdir())
+    if persistent is False:
+        assert pids == [set(), set()]               # stopped after each epoch
+        assert len(started) == 4 and sorted(n.split('-')[0] for n in started) == \
+            ['0', '0', '1', '1']                    # once per worker, per epoch
+    else:
+        assert len(pids[0]) == 2 and pids[0] == pids[1]
+        assert sorted(n.split('-')[0] for n in started) == ['0', '1']   # once per worker
+        assert {int(n.split('-')[1]) for n in started} == pids[0]       # in the workers
+
+
+def test_worker_init_fn_runs_in_each_worker_only_and_its_error_reaches_the_caller(tmp_path):
+    calls = []
+    with make(0, worker_init_fn=calls.append) as dl:
+        list(dl)
+    assert calls == []                              # no workers, as in torch
+
+    def broken(worker_id):
+        raise ValueError(f'worker {worker_id} cannot start')
+
+    with make(2, worker_init_fn=broken) as dl:
+        with pytest.raises(ValueError, match='cannot start') as info:
+            next(iter(dl))
+        assert 'init_fn(' in str(info.value.__cause__)
+    with pytest.raises(ConfigError, match='worker_init_fn'):
+        make(2, worker_init_fn=3)
+    with pytest.raises(ConfigError, match='persistent_workers'):
+        make(2, persistent_workers='yes')
 
 
 # -- CUDA options -------------------------------------------------------------
@@ -459,8 +649,10 @@ def test_each_slot_is_registered_once_and_other_batches_are_pinned_by_a_copy():
     with make(2, prefetch=2) as dl:
         slots = 2 + 2                       # prefetch + the lent ones
         for batch in dl.loader.epoch(0):
+            pinner.follow(dl.loader._pool)
             assert pinner.pin(batch, to_torch(batch)) is not None
         for batch in dl.loader.epoch(1):
+            pinner.follow(dl.loader._pool)
             pinner.pin(batch, to_torch(batch))
         assert 1 <= len(registered) <= slots
         assert len(set(registered)) == len(registered)      # once per slot
@@ -474,6 +666,113 @@ def test_each_slot_is_registered_once_and_other_batches_are_pinned_by_a_copy():
             with pytest.raises(RuntimeError):       # pin_memory() itself needs CUDA
                 pinner.pin(batch, to_torch(batch))
         assert registered == []
+
+
+def _mapping(address: int):
+    """(start, end, inode) of the mapping of this process that holds ``address``, or None."""
+    with open('/proc/self/maps') as f:
+        for line in f:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split('-'))
+            if start <= address < end:
+                return start, end, fields[4]
+    return None
+
+
+class _CudaLike:
+    """cudaHostRegister / cudaHostUnregister / pin_memory() as CUDA keeps them, checked
+    against the process's mappings: a range registered twice gets error 712, and
+    unregistering memory that was unmapped (or mapped anew) since it was registered
+    is an error."""
+
+    def __init__(self):
+        self.live: dict[int, tuple] = {}        # address -> (nbytes, mapping)
+        self.calls = {'register': 0, 'unregister': 0, 'copy': 0}
+        self.errors: list[str] = []
+
+    def register(self, address, nbytes):
+        self.calls['register'] += 1
+        if address in self.live:
+            return 712
+        self.live[address] = (nbytes, _mapping(address))
+        return 0
+
+    def unregister(self, address):
+        self.calls['unregister'] += 1
+        nbytes, mapping = self.live.pop(address, (None, None))
+        if mapping is None:
+            self.errors.append(f'{address:#x} unregistered but not registered')
+        elif _mapping(address) != mapping:
+            self.errors.append(f'{address:#x} unmapped before it was unregistered')
+
+    def copy(self, tensor):
+        self.calls['copy'] += 1
+        return tensor.clone()
+
+    def pinned(self, tensor) -> bool:
+        """Whether ``tensor``'s memory lies in a range registered in its mapping now."""
+        ptr = tensor.data_ptr()
+        return any(a <= ptr < a + n and _mapping(a) == m for a, (n, m) in self.live.items())
+
+
+def test_pinned_slots_are_unregistered_before_a_new_pool_and_its_slots_registered(reference):
+    # A load with another order version starts a new worker pool: its slots were
+    # taken as registered (the old addresses) and the old registrations were undone
+    # only at close, after their memory was unmapped.
+    cuda = _CudaLike()
+
+    class Recorded(DataLoader):
+        _pin_functions = (cuda.register, cuda.unregister, cuda.copy)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')              # no "CUDA is not available"
+        dl = Recorded(trivial(N), batch_size=4, fns=[noisy], seed=3, num_workers=2,
+                      prefetch=2, pin_memory=True)
+    with dl:
+        it = iter(dl)
+        for _ in range(3):
+            batch = next(it)
+            assert cuda.pinned(batch['vec'])
+        del batch
+        first = cuda.calls['register']
+        assert 1 <= first <= 4 and len(cuda.live) == first
+        state = dl.state_dict()
+        other = 1 if state['loader']['order'] != 1 else 2
+        dl.load_state_dict({**state, 'loader': {**state['loader'], 'order': other}})
+        assert cuda.live == {} and cuda.calls['unregister'] == first
+        for batch in it:
+            assert cuda.pinned(batch['vec']), cuda.live
+        del batch
+        assert cuda.calls['register'] > first
+    assert cuda.live == {} and cuda.errors == []
+    assert cuda.calls['register'] == cuda.calls['unregister'] and cuda.calls['copy'] == 0
+
+
+def test_pinned_slots_across_the_restart_of_workers_auto():
+    # workers='auto' settling on fewer workers starts a new pool in the middle of the
+    # hand-out of a batch: that batch (the old pool's last) is pinned by a copy (as
+    # are the first batches, joined from pieces), the new pool's slots are
+    # registered, and the old pool's registrations are undone while still mapped.
+    cuda = _CudaLike()
+
+    class Recorded(DataLoader):
+        _pin_functions = (cuda.register, cuda.unregister, cuda.copy)
+
+    with Recorded(trivial(400), batch_size=4, fns=[noisy], num_workers='auto',
+                  pin_memory=True) as dl:
+        started = dl.num_workers
+        it = iter(dl)
+        for _ in range(40):
+            copies = cuda.calls['copy']
+            batch = next(it)
+            assert cuda.pinned(batch['vec']) or cuda.calls['copy'] > copies
+            del batch
+            time.sleep(0.02)                # a slow consumer: one worker is enough
+        settled = dl.loader.settled
+    assert settled is not None and cuda.errors == [] and cuda.live == {}
+    assert cuda.calls['register'] == cuda.calls['unregister']
+    if settled['workers'] == started:
+        pytest.skip(f'auto kept {started} workers here: no restart to check')
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')

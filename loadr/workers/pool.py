@@ -266,7 +266,8 @@ class WorkerPool:
     def __init__(self, reader, fns, spec, layout, workers: int, slots: int, n: int,
                  shuffle: bool, on_error: str, start_method: str = 'spawn',
                  task_timeout_s: float | None = None, order_version: int | None = None,
-                 steady_memory: bool | None = None, shm_bytes: int | None = None):
+                 steady_memory: bool | None = None, shm_bytes: int | None = None,
+                 init_fn=None):
         import multiprocess
 
         self.closed = False
@@ -281,6 +282,7 @@ class WorkerPool:
         self._ctx = self._sock = None
         self._stats_rows = None
         self.stats_width = row_width(len(fns))
+        self._init_fn = init_fn             # each worker calls it once with its id
         try:
             with _sigint_deferred():
                 self._open(reader, fns, spec, layout, workers, slots, n, shuffle, on_error,
@@ -358,7 +360,7 @@ class WorkerPool:
             status_spec=self._status.spec, owned_dirs=list(held.dirs),
             parent_pid=os.getpid(), parent_start=None if me is None else me[2], n=n,
             shuffle=shuffle, on_error=on_error, endpoint=self.endpoint, workers=workers,
-            order_version=order_version,
+            order_version=order_version, init_fn=self._init_fn,
             steady_memory=steady_memory_default() if steady_memory is None else steady_memory)
         self.task_timeout_s = task_timeout_s
         self.max_tasks = tasks_held(reader)
@@ -649,6 +651,13 @@ class WorkerPool:
         if self._held.last_stats is not None:      # closed: as the workers left them
             return self._held.last_stats.copy()
         return np.zeros((len(self.workers), self.stats_width))
+
+    def slot_buffers(self) -> list:
+        """The buffers the batch slots are mapped in (what a lent batch's arrays hang
+        from); none once closed."""
+        if self.closed:
+            return []
+        return [seg.buf for seg in self._segments[:self.slot_count]]
 
     def fresh_views(self, slot: int) -> tuple[np.ndarray, dict]:
         """New arrays over ``slot`` and the one array they all hang from.

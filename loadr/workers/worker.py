@@ -67,6 +67,7 @@ class WorkerArgs:
     workers: int = 1
     steady_memory: bool = True  # glibc malloc thresholds for a steady heap (memory.py)
     shared_files: tuple = ()    # files the dataset held open at the fork (inherited.py)
+    init_fn: object = None      # called as init_fn(wid) once, before the first task
 
 
 def _parent_alive(args: WorkerArgs) -> bool:
@@ -169,6 +170,15 @@ def run(args: WorkerArgs) -> None:
     # One poller for the life of the worker (Socket.poll makes one a call).
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
+    # The user's per-worker set-up (torch's worker_init_fn). If it fails, every
+    # task fails with its error, so it reaches the caller at the first batch.
+    init_failure = None
+    if args.init_fn is not None:
+        try:
+            args.init_fn(args.wid)
+        except Exception as exc:
+            init_failure = protocol.Failure.capture(exc, None, None, args.wid)
+            init_failure.message = f'init_fn({args.wid}) failed: {init_failure.message}'
     warm = getattr(args.reader, 'warm', None)
     if warm is not None:
         try:
@@ -212,6 +222,10 @@ def run(args: WorkerArgs) -> None:
             task_id, slot, row, seed, start, count, flags = fields
             if task_id <= cancelled[0]:
                 sock.send_multipart(protocol.done(task_id, {}, []))
+                clock.idle()
+                continue
+            if init_failure is not None:
+                sock.send_multipart(protocol.fail(task_id, init_failure))
                 clock.idle()
                 continue
             order = order_of(seed)
