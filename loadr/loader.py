@@ -253,6 +253,9 @@ class Loader:
         self._pool = None
         self._window = None
         self._finalizer = None
+        # What the workers read: the reader, or for a list or tuple a SharedList
+        # of it (loadr.shared), made when the first workers start.
+        self._source = None
         self.errors = 0                 # datapoints replaced under on_error='skip' (all told)
         self.samples = 0                # datapoints made (all told)
         self._budget = (-1, 0, 0)       # window, errors, samples: see _count_errors
@@ -600,8 +603,11 @@ class Loader:
             return self._window
         from .workers.pool import WorkerPool
         from .workers.shm import Layout
+        if self._source is None:
+            from .shared import share
+            self._source = share(self.reader)
         slots = self.prefetch + (1 if self.ring else LEASED_SLOTS)
-        self._pool = WorkerPool(self.reader, self.fns, spec, Layout(fields, self.batch),
+        self._pool = WorkerPool(self._source, self.fns, spec, Layout(fields, self.batch),
                                 self.workers, slots, self.n, self.shuffle, self.on_error,
                                 self.start_method, self.timeout, self.order_version)
         self._finalizer = weakref.finalize(self, self._pool.close)
@@ -643,6 +649,10 @@ class Loader:
         if self._t_start is not None and self._t_end is None:
             self._t_end = time.perf_counter()
         self._close_window()
+        if self._source is not None:
+            from .shared import release
+            release(self._source, self.reader)
+            self._source = None
         if getattr(self.reader, 'caches', False):
             self.reader.cache_flush()   # inline reads' last ranges (workers flush their own)
 
