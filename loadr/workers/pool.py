@@ -52,7 +52,7 @@ import zmq
 from .. import pids
 from . import protocol
 from ..stats import row_width
-from .memory import resident, steady_memory_default
+from .memory import frozen_for_fork, private_bytes, resident, steady_memory_default
 from .shm import (SHM_DIR, Segment, StatusCells, owned_dir, plan_slots, reclaim_stale,
                   remove_owned, shm_budget, size_text, use_memfd)
 from .worker import (MAX_TASKS_PER_WORKER, MAX_TASKS_READING_AHEAD, WorkerArgs, run,
@@ -360,7 +360,9 @@ class WorkerPool:
         # The child inherits the mask and unblocks SIGINT once it ignores it.
         blocked = _block_sigint()
         try:
-            proc.start()
+            # A forked worker's collector must not visit the objects it inherits (memory.py).
+            with frozen_for_fork(self._mp.get_start_method() == 'fork'):
+                proc.start()
             self.workers[wid] = _Worker(wid, self._incarnations, proc, identity)
         finally:
             _restore_sigmask(blocked)
@@ -583,15 +585,19 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return [w.process.pid for w in self.workers if w is not None]
 
-    def memory(self) -> dict[int, dict]:
-        """Worker id -> ``{'pid', 'rss_bytes', 'heap_bytes'}``: what each live worker holds
-        (resident; and its private anonymous part, the heap that steady memory keeps)."""
+    def memory(self, private: bool = True) -> dict[int, dict]:
+        """Worker id -> ``{'pid', 'rss_bytes', 'heap_bytes', 'uss_bytes'}``: what each live
+        worker holds (resident; its private anonymous part, the heap that steady memory
+        keeps; and all it alone maps, its USS: see :func:`~loadr.workers.memory.private_bytes`;
+        None where unknown, left out unless ``private``)."""
         found = {}
         for w in self.workers:
             if w is not None:
                 held = resident(w.process.pid)
                 if held is not None:
                     found[w.wid] = {'pid': w.process.pid, **held}
+                    if private:
+                        found[w.wid]['uss_bytes'] = private_bytes(w.process.pid)
         return found
 
     def stats_rows(self) -> np.ndarray:
