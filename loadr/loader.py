@@ -505,9 +505,10 @@ class Loader:
 
         Totals since the first batch was asked for: each worker's seconds per
         stage (read, each fn by name, write into shared memory, other, waiting
-        for work), the caller's time waiting for batches, batches, samples;
-        ``.as_dict()`` for a JSON line, ``.verdict()`` for one line of advice,
-        :func:`loadr.stats.format_table` for a table.
+        for work) and its private memory (``'uss_bytes'``, its USS, read at most a
+        second ago: a worker that grows shows), the caller's time waiting for
+        batches, batches, samples; ``.as_dict()`` for a JSON line, ``.verdict()``
+        for one line of advice, :func:`loadr.stats.format_table` for a table.
 
         >>> loader = Loader([{'x': i} for i in range(8)], batch=4, workers=0)
         >>> _ = next(iter(loader)); loader.stats().batches
@@ -515,10 +516,16 @@ class Loader:
         """
         end = self._t_end if self._t_end is not None else time.perf_counter()
         elapsed = end - self._t_start if self._t_start is not None else 0.0
-        return Stats.from_rows(self._worker_rows(), fn_names(self.fns), elapsed_s=elapsed,
-                               main_wait_s=self._main_wait, batches=self._batches_out,
-                               samples=self.samples, first_batch_s=self._first_batch_s,
-                               inline=self.workers == 0)
+        stats = Stats.from_rows(self._worker_rows(), fn_names(self.fns), elapsed_s=elapsed,
+                                main_wait_s=self._main_wait, batches=self._batches_out,
+                                samples=self.samples, first_batch_s=self._first_batch_s,
+                                inline=self.workers == 0)
+        if self._pool is not None and not self._pool.closed:
+            # Each live worker's private memory (USS), at most a second old: growth shows.
+            for wid, uss in self._pool.private_memory().items():
+                if wid < len(stats.workers):
+                    stats.workers[wid]['uss_bytes'] = uss
+        return stats
 
     def _calibrate(self) -> None:
         """workers='auto' / prefetch='auto': measure, then settle (see the class docstring)."""

@@ -142,7 +142,7 @@ def _encode_one(item, index: int, packer) -> bytes:
     try:
         return pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
-        raise LoadrError(f'item {index} cannot be serialised for sharing: '
+        raise LoadrError(f'the item cannot be serialised for sharing: '
                          f'{type(exc).__name__}: {exc}', index=index) from exc
 
 

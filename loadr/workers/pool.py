@@ -74,6 +74,7 @@ LIVENESS_EVERY_S = 0.25         # how often poll() looks at the heartbeats
 # sentinel woke it: a death wakes a waiting poll at once through its
 # sentinel, so this only bounds the delay while replies keep coming.
 EXIT_CHECK_S = 0.05
+MEMORY_EVERY_S = 1.0            # how old the workers' USS in stats() may be
 _EVENTS, _POLLIN, _SNDMORE = zmq.EVENTS, int(zmq.POLLIN), int(zmq.SNDMORE)
 
 
@@ -247,6 +248,7 @@ class WorkerPool:
         self._dir = self._shm_dir = None
         self._ctx = self._sock = None
         self._stats_rows = None
+        self._uss = None                    # (when, {worker id: USS bytes}): private_memory()
         self.stats_width = row_width(len(fns))
         try:
             with _sigint_deferred():
@@ -599,6 +601,21 @@ class WorkerPool:
                     if private:
                         found[w.wid]['uss_bytes'] = private_bytes(w.process.pid)
         return found
+
+    def private_memory(self, max_age_s: float = MEMORY_EVERY_S) -> dict[int, int]:
+        """Worker id -> its USS in bytes (:func:`~loadr.workers.memory.private_bytes`), read
+        at most every ``max_age_s``: smaps_rollup costs ~0.6 ms a worker, and stats() may be
+        asked for every batch."""
+        now = time.monotonic()
+        if self._uss is None or now - self._uss[0] >= max_age_s:
+            found = {}
+            for w in self.workers:
+                if w is not None and w.started:
+                    uss = private_bytes(w.process.pid)
+                    if uss is not None:
+                        found[w.wid] = uss
+            self._uss = (now, found)
+        return dict(self._uss[1])
 
     def stats_rows(self) -> np.ndarray:
         """A copy of the workers' stage counters, one row per worker id (loadr.stats).
