@@ -56,6 +56,7 @@ Serialising costs ~0.3-0.5 s per million small dicts here (README, "Memory").
 from __future__ import annotations
 
 import collections.abc
+import ctypes
 import logging
 import mmap
 import operator
@@ -213,16 +214,27 @@ def _write_all(fd: int, data, at: int) -> None:
         view, at = view[wrote:], at + wrote
 
 
+def _map_readonly(fd: int, size: int):
+    """A read-only mapping of ``fd`` that holds no descriptor (Python's mmap keeps a
+    duplicate: a second fd on the memfd for as long as it lives); unmapped when the
+    last object using it is collected."""
+    from .workers.shm import _libc
+
+    libc = _libc()
+    addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == ctypes.c_void_p(-1).value:
+        err = ctypes.get_errno()
+        raise ResourceError(f'cannot map the shared copy of the items: {os.strerror(err)}')
+    buf = (ctypes.c_ubyte * size).from_address(addr)
+    weakref.finalize(buf, libc.munmap, addr, size).atexit = False
+    return buf
+
+
 def _mib(n: int) -> str:
     return f'{n / 2**20:.1f} MiB'
 
 
-def _close(fd, mapped) -> None:
-    if mapped is not None:
-        try:
-            mapped.close()
-        except BufferError:
-            pass        # a view still exists: the mapping goes with it
+def _close(fd) -> None:
     if fd is not None:
         try:
             os.close(fd)
@@ -261,20 +273,20 @@ class SharedList(collections.abc.Sequence):
         self._kind = type(items).__name__
         t0 = time.perf_counter()
         fd = _anonymous_fd()
-        mapped = None
         try:
             self.nbytes = self._fill(fd, items, n, max_bytes)
-            mapped = mmap.mmap(fd, self.nbytes, access=mmap.ACCESS_READ)
+            mapped = _map_readonly(fd, self.nbytes)
             # Read a byte of every page once: pages this process maps are counted
             # as shared in a worker's smaps, not as its own (USS), as they are.
             np.frombuffer(mapped, np.uint8)[::mmap.PAGESIZE].sum()
         except BaseException:
-            _close(fd, mapped)
+            _close(fd)
             raise
         self._fd, self._ino = fd, os.fstat(fd).st_ino
         self._path = f'/proc/{os.getpid()}/fd/{fd}'
         self._map(mapped)
-        self._finalizer = weakref.finalize(self, _close, fd, mapped)
+        # The mapping goes with the last view of it; the descriptor with us.
+        self._finalizer = weakref.finalize(self, _close, fd)
         self.serialise_s = time.perf_counter() - t0
 
     @staticmethod
@@ -305,7 +317,7 @@ class SharedList(collections.abc.Sequence):
 
     def _map(self, mapped) -> None:
         self._mapped = mapped
-        whole = memoryview(mapped)
+        whole = memoryview(mapped).cast('B')
         self._offsets = whole[:8 * (self._n + 1)].cast('q')
         self._blob = whole[8 * (self._n + 1):]
 
@@ -356,11 +368,10 @@ class SharedList(collections.abc.Sequence):
             if os.fstat(fd).st_ino != self._ino:
                 raise LoadrError('the SharedList is gone: the process that made it closed it',
                                  self._path)
-            mapped = mmap.mmap(fd, self.nbytes, access=mmap.ACCESS_READ)
+            mapped = _map_readonly(fd, self.nbytes)
         finally:
             os.close(fd)
         self._map(mapped)
-        self._finalizer = weakref.finalize(self, _close, None, mapped)
 
     def close(self) -> None:
         """Give the shared memory back (workers that map it keep it until they exit)."""
