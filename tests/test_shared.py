@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import loadr
-from loadr.shared import SharedList, decode, encode_items
+from loadr.shared import (SHARE_MIN_BYTES, SharedList, decode, encode_items, python_bytes,
+                          release, share)
 from loadr.workers.memory import private_bytes
 from loadr.workers.shm import PREFIX, SHM_DIR
 
@@ -144,7 +145,7 @@ def test_batches_are_the_same_with_and_without_sharing_across_a_resume(workers, 
     monkeypatch.setenv('LOADR_SHARE', '0')
     with loadr.Loader(items, batch=16, seed=3, workers=0) as plain:
         expected = run(plain, 8)
-    monkeypatch.delenv('LOADR_SHARE')
+    monkeypatch.setenv('LOADR_SHARE', '1')         # shared, small as it is
     # workers=0 reads in this process, where nothing is copied: a SharedList given
     # by hand goes through the same reads.
     source = SharedList(items) if workers == 0 else items
@@ -166,6 +167,7 @@ def test_batches_are_the_same_with_and_without_sharing_across_a_resume(workers, 
 def test_a_list_over_the_budget_is_used_as_it_is_with_a_warning_that_says_why(
         monkeypatch, caplog):
     items = boxes(5000)                     # ~170 KB serialised, over a 64 KiB budget
+    monkeypatch.setenv('LOADR_SHARE', '1')
     monkeypatch.setenv('LOADR_SHM_BYTES', str(64 * 1024))
     with caplog.at_level(logging.WARNING, logger='loadr'):
         with loadr.Loader(items, batch=4, seed=1, workers=1) as loader:
@@ -179,7 +181,8 @@ def test_a_list_over_the_budget_is_used_as_it_is_with_a_warning_that_says_why(
         assert same_batches(got, run(plain, 3))
 
 
-def test_a_list_with_an_item_that_cannot_be_serialised_is_used_as_it_is(caplog):
+def test_a_list_with_an_item_that_cannot_be_serialised_is_used_as_it_is(caplog, monkeypatch):
+    monkeypatch.setenv('LOADR_SHARE', '1')
     items = [{'x': i, 'f': (lambda: 0) if i == 5 else None} for i in range(20)]
     with caplog.at_level(logging.WARNING, logger='loadr'):
         with loadr.Loader(items, batch=4, fns=[without_f], seed=1, workers=1) as loader:
@@ -191,6 +194,26 @@ def without_f(dp, seed):
     return {'x': dp['x']}
 
 
+def test_a_list_is_shared_by_itself_once_its_objects_take_share_min_bytes(monkeypatch):
+    monkeypatch.delenv('LOADR_SHARE', raising=False)
+    small = boxes(1000)
+    assert python_bytes(small) < SHARE_MIN_BYTES and share(small) is small
+    big = boxes(1000) * 200                  # the same dicts: as large as they look
+    assert python_bytes(big) >= SHARE_MIN_BYTES
+    shared = share(big)
+    try:
+        assert isinstance(shared, SharedList) and shared[1500] == big[1500]
+    finally:
+        release(shared, big)
+    assert shared.closed
+    monkeypatch.setenv('LOADR_SHARE', '1')
+    release(forced := share(small), small)
+    assert isinstance(forced, SharedList)
+    monkeypatch.setenv('LOADR_SHARE', '0')
+    assert share(big) is big
+    assert share(range(10)) == range(10)      # not a list: its [i] may read files
+
+
 def _uss_after_epoch(loader) -> list[int]:
     it = loader.epoch(0)
     next(it)
@@ -200,11 +223,12 @@ def _uss_after_epoch(loader) -> list[int]:
     return [private_bytes(pid) - s for pid, s in zip(loader.worker_pids, start)]
 
 
-def test_a_workers_memory_stays_flat_over_an_epoch_of_a_big_list():
+def test_a_workers_memory_stays_flat_over_an_epoch_of_a_big_list(monkeypatch):
     # Measured on 150,000 small dicts (~70 MiB of Python objects), 2 forked workers:
     # each grew ~40 MiB over a shuffled epoch when it read the list itself (the
     # pages of the items it touched were copied), ~1 MiB reading the shared copy.
     items = boxes(150_000)
+    monkeypatch.setenv('LOADR_SHARE', '1')
     with loadr.Loader(items, batch=512, seed=0, workers=2, start_method='fork') as loader:
         grew = _uss_after_epoch(loader)
         assert isinstance(loader._source, SharedList)
@@ -261,7 +285,7 @@ def ours(pids) -> list:
 @pytest.mark.parametrize('method,backend', [('fork', 'memfd'), ('fork', 'devshm'),
                                             ('spawn', 'memfd')])
 def test_sigkill_of_the_main_process_leaves_nothing_in_dev_shm(method, backend):
-    env = {'LOADR_SHM': 'devshm'} if backend == 'devshm' else {}
+    env = {'LOADR_SHARE': '1', **({'LOADR_SHM': 'devshm'} if backend == 'devshm' else {})}
     proc = start_script(KILLED, method, env=env)
     try:
         info = read_json_line(proc)

@@ -110,11 +110,8 @@ def test_sigkill_of_the_main_process_ends_its_workers_and_their_memory(method, b
     # With forkserver the workers' parent is the fork server, not the main process.
     proc = start_script(LOOP, 'raise', method, env=BACKENDS[backend])
     info = read_json_line(proc)
-    # 4 slots (prefetch 2 * 2 workers), 2 to lend batches the caller holds, the status;
-    # and the shared copy of the list (loadr.shared), a memfd (a /dev/shm file is
-    # unlinked as soon as it is open)
-    shared = 1 if backend == 'memfd' else 0
-    assert len(segments(info['pid'])) == 4 + LEASED_SLOTS + 1 + shared
+    # 4 slots (prefetch 2 * 2 workers), 2 to lend batches the caller holds, the status
+    assert len(segments(info['pid'])) == 4 + LEASED_SLOTS + 1
     os.kill(info['pid'], signal.SIGKILL)
     finish(proc)
     assert proc.returncode == -signal.SIGKILL
