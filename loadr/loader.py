@@ -121,6 +121,9 @@ class Loader:
         is a numpy array, a number, a ``torch.Tensor`` or anything with
         ``__array__`` or ``__dlpack__`` is stacked into an array in shared
         memory (never pickled); any other value is handed over as a list.
+        A list or tuple whose objects take 64 MiB or more is serialised once
+        into shared memory, read by the workers without copying it
+        (:mod:`loadr.shared`; ``LOADR_SHARE=0`` or ``1`` to say otherwise).
       batch: datapoints per batch (per shard).
       fns: transforms, each called as ``fn(datapoint, seed=s)`` with ``s``
         derived from (seed, stream position); returns a new datapoint.

@@ -103,9 +103,10 @@ def share_default() -> bool | None:
 
 
 def python_bytes(items, samples: int = SIZE_SAMPLES) -> int:
-    """About what ``items`` take as Python objects, from ``samples`` of them evenly spread
-    (containers and what they hold; an array's header, not its data, which a reader
-    never writes): what a worker that reads them all would copy.
+    """About what a worker that reads every item of ``items`` would copy, from ``samples``
+    of them evenly spread: containers and what they hold; of an array its header, not
+    its data, and of a long str or bytes one page (a read writes only the reference
+    count, in the header).
 
     >>> python_bytes([{'x': 1}] * 1000) > 100_000
     True
@@ -123,6 +124,9 @@ def _deep_size(value, depth: int = 0) -> int:
     if isinstance(value, np.ndarray):
         return _ARRAY_HEADER_BYTES
     size = sys.getsizeof(value)
+    if isinstance(value, (bytes, str, bytearray)):
+        # A read writes the header's reference count: one page of a long one is copied.
+        return min(size, mmap.PAGESIZE)
     if depth > 8:
         return size
     if isinstance(value, dict):

@@ -206,6 +206,9 @@ def test_a_list_is_shared_by_itself_once_its_objects_take_share_min_bytes(monkey
     finally:
         release(shared, big)
     assert shared.closed
+    # Long bytes count one page each: a read copies the header's page, not the rest.
+    jpegs = [{'jpeg': bytes(100_000), 'label': i} for i in range(1000)]
+    assert python_bytes(jpegs) < 8 * 2**20 and share(jpegs) is jpegs
     monkeypatch.setenv('LOADR_SHARE', '1')
     release(forced := share(small), small)
     assert isinstance(forced, SharedList)
