@@ -124,6 +124,19 @@ def test_a_pickled_shared_list_maps_the_same_buffer_and_fails_clearly_once_close
         late[0]
 
 
+def test_under_loadr_shm_devshm_the_buffer_has_no_name_in_dev_shm(monkeypatch):
+    # A file in an owned /dev/shm directory, unlinked (and the directory removed) as
+    # soon as it is open: another process maps it by /proc/<pid>/fd/<n>.
+    monkeypatch.setenv('LOADR_SHM', 'devshm')
+    shared = SharedList(boxes(1000))
+    try:
+        assert owned_dirs() == [] and memfds() == []
+        assert os.readlink(shared._path).endswith('(deleted)')
+        assert pickle.loads(pickle.dumps(shared))[999] == boxes(1000)[999]
+    finally:
+        shared.close()
+
+
 def run(loader, batches: int):
     it = iter(loader)
     return [next(it) for _ in range(batches)]
