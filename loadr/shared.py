@@ -78,7 +78,7 @@ log = logging.getLogger('loadr')
 
 CHUNK_ITEMS = 65536             # items serialised (and held as bytes objects) at a time
 # Unless LOADR_SHARE says otherwise, a list is shared once its objects take this
-# much: below it a worker's copy is small, and reading a shared item costs ~1-2 us
+# much: below it a worker's copy is small, and reading a shared item costs ~1 us
 # (decoding), which would slow the trivial workload by half (1.5 -> 2.8 worker-us a
 # sample measured with every list shared).
 SHARE_MIN_BYTES = 64 * 2**20
