@@ -254,6 +254,7 @@ def test_a_workers_memory_stays_flat_over_an_epoch_of_a_big_list(monkeypatch):
     # stats() reports each worker's private memory.
     assert all(w['uss_bytes'] > 0 for w in stats.workers), stats.workers
     assert 'worker private memory (USS)' in loadr.stats.format_table(stats)
+    assert stats.since(stats).workers[0]['uss_bytes'] == stats.workers[0]['uss_bytes']
 
 
 def collects(dp, seed):

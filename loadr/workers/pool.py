@@ -587,7 +587,7 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return [w.process.pid for w in self.workers if w is not None]
 
-    def memory(self, private: bool = True) -> dict[int, dict]:
+    def memory(self, private: bool = False) -> dict[int, dict]:
         """Worker id -> ``{'pid', 'rss_bytes', 'heap_bytes', 'uss_bytes'}``: what each live
         worker holds (resident; its private anonymous part, the heap that steady memory
         keeps; and all it alone maps, its USS: see :func:`~loadr.workers.memory.private_bytes`;
