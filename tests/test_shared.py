@@ -19,7 +19,7 @@ import pytest
 import loadr
 from loadr.shared import (SHARE_MIN_BYTES, SharedList, decode, encode_items, python_bytes,
                           release, share)
-from loadr.workers.memory import private_bytes
+from loadr.workers.memory import frozen_for_fork, private_bytes
 from loadr.workers.shm import PREFIX, SHM_DIR
 
 from .faults.helpers import (finish, kill_group, memfds, owned_dirs, read_json_line,
@@ -278,6 +278,25 @@ def test_a_full_collection_in_a_forked_worker_does_not_copy_the_main_processs_ob
     assert all(u < 20 * 2**20 for u in uss), [u / 2**20 for u in uss]
     assert gc.get_freeze_count() == 0       # the main process's collector is as it was
     del held
+
+
+def test_the_parent_gets_its_collector_back_and_a_users_own_freeze_is_left_alone():
+    if gc.get_freeze_count():
+        pytest.skip('this process froze objects before the test')
+    with frozen_for_fork(True):
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    with frozen_for_fork(False):
+        assert gc.get_freeze_count() == 0
+    gc.freeze()                             # the user's own
+    try:
+        frozen = gc.get_freeze_count()
+        _ = [[] for _ in range(100)]
+        with frozen_for_fork(True):
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
 
 
 KILLED = '''
