@@ -216,6 +216,10 @@ def _encode_one(item, index: int, packer) -> bytes:
 def decode(data) -> object:
     """One item back from its stored bytes (see the module docstring).
 
+    A pickle here is one this process's owner made, of its own objects
+    (:meth:`SharedList.__init__`), in memory only its user can open (0600,
+    reached through ``/proc/<pid>/fd``, which needs the right to trace it).
+
     >>> decode(encode_items([{'x': (1, 2.5)}])[0])
     {'x': (1, 2.5)}
     """
@@ -397,7 +401,7 @@ class SharedList(collections.abc.Sequence):
             data = self._blob[offsets[index]:offsets[index + 1]]
             if data[0] != _PICKLE_FIRST or len(data) == 1:
                 return msgpack.unpackb(data, strict_map_key=False, ext_hook=_ext)
-            return pickle.loads(data)
+            return decode(data)     # the one place that unpickles (SECURITY.md)
         return self._get_slow(index)
 
     def _get_slow(self, index):
