@@ -16,8 +16,9 @@ from .loader import Loader
 from .mix import Mix
 from .config import pipeline
 from .readers import open
+from .shared import SharedList
 
 __version__ = '0.1.0'
 
 __all__ = ['Loader', 'Mix', 'open', 'check', 'Report', 'readers', 'writers', 'errors', 'fns',
-           'LoadrError', 'pipeline', '__version__']
+           'LoadrError', 'pipeline', 'SharedList', '__version__']

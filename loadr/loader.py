@@ -223,6 +223,9 @@ class Loader:
         is a numpy array, a number, a ``torch.Tensor`` or anything with
         ``__array__`` or ``__dlpack__`` is stacked into an array in shared
         memory (never pickled); any other value is handed over as a list.
+        A list or tuple whose objects take 64 MiB or more is serialised once
+        into shared memory, read by the workers without copying it
+        (:mod:`loadr.shared`; ``LOADR_SHARE=0`` or ``1`` to say otherwise).
       batch: datapoints per batch (per shard).
       fns: transforms, each called as ``fn(datapoint, seed=s)`` with ``s``
         derived from (seed, stream position); returns a new datapoint.
@@ -364,6 +367,9 @@ class Loader:
         # Called as fn(worker id) once in each worker process before its first task
         # (loadr.torch's worker_init_fn); None: nothing.
         self._worker_init_fn = None
+        # What the workers read: the reader, or for a list or tuple a SharedList
+        # of it (loadr.shared), made when the first workers start.
+        self._source = None
         self.errors = 0                 # datapoints replaced under on_error='skip' (all told)
         self.samples = 0                # datapoints made (all told)
         self._budget = (-1, 0, 0)       # window, errors, samples: see _count_errors
@@ -633,9 +639,10 @@ class Loader:
 
         Totals since the first batch was asked for: each worker's seconds per
         stage (read, each fn by name, write into shared memory, other, waiting
-        for work), the caller's time waiting for batches, batches, samples;
-        ``.as_dict()`` for a JSON line, ``.verdict()`` for one line of advice,
-        :func:`loadr.stats.format_table` for a table.
+        for work) and its private memory (``'uss_bytes'``, its USS, read at most a
+        second ago: a worker that grows shows), the caller's time waiting for
+        batches, batches, samples; ``.as_dict()`` for a JSON line, ``.verdict()``
+        for one line of advice, :func:`loadr.stats.format_table` for a table.
 
         >>> loader = Loader([{'x': i} for i in range(8)], batch=4, workers=0)
         >>> _ = next(iter(loader)); loader.stats().batches
@@ -643,10 +650,16 @@ class Loader:
         """
         end = self._t_end if self._t_end is not None else time.perf_counter()
         elapsed = end - self._t_start if self._t_start is not None else 0.0
-        return Stats.from_rows(self._worker_rows(), fn_names(self.fns), elapsed_s=elapsed,
-                               main_wait_s=self._main_wait, batches=self._batches_out,
-                               samples=self.samples, first_batch_s=self._first_batch_s,
-                               inline=self.workers == 0)
+        stats = Stats.from_rows(self._worker_rows(), fn_names(self.fns), elapsed_s=elapsed,
+                                main_wait_s=self._main_wait, batches=self._batches_out,
+                                samples=self.samples, first_batch_s=self._first_batch_s,
+                                inline=self.workers == 0)
+        if self._pool is not None and not self._pool.closed:
+            # Each live worker's private memory (USS), at most a second old: growth shows.
+            for wid, uss in self._pool.private_memory().items():
+                if wid < len(stats.workers):
+                    stats.workers[wid]['uss_bytes'] = uss
+        return stats
 
     def _calibrate(self) -> None:
         """workers='auto' / prefetch='auto': measure, then settle (see the class docstring)."""
@@ -737,8 +750,11 @@ class Loader:
             return self._window
         from .workers.pool import WorkerPool
         from .workers.shm import Layout
+        if self._source is None:
+            from .shared import share
+            self._source = share(self.reader)
         slots = self.prefetch + (1 if self.ring else LEASED_SLOTS)
-        self._pool = WorkerPool(self.reader, self.fns, spec, Layout(fields, self.batch),
+        self._pool = WorkerPool(self._source, self.fns, spec, Layout(fields, self.batch),
                                 self.workers, slots, self.n, self.shuffle, self.on_error,
                                 self.start_method, self.timeout, self.order_version,
                                 init_fn=self._worker_init_fn)
@@ -784,6 +800,10 @@ class Loader:
         if self._t_start is not None and self._t_end is None:
             self._t_end = time.perf_counter()
         self._close_window()
+        if self._source is not None:
+            from .shared import release
+            release(self._source, self.reader)
+            self._source = None
         if getattr(self.reader, 'caches', False):
             self.reader.cache_flush()   # inline reads' last ranges (workers flush their own)
 

@@ -471,6 +471,8 @@ class Stats:
             e = earlier.workers[i] if i < len(earlier.workers) else {}
             d = {k: w.get(k, 0.0) - e.get(k, 0.0) for k in WORKER_FIELDS}
             d['fns'] = [a - b for a, b in zip(w['fns'], e.get('fns', [0.0] * len(w['fns'])))]
+            if 'uss_bytes' in w:
+                d['uss_bytes'] = w['uss_bytes']     # memory is a level, not a count
             workers.append(d)
         return Stats(self.fn_names, self.elapsed_s - earlier.elapsed_s,
                      self.main_wait_s - earlier.main_wait_s, self.batches - earlier.batches,
@@ -573,6 +575,10 @@ def format_table(stats: Stats) -> str:
                  f'samples in {stats.elapsed_s:.2f} s ({rate:,.0f} samples/s); the caller '
                  f'waited {stats.main_wait_s:.2f} s ({100 * stats.wait_fraction:.1f}% after '
                  f'the first batch, which took {stats.first_batch_s:.2f} s)')
+    uss = [w['uss_bytes'] for w in stats.workers if w.get('uss_bytes') is not None]
+    if uss:
+        lines.append('worker private memory (USS): '
+                     + ', '.join(f'{b / 2**20:.1f}' for b in uss) + ' MiB')
     lines.append(stats.verdict())
     return '\n'.join(lines)
 

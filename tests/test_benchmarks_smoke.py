@@ -141,3 +141,14 @@ def test_paired_bursts_give_each_contender_its_figures(tmp_path):
     assert sorted(figures) == ['before', 'before main', 'loadr', 'loadr main', 'torch',
                                'torch main']
     assert all(len(v) == 2 for v in figures.values())
+
+
+def test_memory_benchmark_prints_its_table():
+    cmd = [sys.executable, '-m', 'benchmarks.memory', '--n', '3000', '--workers', '1',
+           '--epochs', '2', '--only', 'loadr,loadr-copy', '--json']
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert '| loadr |' in proc.stdout and '| loadr-copy |' in proc.stdout
+    shared, copied = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert shared['shared_bytes'] > 0 and 'shared_bytes' not in copied
+    assert len(shared['epoch_uss']) == 2 and all(u > 0 for u in shared['stats_uss'])

@@ -19,7 +19,7 @@ import loadr
 from .conftest import ROOT
 
 PUBLIC = ['Loader', 'Mix', 'open', 'check', 'Report', 'pipeline', 'LoadrError',
-          'errors', 'fns', 'readers', 'writers', '__version__']
+          'errors', 'fns', 'readers', 'writers', 'SharedList', '__version__']
 OPTIONAL = {'loadr.torch': 'torch', 'loadr.jax': 'jax', 'loadr.__main__': None}
 
 

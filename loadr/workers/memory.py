@@ -29,11 +29,14 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import os
 
 __all__ = ['STEADY_MMAP_THRESHOLD_BYTES', 'STEADY_TRIM_THRESHOLD_BYTES', 'IDLE_TRIM_S',
-           'steady_memory_default', 'set_steady', 'trim', 'mmapped_chunks', 'resident']
+           'steady_memory_default', 'set_steady', 'trim', 'mmapped_chunks', 'resident',
+           'private_bytes', 'frozen_for_fork']
 
 STEADY_MMAP_THRESHOLD_BYTES = 64 * 2**20
 STEADY_TRIM_THRESHOLD_BYTES = 256 * 2**20
@@ -117,3 +120,50 @@ def resident(pid: int) -> dict | None:
     if 'VmRSS' not in found:
         return None                 # a zombie
     return {'rss_bytes': found['VmRSS'], 'heap_bytes': found.get('RssAnon', found['VmRSS'])}
+
+
+def private_bytes(pid: int) -> int | None:
+    """The memory only ``pid`` maps (USS: its private pages, clean and dirty, as psutil
+    counts them), from ``/proc/<pid>/smaps_rollup``; None if gone or unknown.
+
+    Pages of the shared memory (batch slots, a SharedList) that another
+    process maps too are not in it: what a worker adds by copying shows here.
+
+    >>> private_bytes(os.getpid()) > 0
+    True
+    """
+    total, seen = 0, False
+    try:
+        with open(f'/proc/{pid}/smaps_rollup') as f:
+            for line in f:
+                key, _, value = line.partition(':')
+                if key in ('Private_Clean', 'Private_Dirty', 'Private_Hugetlb'):
+                    total += int(value.split()[0]) * 1024
+                    seen = True
+    except (OSError, ValueError, IndexError):
+        return None
+    return total if seen else None
+
+
+@contextlib.contextmanager
+def frozen_for_fork(fork: bool = True):
+    """Around a fork: the main process's objects are moved out of the collector's
+    reach (``gc.freeze``) for the child, and given back to the parent's after.
+
+    A full collection in a worker visits every tracked object it inherited
+    (every dict and list of a dataset held as Python objects) and writes its
+    collector header: every page of them is copied, though the worker reads
+    none of them (31 MiB of 200,000 small dicts, measured). Frozen objects
+    are never visited in the child; the parent unfreezes at once (both O(1)),
+    so its own collections go on as before, with the young objects of the
+    moment counted as old. A process that froze objects itself
+    (``gc.get_freeze_count() > 0``) manages that itself: left as it is.
+    """
+    if not fork or gc.get_freeze_count() > 0:
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -54,7 +54,7 @@ from .. import pids
 from . import protocol
 from ..stats import row_width
 from .inherited import note, open_files
-from .memory import resident, steady_memory_default
+from .memory import frozen_for_fork, private_bytes, resident, steady_memory_default
 from .shm import (SHM_DIR, Segment, StatusCells, owned_dir, plan_slots, reclaim_stale,
                   remove_owned, shm_budget, size_text, use_memfd)
 from .worker import (MAX_TASKS_PER_WORKER, MAX_TASKS_READING_AHEAD, WorkerArgs, run,
@@ -76,6 +76,7 @@ LIVENESS_EVERY_S = 0.25         # how often poll() looks at the heartbeats
 # sentinel woke it: a death wakes a waiting poll at once through its
 # sentinel, so this only bounds the delay while replies keep coming.
 EXIT_CHECK_S = 0.05
+MEMORY_EVERY_S = 1.0            # how old the workers' USS in stats() may be
 _EVENTS, _POLLIN, _SNDMORE = zmq.EVENTS, int(zmq.POLLIN), int(zmq.SNDMORE)
 
 
@@ -281,6 +282,7 @@ class WorkerPool:
         self._dir = self._shm_dir = None
         self._ctx = self._sock = None
         self._stats_rows = None
+        self._uss = None                    # (when, {worker id: USS bytes}): private_memory()
         self.stats_width = row_width(len(fns))
         self._init_fn = init_fn             # each worker calls it once with its id
         try:
@@ -406,7 +408,9 @@ class WorkerPool:
         # ends (multiprocess's exit hook waits for it with no limit).
         blocked = _block_sigint(signal.SIGTERM)
         try:
-            proc.start()
+            # A forked worker's collector must not visit the objects it inherits (memory.py).
+            with frozen_for_fork(self._mp.get_start_method() == 'fork'):
+                proc.start()
             self.workers[wid] = _Worker(wid, self._incarnations, proc, identity)
         finally:
             _restore_sigmask(blocked)
@@ -629,16 +633,35 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return [w.process.pid for w in self.workers if w is not None]
 
-    def memory(self) -> dict[int, dict]:
-        """Worker id -> ``{'pid', 'rss_bytes', 'heap_bytes'}``: what each live worker holds
-        (resident; and its private anonymous part, the heap that steady memory keeps)."""
+    def memory(self, private: bool = False) -> dict[int, dict]:
+        """Worker id -> ``{'pid', 'rss_bytes', 'heap_bytes', 'uss_bytes'}``: what each live
+        worker holds (resident; its private anonymous part, the heap that steady memory
+        keeps; and all it alone maps, its USS: see :func:`~loadr.workers.memory.private_bytes`;
+        None where unknown, left out unless ``private``)."""
         found = {}
         for w in self.workers:
             if w is not None:
                 held = resident(w.process.pid)
                 if held is not None:
                     found[w.wid] = {'pid': w.process.pid, **held}
+                    if private:
+                        found[w.wid]['uss_bytes'] = private_bytes(w.process.pid)
         return found
+
+    def private_memory(self, max_age_s: float = MEMORY_EVERY_S) -> dict[int, int]:
+        """Worker id -> its USS in bytes (:func:`~loadr.workers.memory.private_bytes`), read
+        at most every ``max_age_s``: smaps_rollup costs ~0.6 ms a worker, and stats() may be
+        asked for every batch."""
+        now = time.monotonic()
+        if self._uss is None or now - self._uss[0] >= max_age_s:
+            found = {}
+            for w in self.workers:
+                if w is not None and w.started:
+                    uss = private_bytes(w.process.pid)
+                    if uss is not None:
+                        found[w.wid] = uss
+            self._uss = (now, found)
+        return dict(self._uss[1])
 
     def stats_rows(self) -> np.ndarray:
         """A copy of the workers' stage counters, one row per worker id (loadr.stats).

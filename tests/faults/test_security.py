@@ -188,6 +188,7 @@ ALLOWED = {
     ('loadr/workers/protocol.py', 'Failure.exception', 'pickle.loads'),    # from a worker
     ('loadr/readers/ffrecord.py', 'FFRecordReader._decoded', 'pickle.loads'),  # decode='pickle'
     ('loadr/readers/gulp.py', '_GulpUnpickler', 'pickle.Unpickler'),        # allow_pickle=True
+    ('loadr/shared.py', 'decode', 'pickle.loads'),          # the main process's own items
 }
 
 
