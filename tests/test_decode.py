@@ -217,3 +217,42 @@ def test_batches_are_the_same_for_any_worker_count_and_across_a_resume():
     with loadr.Loader(data, batch=4, fns=fns, seed=3, workers=2) as loader:
         loader.load({'step': 4 * 5, 'seed': 3})
         assert stream_digests(loader, 7) == digests[0][5:]
+
+
+def test_gulp_video_frames_are_decoded_fused_and_deterministically(local_data):
+    reader = loadr.open(local_data / 'gulp', decode_images=False)
+    fns = [F.sample_frames(key='frames', num=3, mode='tsn'), F.decode_jpeg(key='frames'),
+           F.random_resized_crop(key='frames', size=24), F.flip(key='frames'),
+           F.select(['frames'])]
+    digests = []
+    for workers in (0, 2):
+        with loadr.Loader(reader, batch=2, fns=fns, seed=5, workers=workers) as loader:
+            digests.append(stream_digests(loader, 6))
+            batch = next(iter(loader))
+            assert batch['frames'].shape == (2, 3, 24, 24, 3)
+            assert 'decode_jpeg+random_resized_crop' in loader.stats().stages()
+    assert digests[0] == digests[1]
+    # The fixture's frames are noise (the quality contract is test_video_frames_get_one_crop's,
+    # on natural frames): here the clips have the unfused pipeline's shapes.
+    for index in range(3):
+        want = run(fns[1:], fns[0].read(reader, index, seed=index), index)['frames']
+        got = run(fuse(fns)[1:], fns[0].read(reader, index, seed=index), index)['frames']
+        assert [g.shape for g in got] == [w.shape for w in want]
+
+
+def test_a_yaml_pipeline_is_fused_and_fuse_false_keeps_it_apart(tmp_path, local_data):
+    rel = local_data / 'bag'
+
+    def stages(decode_args: str):
+        path = tmp_path / 'p.yaml'
+        path.write_text(f'reader: {{path: {rel}, decode_images: false}}\n'
+                        f'fns:\n  - decode_jpeg: {decode_args}\n'
+                        f'  - random_resized_crop: {{size: 16}}\n  - select: [image]\n'
+                        f'loader: {{batch: 2, workers: 0}}\n', encoding='utf-8')
+        with loadr.pipeline(path) as loader:
+            assert next(iter(loader))['image'].shape == (2, 16, 16, 3)
+            return set(loader.stats().stages())
+
+    assert 'decode_jpeg+random_resized_crop' in stages('{key: image}')
+    off = stages('{key: image, fuse: false}')
+    assert 'decode_jpeg' in off and 'random_resized_crop' in off
