@@ -46,7 +46,8 @@ def test_smallest_run_writes_table_and_json(tmp_path):
     assert results['machine']['cores'] >= 1 and results['machine']['python']
     # issue 22: the fused decode against the plain Pillow loop, and the decoders, per case
     cases = {c['name']: c for c in results['decode']['cases']}
-    assert set(cases) == {'rrc 375x500', 'rrc 1600x1200', 'resize256+center_crop 375x500'}
+    assert set(cases) == {'rrc 375x500', 'rrc 1600x1200', 'resize256+center_crop 375x500',
+                          'video 8x240x320 rrc 112'}
     for case in cases.values():
         assert {'plain', 'loadr', 'loadr unfused', 'pillow draft'} <= set(case['rows'])
         assert case['stage_names'][0].startswith('decode_jpeg+')
