@@ -25,8 +25,9 @@ The decoder is simplejpeg (libjpeg-turbo, bundled in its wheel) where it is
 installed, else Pillow's draft mode (the libjpeg-turbo in Pillow's wheel).
 Anything the fast path does not take (PNG, CMYK, a mode other than RGB or L,
 an already decoded array, frames of different sizes, a crop that does not
-fit) runs the original fns one after the other: the same crop boxes and the
-same errors as without fusion.
+fit, a file simplejpeg will not decode, one above Pillow's pixel limit)
+runs the original fns one after the other: the same crop boxes and the same
+errors as without fusion.
 
 Fusion is on by default. Turn it off for one pipeline with
 ``decode_jpeg(..., fuse=False)`` (``fuse: false`` in YAML), or everywhere with
@@ -44,6 +45,7 @@ Example::
 from __future__ import annotations
 
 import io
+import math
 import os
 
 import numpy as np
@@ -246,6 +248,8 @@ class Fused:
         if mode not in ('RGB', 'L'):
             return self._slow(dp, seed)
         full = first[:2]
+        if full[0] * full[1] > _pixel_limit():
+            return self._slow(dp, seed)     # Pillow refuses it as a decompression bomb
         region = Region(*full)
         try:
             if self.decode.size is not None:
@@ -265,6 +269,14 @@ class Fused:
                 return self._slow(dp, seed)     # names the frame and the fn, as always
             pixels.append(resize_region(arr, region.box, full, out))
         return {**dp, self.key: pixels if isinstance(value, (list, tuple)) else pixels[0]}
+
+
+def _pixel_limit() -> float:
+    # Pillow's own bound (twice MAX_IMAGE_PIXELS raises DecompressionBombError): the fast
+    # path takes nothing the unfused decode would refuse.
+    from PIL import Image
+    limit = Image.MAX_IMAGE_PIXELS
+    return math.inf if limit is None else 2 * limit
 
 
 def _target(full: tuple[int, int], size) -> tuple[int, int]:

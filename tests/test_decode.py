@@ -157,6 +157,15 @@ def test_what_the_fast_path_cannot_take_runs_the_unfused_fns():
         for seed in range(3):
             want = run(pipeline, {'image': data}, seed)['image']
             assert np.array_equal(run(fuse(pipeline), {'image': data}, seed)['image'], want)
+    # Above Pillow's pixel limit: Pillow's DecompressionBombError, as unfused.
+    big = jpeg(natural(60, 80))
+    import PIL.Image
+    limit, PIL.Image.MAX_IMAGE_PIXELS = PIL.Image.MAX_IMAGE_PIXELS, 1000
+    try:
+        with pytest.raises(loadr.errors.DecodeError, match='decode_jpeg'):
+            run(fuse(pipeline), {'image': big}, 0)
+    finally:
+        PIL.Image.MAX_IMAGE_PIXELS = limit
     # the unfused fns' own errors, too
     small = [F.decode_jpeg(), F.center_crop(size=100)]
     with pytest.raises(loadr.errors.SpecError, match='smaller than the crop'):
