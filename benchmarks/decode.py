@@ -20,6 +20,8 @@ grain, as ``benchmarks.workloads``) and makes the same crops:
   --max-side 640`` (the crop is then drawn on the smaller image).
 - ``video``: 8 frames of 240×320 per sample, one ``random_resized_crop(112)``
   box for all (as gulp clips after ``sample_frames``); no target of its own.
+- ``torchvision (PIL)``, where installed: ``RandomResizedCrop`` (or
+  ``Resize``, ``CenterCrop``) and ``RandomHorizontalFlip`` on PIL images.
 - ``floor``: simplejpeg at 1/8 scale with no crop or resize: the Huffman
   decoding of the whole file, which no region or DCT scale avoids.
 
@@ -198,6 +200,27 @@ def cand_imagecodecs(data, plan, full):
 _TURBO: list = []
 
 
+def _torchvision(kind: str):
+    """The same pipeline with torchvision's transforms on PIL images, or None without it."""
+    try:
+        import torchvision.transforms as T
+    except Exception:               # not installed, or a torch it cannot load
+        return None
+    from PIL import Image
+    if kind == 'center':
+        ops = T.Compose([T.Resize(256), T.CenterCrop(OUT), T.RandomHorizontalFlip()])
+    else:
+        size = VIDEO_OUT if kind == 'video' else OUT
+        ops = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip()])
+
+    def one(data: bytes) -> np.ndarray:
+        return np.asarray(ops(Image.open(io.BytesIO(data)).convert('RGB')))
+
+    if kind == 'video':
+        return lambda frames: [one(d) for d in frames]
+    return one
+
+
 def candidates() -> dict:
     """The decoders installed here, by name."""
     out = {'pillow draft': cand_pillow_draft}
@@ -273,6 +296,11 @@ def run_case(name: str, hw: tuple, kind: str, images: int, samples: int, runs: i
         small = [image_bytes(d, 'jpg', max_side=MAX_SIDE)[0] for d in datas]
         items = [(fused, small[s % images], s) for s in seeds]
         rows[f'loadr, ingest --max-side {MAX_SIDE}'] = _cpu_per_sample(through, items, runs)
+    tv = _torchvision(kind)
+    if tv is not None:
+        # torchvision's own transforms on PIL images draw their own boxes: the same work.
+        items = [(datas[s % images],) for s in seeds]
+        rows['torchvision (PIL)'] = _cpu_per_sample(tv, items, runs)
     for cname, fn in candidates().items():
         if kind == 'video':
             fn = (lambda f: lambda frames, plan, full: [f(d, plan, full) for d in frames])(fn)
