@@ -88,6 +88,10 @@ def targets(res: dict) -> list[dict]:
             r = _ratio(_median(lo, 'loadr'), _median(lo, peer))
             add(f'video: loadr ahead of {peer}', None if r is None else f'{r:.2f}×',
                 None if r is None else r > 1)
+    if res.get('decode'):
+        from .decode import targets as decode_targets
+        for target, figure, met in decode_targets(res['decode']):
+            add(target, figure, met)
     rd = res.get('readers')
     if rd:
         r = rd['ways']['ffrecord read() [crc]']['of_limit']
@@ -217,6 +221,9 @@ def markdown(res: dict) -> str:
     if res.get('readers'):
         from .readers import markdown as readers_markdown
         lines += ['### Reader throughput (raw random reads)', '', readers_markdown(res['readers'])]
+    if res.get('decode'):
+        from .decode import markdown as decode_markdown
+        lines += ['### Decode: CPU per sample (issue 22)', '', decode_markdown(res['decode'])]
     lines.append(f"Whole run: {res.get('wall_s', 0):.0f} s.")
     return '\n'.join(lines) + '\n'
 

@@ -327,7 +327,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--peers', default=None,
                    help='loaders to run, e.g. loadr,torch,limit (default every one installed)')
     p.add_argument('--skip', default='',
-                   help='parts to leave out: scaling, resume, readers')
+                   help='parts to leave out: scaling, resume, readers, decode')
     p.add_argument('--out', default=os.path.join(HERE, 'out'),
                    help='where table.md, results.json and scaling.png go (default benchmarks/out)')
     p.add_argument('--no-publish', action='store_true',
@@ -410,6 +410,10 @@ def main(argv=None) -> int:
             from . import readers
             _log('readers ...')
             results['readers'] = readers.run(root, cfg.scale, cfg.runs)
+        if 'decode' not in skip:
+            from . import decode
+            _log('decode ...')
+            results['decode'] = decode.run(cfg.scale, min(cfg.runs, 3))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     results['machine']['load_average_end'] = [round(x, 2) for x in os.getloadavg()]

@@ -26,6 +26,7 @@ import traceback
 
 import numpy as np
 
+from .decode import fuse
 from .errors import LoadrError, SpecError
 from .stats import MAX_STRIDE, STRIDE, TIMED_ROW_COST_US, TIMING_SHARE
 from .storage import transient
@@ -142,7 +143,9 @@ class Assembler:
 
     def __init__(self, reader, fns, spec: dict | None, on_error: str = 'raise'):
         self.reader = reader
-        self.fns = list(fns)
+        # A decode_jpeg and the crops after it run as one fn that decodes only what they
+        # need (loadr.decode); the list keeps its length, so the stage counters still match.
+        self.fns = fuse(fns)
         self.read_fn = self.fns[0] if self.fns and getattr(self.fns[0], 'reads', False) else None
         self.after = self.fns[1:] if self.read_fn is not None else self.fns
         self.on_error = on_error

@@ -766,7 +766,7 @@ def cmd_ingest_images(args) -> int:
                             short_side=args.short_side, skip_bad=args.skip_bad, progress=bar,
                             shardlen=args.shardlen, videos_per_chunk=args.videos_per_chunk,
                             image_type=args.image_type, allow_empty=args.allow_empty,
-                            exif_transpose=args.exif_transpose)
+                            exif_transpose=args.exif_transpose, max_side=args.max_side)
     return _ingest_done(summary, bar, args.verbose)
 
 
@@ -1059,6 +1059,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument('--exif-transpose', action='store_true',
                    help='rotate images by their EXIF orientation (re-encoding them); by default '
                         "the pixels are stored as the file has them, as ImageFolder reads them")
+    q.add_argument('--max-side', type=_positive, default=None, metavar='PX',
+                   help='store images whose long side is larger shrunk to this long side, '
+                        're-encoded once (JPEG quality 90, or PNG) and listed: every epoch '
+                        'after decodes less (default: off, images as they are)')
     q = _command(ingest, 'videos', cmd_ingest_videos,
                  'Videos in DIR/<label>/ (video files, or folders of frame JPEGs) into a gulp '
                  '(default) or bag dataset. Video files need PyAV or an ffmpeg binary.',

@@ -316,13 +316,20 @@ class decode_jpeg(Fn):  # noqa: N801
     decoded and passes through, resized if ``size`` is given. PNG bytes also
     decode (the pillow backend; without the DCT shortcut).
 
+    In a Loader, a decode_jpeg followed by ``resize``, ``center_crop``,
+    ``random_crop`` or ``random_resized_crop`` of the same key is fused with
+    them: the JPEG is decoded only as finely as their output needs (see
+    :mod:`loadr.decode`). ``fuse=False`` (or ``LOADR_FUSE=0``) keeps them apart.
+
     Example::
 
         decode_jpeg(size=256)({'image': jpeg_bytes})['image'].shape   # (256, 341, 3)
     """
 
     def __init__(self, key: str = 'image', size=None, mode: str | None = 'RGB',
-                 backend: str = 'pillow'):
+                 backend: str = 'pillow', fuse: bool = True):
+        if not isinstance(fuse, bool):
+            raise ConfigError(f'fuse must be True or False, got {fuse!r}')
         if size is not None:
             size = _size(size, allow_short_side=True)
         if backend not in ('pillow', 'simplejpeg'):
@@ -334,6 +341,11 @@ class decode_jpeg(Fn):  # noqa: N801
         if backend == 'simplejpeg':
             _simplejpeg()
         self._keep(key=_key(key), size=size, mode=mode, backend=backend)
+        # Kept out of _args unless off: a default decode_jpeg's repr (and so a saved
+        # state's fn names) stays what it was.
+        if not fuse:
+            self._args['fuse'] = False
+        self.fuse = fuse
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         value = self._get(dp, self.key)
@@ -428,6 +440,10 @@ class resize(Fn):  # noqa: N801
                for f in frames]
         return {**dp, self.key: rebuild(out)}
 
+    def plan(self, region, seed: int | None = None) -> None:
+        """Do to ``region`` (a :class:`loadr.decode.Region`) what ``__call__`` does to an image."""
+        region.resize(*_target(region.h, region.w, self.size))
+
 
 class center_crop(Fn):  # noqa: N801
     """Crop the centre ``size`` (int for a square, or (h, w)); the offset rounds as torchvision's.
@@ -451,6 +467,13 @@ class center_crop(Fn):  # noqa: N801
         _check_fits(self, self.key, hw, self.size)
         top, left = int(round((hw[0] - h) / 2)), int(round((hw[1] - w) / 2))
         return {**dp, self.key: rebuild([_crop(f, top, left, h, w) for f in frames])}
+
+    def plan(self, region, seed: int | None = None) -> None:
+        """Do to ``region`` (a :class:`loadr.decode.Region`) what ``__call__`` does to an image."""
+        hw = (region.h, region.w)
+        h, w = self.size
+        _check_fits(self, self.key, hw, self.size)
+        region.crop(int(round((hw[0] - h) / 2)), int(round((hw[1] - w) / 2)), h, w)
 
 
 class random_crop(Fn):  # noqa: N801
@@ -479,6 +502,17 @@ class random_crop(Fn):  # noqa: N801
         top = int(rng.integers(0, hw[0] - h + 1))
         left = int(rng.integers(0, hw[1] - w + 1))
         return {**dp, self.key: rebuild([_crop(f, top, left, h, w) for f in frames])}
+
+    def plan(self, region, seed: int | None = None) -> None:
+        """Do to ``region`` (a :class:`loadr.decode.Region`) what ``__call__`` does to an image:
+        the same draws from the same generator, so the same position."""
+        rng = self._rng(seed)
+        hw = (region.h, region.w)
+        h, w = self.size
+        _check_fits(self, self.key, hw, self.size)
+        top = int(rng.integers(0, hw[0] - h + 1))
+        left = int(rng.integers(0, hw[1] - w + 1))
+        region.crop(top, left, h, w)
 
 
 class random_resized_crop(Fn):  # noqa: N801
@@ -539,6 +573,12 @@ class random_resized_crop(Fn):  # noqa: N801
         top, left, h, w = self.box(*_frame_size(self, self.key, frames), rng)
         out = [_resize_array(self, self.key, _crop(f, top, left, h, w), *self.size) for f in frames]
         return {**dp, self.key: rebuild(out)}
+
+    def plan(self, region, seed: int | None = None) -> None:
+        """Do to ``region`` (a :class:`loadr.decode.Region`) what ``__call__`` does to an image:
+        :meth:`box` from the same generator, so the same box."""
+        region.crop(*self.box(region.h, region.w, self._rng(seed)))
+        region.resize(*self.size)
 
 
 class flip(Fn):  # noqa: N801

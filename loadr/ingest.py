@@ -257,15 +257,39 @@ def _encode(img, quality: int = JPEG_QUALITY) -> bytes:
     return buf.getvalue()
 
 
-def _shrunk(img, short_side: int | None):
+def _shrink_scale(w: int, h: int, short_side: int | None, max_side: int | None = None
+                  ) -> float | None:
+    """The factor (< 1) that brings a ``w``×``h`` image to ``short_side`` (its short side)
+    and within ``max_side`` (its long side), whichever shrinks more; None: small enough.
+
+    >>> _shrink_scale(1600, 1200, None, 800), _shrink_scale(1600, 1200, 300, 800)
+    (0.5, 0.25)
+    >>> _shrink_scale(500, 375, 400, 800) is None
+    True
+    """
+    scale = 1.0
+    if short_side and min(w, h) > short_side:
+        scale = short_side / min(w, h)
+    if max_side and max(w, h) > max_side:
+        scale = min(scale, max_side / max(w, h))
+    return scale if scale < 1 else None
+
+
+def _shrunk(img, short_side: int | None, max_side: int | None = None):
     from PIL import Image
     w, h = img.size
-    if not short_side or min(w, h) <= short_side:
+    scale = _shrink_scale(w, h, short_side, max_side)
+    if scale is None:
         return img
-    if w <= h:
-        size = (short_side, max(1, round(h * short_side / w)))
+    if short_side and min(w, h) > short_side and scale == short_side / min(w, h):
+        # The short side exactly, the long one rounded: as before max_side existed.
+        if w <= h:
+            size = (short_side, max(1, round(h * short_side / w)))
+        else:
+            size = (max(1, round(w * short_side / h)), short_side)
     else:
-        size = (max(1, round(w * short_side / h)), short_side)
+        # The long side exactly max_side, the short one rounded (never 0).
+        size = (max(1, min(max_side, round(w * scale))), max(1, min(max_side, round(h * scale))))
     return img.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0)
 
 
@@ -296,7 +320,8 @@ def _target_mode(img, target: str) -> str:
 
 
 def image_bytes(data: bytes, target: str = 'jpg', short_side: int | None = None,
-                exif_transpose: bool = False) -> tuple[bytes, list[str], list[str]]:
+                exif_transpose: bool = False, max_side: int | None = None
+                ) -> tuple[bytes, list[str], list[str]]:
     """``(stored bytes, changes, notes)`` for one image file's bytes.
 
     A JPEG (``target='jpg'``) or PNG (``target='png'``) in a mode that
@@ -307,6 +332,9 @@ def image_bytes(data: bytes, target: str = 'jpg', short_side: int | None = None,
     was left as it is but a user may not expect (an EXIF orientation not
     applied: the pixels are stored as the file has them, as torchvision's
     ImageFolder reads them; ``exif_transpose=True`` rotates them instead).
+    ``short_side`` / ``max_side`` shrink an image whose short side / long side
+    is larger (the stronger of the two wins), re-encoded once (JPEG quality 90,
+    or PNG): every later epoch decodes fewer bytes.
     The image is fully decoded once, so a broken file fails here
     (DecodeError) rather than in training.
 
@@ -329,7 +357,8 @@ def image_bytes(data: bytes, target: str = 'jpg', short_side: int | None = None,
             orientation = img.getexif().get(EXIF_ORIENTATION, 1) if fmt in (
                 'JPEG', 'PNG', 'WEBP', 'TIFF') else 1
             rotate = exif_transpose and orientation not in (1, None)
-            needs_resize = bool(short_side) and min(w, h) > short_side
+            scale = _shrink_scale(w, h, short_side, max_side)
+            needs_resize = scale is not None
             same = fmt == {'jpg': 'JPEG', 'png': 'PNG'}[target] and mode in _KEEP_MODES[target]
             if orientation not in (1, None) and not rotate:
                 notes.append(f'EXIF orientation {orientation} not applied (pixels as stored)')
@@ -337,7 +366,6 @@ def image_bytes(data: bytes, target: str = 'jpg', short_side: int | None = None,
                 img.load()               # proves the whole file decodes
                 return bytes(data), changes, notes
             if needs_resize and fmt == 'JPEG' and not rotate:
-                scale = short_side / min(w, h)
                 img.draft('RGB', (max(1, int(w * scale)), max(1, int(h * scale))))
             new_mode = _target_mode(img, target)
             if rotate:
@@ -349,7 +377,7 @@ def image_bytes(data: bytes, target: str = 'jpg', short_side: int | None = None,
                     ' (alpha dropped: JPEG has none)' if dropped and target == 'jpg' else ''))
                 img = img.convert(new_mode)
             if needs_resize:
-                img = _shrunk(img, short_side)
+                img = _shrunk(img, short_side, max_side)
                 changes.append(f'shrunk from {w}x{h} to {img.size[0]}x{img.size[1]}')
             encoded = _encode(img) if target == 'jpg' else _encode_png(img)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
@@ -464,10 +492,10 @@ def video_frames(path: str, fps: float | None = None, short_side: int | None = N
 
 
 def _image_task(args):
-    path, target, short_side, exif_transpose = args
+    path, target, short_side, exif_transpose, max_side = args
     try:
         with open(path, 'rb') as f:
-            return 'ok', image_bytes(f.read(), target, short_side, exif_transpose)
+            return 'ok', image_bytes(f.read(), target, short_side, exif_transpose, max_side)
     except OSError as exc:
         return 'error', f'cannot read: {exc.strerror or exc}'
     except DecodeError as exc:
@@ -601,7 +629,7 @@ def ingest_images(src: str, out: str, format: str = 'bag', workers: int | None =
                   short_side: int | None = None, skip_bad: bool = False, progress=None,
                   shardlen: int | None = None, videos_per_chunk: int = 100,
                   image_type: str = 'auto', allow_empty: bool = False,
-                  exif_transpose: bool = False) -> dict:
+                  exif_transpose: bool = False, max_side: int | None = None) -> dict:
     """Write every ``src/<label>/<image>`` into a new bag (default) or gulp dataset at ``out``.
 
     Labels are numbered as torchvision's ``ImageFolder`` numbers them: the
@@ -611,7 +639,10 @@ def ingest_images(src: str, out: str, format: str = 'bag', workers: int | None =
     else PNG), ``'jpg'`` or ``'png'``; files of that format are stored as
     they are, others encoded (JPEG quality 90, or lossless PNG). Nothing is
     changed silently: the summary lists each file stored differently from
-    how it was, and every file passed over.
+    how it was, and every file passed over. ``max_side`` (off by default):
+    an image whose long side is larger is stored shrunk to that long side,
+    re-encoded once (JPEG quality 90, or PNG), as FFCV does: every epoch
+    after decodes a smaller file. ``short_side`` likewise for the short side.
 
     Returns ``{'out', 'format', 'written', 'skipped', 'labels', 'image_type',
     'changed': [(path, [what changed])], 'notes': [(path, [note])],
@@ -629,7 +660,7 @@ def ingest_images(src: str, out: str, format: str = 'bag', workers: int | None =
         progress.total = len(scan.items)
     paths = [os.path.join(src, rel) for rel, _ in scan.items]
     target = _stored_type(paths, image_type, format)
-    jobs = [(path, target, short_side, exif_transpose) for path in paths]
+    jobs = [(path, target, short_side, exif_transpose, max_side) for path in paths]
     entries = [(path, rel, label, {'label': label})
                for path, (rel, label) in zip(paths, scan.items, strict=True)]
     summary = _write(out, format, jobs, _image_task, _default_workers(workers), entries,

@@ -88,10 +88,14 @@ def fn_names(fns) -> list[str]:
     >>> def crop(dp, seed): return dp
     >>> fn_names([crop, crop])
     ['crop', 'crop#2']
+
+    Fused fns (loadr.decode) are named as they run, e.g.
+    ``decode_jpeg+random_resized_crop`` then ``random_resized_crop(fused)``.
     """
+    from .decode import fuse
     seen: dict[str, int] = {}
     out = []
-    for fn in fns:
+    for fn in fuse(fns):
         name = _fn_name(fn)
         seen[name] = seen.get(name, 0) + 1
         out.append(name if seen[name] == 1 else f'{name}#{seen[name]}')

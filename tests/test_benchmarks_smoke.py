@@ -29,7 +29,7 @@ def test_smallest_run_writes_table_and_json(tmp_path):
     table = (out / 'table.md').read_text()
     assert table == proc.stdout.strip('\n') + '\n' or table.strip() in proc.stdout
     for heading in ('### trivial', '### Targets', '### Resume far away',
-                    '### Reader throughput'):
+                    '### Reader throughput', '### Decode: CPU per sample'):
         assert heading in table
     assert '| loadr |' in table and '| torch |' in table
 
@@ -44,6 +44,14 @@ def test_smallest_run_writes_table_and_json(tmp_path):
     assert {'os.pread per record (limit)', 'ffrecord read() [crc]', 'bag read_batch()',
             'gulp read_batch()'} <= set(results['readers']['ways'])
     assert results['machine']['cores'] >= 1 and results['machine']['python']
+    # issue 22: the fused decode against the plain Pillow loop, and the decoders, per case
+    cases = {c['name']: c for c in results['decode']['cases']}
+    assert set(cases) == {'rrc 375x500', 'rrc 1600x1200', 'resize256+center_crop 375x500',
+                          'video 8x240x320 rrc 112'}
+    for case in cases.values():
+        assert {'plain', 'loadr', 'loadr unfused', 'pillow draft'} <= set(case['rows'])
+        assert case['stage_names'][0].startswith('decode_jpeg+')
+    assert 'decode rrc 375x500: loadr CPU' in table
     # --no-publish leaves the repository's BENCHMARKS.md and plot alone; no plot without scaling.
     assert not (out / 'scaling.png').exists()
 

@@ -161,3 +161,36 @@ def test_labels_are_numbered_as_imagefolder_and_an_empty_class_is_refused(tmp_pa
                             allow_empty=True)
     import loadr
     assert loadr.open(tmp_path / 'g').label2idx == want
+
+
+def test_max_side_stores_larger_images_shrunk_and_says_so(tmp_path):
+    import subprocess
+    import sys
+    src = tmp_path / 'src'
+    big = _save(src / 'a' / 'big.jpg', _noise(300, 400), 'JPEG')
+    small = _save(src / 'a' / 'small.jpg', _noise(90, 120), 'JPEG')
+    _save(src / 'b' / 'tall.png', _noise(250, 60), 'PNG')
+    summary = ingest_images(str(src), str(tmp_path / 'out'), workers=0, max_side=200)
+    changed = dict(summary['changed'])
+    assert changed == {
+        'a/big.jpg': ['shrunk from 400x300 to 200x150', 're-encoded as JPEG (quality 90)'],
+        'b/tall.png': ['shrunk from 60x250 to 48x200', 'PNG stored as JPEG (quality 90)']}
+    _, rows = _rows(tmp_path / 'out')
+    stored = {row['path']: row['image'] for row in rows}
+    assert stored['a/small.jpg'] == small                 # within max_side: as it was
+    assert decode_image(stored['a/big.jpg']).shape == (150, 200, 3)
+    assert decode_image(stored['b/tall.png']).shape == (200, 48, 3)
+    # Off by default: the same folder is stored as it is (the PNG only re-encoded).
+    summary = ingest_images(str(src), str(tmp_path / 'plain'), workers=0)
+    assert 'a/big.jpg' not in dict(summary['changed'])
+    _, rows = _rows(tmp_path / 'plain')
+    assert {row['path']: row['image'] for row in rows}['a/big.jpg'] == big
+    # With --short-side too, the stronger shrink wins; the command reports it.
+    done = subprocess.run([sys.executable, '-m', 'loadr.cli', 'ingest', 'images', str(src),
+                           str(tmp_path / 'cli'), '--max-side', '300', '--short-side', '100',
+                           '--workers', '0'], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert 'a/big.jpg: shrunk from 400x300 to 133x100, re-encoded as JPEG (quality 90)' \
+        in done.stderr
+    assert 'b/tall.png: PNG stored as JPEG (quality 90)' in done.stderr     # within both
+    assert '2 changed' in done.stdout
