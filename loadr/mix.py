@@ -849,7 +849,7 @@ class Mix:
         name, i = self.decode(index)
         source = self.sources[name]
         try:
-            chain = self.fns[name]
+            chain = self._chain(name)
             if chain and getattr(chain[0], 'reads', False):
                 dp, chain = chain[0].read(source, i, seed=seed), chain[1:]
             else:
@@ -876,6 +876,16 @@ class Mix:
                 dp = dict(dp)       # never write into the reader's own dict
             dp[key] = name
         return dp
+
+    def _chain(self, name: str) -> list:
+        """Source ``name``'s fns as they run: a decode followed by its crop fused into one
+        (loadr.decode), as the Loader's own fns are; ``self.fns`` keeps what the user gave
+        (the fingerprint names those)."""
+        chains = self.__dict__.get('_chains')
+        if chains is None:
+            from .decode import fuse
+            chains = self._chains = {n: fuse(c) if c else c for n, c in self.fns.items()}
+        return chains[name]
 
     def name_error(self, exc: BaseException, index: int) -> None:
         """Say in ``exc`` which source composite ``index`` belongs to, as :meth:`read_seeded`

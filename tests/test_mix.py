@@ -703,3 +703,45 @@ def test_many_sources_read_their_epoch_tables_as_their_orders_give_them():
             for s, source_order, first, count in order.source_positions(start, 2000):
                 assert np.array_equal(index[src == s], source_order.indices(first, count))
                 assert source_order.seed == _source_seed(4, f's{s}')
+
+
+def test_a_sources_decode_and_crop_are_fused_as_the_loaders_own_are(monkeypatch):
+    """A source's decode_jpeg → random_resized_crop runs fused (loadr.decode), as the same
+    fns given to the Loader do: the crop box is the same, the pixels within the quality
+    contract of the unfused chain, and LOADR_FUSE=0 turns it off here too."""
+    import io
+    import math
+
+    from PIL import Image
+
+    import loadr.fns as F
+    from loadr.decode import Fused
+
+    rng = np.random.default_rng(0)
+    small = rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)
+    pictures = []
+    for i in range(4):
+        arr = np.asarray(Image.fromarray(np.roll(small, i, 1)).resize((400, 300),
+                                                                      Image.Resampling.BICUBIC))
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, 'JPEG', quality=90)
+        pictures.append({'image': buf.getvalue(), 'label': i})
+
+    def mix():
+        return Mix({'a': pictures, 'b': pictures}, weights={'a': 1, 'b': 1}, source_key=None,
+                   fns={'a': [F.decode_jpeg(), F.random_resized_crop(size=64)]})
+
+    fused = mix()
+    assert isinstance(fused._chain('a')[0], Fused) and fused._chain('b') == []
+    assert fused.fns['a'][0].__class__ is F.decode_jpeg          # what the fingerprint names
+    monkeypatch.setenv('LOADR_FUSE', '0')
+    plain = mix()
+    assert not isinstance(plain._chain('a')[0], Fused)
+    for index in range(len(fused)):
+        if fused.decode(index)[0] != 'a':
+            continue
+        for seed in range(3):
+            got, want = fused.read_seeded(index, seed), plain.read_seeded(index, seed)
+            assert got['image'].shape == want['image'].shape == (64, 64, 3)
+            mse = np.mean((got['image'].astype(float) - want['image'].astype(float)) ** 2)
+            assert mse == 0 or 10 * math.log10(255 ** 2 / mse) >= 35
