@@ -28,7 +28,7 @@ Example::
     pool = WorkerPool(reader, fns, spec, layout, workers=2, slots=4, n=len(reader),
                       shuffle=True, on_error='raise')
     pool.slot_count                           # 4, or fewer within the budget
-    pool.submit(Task(task_id=0, slot=0, row=0, seed=0, start=0, count=64))
+    pool.submit(protocol.Task(task_id=0, slot=0, row=0, seed=0, start=0, count=64))
     for event in pool.poll(100):
         ...                                   # Done(task_id=0, extras={}, replaced=[])
     pool.close()

@@ -8,6 +8,11 @@ dying, however busy the loop is, and bumps the worker's heartbeat counter in
 the status segment each time it wakes: a stopped or frozen process stops all
 its threads, so a counter that stands still tells the pool to look.
 
+:func:`run` sets the process up and hands over to :func:`serve`, a short
+loop over the steps of :class:`Steps` (the worker's state: its assembler,
+slot views, status cells and orders) and a :class:`Link` (its socket).
+Steps works over any buffers, so a test drives it with no process.
+
 Example (what the pool runs in each new process)::
 
     run(WorkerArgs(...))
