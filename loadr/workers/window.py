@@ -372,15 +372,17 @@ class Window(_Generations):
         pieces = min(ramp_pieces(self.workers, j), plan.count)
         slot = self.free.pop()
         self.pending[j] = Pending(plan, slot, pieces)
-        self.writers[slot] = pieces
-        seed = self.schedule.seed
+        seed, writers = self.schedule.seed, self.writers
         for k in range(pieces):
             row = plan.count * k // pieces
             rows = plan.count * (k + 1) // pieces - row
             tid = self.next_task_id
             self.next_task_id += 1
             header = protocol.Task(tid, slot, row, seed, plan.start + row, rows)
+            # A task and its count as a writer go in together (a Ctrl-C between
+            # two tasks leaves no slot counted for a task that was never made).
             self.tasks[tid] = Task(self.gen, j, header)
+            writers[slot] = writers.get(slot, 0) + 1
             if not self.pool.submit(header):
                 self.resend.append(tid)
 
