@@ -28,9 +28,9 @@ Example::
     pool = WorkerPool(reader, fns, spec, layout, workers=2, slots=4, n=len(reader),
                       shuffle=True, on_error='raise')
     pool.slot_count                           # 4, or fewer within the budget
-    pool.submit(task_id=0, slot=0, seed=0, start=0, count=64)
+    pool.submit(protocol.Task(task_id=0, slot=0, row=0, seed=0, start=0, count=64))
     for event in pool.poll(100):
-        ...                                   # ('done', 0, extras, replaced)
+        ...                                   # Done(task_id=0, extras={}, replaced=[])
     pool.close()
 """
 
@@ -40,6 +40,7 @@ import atexit
 import contextlib
 import logging
 import os
+import pickle
 import secrets
 import signal
 import tempfile
@@ -54,6 +55,7 @@ from .. import pids
 from . import protocol
 from ..stats import row_width
 from .inherited import note, open_files
+from .ledger import MAX_DEATHS_PER_POSITION, Ledger, exit_text
 from .memory import frozen_for_fork, private_bytes, resident, steady_memory_default
 from .shm import (SHM_DIR, Segment, StatusCells, owned_dir, plan_slots, reclaim_stale,
                   remove_owned, shm_budget, size_text, use_memfd)
@@ -65,8 +67,6 @@ __all__ = ['WorkerPool', 'MAX_TASKS_PER_WORKER', 'MAX_TASKS_READING_AHEAD',
 
 log = logging.getLogger('loadr')
 
-MAX_DEATHS_PER_POSITION = 3
-MAX_STARTUP_FAILURES = 3          # workers dying before they say hello: give up, say why
 JOIN_TIMEOUT_S = 2.0
 # A worker seen stopped or frozen, its heartbeat still, for this long is replaced.
 # Heartbeats come every PARENT_CHECK_S (0.2 s): a live worker's moves 5 times meanwhile.
@@ -378,11 +378,8 @@ class WorkerPool:
         # queue behind each other in the workers that started first while the
         # others start with nothing to do.
         self.depth = 1
-        self.tasks: dict[int, tuple] = {}      # task id -> (worker id, message frames)
-        self.deaths: dict[int, int] = {}       # stream position -> workers it killed
-        self.read_one_by_one: set[int] = set()  # task starts to read sample by sample
+        self.ledger = Ledger(mp.get_start_method())   # the tasks out; deaths seen
         self.restarts = 0
-        self.startup_failures = 0
         self._incarnations = 0
         for wid in range(workers):
             self._start(wid)
@@ -423,49 +420,19 @@ class WorkerPool:
 
     def _bury(self, w: _Worker, why: str) -> list:
         """Reap a dead (or killed) worker, start its replacement, return events."""
-        events = []
         w.process.join(0.5)
         if w.started:
             log.warning('loadr: %s; starting a replacement%s', why,
                         ', its batches are redone' if w.tasks else '')
-        if not w.started:
-            self.startup_failures += 1
-            if self.startup_failures >= MAX_STARTUP_FAILURES:
-                hint = ''
-                method = self._mp.get_start_method()
-                if method != 'fork':
-                    hint = (f' (with start_method={method!r} the main module is imported again '
-                            "in each worker: guard the script with if __name__ == '__main__':)")
-                self.workers[w.wid] = None
-                return [('fatal', None, protocol.Failure(
-                    'loadr.errors.WorkerError',
-                    f'{self.startup_failures} workers died before starting; last: {why}{hint}',
-                    '', None, None, w.wid))]
         row = self.progress[w.wid]
         position, index = int(row[0]), int(row[1])
         # The replacement shares this row: clear it, or a replacement killed
         # before its first sample would be blamed on its predecessor's sample.
         row[:] = -1
-        for n, task_id in enumerate(w.tasks):
-            frames = self.tasks.pop(task_id)[1]
-            _, (_, _, _, _, start, count, _) = protocol.parse(frames[0])
-            if n == 0 and position == start and index < 0:
-                # It died inside the reader's batch read, where no sample is in
-                # hand: redo the batch one sample at a time, so that if a sample
-                # kills workers it is found and named below.
-                self.read_one_by_one.add(start)
-            elif n == 0 and start <= position < start + count:
-                # The sample in hand when it died is the prime suspect.
-                self.deaths[position] = self.deaths.get(position, 0) + 1
-                if self.deaths[position] >= MAX_DEATHS_PER_POSITION:
-                    failure = protocol.Failure(
-                        'loadr.errors.WorkerError',
-                        f'dataset index {index} (stream position {position}) killed a worker '
-                        f'{self.deaths[position]} times; last: {why}',
-                        '', index, position, w.wid)
-                    events.append(('fail', task_id, failure))
-                    continue
-            events.append(('lost', task_id))
+        events = self.ledger.died(w.wid, w.tasks, w.started, position, index, why)
+        if events and type(events[0]) is protocol.Fatal:
+            self.workers[w.wid] = None
+            return events
         self.restarts += 1
         self._start(w.wid)
         return events
@@ -516,8 +483,7 @@ class WorkerPool:
                 continue
             code = w.process.exitcode if exits else None
             if code is not None:
-                how = f'killed by signal {-code}' if code < 0 else f'exited with code {code}'
-                events += self._bury(w, f'worker {w.wid} {how}')
+                events += self._bury(w, exit_text(w.wid, code))
             elif (self.task_timeout_s is not None and w.head_since is not None
                   and now - w.head_since > self.task_timeout_s):
                 # A hung worker (stuck filesystem, SIGSTOP) cannot be asked to
@@ -533,17 +499,15 @@ class WorkerPool:
         return any(w is not None and w.ready and len(w.tasks) < self.depth
                    for w in self.workers)
 
-    def submit(self, task_id: int, slot: int, seed: int, start: int, count: int,
-               row: int = 0) -> bool:
-        """Send a task (fill ``count`` rows of ``slot`` from ``row`` on) to the least
-        busy ready worker; False if none can take it."""
+    def submit(self, task: protocol.Task) -> bool:
+        """Send ``task`` to the least busy ready worker; False if none can take it."""
         candidates = [w for w in self.workers
                       if w is not None and w.ready and len(w.tasks) < self.depth]
         if not candidates:
             return False
         w = min(candidates, key=lambda w: len(w.tasks))
-        flags = protocol.READ_ONE_BY_ONE if start in self.read_one_by_one else 0
-        frames = protocol.task(task_id, slot, seed, start, count, flags, row)
+        task = self.ledger.prepare(task)
+        frames = protocol.task(task)
         try:
             _send(self._held, w.identity, frames)
         except zmq.ZMQError:
@@ -552,8 +516,8 @@ class WorkerPool:
             return False
         if not w.tasks:
             w.head_since = time.monotonic()
-        w.tasks.append(task_id)
-        self.tasks[task_id] = (w.wid, frames)
+        w.tasks.append(task.task_id)
+        self.ledger.sent(task)
         return True
 
     def cancel(self, upto: int) -> None:
@@ -570,9 +534,9 @@ class WorkerPool:
     def poll(self, timeout_ms: int) -> list:
         """Wait up to ``timeout_ms`` for replies or deaths; return the events.
 
-        Events: ``('done', task_id, extras, replaced)``, ``('fail', task_id,
-        Failure)``, ``('lost', task_id)`` (its worker died; send it again),
-        ``('fatal', None, Failure)`` (workers cannot start at all).
+        Events (records of :mod:`~loadr.workers.protocol`): ``Done(task_id, extras,
+        replaced)``, ``Failed(task_id, failure)``, ``Lost(task_id)`` (its worker died;
+        send it again), ``Fatal(failure)`` (workers cannot start at all).
         """
         sock = self._sock
         woke = self._poller().poll(timeout_ms)
@@ -610,7 +574,7 @@ class WorkerPool:
             return []
         if kind == protocol.HELLO:
             w.ready = w.started = True
-            self.startup_failures = 0
+            self.ledger.started()
             if all(x is not None and x.started for x in self.workers):
                 self.depth = self.max_tasks
             return []
@@ -619,14 +583,14 @@ class WorkerPool:
             return []
         w.tasks.remove(task_id)
         w.head_since = time.monotonic() if w.tasks else None
-        entry = self.tasks.pop(task_id, None)      # (worker id, frames)
-        if entry is not None and self.read_one_by_one:
-            self.read_one_by_one.discard(protocol.parse(entry[1][0])[1][4])
+        self.ledger.answered(task_id)
+        # The payloads are unpickled here, past the identity check above (SECURITY.md).
         if kind == protocol.DONE:
-            extras, replaced = ({}, []) if len(msg) < 3 else protocol.pickle.loads(msg[2])
-            return [('done', task_id, extras, replaced)]
+            if len(msg) < 3:
+                return [protocol.Done(task_id, {}, [])]
+            return [protocol.Done(task_id, *pickle.loads(msg[2]))]
         if kind == protocol.FAIL:
-            return [('fail', task_id, protocol.pickle.loads(msg[2]))]
+            return [protocol.Failed(task_id, pickle.loads(msg[2]))]
         return []
 
     @property

@@ -30,10 +30,16 @@ identity as a header. After a possible cut the pool sends a lone MEND
 header: it either completes the cut message as a MEND for that worker, which
 ignores it, or, when nothing was cut, names no worker and is dropped.
 
+The records: :class:`Task` is a TASK header, field for field in wire order,
+so it packs and unpacks with no reordering; :class:`Done`, :class:`Failed`,
+:class:`Lost` and :class:`Fatal` are the pool's events (``WorkerPool.poll``),
+the first two made from a worker's reply. They are NamedTuples: a tuple's
+cost, read by name.
+
 Example::
 
-    frames = task(task_id=7, slot=1, seed=0, start=448, count=64)
-    kind, fields = parse(frames[0])     # (TASK, (7, 1, 0, 0, 448, 64, 0))
+    frames = task(Task(task_id=7, slot=1, row=0, seed=0, start=448, count=64))
+    parse(frames[0])        # (TASK, Task(task_id=7, slot=1, row=0, ..., flags=0))
 """
 
 from __future__ import annotations
@@ -44,9 +50,11 @@ import struct
 import sys
 import traceback
 from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ['VERSION', 'TASK', 'STOP', 'HELLO', 'DONE', 'FAIL', 'MEND', 'READ_ONE_BY_ONE', 'task',
-           'stop', 'mend', 'hello', 'done', 'fail', 'parse', 'Failure', 'Portrait']
+__all__ = ['VERSION', 'TASK', 'STOP', 'HELLO', 'DONE', 'FAIL', 'MEND', 'READ_ONE_BY_ONE', 'Task',
+           'Done', 'Failed', 'Lost', 'Fatal', 'task', 'stop', 'mend', 'hello', 'done', 'fail',
+           'parse', 'Failure', 'Portrait']
 
 VERSION = 5
 TASK, STOP, HELLO, DONE, FAIL, MEND = b'T', b'S', b'H', b'D', b'F', b'M'
@@ -54,9 +62,52 @@ TASK, STOP, HELLO, DONE, FAIL, MEND = b'T', b'S', b'H', b'D', b'F', b'M'
 # (sent after a worker died inside a batch read, so the culprit gets named).
 READ_ONE_BY_ONE = 1
 
+
+class Task(NamedTuple):
+    """A TASK header: fill ``count`` rows of ``slot`` from ``row`` on with the stream
+    positions ``start ..`` of seed ``seed``'s order. The fields are in wire order."""
+
+    task_id: int
+    slot: int
+    row: int
+    seed: int
+    start: int
+    count: int
+    flags: int = 0
+
+
+class Done(NamedTuple):
+    """Event: a worker filled task ``task_id``'s rows (or dropped it, cancelled); ``extras``
+    are the list keys' values, ``replaced`` the samples replaced under on_error='skip'."""
+
+    task_id: int
+    extras: dict
+    replaced: list
+
+
+class Failed(NamedTuple):
+    """Event: task ``task_id`` failed (a sample raised, or killed workers too often)."""
+
+    task_id: int
+    failure: 'Failure'
+
+
+class Lost(NamedTuple):
+    """Event: task ``task_id``'s worker died (or was killed) with it: send it again."""
+
+    task_id: int
+
+
+class Fatal(NamedTuple):
+    """Event: workers cannot start at all; nothing can be made."""
+
+    failure: 'Failure'
+
+
 _HEAD = struct.Struct('<Bc')
+_TASK = struct.Struct('<BcQIIQQIB')     # the head, then a Task's fields
 _BODY = {
-    TASK: struct.Struct('<QIIQQIB'),  # task id, slot, row, seed, start, count, flags
+    TASK: struct.Struct('<' + _TASK.format[3:]),
     STOP: struct.Struct(''),
     MEND: struct.Struct(''),
     HELLO: struct.Struct('<Q'),      # pid
@@ -76,12 +127,13 @@ def parse(header: bytes) -> tuple[bytes, tuple]:
     version, kind = _HEAD.unpack_from(header)
     if version != VERSION or kind not in _BODY:
         raise ValueError(f'unknown loadr message (version {version}, kind {kind!r})')
-    return kind, _BODY[kind].unpack_from(header, _HEAD.size)
+    fields = _BODY[kind].unpack_from(header, _HEAD.size)
+    return kind, (Task._make(fields) if kind == TASK else fields)
 
 
-def task(task_id: int, slot: int, seed: int, start: int, count: int, flags: int = 0,
-         row: int = 0) -> list[bytes]:
-    return [_pack(TASK, task_id, slot, row, seed, start, count, flags)]
+def task(header: Task) -> list[bytes]:
+    """The frames of a TASK message."""
+    return [_TASK.pack(VERSION, TASK, *header)]
 
 
 def stop() -> list[bytes]:

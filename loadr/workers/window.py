@@ -133,15 +133,12 @@ class Schedule(NamedTuple):
 
 
 class Task(NamedTuple):
-    """One request to one worker: fill ``count`` rows of ``slot``, from ``row`` on, with
-    positions ``start ..``; for batch ``j`` of generation ``gen``."""
+    """One part of batch ``j`` of generation ``gen``: ``header`` is what the pool sends
+    (fill ``count`` rows of ``slot`` from ``row`` on with positions ``start ..``)."""
 
     gen: int
     j: int
-    slot: int
-    start: int
-    count: int
-    row: int
+    header: protocol.Task
 
 
 @dataclass(slots=True)
@@ -319,16 +316,9 @@ class Window(_Generations):
 
     # -- slots -----------------------------------------------------------------
 
-    def _new_task(self, task: Task) -> int:
-        tid = self.next_task_id
-        self.next_task_id += 1
-        self.tasks[tid] = task
-        self.writers[task.slot] = self.writers.get(task.slot, 0) + 1
-        return tid
-
     def _end_task(self, tid: int) -> Task:
         task = self.tasks.pop(tid)
-        slot = task.slot
+        slot = task.header.slot
         self.writers[slot] -= 1
         if not self.writers[slot]:
             del self.writers[slot]
@@ -382,20 +372,24 @@ class Window(_Generations):
         pieces = min(ramp_pieces(self.workers, j), plan.count)
         slot = self.free.pop()
         self.pending[j] = Pending(plan, slot, pieces)
+        seed, writers = self.schedule.seed, self.writers
         for k in range(pieces):
             row = plan.count * k // pieces
             rows = plan.count * (k + 1) // pieces - row
-            tid = self._new_task(Task(self.gen, j, slot, plan.start + row, rows, row))
-            if not self.pool.submit(tid, slot, self.schedule.seed, plan.start + row, rows, row):
+            tid = self.next_task_id
+            self.next_task_id += 1
+            header = protocol.Task(tid, slot, row, seed, plan.start + row, rows)
+            # A task and its count as a writer go in together (a Ctrl-C between
+            # two tasks leaves no slot counted for a task that was never made).
+            self.tasks[tid] = Task(self.gen, j, header)
+            writers[slot] = writers.get(slot, 0) + 1
+            if not self.pool.submit(header):
                 self.resend.append(tid)
 
     def _fill(self) -> None:
         pool = self.pool
         while self.resend and pool.can_submit():
-            tid = self.resend[0]
-            task = self.tasks[tid]
-            if not pool.submit(tid, task.slot, self.schedule.seed, task.start, task.count,
-                               task.row):
+            if not pool.submit(self.tasks[self.resend[0]].header):
                 break
             self.resend.pop(0)
         while self.free and self.j_send < self.j_next + self.prefetch and pool.can_submit():
@@ -410,24 +404,26 @@ class Window(_Generations):
             self.j_send += 1
 
     def _on_event(self, event: tuple) -> None:
-        kind, tid = event[0], event[1]
-        if kind == 'fatal':
+        """Take one of the pool's events (protocol.Done, Failed, Lost or Fatal)."""
+        kind = type(event)
+        if kind is protocol.Fatal:
             self.reset()
-            raise BatchFailed(event[2])
+            raise BatchFailed(event.failure)
+        tid = event.task_id
         task = self.tasks.get(tid)
         if task is None:
             return
-        if kind == 'lost' and task.gen == self.gen:
+        if kind is protocol.Lost and task.gen == self.gen:
             self.resend.append(tid)             # the same part again, to another worker
             return
         self._end_task(tid)
         if task.gen != self.gen:
             return                              # stale: its slot was let go when it was left
         p = self.pending[task.j]
-        if kind == 'done':
-            p.pieces[task.row] = (event[2], event[3])
+        if kind is protocol.Done:
+            p.pieces[task.header.row] = (event.extras, event.replaced)
         elif p.failure is None:
-            p.failure = event[2]
+            p.failure = event.failure
         p.left -= 1
         if p.left:
             return

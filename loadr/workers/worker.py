@@ -8,6 +8,11 @@ dying, however busy the loop is, and bumps the worker's heartbeat counter in
 the status segment each time it wakes: a stopped or frozen process stops all
 its threads, so a counter that stands still tells the pool to look.
 
+:func:`run` sets the process up and hands over to :func:`serve`, a short
+loop over the steps of :class:`Steps` (the worker's state: its assembler,
+slot views, status cells and orders) and a :class:`Link` (its socket).
+Steps works over any buffers, so a test drives it with no process.
+
 Example (what the pool runs in each new process)::
 
     run(WorkerArgs(...))
@@ -23,8 +28,14 @@ import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ['WorkerArgs', 'run', 'tasks_held', 'PARENT_CHECK_S', 'MAX_TASKS_PER_WORKER',
-           'MAX_TASKS_READING_AHEAD']
+from ..assemble import Assembler, Cancelled, SampleFailure
+from ..order import ORDER_VERSION, order_for
+from ..stats import StageClock, row_width, schedstat
+from . import memory, protocol
+from .shm import Segment, StatusCells
+
+__all__ = ['WorkerArgs', 'Steps', 'Link', 'serve', 'run', 'tasks_held', 'PARENT_CHECK_S',
+           'MAX_TASKS_PER_WORKER', 'MAX_TASKS_READING_AHEAD']
 
 PARENT_CHECK_S = 0.2
 RECV_POLL_MS = 500
@@ -111,18 +122,194 @@ def _noted(exc: BaseException, args: WorkerArgs) -> BaseException:
     return exc
 
 
-def run(args: WorkerArgs) -> None:
-    """Serve tasks until STOP; never lets an exception escape unreported."""
-    import zmq
+class Steps:
+    """A worker's state between tasks, and the steps of its loop (:func:`serve`).
 
-    from ..assemble import Assembler, Cancelled, SampleFailure
-    from ..order import ORDER_VERSION, order_for
-    from . import memory, protocol
-    from ..stats import StageClock, row_width, schedstat
-    from .shm import Segment, StatusCells
+    Made over the slots' and the status segment's buffers (any buffers: a test
+    passes bytearrays and drives the steps without a process or a socket).
+    """
 
-    # Ctrl-C belongs to the main process; it stops us in order. The pool
-    # started us with SIGINT blocked, so none got in before this line.
+    def __init__(self, args: WorkerArgs, slot_bufs: list, status_buf):
+        self.args = args
+        cells = StatusCells(status_buf, args.workers)
+        self.views = [args.layout.views(buf) for buf in slot_bufs]
+        # Memoryviews, not ndarrays: progress is set twice per sample, and a
+        # memoryview's item assignment costs a third of numpy's.
+        self.progress = cells.progress(args.wid)
+        self.cancelled = cells.cancelled()      # the last cancelled task id
+        self.asm = Assembler(args.reader, args.fns, args.spec, args.on_error)
+        # This worker's stage counters: a float64 row after the status cells (pool.py).
+        width = 8 * row_width(len(args.fns))
+        at = StatusCells.nbytes(args.workers) + width * args.wid
+        self.clock = self.asm.clock = StageClock(
+            memoryview(status_buf).cast('B')[at:at + width].cast('d'), len(args.fns),
+            sched=schedstat())
+        self.orders: dict[int, object] = {}
+        self.order_version = ORDER_VERSION if args.order_version is None \
+            else args.order_version
+        # A remote reader's records are read ahead: tasks are taken off the socket
+        # early (MAX_TASKS_READING_AHEAD), so that their reads start early.
+        self.reads_ahead = bool(getattr(args.reader, 'prefetches', False))
+        self.init_failure = None
+        self.last_task, self.trimmed = time.monotonic(), True
+
+    def start(self) -> None:
+        """The user's per-worker set-up (torch's worker_init_fn), then the reader's warm-up.
+
+        If init_fn fails, every task fails with its error, so it reaches the
+        caller at the first batch."""
+        args = self.args
+        if args.init_fn is not None:
+            try:
+                args.init_fn(args.wid)
+            except Exception as exc:
+                failure = protocol.Failure.capture(exc, None, None, args.wid)
+                failure.message = f'init_fn({args.wid}) failed: {failure.message}'
+                self.init_failure = failure
+        warm = getattr(args.reader, 'warm', None)
+        if warm is not None:
+            try:
+                warm()          # e.g. a remote bag's index tables, in one round trip
+            except Exception as exc:   # a hint: the reads report what is wrong
+                logging.getLogger('loadr').debug('loadr: warming the reader failed: %r', exc)
+
+    def order_of(self, seed: int):
+        order = self.orders.get(seed)
+        if order is None:
+            order = self.orders[seed] = order_for(self.args.reader, seed, self.args.shuffle,
+                                                  self.order_version)
+        return order
+
+    def waiting(self) -> None:
+        """No task came: after IDLE_TRIM_S of that, give back the heap kept for speed."""
+        self.clock.waiting()
+        if (self.args.steady_memory and not self.trimmed
+                and time.monotonic() - self.last_task > memory.IDLE_TRIM_S):
+            memory.trim()
+            self.trimmed = True
+
+    def working(self) -> None:
+        """A message came."""
+        self.last_task, self.trimmed = time.monotonic(), False
+        self.clock.working()
+
+    def skipped(self, task) -> list | None:
+        """The reply to a task that is not to be made (cancelled, or init_fn failed);
+        None for a task to make."""
+        if task.task_id <= self.cancelled[0]:
+            return protocol.done(task.task_id, {}, [])
+        if self.init_failure is not None:
+            return protocol.fail(task.task_id, self.init_failure)
+        return None
+
+    def read_ahead(self, task, queued: list) -> None:
+        """Start the reads of ``task``, then of every live task in ``queued`` (frames)."""
+        self.asm.prefetch(self.order_of(task.seed), task.start, task.count)
+        for frames in queued:
+            kind, more = protocol.parse(frames[0])
+            if kind == protocol.TASK and more.task_id > self.cancelled[0]:
+                self.asm.prefetch(self.order_of(more.seed), more.start, more.count)
+
+    def fill(self, task) -> list:
+        """Make ``task``'s rows in its slot: the reply (DONE, or FAIL naming the sample)."""
+        progress, wid = self.progress, self.args.wid
+        count, row = task.count, task.row
+        try:
+            arrays = self.views[task.slot] if row == 0 else \
+                {key: view[row:row + count] for key, view in self.views[task.slot].items()}
+            extras, replaced = self.asm.fill(
+                self.order_of(task.seed), task.start, count, arrays, progress,
+                batch_read=not task.flags & protocol.READ_ONE_BY_ONE,
+                cancel=(self.cancelled, task.task_id))
+            reply = protocol.done(task.task_id, extras, replaced)
+        except Cancelled:
+            reply = protocol.done(task.task_id, {}, [])
+        except SampleFailure as f:
+            failure = protocol.Failure.capture(_noted(f.exc, self.args), f.index, f.position,
+                                               wid, f.traceback)
+            reply = protocol.fail(task.task_id, failure)
+        except Exception as exc:
+            index = int(progress[1])
+            failure = protocol.Failure.capture(_noted(exc, self.args),
+                                               index if index >= 0 else None,
+                                               int(progress[0]), wid)
+            reply = protocol.fail(task.task_id, failure)
+        self.clock.finish()
+        return reply
+
+    def flush(self) -> None:
+        """On the way out: a caching reader keeps the last batch's ranges for the next run."""
+        if getattr(self.args.reader, 'caches', False):
+            try:
+                self.args.reader.cache_flush()
+            except Exception as exc:
+                logging.getLogger('loadr').debug(
+                    'loadr: the cache could not take the last ranges: %r', exc)
+
+
+class Link:
+    """The worker's end of the socket: messages in (with those taken early), replies out."""
+
+    def __init__(self, sock):
+        import zmq
+
+        self.sock = sock
+        # One poller for the life of the worker (Socket.poll makes one a call).
+        self.poller = zmq.Poller()
+        self.poller.register(sock, zmq.POLLIN)
+        self.early: collections.deque = collections.deque()
+
+    def take(self, timeout_ms: int = RECV_POLL_MS) -> list | None:
+        """The next message's frames; None if none came within ``timeout_ms``."""
+        if self.early:
+            return self.early.popleft()
+        if not self.poller.poll(timeout_ms):
+            return None
+        return self.sock.recv_multipart()
+
+    def queued(self) -> list:
+        """The messages waiting now, taken off the socket early (:meth:`take` gives them
+        next, in order)."""
+        more = []
+        while self.sock.poll(0):
+            more.append(self.sock.recv_multipart())
+        self.early.extend(more)
+        return more
+
+    def send(self, reply: list) -> None:
+        if len(reply) == 1:
+            self.sock.send(reply[0])        # the common reply: no send_multipart checks
+        else:
+            self.sock.send_multipart(reply)
+
+
+def serve(steps: Steps, link: Link) -> None:
+    """Answer the tasks that come over ``link`` until STOP."""
+    clock = steps.clock
+    clock.idle()
+    while True:
+        frames = link.take()
+        if frames is None:
+            steps.waiting()
+            continue
+        steps.working()
+        kind, task = protocol.parse(frames[0])
+        if kind == protocol.STOP:
+            return
+        if kind == protocol.TASK:
+            reply = steps.skipped(task)
+            if reply is None:
+                if steps.reads_ahead:
+                    steps.read_ahead(task, link.queued())
+                reply = steps.fill(task)
+            link.send(reply)
+        clock.idle()                        # after a reply, or a MEND (nothing to do)
+
+
+def _take_signals() -> None:
+    """Ctrl-C belongs to the main process; SIGTERM ends a worker, always."""
+    # Ctrl-C stops us in order through the main process. The pool started us with
+    # SIGINT blocked, so none got in before this line.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # A forked worker inherits the main process's Python SIGTERM handler (Lightning's
     # Trainer installs one that does not exit). multiprocess's exit hook SIGTERMs its
@@ -133,6 +320,13 @@ def run(args: WorkerArgs) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if hasattr(signal, 'pthread_sigmask'):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def run(args: WorkerArgs) -> None:
+    """Serve tasks until STOP; never lets an exception escape unreported."""
+    import zmq
+
+    _take_signals()
     if not _parent_alive(args):
         return
     if args.steady_memory:
@@ -143,131 +337,20 @@ def run(args: WorkerArgs) -> None:
     except FileNotFoundError:
         # Only the pool unlinks them: it closed (Ctrl-C while we started). Leave quietly.
         return
-    cells = StatusCells(status.buf, args.workers)
-    _watch_parent(args, cells.heartbeat(args.wid))
+    _watch_parent(args, StatusCells(status.buf, args.workers).heartbeat(args.wid))
     if not _parent_alive(args):
         return
-    views = [args.layout.views(seg.buf) for seg in segments]
-    # Memoryviews, not ndarrays: progress is set twice per sample, and a
-    # memoryview's item assignment costs a third of numpy's.
-    progress = cells.progress(args.wid)
-    cancelled = cells.cancelled()       # the last cancelled task id
-    asm = Assembler(args.reader, args.fns, args.spec, args.on_error)
-    # This worker's stage counters: a float64 row after the status cells (pool.py).
-    width = 8 * row_width(len(args.fns))
-    at = StatusCells.nbytes(args.workers) + width * args.wid
-    clock = asm.clock = StageClock(memoryview(status.buf).cast('B')[at:at + width].cast('d'),
-                                   len(args.fns), sched=schedstat())
-    orders: dict[int, object] = {}
-    order_version = ORDER_VERSION if args.order_version is None else args.order_version
-
+    steps = Steps(args, [seg.buf for seg in segments], status.buf)
     ctx = zmq.Context(1)
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.IDENTITY, args.identity)
     sock.connect(args.endpoint)
     sock.send_multipart(protocol.hello(os.getpid()))
-    # One poller for the life of the worker (Socket.poll makes one a call).
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
-    # The user's per-worker set-up (torch's worker_init_fn). If it fails, every
-    # task fails with its error, so it reaches the caller at the first batch.
-    init_failure = None
-    if args.init_fn is not None:
-        try:
-            args.init_fn(args.wid)
-        except Exception as exc:
-            init_failure = protocol.Failure.capture(exc, None, None, args.wid)
-            init_failure.message = f'init_fn({args.wid}) failed: {init_failure.message}'
-    warm = getattr(args.reader, 'warm', None)
-    if warm is not None:
-        try:
-            warm()          # e.g. a remote bag's index tables, in one round trip
-        except Exception as exc:   # a hint: the reads report what is wrong
-            logging.getLogger('loadr').debug('loadr: warming the reader failed: %r', exc)
-
-    def order_of(seed: int):
-        order = orders.get(seed)
-        if order is None:
-            order = orders[seed] = order_for(args.reader, seed, args.shuffle, order_version)
-        return order
-
-    # A remote reader's records are read ahead: tasks are taken off the socket
-    # early (MAX_TASKS_READING_AHEAD), so that their reads start early.
-    reads_ahead = bool(getattr(args.reader, 'prefetches', False))
-    pending: collections.deque = collections.deque()
-    last_task, trimmed = time.monotonic(), True
-    clock.idle()
+    steps.start()
     try:
-        while True:
-            if pending:
-                frames = pending.popleft()
-            elif not poller.poll(RECV_POLL_MS):
-                clock.waiting()
-                if (args.steady_memory and not trimmed
-                        and time.monotonic() - last_task > memory.IDLE_TRIM_S):
-                    memory.trim()   # idle: give back the heap kept for speed
-                    trimmed = True
-                continue
-            else:
-                frames = sock.recv_multipart()
-            last_task, trimmed = time.monotonic(), False
-            clock.working()
-            kind, fields = protocol.parse(frames[0])
-            if kind == protocol.STOP:
-                break
-            if kind == protocol.MEND:
-                clock.idle()
-                continue
-            task_id, slot, row, seed, start, count, flags = fields
-            if task_id <= cancelled[0]:
-                sock.send_multipart(protocol.done(task_id, {}, []))
-                clock.idle()
-                continue
-            if init_failure is not None:
-                sock.send_multipart(protocol.fail(task_id, init_failure))
-                clock.idle()
-                continue
-            order = order_of(seed)
-            if reads_ahead:
-                # This task's records, then those of every task queued here already.
-                asm.prefetch(order, start, count)
-                while sock.poll(0):
-                    pending.append(sock.recv_multipart())
-                    kind2, fields2 = protocol.parse(pending[-1][0])
-                    if kind2 == protocol.TASK and fields2[0] > cancelled[0]:
-                        asm.prefetch(order_of(fields2[3]), fields2[4], fields2[5])
-            try:
-                arrays = views[slot] if row == 0 else \
-                    {key: view[row:row + count] for key, view in views[slot].items()}
-                extras, replaced = asm.fill(order, start, count, arrays, progress,
-                                            batch_read=not flags & protocol.READ_ONE_BY_ONE,
-                                            cancel=(cancelled, task_id))
-                reply = protocol.done(task_id, extras, replaced)
-            except Cancelled:
-                reply = protocol.done(task_id, {}, [])
-            except SampleFailure as f:
-                failure = protocol.Failure.capture(_noted(f.exc, args), f.index, f.position,
-                                                   args.wid, f.traceback)
-                reply = protocol.fail(task_id, failure)
-            except Exception as exc:
-                index = int(progress[1])
-                failure = protocol.Failure.capture(_noted(exc, args),
-                                                   index if index >= 0 else None,
-                                                   int(progress[0]), args.wid)
-                reply = protocol.fail(task_id, failure)
-            clock.finish()
-            if len(reply) == 1:
-                sock.send(reply[0])     # the common reply: no send_multipart checks
-            else:
-                sock.send_multipart(reply)
-            clock.idle()
+        serve(steps, Link(sock))
     finally:
         sock.close(0)
         ctx.term()
-        if getattr(args.reader, 'caches', False):
-            try:
-                args.reader.cache_flush()   # the last batch's ranges, for the next run
-            except Exception as exc:
-                logging.getLogger('loadr').debug(
-                    'loadr: the cache could not take the last ranges: %r', exc)
+        steps.flush()

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from loadr.workers import protocol
-from loadr.workers.protocol import Failure, Portrait
+from loadr.workers.protocol import Failure, Portrait, Task
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -19,12 +19,21 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_a_task_round_trips_with_every_field_at_its_limits():
     fields = (2**64 - 1, 2**32 - 1, 2**32 - 1, 2**64 - 1, 2**64 - 1, 2**32 - 1, 255)
-    task_id, slot, row, seed, start, count, flags = fields
-    frames = protocol.task(task_id, slot, seed, start, count, flags, row)
+    frames = protocol.task(Task(*fields))
     assert len(frames) == 1
-    assert protocol.parse(frames[0]) == (protocol.TASK, fields)
-    assert protocol.parse(protocol.task(7, 1, 0, 448, 64)[0]) == \
-        (protocol.TASK, (7, 1, 0, 0, 448, 64, 0))
+    assert protocol.parse(frames[0]) == (protocol.TASK, Task(*fields))
+    kind, task = protocol.parse(protocol.task(Task(7, 1, 0, 0, 448, 64))[0])
+    assert (task.task_id, task.slot, task.row, task.seed, task.start, task.count,
+            task.flags) == (7, 1, 0, 0, 448, 64, 0)
+
+
+def test_a_task_header_keeps_the_wire_layout_of_version_5():
+    # Both ends of a run are the same code, but the layout only changes with VERSION:
+    # the named record packs exactly the bytes the positional fields did.
+    head = struct.pack('<BcQIIQQIB', 5, b'T', 7, 1, 2, 3, 448, 64, 1)
+    assert protocol.VERSION == 5
+    assert protocol.task(Task(task_id=7, slot=1, row=2, seed=3, start=448, count=64,
+                              flags=1)) == [head]
 
 
 def test_stop_mend_hello_done_and_fail_round_trip():
@@ -45,7 +54,7 @@ def test_stop_mend_hello_done_and_fail_round_trip():
 
 
 def test_a_header_of_another_version_or_kind_is_refused():
-    good = protocol.task(1, 0, 0, 0, 8)[0]
+    good = protocol.task(Task(1, 0, 0, 0, 0, 8))[0]
     other_version = bytes([protocol.VERSION + 1]) + good[1:]
     with pytest.raises(ValueError, match=f'version {protocol.VERSION + 1}'):
         protocol.parse(other_version)
@@ -58,7 +67,7 @@ def test_a_header_of_another_version_or_kind_is_refused():
 
 
 def test_the_version_is_the_first_byte_of_every_header():
-    for frames in (protocol.task(1, 0, 0, 0, 1), protocol.stop(), protocol.hello(1),
+    for frames in (protocol.task(Task(1, 0, 0, 0, 0, 1)), protocol.stop(), protocol.hello(1),
                    protocol.done(1, {}, []), protocol.fail(1, Failure.capture(ValueError(), 0,
                                                                               0, 0))):
         assert frames[0][0] == protocol.VERSION

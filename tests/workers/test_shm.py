@@ -28,6 +28,7 @@ from loadr.errors import ResourceError
 from loadr.pids import me
 from loadr.workers import shm
 from loadr.workers.pool import WorkerPool
+from loadr.workers.protocol import Done, Task
 from loadr.workers.shm import (MARKER, SHM_DIR, Layout, Segment, StatusCells, owned_dir,
                                owner_of, plan_slots, reclaim_stale, remove_owned, shm_budget)
 
@@ -240,10 +241,10 @@ def test_a_pool_makes_what_the_budget_holds_and_close_gives_everything_back(monk
         deadline, events = time.monotonic() + 20, []
         while not pool.can_submit():                # until a worker has said hello
             assert pool.poll(100) == [] and time.monotonic() < deadline
-        assert pool.submit(task_id=0, slot=3, seed=0, start=8, count=8)
+        assert pool.submit(Task(task_id=0, slot=3, row=0, seed=0, start=8, count=8))
         while not events and time.monotonic() < deadline:
             events = pool.poll(100)
-        assert events == [('done', 0, {}, [])]
+        assert events == [Done(0, {}, [])]
         assert pool.views[3]['label'].tolist() == list(range(8, 16))
         pids, dirs = pool.pids, list(pool._held.dirs)
     finally:

@@ -1,4 +1,6 @@
-"""The batch window over a real worker pool: generations, slots, failures, lost workers."""
+"""The batch window (window.py): generations, slots, failures, lost workers; over a real
+worker pool, and over a scripted pool in this process that checks the invariants at every
+step."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 from loadr.assemble import OBJECT, Assembler, infer_spec
 from loadr.order import Order
 from loadr.workers.pool import WorkerPool
+from loadr.workers.protocol import Done, Failed, Failure, Fatal, Lost, Task
 from loadr.workers.shm import Layout
 from loadr.workers.window import (LEASED_SLOTS, BatchFailed, InlineWindow, Plan, Schedule,
                                   Window, ramp_pieces)
@@ -265,3 +268,214 @@ def test_a_worker_is_given_one_task_at_a_time_until_every_worker_has_started():
         while not all(w.started for w in pool.workers):
             pool.poll(50)
         assert pool.depth == pool.max_tasks
+
+
+# -- a scripted pool: the invariants at every step, with no process and no timing ------------
+
+class ScriptedPool:
+    """A pool in this process, for the window: a task is kept when submitted, and answered
+    at the next poll, where it writes its stream positions into its rows (a worker's
+    work, exactly checkable) unless the test held it back, scripted another event for
+    it, or cancelled it (answered empty, as a worker does). Every poll first checks the
+    window's invariants."""
+
+    def __init__(self, slots=5, capacity=4, batch=8):
+        self.layout = Layout({'label': (np.dtype(np.int64), ())}, batch)
+        self.slot_count = slots
+        self.buffers = [np.zeros(self.layout.nbytes, np.uint8) for _ in range(slots)]
+        self.views = [self.layout.views(b) for b in self.buffers]
+        self.capacity = capacity        # tasks out at once
+        self.out: dict[int, Task] = {}  # submitted, not answered yet
+        self.held: set[int] = set()     # task ids not answered until released
+        self.script: dict[int, list] = {}   # task id -> events to answer it with, in turn
+        self.queued: list = []              # events for the next poll, before any answer
+        self.cancelled = -1
+        self.sent: list[Task] = []
+        self.window = None
+        self.polls = 0
+
+    def can_submit(self) -> bool:
+        return len(self.out) < self.capacity
+
+    def submit(self, header: Task) -> bool:
+        if len(self.out) >= self.capacity:
+            return False
+        assert header.task_id not in self.out, 'a task sent twice at once'
+        self.out[header.task_id] = header
+        self.sent.append(header)
+        return True
+
+    def cancel(self, upto: int) -> None:
+        self.cancelled = max(self.cancelled, upto)
+
+    def fresh_views(self, slot):
+        owner = np.frombuffer(self.buffers[slot], dtype=np.uint8)
+        return owner, self.layout.views(owner)
+
+    def answer(self, header: Task):
+        scripted = self.script.get(header.task_id)
+        if scripted:
+            return scripted.pop(0)
+        if header.task_id > self.cancelled:
+            rows = self.views[header.slot]['label'][header.row:header.row + header.count]
+            rows[:] = np.arange(header.start, header.start + header.count)
+        return Done(header.task_id, {}, [])
+
+    def poll(self, timeout_ms: int) -> list:
+        self.polls += 1
+        assert self.polls < 10_000, 'the window waits for nothing'
+        check(self.window)
+        events, self.queued = self.queued, []
+        return events + [self.answer(self.out.pop(tid)) for tid in sorted(self.out, reverse=True)
+                         if tid not in self.held]
+
+
+def check(window) -> None:
+    """The window's invariants (see its module docstring)."""
+    census = window.census()                # raises if a slot is in two places
+    assert sorted(census) == list(range(window.pool.slot_count)), census
+    writers: dict = {}
+    for task in window.tasks.values():
+        writers[task.header.slot] = writers.get(task.header.slot, 0) + 1
+        if task.gen != window.gen:          # stale: cancelled, its slot let go
+            assert task.header.task_id <= window.pool.cancelled
+            assert census[task.header.slot] == 'let go'
+    assert writers == window.writers
+    for slot in window.let_go:
+        assert slot in window.writers       # freed by its last writer, not before
+    assert set(window.pool.out) <= set(window.tasks)
+
+
+def assert_all_free(window) -> None:
+    """Once the stale tasks have ended (answered at the next poll), every slot is free."""
+    gc.collect()
+    window._reclaim()
+    assert window.settle(1)
+    check(window)
+    assert set(window.census().values()) == {'free'} and not window.tasks
+
+
+def scripted(workers=2, prefetch=3, slots=None, ring=False, capacity=4):
+    slots = prefetch + (1 if ring else LEASED_SLOTS) if slots is None else slots
+    pool = ScriptedPool(slots, capacity)
+    pool.window = Window(pool, prefetch, workers, [], ring)
+    return pool.window
+
+
+def positions(done) -> list:
+    return done.arrays['label'].tolist()
+
+
+def test_scripted_batches_come_whole_and_in_order_whatever_the_order_of_replies():
+    window = scripted(workers=4, prefetch=3)
+    gen = window.begin(Schedule(0, 8, 0))
+    got = [positions(window.next(gen)) for _ in range(6)]
+    assert got == [list(range(8 * j, 8 * j + 8)) for j in range(6)]
+    # The first batches after a start are split between the workers (ramp_pieces).
+    pieces = [sum(1 for t in window.pool.sent if t.start // 8 == j) for j in range(3)]
+    assert pieces == [4, 2, 1]
+    window.reset()
+    assert_all_free(window)
+
+
+def test_scripted_a_stale_reply_fills_nothing_and_its_slot_is_freed_by_its_last_task():
+    window = scripted(workers=2, prefetch=3)
+    pool = window.pool
+    g1 = window.begin(Schedule(0, 8, 0))
+    pool.held = {0, 1}                      # batch 0's two halves: not answered yet
+    window._fill()
+    stale_slot = window.tasks[0].header.slot
+    g2 = window.begin(Schedule(800, 8, 0))  # g1's tasks are stale now
+    assert window.census()[stale_slot] == 'let go'
+    assert pool.cancelled >= max(t.task_id for t in pool.sent)
+    assert positions(window.next(g2)) == list(range(800, 808))
+    assert window.census()[stale_slot] == 'let go'      # its writers are still out
+    pool.held = {1}
+    window.next(g2)
+    assert window.census()[stale_slot] == 'let go'      # one of two ended
+    pool.held = set()
+    got = [positions(window.next(g2)) for _ in range(4)]
+    assert got == [list(range(800 + 8 * j, 808 + 8 * j)) for j in range(2, 6)]
+    assert 0 not in window.tasks and 1 not in window.tasks
+    assert not window.live(g1)
+    window.reset()
+    assert_all_free(window)
+
+
+def test_scripted_a_lost_task_is_sent_again_and_its_batch_made_whole():
+    window = scripted(workers=2, prefetch=3)
+    pool = window.pool
+    pool.script = {1: [Lost(1)], 4: [Lost(4), Lost(4)]}
+    gen = window.begin(Schedule(0, 8, 0))
+    got = [positions(window.next(gen)) for _ in range(5)]
+    assert got == [list(range(8 * j, 8 * j + 8)) for j in range(5)]
+    assert [t.task_id for t in pool.sent].count(1) == 2
+    assert [t.task_id for t in pool.sent].count(4) == 3
+    window.reset()
+    assert_all_free(window)
+
+
+def test_scripted_a_failed_batch_raises_when_due_after_the_batches_before_it():
+    window = scripted(workers=1, prefetch=4)
+    pool = window.pool
+    failure = Failure('builtins.ValueError', 'bad', '', 17, 17, 0)
+    pool.script = {2: [Failed(2, failure)]}
+    gen = window.begin(Schedule(0, 8, 0))
+    assert positions(window.next(gen)) == list(range(0, 8))
+    assert positions(window.next(gen)) == list(range(8, 16))
+    with pytest.raises(BatchFailed) as info:
+        window.next(gen)
+    assert info.value.failure is failure
+    assert not window.live(gen)
+    window.reset()
+    assert_all_free(window)
+
+
+def test_scripted_a_fatal_event_raises_at_once_and_leaves_the_generation():
+    window = scripted()
+    pool = window.pool
+    failure = Failure('loadr.errors.WorkerError', 'workers died before starting', '', None,
+                      None, 0)
+    pool.queued = [Fatal(failure)]
+    pool.held = set(range(100))             # (a real pool that cannot start answers nothing)
+    gen = window.begin(Schedule(0, 8, 0))
+    with pytest.raises(BatchFailed) as info:
+        window.next(gen)
+    assert info.value.failure is failure and not window.live(gen)
+    pool.held = set()
+    window.reset()
+    assert_all_free(window)
+
+
+def test_scripted_a_task_the_pool_refuses_is_sent_once_a_worker_can_take_it():
+    window = scripted(workers=4, prefetch=2, capacity=3)
+    pool = window.pool
+    real = pool.can_submit
+    pool.can_submit = lambda: True          # the pool said yes, then refused (a worker died)
+    gen = window.begin(Schedule(0, 8, 0))
+    window._fill()
+    assert window.resend                    # batch 0's 4th piece and more: refused
+    pool.can_submit = real
+    got = [positions(window.next(gen)) for _ in range(4)]
+    assert got == [list(range(8 * j, 8 * j + 8)) for j in range(4)]
+    assert not window.resend
+    window.reset()
+    assert_all_free(window)
+
+
+def test_scripted_ring_mode_and_lent_batches_keep_every_slot_in_one_place():
+    for ring in (True, False):
+        window = scripted(workers=2, prefetch=2, ring=ring)
+        gen = window.begin(Schedule(0, 8, 0))
+        kept = []
+        for j in range(8):
+            done = window.next(gen)
+            assert positions(done) == list(range(8 * j, 8 * j + 8))
+            kept.append(done.arrays)
+            check(window)
+            if j == 4:
+                kept.clear()                # lent slots come back once dropped
+                gc.collect()
+        window.reset()
+        del kept, done
+        assert_all_free(window)
