@@ -22,6 +22,17 @@ directory) are asked once per process and travel with the storage when a
 reader is pickled to a worker: a dataset is not expected to change while it
 is read.
 
+Versions. What a reader learns of each object when it opens it (its size,
+and its version: the ETag, else its Last-Modified time) is its snapshot of
+the dataset: every range request asks for that version (``If-Match``, or
+``If-Unmodified-Since`` where only a time is known; S3's ``IfMatch``, and
+the answer's ETag compared), the local cache keys its entries by it, and an
+object replaced since the reader was made is a :class:`ReadError` naming the
+URL ("changed since the reader was made"), never its new bytes mixed with
+the old. Each open learns afresh: storages are shared only within one open
+(see :func:`loadr.storage.using_storage_options`), and fsspec's listing cache
+is dropped before each question.
+
 Failures. A transient failure (HTTP 5xx, 429 or 408, a connection reset or
 refused, a timeout, a body shorter than its Content-Length) is tried again
 after an exponential backoff with jitter, at most ``retries`` more times and
@@ -57,6 +68,7 @@ import asyncio
 import bisect
 import collections
 import concurrent.futures
+import datetime
 import functools
 import hashlib
 import json
@@ -190,6 +202,10 @@ class _ShortBody(Exception):
     """Fewer bytes came than were asked for (a connection cut mid-body)."""
 
 
+class _Changed(Exception):
+    """The answer came from another version of the object than the reader opened."""
+
+
 def _status(exc: BaseException) -> int | None:
     """The HTTP status behind an exception of aiohttp, botocore or s3fs, if any."""
     for e in (exc, exc.__cause__, exc.__context__):
@@ -230,11 +246,13 @@ _CREDENTIAL_NAMES = {'NoCredentialsError', 'PartialCredentialsError', 'Credentia
 
 
 def _kind(exc: BaseException) -> str:
-    """'transient', 'missing', 'denied', 'credentials' or 'other'."""
+    """'transient', 'missing', 'denied', 'credentials', 'changed' or 'other'."""
     names = _names(exc)
     if names & _CREDENTIAL_NAMES:
         return 'credentials'
     status = _status(exc)
+    if status == 412 or '_Changed' in names:     # If-Match / If-Unmodified-Since refused
+        return 'changed'
     if status is not None:
         if status == 404:
             return 'missing'
@@ -262,6 +280,8 @@ _KIND_TEXT = {
     'credentials': 'no valid credentials: set them in the environment (e.g. AWS_ACCESS_KEY_ID '
                    'and AWS_SECRET_ACCESS_KEY), in storage_options, or use '
                    "storage_options={'anon': True} for public data",
+    'changed': 'the object changed since the reader was made (the server holds another '
+               'version than the one opened); open the dataset again to read the new version',
 }
 
 
@@ -528,19 +548,23 @@ class RemoteStorage(Storage):
         self._sizes: dict[str, int] = {}
         self._kinds: dict[str, str | None] = {}          # 'file' | 'directory' | None (absent)
         self._listings: dict[str, list[str]] = {}
+        # path -> (ETag, Last-Modified) as first learnt: the version every read asks for.
+        self._versions: dict[str, tuple] = {}
         self._init_process()
         self._filesystem_class()          # a missing package is told now, at open
 
     def __getstate__(self):
         return {'url': self.url, 'protocol': self.protocol, 'options': self.options,
                 'settings': self.settings, 'sizes': dict(self._sizes),
-                'kinds': dict(self._kinds), 'listings': dict(self._listings)}
+                'kinds': dict(self._kinds), 'listings': dict(self._listings),
+                'versions': dict(self._versions)}
 
     def __setstate__(self, state):
         self.url, self.protocol = state['url'], state['protocol']
         self.options, self.settings = state['options'], state['settings']
         self._sizes, self._kinds = state['sizes'], state['kinds']
         self._listings = state['listings']
+        self._versions = state.get('versions', {})
         self._init_process()
 
     def _init_process(self) -> None:
@@ -696,11 +720,10 @@ class RemoteStorage(Storage):
 
     async def _fetch(self, path: str, start: int, end: int, index: int | None) -> bytes:
         """Bytes ``[start, end)`` of ``path``, exactly, retried."""
-        fs = self.fs
 
         async def once():
             self.requests += 1
-            data = await fs._cat_file(path, start=start, end=end)
+            data = await self._get_range(path, start, end)
             self.bytes_fetched += len(data)
             if len(data) != end - start:
                 if start == 0 and len(data) == self._sizes.get(path, -1) >= end:
@@ -745,6 +768,7 @@ class RemoteStorage(Storage):
             kw = dict(fs.kwargs)
             headers = dict(kw.pop('headers', None) or {})
             headers['Range'] = 'bytes=' + ','.join(f'{a}-{b - 1}' for a, b in spans)
+            headers.update(self._conditions(path))
             self.requests += 1
             async with session.get(fs.encode_url(path), headers=headers, **kw) as r:
                 if r.status == 200:
@@ -788,6 +812,72 @@ class RemoteStorage(Storage):
             for k, data in zip(ks, got):
                 out[k] = data
         return out
+
+    # -- versions -----------------------------------------------------------------------
+
+    def _learn(self, path: str, size=None, etag=None, modified=None) -> None:
+        """Remember what the server said of object ``path`` (the first answer wins: the
+        reader's snapshot)."""
+        if size is not None:
+            self._sizes.setdefault(path, int(size))
+        etag = str(etag) if etag else None
+        if hasattr(modified, 'astimezone'):             # s3fs: a datetime, in local time
+            modified = modified.astimezone(datetime.timezone.utc).strftime(
+                '%a, %d %b %Y %H:%M:%S GMT')
+        modified = str(modified) if modified else None
+        if etag or modified:
+            self._versions.setdefault(path, (etag, modified))
+
+    def _conditions(self, path: str) -> dict:
+        """The HTTP headers that ask for the version of ``path`` the reader opened.
+
+        A strong ETag goes in ``If-Match``; without one (nginx's JSON listing
+        gives a time, not an ETag; a weak ETag never matches) the time goes in
+        ``If-Unmodified-Since``. The server answers 412 for another version.
+        """
+        etag, modified = self._versions.get(path) or (None, None)
+        if etag and not etag.startswith('W/'):
+            return {'If-Match': etag}
+        if modified:
+            return {'If-Unmodified-Since': modified}
+        return {}
+
+    async def _get_range(self, path: str, start: int, end: int) -> bytes:
+        """One GET of bytes ``[start, end)`` of the version of ``path`` the reader opened."""
+        fs = self.fs
+        if self.protocol in ('http', 'https'):
+            conditions = self._conditions(path)
+            if conditions:
+                headers = {**(fs.kwargs.get('headers') or {}), **conditions}
+                return await fs._cat_file(path, start=start, end=end, headers=headers)
+        elif self.protocol in ('s3', 's3a') and hasattr(fs, '_call_s3'):
+            etag = (self._versions.get(path) or (None,))[0]
+            if etag:
+                return await self._s3_range(path, start, end, etag)
+        return await fs._cat_file(path, start=start, end=end)
+
+    async def _s3_range(self, path: str, start: int, end: int, etag: str) -> bytes:
+        """s3fs's ranged GET with ``IfMatch`` (S3 answers 412), the answer's ETag checked too."""
+        fs = self.fs
+        bucket, key, version_id = fs.split_path(path)
+        kw = dict(getattr(fs, 'req_kw', None) or {})
+        if version_id:
+            kw['VersionId'] = version_id
+        answer = await fs._call_s3('get_object', Bucket=bucket, Key=key,
+                                   Range=f'bytes={start}-{end - 1}', IfMatch=etag, **kw)
+        try:
+            got = answer.get('ETag')
+            if got and got != etag:         # a store that ignores IfMatch
+                raise _Changed(f'ETag {got}, opened as {etag}')
+            return await answer['Body'].read()
+        finally:
+            answer['Body'].close()
+
+    def _cache_path(self, path: str) -> str:
+        """The name the local cache knows ``path`` by: with its size and version, so that
+        an object replaced at the same URL never meets the old one's entries."""
+        etag, modified = self._versions.get(path) or (None, None)
+        return f'{path}\n{self._sizes.get(path)}\n{etag}\n{modified}'
 
     # -- the local cache ----------------------------------------------------------------
 
@@ -841,15 +931,15 @@ class RemoteStorage(Storage):
 
     def _cached(self, path: str, offset: int, length: int) -> bytes | None:
         clock = self._clock
-        if clock is None or length == 0:
-            return None
-        return clock[0].get(path, offset, length)
+        if clock is None or length == 0 or path not in self._sizes:
+            return None                 # a file not yet opened: its version is not known
+        return clock[0].get(self._cache_path(path), offset, length)
 
     def _fetched_now(self, path: str, offset: int, length: int, index: int | None,
                      data: bytes) -> None:
         """Remember a range fetched from the server, for the cache's next offer."""
-        if self._clock is not None and index is not None and length:
-            self._fetched.append((path, offset, length, index, data))
+        if self._clock is not None and index is not None and length and path in self._sizes:
+            self._fetched.append((self._cache_path(path), offset, length, index, data))
 
     def cache_stats(self) -> dict:
         """This process's cache counts (hits, misses, bytes_hit, admitted, evicted, ...)."""
@@ -877,7 +967,8 @@ class RemoteStorage(Storage):
                 info = self._run(self._retried(lambda: self.fs._info(path), path, index, 'open'))
                 if info.get('size') is None:
                     raise ReadError('the server does not say the size of this file', path, index)
-                self._sizes[path] = size = int(info['size'])
+                self._learn(path, info['size'], *_info_version(info))
+                size = self._sizes[path]
         return size
 
     def _check_bounds(self, path: str, offset: int, length: int, index: int | None) -> None:
@@ -976,7 +1067,8 @@ class RemoteStorage(Storage):
         with buffer.lock:
             for r in ranges:
                 if not buffer.claim(r[0], r[1], r[2]) and (
-                        cache is None or not cache.has(r[0], r[1], r[2])):
+                        cache is None or r[0] not in self._sizes
+                        or not cache.has(self._cache_path(r[0]), r[1], r[2])):
                     fresh.append(tuple(r))
         sizes = {}
         for path in {r[0] for r in fresh}:
@@ -1024,6 +1116,7 @@ class RemoteStorage(Storage):
         return kind
 
     async def _fs_stat(self, path: str) -> str | None:
+        _invalidate(self.fs, path)          # asked afresh: this open's own snapshot
         try:
             info = await self.fs._info(path)
         except FileNotFoundError as exc:
@@ -1033,8 +1126,7 @@ class RemoteStorage(Storage):
             return None
         if info.get('type') == 'directory':
             return 'directory'
-        if info.get('size') is not None:
-            self._sizes.setdefault(path, int(info['size']))
+        self._learn(path, info.get('size'), *_info_version(info))
         return 'file'
 
     async def _http_stat(self, url: str) -> str | None:
@@ -1052,8 +1144,9 @@ class RemoteStorage(Storage):
                 return 'directory'
             if r.status >= 400:
                 r.raise_for_status()
-            if 'Content-Length' in r.headers and r.status == 200:
-                self._sizes.setdefault(url, int(r.headers['Content-Length']))
+            if r.status == 200:
+                self._learn(url, r.headers.get('Content-Length'), r.headers.get('ETag'),
+                            r.headers.get('Last-Modified'))
             return 'file'
 
     def list(self, path: str) -> list:
@@ -1067,16 +1160,17 @@ class RemoteStorage(Storage):
             else:
                 entries = self._run(self._retried(lambda: self._fs_list(path), path, None,
                                                   'list'))
-            names = sorted(name for name, _, _ in entries)
-            for name, kind, size in entries:
+            names = sorted(name for name, *_ in entries)
+            for name, kind, size, version in entries:
                 self._kinds[f'{path}/{name}'] = kind
-                if size is not None and kind == 'file':
-                    self._sizes[f'{path}/{name}'] = size
+                if kind == 'file':
+                    self._learn(f'{path}/{name}', size, *version)
             self._listings[path] = names
             self._kinds[path] = 'directory'
         return list(names)
 
-    async def _fs_list(self, path: str) -> list[tuple[str, str, int | None]]:
+    async def _fs_list(self, path: str) -> list[tuple[str, str, int | None, tuple]]:
+        _invalidate(self.fs, path)          # asked afresh: this open's own snapshot
         entries = await self.fs._ls(path, detail=True)
         out = []
         for e in entries:
@@ -1084,10 +1178,11 @@ class RemoteStorage(Storage):
             if e['name'].rstrip('/') == _strip_protocol(path).rstrip('/'):
                 raise NotADirectoryError(f'not a directory: {path}')
             out.append((name, 'directory' if e.get('type') == 'directory' else 'file',
-                        e.get('size') if e.get('type') != 'directory' else None))
+                        e.get('size') if e.get('type') != 'directory' else None,
+                        _info_version(e)))
         return out
 
-    async def _http_list(self, url: str) -> list[tuple[str, str, int | None]]:
+    async def _http_list(self, url: str) -> list[tuple[str, str, int | None, tuple]]:
         """A directory page: nginx's JSON autoindex, else the links of an HTML index."""
         fs = self.fs
         body = await fs._cat_file(url + '/')
@@ -1098,13 +1193,13 @@ class RemoteStorage(Storage):
         if isinstance(entries, list) and all(isinstance(e, dict) and 'name' in e
                                              for e in entries):
             return [(e['name'], 'directory' if e.get('type') == 'directory' else 'file',
-                     e.get('size')) for e in entries]
+                     e.get('size'), (None, e.get('mtime'))) for e in entries]
         out = []
         for link in await fs._ls(url + '/', detail=False):
             rest = link[len(url) + 1:] if link.startswith(url + '/') else None
             if rest and rest.rstrip('/') and '/' not in rest.rstrip('/'):
                 out.append((rest.rstrip('/'), 'directory' if rest.endswith('/') else 'file',
-                            None))
+                            None, (None, None)))
         return out
 
     def exists(self, path: str) -> bool:
@@ -1139,7 +1234,7 @@ class RemoteStorage(Storage):
     def _forget(self, path: str) -> None:
         """Drop what we remembered about ``path`` and what lies under it (we are writing it)."""
         path = path.rstrip('/')
-        for table in (self._sizes, self._kinds, self._listings):
+        for table in (self._sizes, self._kinds, self._listings, self._versions):
             for key in [k for k in table if k == path or k.startswith(path + '/')]:
                 del table[key]
         parent = path.rpartition('/')[0]
@@ -1202,29 +1297,28 @@ class RemoteStorage(Storage):
                 self._forget(u)
 
 
-_shared: dict[tuple, RemoteStorage] = {}
-_shared_generation = -1
-
-
 def remote_storage(url: str, storage_options: dict | None = None) -> RemoteStorage:
-    """The storage of ``url``: one per protocol and options in each process.
+    """The storage of ``url``: a new one, or within one open the same for a protocol and options.
 
-    Shared, so that what one reader learnt (listings, sizes) serves the next
-    one and the writers' changes are seen by all; options that are not plain
-    data (an object in ``client_kwargs``) get a storage of their own.
+    What a storage learns (listings, sizes, versions) is the snapshot a
+    reader reads: shared within one open (``loadr.open``, a YAML reader, a
+    command: :func:`loadr.storage.using_storage_options`), so that detection
+    and the reader ask once, and never across opens, so that a dataset
+    replaced at its URL is seen anew by the next open. Options that are not
+    plain data (an object in ``client_kwargs``) get a storage of their own.
     """
-    global _shared_generation
-    if _shared_generation != _generation:
-        _shared.clear()
-        _shared_generation = _generation
+    from . import storage
+    shared = storage._SCOPE.get()
+    if shared is None or shared[0] != storage._generation:     # none, or a forked parent's
+        return RemoteStorage(url, storage_options)
     protocol, _ = split_url(url)
     try:
         key = (protocol, json.dumps(storage_options or {}, sort_keys=True))
     except (TypeError, ValueError):
         return RemoteStorage(url, storage_options)
-    storage = _shared.get(key)
+    storage = shared[1].get(key)
     if storage is None:
-        storage = _shared[key] = RemoteStorage(url, storage_options)
+        storage = shared[1][key] = RemoteStorage(url, storage_options)
     return storage
 
 
@@ -1234,6 +1328,23 @@ def _host(url: str) -> str:
 
 def _index_of(r: Sequence) -> int | None:
     return r[3] if len(r) > 3 else None
+
+
+def _invalidate(fs, path: str) -> None:
+    """Drop fsspec's cached listings of ``path`` and its parents (s3fs answers from them)."""
+    invalidate = getattr(fs, 'invalidate_cache', None)
+    if invalidate is not None:
+        try:
+            invalidate(_strip_protocol(path) if fs.protocol not in ('http', 'https')
+                       else path)
+        except Exception:                # a cache that cannot be dropped is asked as it is
+            pass
+
+
+def _info_version(info: dict) -> tuple:
+    """``(ETag, Last-Modified)`` of an fsspec info or listing entry (s3fs, http)."""
+    return (info.get('ETag') or info.get('etag'),
+            info.get('LastModified') or info.get('Last-Modified') or info.get('mtime'))
 
 
 def _strip_protocol(url: str) -> str:

@@ -192,13 +192,18 @@ def is_url(path) -> bool:
 # The storage_options of URLs opened without their own (detection, check, the CLI's
 # --storage-option): set by ``with using_storage_options(...)``.
 _OPTIONS = contextvars.ContextVar('loadr_storage_options', default=None)
+# (fork generation, {key: storage}): the URL storages of one open (loadr.remote).
+_SCOPE = contextvars.ContextVar('loadr_storage_scope', default=None)
 
 
 @contextlib.contextmanager
 def using_storage_options(storage_options: dict | None):
     """Within the block, URLs opened without ``storage_options`` get these.
 
-    ``None`` keeps those of an enclosing block (the command line's, say).
+    ``None`` keeps those of an enclosing block (the command line's, say). The
+    block is also one open: the storages of its URLs are shared inside it
+    (detection and the reader ask the server once) and learn afresh outside
+    it (a dataset replaced at its URL is seen anew by the next open).
 
     >>> with using_storage_options({'anon': True}):
     ...     with using_storage_options(None):
@@ -206,9 +211,11 @@ def using_storage_options(storage_options: dict | None):
     {'anon': True}
     """
     token = _OPTIONS.set(_OPTIONS.get() if storage_options is None else storage_options)
+    scope = _SCOPE.set(_SCOPE.get() or (_generation, {}))
     try:
         yield
     finally:
+        _SCOPE.reset(scope)
         _OPTIONS.reset(token)
 
 

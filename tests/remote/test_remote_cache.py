@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
 import loadr
-from loadr.errors import ConfigError
+from loadr.errors import ConfigError, ReadError
 from loadr.storage import using_storage_options
 
 from ..loader_helpers import stream_digests
 from ..test_loader_readers import PIPELINES
 from .proxy import Proxy
+from .servers import upload
 from .test_remote_readers import _remote_pipeline
 
 pytestmark = pytest.mark.timeout(120)
@@ -132,3 +134,89 @@ def test_a_yaml_reader_section_takes_the_cache_settings(nginx, served_root, tmp_
                       f'cache_bytes: 10000}}\n')
     with pytest.raises(ConfigError, match='behind URLs'):
         loadr.pipeline(str(config))
+
+
+# -- a dataset replaced at its URL (issue 20, item 2) ----------------------------------
+
+N_REPLACED = 24
+
+
+def _write_version(path, version: int) -> None:
+    """A sharded bag whose values depend on ``version``: every file the same size in each."""
+    from loadr.readers.bag import BagWriter
+    with BagWriter(path, {'v': 'bytes', 'n': 'int'}, shardlen=8) as w:
+        for i in range(N_REPLACED):
+            w.append({'v': bytes([version]) * 40 + i.to_bytes(4, 'little'), 'n': 1000 + i})
+
+
+def _replace_over(target, source, later_s: float) -> None:
+    """Every file of ``source`` renamed over its twin in ``target`` (as a sync tool does),
+    its mtime ``later_s`` on: nginx's version of a file is its mtime (seconds) and size."""
+    for folder, _, names in os.walk(source):
+        for name in names:
+            new = os.path.join(folder, name)
+            old = os.path.join(target, os.path.relpath(new, source))
+            assert os.path.getsize(new) == os.path.getsize(old)
+            stamp = os.stat(old).st_mtime + later_s
+            os.utime(new, (stamp, stamp))
+            os.replace(new, old)
+
+
+@pytest.fixture(params=['http', 's3'])
+def replaceable(request, served_root, tmp_path):
+    """(URL, storage_options, replace()) of a dataset in version 1; replace() puts version 2
+    at the same URL. Versions 1 and 2 are also at tmp_path/v1 and tmp_path/v2."""
+    name = f'replaced-{request.param}-{os.getpid()}-{request.node.name[:40]}'
+    for v in (1, 2):
+        _write_version(tmp_path / f'v{v}', v)
+    if request.param == 'http':
+        web = request.getfixturevalue('nginx')
+        shutil.copytree(tmp_path / 'v1', served_root / name)
+        staged = tmp_path / 'staged'
+        yield (f'{web.url}/{name}', {},
+               lambda: (shutil.copytree(tmp_path / 'v2', staged),
+                        _replace_over(served_root / name, staged, later_s=5)))
+        shutil.rmtree(served_root / name, ignore_errors=True)
+    else:
+        s3 = request.getfixturevalue('moto')
+        upload(s3.url, 'fixtures', tmp_path / 'v1', name)
+        yield (f's3://fixtures/{name}', {'endpoint_url': s3.url},
+               lambda: upload(s3.url, 'fixtures', tmp_path / 'v2', name))
+
+
+def _all(reader) -> list:
+    with loadr.Loader(reader, batch=BATCH, seed=3, workers=0) as loader:
+        return stream_digests(loader, N_REPLACED // BATCH)
+
+
+def test_a_dataset_replaced_between_runs_is_read_anew_never_from_the_cache(replaceable,
+                                                                           tmp_path):
+    url, options, replace = replaceable
+    expected = {v: _all(loadr.open(tmp_path / f'v{v}')) for v in (1, 2)}
+    assert expected[1] != expected[2]
+    cache = {'cache_dir': str(tmp_path / 'cache'), 'cache_bytes': 1 << 20}
+    first = loadr.open(url, storage_options=options, **cache)
+    assert _all(first) == expected[1]
+    assert _entries_bytes(tmp_path / 'cache') > 0         # the whole of version 1 is cached
+    replace()
+    # A new run: a new open, the same URL and cache_dir.
+    second = loadr.open(url, storage_options=options, **cache)
+    assert _all(second) == expected[2]
+    assert _all(loadr.open(url, storage_options=options, **cache)) == expected[2]
+
+
+def test_a_dataset_replaced_during_a_run_is_an_error_naming_the_url(replaceable, tmp_path):
+    url, options, replace = replaceable
+    reader = loadr.open(url, storage_options=options)
+    local = loadr.open(tmp_path / 'v1')
+    for i in range(4):                      # some records of version 1 are read...
+        assert reader[i] == local[i]
+    replace()
+    with pytest.raises(ReadError, match='changed since the reader was made') as err:
+        for i in range(4, N_REPLACED):      # ... and none of version 2 after them
+            assert reader[i] == local[i]
+    assert str(err.value).startswith(url + '/'), err.value
+    # Opened again, the reader reads the new version.
+    again = loadr.open(url, storage_options=options)
+    new = loadr.open(tmp_path / 'v2')
+    assert [again[i] for i in range(N_REPLACED)] == [new[i] for i in range(N_REPLACED)]

@@ -83,6 +83,5 @@ def test_cli_errors_are_one_line(moto, capsys):
 def test_cli_takes_the_endpoint_from_the_environment(moto, monkeypatch, capsys):
     """AWS_ENDPOINT_URL (the standard variable, read by botocore) with no option at all."""
     monkeypatch.setenv('AWS_ENDPOINT_URL', moto.url)
-    monkeypatch.setattr(loadr.remote, '_shared', {})     # a storage made before saw no variable
     assert main(['inspect', 's3://fixtures/ffrecord/single.ffr', '--json']) == 0
     assert json.loads(capsys.readouterr().out)['format'] == 'ffrecord'
