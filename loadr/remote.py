@@ -1202,6 +1202,12 @@ class RemoteStorage(Storage):
                             None, (None, None)))
         return out
 
+    def kind(self, path: str) -> str | None:
+        """'file', 'directory' or None (nothing there); a :class:`ReadError` with the cause
+        when the server cannot say (unreachable, access denied), which :meth:`exists` and
+        its kin read as False."""
+        return self._stat(path)
+
     def exists(self, path: str) -> bool:
         try:
             return self._stat(path) is not None

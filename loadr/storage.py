@@ -170,9 +170,18 @@ CACHE_KEYS = ('cache_dir', 'cache_bytes', 'cache_policy')
 def with_cache_settings(storage_options: dict | None, cache: dict) -> dict:
     """``storage_options`` with the :data:`CACHE_KEYS` in ``cache`` put under ``'loadr'``.
 
+    ``None`` stands for the options in force (the command line's
+    ``--storage-option``, see :func:`using_storage_options`): the cache
+    settings are added to them, never put in their place.
+
     >>> with_cache_settings({'anon': True}, {'cache_bytes': 10})
     {'anon': True, 'loadr': {'cache_bytes': 10}}
+    >>> with using_storage_options({'anon': True, 'loadr': {'retries': 1}}):
+    ...     with_cache_settings(None, {'cache_bytes': 10})
+    {'anon': True, 'loadr': {'retries': 1, 'cache_bytes': 10}}
     """
+    if storage_options is None:
+        storage_options = _OPTIONS.get()
     options = dict(storage_options or {})
     options['loadr'] = {**(options.get('loadr') or {}), **cache}
     return options
