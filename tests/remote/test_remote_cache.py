@@ -208,13 +208,18 @@ def test_a_dataset_replaced_between_runs_is_read_anew_never_from_the_cache(repla
 def test_a_dataset_replaced_during_a_run_is_an_error_naming_the_url(replaceable, tmp_path):
     url, options, replace = replaceable
     reader = loadr.open(url, storage_options=options)
+    batched = loadr.open(url, storage_options=options)
     local = loadr.open(tmp_path / 'v1')
     for i in range(4):                      # some records of version 1 are read...
-        assert reader[i] == local[i]
+        assert reader[i] == local[i] and batched[i] == local[i]
     replace()
     with pytest.raises(ReadError, match='changed since the reader was made') as err:
         for i in range(4, N_REPLACED):      # ... and none of version 2 after them
             assert reader[i] == local[i]
+    assert str(err.value).startswith(url + '/'), err.value
+    # Many ranges of a file in one request (HTTP multi-range), and read ahead: the same.
+    with pytest.raises(ReadError, match='changed since the reader was made') as err:
+        batched.read_batch(range(4, N_REPLACED))
     assert str(err.value).startswith(url + '/'), err.value
     # Opened again, the reader reads the new version.
     again = loadr.open(url, storage_options=options)
