@@ -153,7 +153,7 @@ class Bag:
     def __getattr__(self, name: str):
         # Called only for a missing attribute: the header of a lazily opened bag.
         if name in _HEADER and '_files' in self.__dict__:
-            self._read_header()
+            self._read_header(keep_table=True)
             return self.__dict__[name]
         raise AttributeError(f'{type(self).__name__!r} object has no attribute {name!r}')
 
@@ -162,8 +162,13 @@ class Bag:
         size = self.size
         return size - min(size, TAIL_BYTES), min(size, TAIL_BYTES)
 
-    def _read_header(self, tail: bytes | None = None) -> None:
-        """Version, table start and length from the file's last bytes (``tail``: read already)."""
+    def _read_header(self, tail: bytes | None = None, keep_table: bool = False) -> None:
+        """Version, table start and length from the file's last bytes (``tail``: read already).
+
+        ``keep_table``: a table that came whole with them is kept (``cache_index``), as
+        its first use would load it: for a header read on first use, by the process
+        that reads the bag (at open, the tables stay unread as before).
+        """
         size = self._files.size(self.path)
         self.size = size
         if size == 0:            # an empty bag, as granular writes it
@@ -173,8 +178,7 @@ class Bag:
             raise FormatError(f'a bag file holds 0 or at least {ENTRY_BYTES} bytes, '
                               f'this one {size}', self.path)
         tail_at, length = self._tail_range()
-        given = tail is not None
-        if not given:
+        if tail is None:
             tail = self._files.read(self.path, tail_at, length)
         start = _u64.unpack(tail[-ENTRY_BYTES:])[0]
         if start > size - ENTRY_BYTES:
@@ -193,10 +197,8 @@ class Bag:
             self.index_offset, self._len = start, entries - 1
         else:
             self.version, self._ends_at, self.index_offset, self._len = 2, start, start, entries
-        if given and (self.cache_index or self.cache_data) and self._table is None \
+        if keep_table and (self.cache_index or self.cache_data) and self._table is None \
                 and self._ends_at >= tail_at:
-            # The table came with the header (read ahead, many bags at once, by the
-            # process that reads them): kept as _load_table would keep it.
             at = self._ends_at - tail_at
             self._load_table(None, tail[at:at + ENTRY_BYTES * self._len])
 
@@ -476,7 +478,28 @@ def _read_headers(files: Storage, bags: Sequence[Bag]) -> None:
     for bag, (_, _, length) in zip(bags, ranges):
         tail = tails.pop() if length else b''
         try:
-            bag._read_header(tail)
+            bag._read_header(tail, keep_table=True)
+        except LoadrError:
+            pass
+
+
+def _read_tables(files: Storage, bags: Sequence[Bag]) -> None:
+    """Load the index tables the ``bags`` keep (``cache_index``) with one ``read_many``.
+
+    A table that cannot be read or is wrong here is left for its first use,
+    which raises what is wrong, naming the record.
+    """
+    bags = [b for b in bags if b is not None and (b.cache_index or b.cache_data)
+            and b._table is None and b._len]
+    if not bags:
+        return
+    try:
+        raws = files.read_many([(b.path, b._ends_at, ENTRY_BYTES * b._len) for b in bags])
+    except LoadrError:
+        return
+    for bag, raw in zip(bags, raws):
+        try:
+            bag._load_table(None, raw)
         except LoadrError:
             pass
 
@@ -870,6 +893,9 @@ class BagReader(Reader):
     def _refs_ahead(self, indices: list[int]) -> list[tuple]:
         """Ask for the refs records of ``indices``; ``(shard, local, index)`` each."""
         located = [(*self._locate(index), index) for index in indices]
+        # The refs tables of shards not read yet in this process, all at once.
+        shards = {id(shard): shard for shard, _, _ in located}.values()
+        _read_tables(self._files, [shard.bags[REFS_KEY] for shard in shards])
         refs = []
         for shard, local, index in located:
             bag = shard.bags[REFS_KEY]
