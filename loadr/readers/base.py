@@ -73,9 +73,14 @@ def open_each(storage, fn: Callable, items: Sequence) -> list:
                                                  thread_name_prefix='loadr-open')
     try:
         futures = [pool.submit(fn, item) for item in items]
-        return [f.result() for f in futures]
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        out = [f.result() for f in futures]
+    except BaseException:
+        # Not waiting for the opens under way (each may wait up to timeout_s): a failure
+        # or a Ctrl-C is the caller's at once; those threads end with their request.
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    return out
 
 
 def check_index(i: Any, n: int) -> int:

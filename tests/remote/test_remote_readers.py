@@ -383,3 +383,25 @@ def test_a_broken_value_bag_behind_a_url_is_named_at_its_first_use(nginx, served
             assert err.value.path == f'{nginx.url}/{name}/{key}.bag'
     finally:
         shutil.rmtree(served_root / name, ignore_errors=True)
+
+
+def test_of_shards_opened_together_the_first_broken_one_is_named(nginx, served_root):
+    """As a loop over the shards would: the error of the first broken shard, whatever
+    order the concurrent opens end in."""
+    from loadr.writers import BagWriter
+    name = f'first-broken-{os.getpid()}'
+    with BagWriter(served_root / name, {'label': 'int'}, shardlen=1) as w:
+        for i in range(12):
+            w.append({'label': i})
+    try:
+        for shard in ('000009', '000003'):
+            (served_root / name / shard / 'spec.json').write_text('{"label": ')
+        with pytest.raises(FormatError, match='not valid JSON') as here:
+            loadr.open(served_root / name)
+        assert '000003' in here.value.path
+        for _ in range(3):
+            with pytest.raises(FormatError, match='not valid JSON') as there:
+                loadr.open(f'{nginx.url}/{name}')
+            assert there.value.path == f'{nginx.url}/{name}/000003/spec.json'
+    finally:
+        shutil.rmtree(served_root / name, ignore_errors=True)
