@@ -1206,7 +1206,15 @@ class RemoteStorage(Storage):
         """'file', 'directory' or None (nothing there); a :class:`ReadError` with the cause
         when the server cannot say (unreachable, access denied), which :meth:`exists` and
         its kin read as False."""
-        return self._stat(path)
+        try:
+            return self._stat(path)
+        except ReadError as exc:
+            if getattr(exc, 'kind', None) != 'transient':
+                raise
+            err = ReadError(f'the server cannot be reached ({exc.message})', exc.path, exc.index)
+            err.__dict__.update({k: v for k, v in exc.__dict__.items()
+                                 if k not in ('message', 'path', 'index')})
+            raise err from None
 
     def exists(self, path: str) -> bool:
         try:
