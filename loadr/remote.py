@@ -851,24 +851,34 @@ class RemoteStorage(Storage):
                 headers = {**(fs.kwargs.get('headers') or {}), **conditions}
                 return await fs._cat_file(path, start=start, end=end, headers=headers)
         elif self.protocol in ('s3', 's3a') and hasattr(fs, '_call_s3'):
-            etag = (self._versions.get(path) or (None,))[0]
-            if etag:
-                return await self._s3_range(path, start, end, etag)
+            if self._s3_conditions(path):
+                return await self._s3_versioned_range(path, start, end)
         return await fs._cat_file(path, start=start, end=end)
 
-    async def _s3_range(self, path: str, start: int, end: int, etag: str) -> bytes:
-        """s3fs's ranged GET with ``IfMatch`` (S3 answers 412), the answer's ETag checked too."""
+    def _s3_conditions(self, path: str) -> dict:
+        """The ``get_object`` keywords that ask for the version of ``path`` the reader
+        opened (S3 answers 412 PreconditionFailed for another)."""
+        etag = (self._versions.get(path) or (None,))[0]
+        return {'IfMatch': etag} if etag and not etag.startswith('W/') else {}
+
+    def _check_version(self, path: str, etag: str | None) -> None:
+        """An answer's ETag against the one opened (for a store that ignores IfMatch)."""
+        opened = (self._versions.get(path) or (None,))[0]
+        if etag and opened and etag != opened:
+            raise _Changed(f'ETag {etag}, opened as {opened}')
+
+    async def _s3_versioned_range(self, path: str, start: int, end: int) -> bytes:
+        """s3fs's ranged GET of the version opened (IfMatch), the answer's ETag checked."""
         fs = self.fs
         bucket, key, version_id = fs.split_path(path)
         kw = dict(getattr(fs, 'req_kw', None) or {})
         if version_id:
             kw['VersionId'] = version_id
         answer = await fs._call_s3('get_object', Bucket=bucket, Key=key,
-                                   Range=f'bytes={start}-{end - 1}', IfMatch=etag, **kw)
+                                   Range=f'bytes={start}-{end - 1}',
+                                   **self._s3_conditions(path), **kw)
         try:
-            got = answer.get('ETag')
-            if got and got != etag:         # a store that ignores IfMatch
-                raise _Changed(f'ETag {got}, opened as {etag}')
+            self._check_version(path, answer.get('ETag'))
             return await answer['Body'].read()
         finally:
             answer['Body'].close()
