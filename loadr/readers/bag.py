@@ -179,7 +179,16 @@ class Bag:
                               f'this one {size}', self.path)
         tail_at, length = self._tail_range()
         if tail is None:
-            tail = self._files.read(self.path, tail_at, length)
+            try:
+                tail = self._files.read(self.path, tail_at, length)
+            except ReadError:
+                if length <= 2 * ENTRY_BYTES:
+                    raise
+                # A small bag's tail is all of it: a record that cannot be read must
+                # fail alone, not the header. The last 8 bytes (and the table's first
+                # entry, below) on their own, as the table needs.
+                tail_at = size - ENTRY_BYTES
+                tail = self._files.read(self.path, tail_at, ENTRY_BYTES)
         start = _u64.unpack(tail[-ENTRY_BYTES:])[0]
         if start > size - ENTRY_BYTES:
             raise FormatError(f'index table start {start} (the last 8 bytes) is past the '
