@@ -14,7 +14,7 @@ from loadr.storage import using_storage_options
 from ..loader_helpers import stream_digests
 from ..test_loader_readers import PIPELINES
 from .proxy import Proxy
-from .servers import upload
+from .servers import s3_client, upload
 from .test_remote_readers import _remote_pipeline
 
 pytestmark = pytest.mark.timeout(120)
@@ -225,3 +225,42 @@ def test_a_dataset_replaced_during_a_run_is_an_error_naming_the_url(replaceable,
     again = loadr.open(url, storage_options=options)
     new = loadr.open(tmp_path / 'v2')
     assert [again[i] for i in range(N_REPLACED)] == [new[i] for i in range(N_REPLACED)]
+
+
+@pytest.mark.parametrize('protocol', ['http', 's3'])
+def test_a_single_file_replaced_during_a_run_is_an_error(protocol, served_root, tmp_path,
+                                                         request):
+    """A file opened by itself (its version from a HEAD: nginx's ETag, S3's), not listed."""
+    from loadr.writers import FFRecordWriter
+    for v in (1, 2):
+        with FFRecordWriter(tmp_path / f'v{v}.ffr', n=8) as w:
+            for i in range(8):
+                w.write_one(bytes([v]) * 32)
+    name = f'single-{protocol}-{os.getpid()}.ffr'
+    if protocol == 'http':
+        url, options = f"{request.getfixturevalue('nginx').url}/{name}", {}
+        shutil.copy(tmp_path / 'v1.ffr', served_root / name)
+
+        def replace():
+            stamp = os.stat(served_root / name).st_mtime + 5
+            os.utime(tmp_path / 'v2.ffr', (stamp, stamp))
+            os.replace(tmp_path / 'v2.ffr', served_root / name)
+    else:
+        s3 = request.getfixturevalue('moto')
+        url, options = f's3://fixtures/{name}', {'endpoint_url': s3.url}
+        s3_client(s3.url).put_object(Bucket='fixtures', Key=name,
+                                     Body=(tmp_path / 'v1.ffr').read_bytes())
+
+        def replace():
+            s3_client(s3.url).put_object(Bucket='fixtures', Key=name,
+                                         Body=(tmp_path / 'v2.ffr').read_bytes())
+    try:
+        reader = loadr.open(url, storage_options=options)
+        assert reader.read_one(0) == bytes([1]) * 32
+        replace()
+        with pytest.raises(ReadError, match='changed since the reader was made') as err:
+            reader.read_one(5)
+        assert err.value.path == url
+        assert loadr.open(url, storage_options=options).read_one(5) == bytes([2]) * 32
+    finally:
+        (served_root / name).unlink(missing_ok=True)
