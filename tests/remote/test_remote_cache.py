@@ -221,6 +221,13 @@ def test_a_dataset_replaced_during_a_run_is_an_error_naming_the_url(replaceable,
     with pytest.raises(ReadError, match='changed since the reader was made') as err:
         batched.read_batch(range(4, N_REPLACED))
     assert str(err.value).startswith(url + '/'), err.value
+    # Through a loader's workers: a loadr error naming the URL, never a batch of version 2.
+    with pytest.raises(loadr.LoadrError, match='changed since the reader was made') as err:
+        with loadr.Loader(loadr.open(tmp_path / 'v1'), batch=BATCH, seed=3, workers=0) as old:
+            expected = stream_digests(old, N_REPLACED // BATCH)
+        with loadr.Loader(batched, batch=BATCH, seed=3, workers=2) as loader:
+            assert stream_digests(loader, N_REPLACED // BATCH) == expected
+    assert url + '/' in str(err.value), err.value
     # Opened again, the reader reads the new version.
     again = loadr.open(url, storage_options=options)
     new = loadr.open(tmp_path / 'v2')
