@@ -1126,7 +1126,7 @@ class RemoteStorage(Storage):
         return kind
 
     async def _fs_stat(self, path: str) -> str | None:
-        _invalidate(self.fs, path)          # asked afresh: this open's own snapshot
+        _invalidate(self.fs, path, self.protocol)   # asked afresh: this open's snapshot
         try:
             info = await self.fs._info(path)
         except FileNotFoundError as exc:
@@ -1180,7 +1180,7 @@ class RemoteStorage(Storage):
         return list(names)
 
     async def _fs_list(self, path: str) -> list[tuple[str, str, int | None, tuple]]:
-        _invalidate(self.fs, path)          # asked afresh: this open's own snapshot
+        _invalidate(self.fs, path, self.protocol)   # asked afresh: this open's snapshot
         entries = await self.fs._ls(path, detail=True)
         out = []
         for e in entries:
@@ -1331,9 +1331,9 @@ def remote_storage(url: str, storage_options: dict | None = None) -> RemoteStora
     replaced at its URL is seen anew by the next open. Options that are not
     plain data (an object in ``client_kwargs``) get a storage of their own.
     """
-    from . import storage
-    shared = storage._SCOPE.get()
-    if shared is None or shared[0] != storage._generation:     # none, or a forked parent's
+    from . import storage as storage_module
+    shared = storage_module._SCOPE.get()
+    if shared is None or shared[0] != storage_module._generation:   # none, or a forked parent's
         return RemoteStorage(url, storage_options)
     protocol, _ = split_url(url)
     try:
@@ -1354,13 +1354,12 @@ def _index_of(r: Sequence) -> int | None:
     return r[3] if len(r) > 3 else None
 
 
-def _invalidate(fs, path: str) -> None:
+def _invalidate(fs, path: str, protocol: str) -> None:
     """Drop fsspec's cached listings of ``path`` and its parents (s3fs answers from them)."""
     invalidate = getattr(fs, 'invalidate_cache', None)
     if invalidate is not None:
         try:
-            invalidate(_strip_protocol(path) if fs.protocol not in ('http', 'https')
-                       else path)
+            invalidate(path if protocol in ('http', 'https') else _strip_protocol(path))
         except Exception:                # a cache that cannot be dropped is asked as it is
             pass
 
