@@ -209,7 +209,10 @@ class Bag:
         if keep_table and (self.cache_index or self.cache_data) and self._table is None \
                 and self._ends_at >= tail_at:
             at = self._ends_at - tail_at
-            self._load_table(None, tail[at:at + ENTRY_BYTES * self._len])
+            try:
+                self._load_table(None, tail[at:at + ENTRY_BYTES * self._len])
+            except LoadrError:
+                pass                # its first use loads it again and says so, naming the record
 
     def __getstate__(self):
         state = self.__dict__.copy()

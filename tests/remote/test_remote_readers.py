@@ -385,6 +385,42 @@ def test_a_broken_value_bag_behind_a_url_is_named_at_its_first_use(nginx, served
         shutil.rmtree(served_root / name, ignore_errors=True)
 
 
+def test_a_bad_value_table_behind_a_url_names_the_datapoint_as_locally(nginx, served_root):
+    """A value bag's table that came with its header (read on first use) is checked
+    where the local read checks it: the same error, naming the same datapoint."""
+    name = f'bad-table-{os.getpid()}'
+    shutil.copytree(served_root / 'bag', served_root / name)
+    try:
+        spec = json.loads((served_root / name / 'spec.json').read_text())
+        key = sorted(spec)[0]
+        path = served_root / name / f'{key}.bag'
+        start = _table_offset(path)
+        with open(path, 'r+b') as f:          # record 1 ends before record 0 does
+            f.seek(start)
+            first, second = struct.unpack('<QQ', f.read(16))
+            f.seek(start)
+            f.write(struct.pack('<QQ', second, first))
+        here = loadr.open(served_root / name)
+        for ahead in (False, True):
+            there = loadr.open(f'{nginx.url}/{name}')
+            if ahead:
+                there.prefetch(range(len(there)))
+            failed = 0
+            for i in range(len(here)):
+                errors = []
+                for reader in (here, there):
+                    try:
+                        reader[i]
+                        errors.append(None)
+                    except FormatError as exc:
+                        errors.append((exc.message, exc.index, exc.path.rpartition('/')[2]))
+                assert errors[0] == errors[1], (i, ahead, errors)
+                failed += errors[0] is not None
+            assert failed, 'the damaged table failed no datapoint'
+    finally:
+        shutil.rmtree(served_root / name, ignore_errors=True)
+
+
 def test_of_shards_opened_together_the_first_broken_one_is_named(nginx, served_root):
     """As a loop over the shards would: the error of the first broken shard, whatever
     order the concurrent opens end in."""
