@@ -205,11 +205,34 @@ _OPTIONS = contextvars.ContextVar('loadr_storage_options', default=None)
 _SCOPE = contextvars.ContextVar('loadr_storage_scope', default=None)
 
 
+def merged_options(outer: dict | None, own: dict | None) -> dict | None:
+    """``own`` storage options over ``outer`` ones, key by key; dict values (the
+    ``'loadr'`` settings, ``client_kwargs``, ...) merged one level down.
+
+    >>> merged_options({'endpoint_url': 'http://h', 'loadr': {'retries': 1}},
+    ...                {'loadr': {'cache_bytes': 10}})
+    {'endpoint_url': 'http://h', 'loadr': {'retries': 1, 'cache_bytes': 10}}
+    """
+    if not outer:
+        return own
+    if own is None:
+        return outer
+    out = dict(outer)
+    for key, value in own.items():
+        below = out.get(key)
+        out[key] = {**below, **value} if isinstance(value, dict) and isinstance(below, dict) \
+            else value
+    return out
+
+
 @contextlib.contextmanager
 def using_storage_options(storage_options: dict | None):
-    """Within the block, URLs opened without ``storage_options`` get these.
+    """Within the block, URLs get these storage options, under their own.
 
-    ``None`` keeps those of an enclosing block (the command line's, say). The
+    A URL opened with ``storage_options`` of its own (a YAML reader's, a
+    ``loadr.open`` argument) gets both, its own winning key by key
+    (:func:`merged_options`): the command line's ``--storage-option`` is
+    never dropped. ``None`` keeps those of an enclosing block. The
     block is also one open: the storages of its URLs are shared inside it
     (detection and the reader ask the server once) and learn afresh outside
     it (a dataset replaced at its URL is seen anew by the next open).
@@ -219,7 +242,7 @@ def using_storage_options(storage_options: dict | None):
     ...         _OPTIONS.get()
     {'anon': True}
     """
-    token = _OPTIONS.set(_OPTIONS.get() if storage_options is None else storage_options)
+    token = _OPTIONS.set(merged_options(_OPTIONS.get(), storage_options))
     scope = _SCOPE.set(_SCOPE.get() or (_generation, {}))
     try:
         yield
@@ -239,9 +262,7 @@ def storage_for(path, storage_options: dict | None = None) -> Storage:
     """
     if is_url(path):
         from .remote import remote_storage
-        if storage_options is None:
-            storage_options = _OPTIONS.get()
-        return remote_storage(os.fspath(path), storage_options)
+        return remote_storage(os.fspath(path), merged_options(_OPTIONS.get(), storage_options))
     if storage_options:
         raise ConfigError(f'storage_options ({", ".join(map(str, storage_options))}) apply to '
                           f'URLs only; this is a local path', os.fspath(path))
