@@ -27,6 +27,14 @@ Example::
 ``--cache``: each epoch read by a new loader through a local cache of a
 fraction of the record bytes, evicting the furthest next use or, to compare,
 the least recently used; bytes fetched per epoch.
+
+``--open-shards N`` (default 1000; 0: not measured): the time ``loadr.open``
+takes for a bag dataset of ``N`` shards (four files each: spec.json,
+refs.bag and two value bags) through nginx and the proxy at ``--delay-ms``,
+the requests it sent, and that its datapoints equal the local read.
+``--open-only`` measures that alone::
+
+    python -m benchmarks.remote --open-only --open-shards 1000 --delay-ms 20
 """
 
 from __future__ import annotations
@@ -161,6 +169,43 @@ def run_cache(url: str, needed: int, fraction: float, policy: str, workers: int,
     return fetched
 
 
+def make_shards(root: str, shards: int, per_shard: int = 2) -> str:
+    """A bag dataset of ``shards`` shards of ``per_shard`` small datapoints; its path."""
+    from loadr.writers import BagWriter
+    path = os.path.join(root, 'shards')
+    with BagWriter(path, {'blob': 'bytes', 'label': 'int'}, shardlen=per_shard) as w:
+        for i in range(shards * per_shard):
+            w.append({'blob': i.to_bytes(4, 'little') * 16, 'label': i})
+    return path
+
+
+def run_open(tmp: str, shards: int, delay_ms: float) -> dict:
+    """Seconds ``loadr.open`` takes for ``shards`` shards behind nginx + the delaying proxy."""
+    import loadr
+
+    from tests.remote.servers import start_nginx
+
+    path = make_shards(tmp, shards)
+    local = loadr.open(path)
+    files = sum(len(names) for _, _, names in os.walk(path))
+    with start_nginx(tmp, os.path.join(tmp, '.nginx-open')) as web:
+        proxy, url = _proxy(web.url, delay_ms)
+        try:
+            _proxy_stats(url, reset=True)
+            t0 = time.perf_counter()
+            reader = loadr.open(f'{url}/shards')
+            open_s = time.perf_counter() - t0
+            requests = _proxy_stats(url)['requests']
+            reader.prefetch(range(len(reader)))
+            same = (len(reader) == len(local)
+                    and all(reader[i] == local[i] for i in range(len(local))))
+        finally:
+            proxy.terminate()
+            proxy.wait(10)
+    return {'shards': shards, 'files': files, 'delay_ms': delay_ms, 'open_s': open_s,
+            'requests': requests, 'same_as_local': same}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--images', type=int, default=1024, help='images in the dataset')
@@ -175,10 +220,25 @@ def main(argv=None) -> int:
                         'next use with an LRU of the same size, per epoch, at these '
                         'fractions of the record bytes (default 0.05)')
     p.add_argument('--cache-epochs', type=int, default=3)
+    p.add_argument('--open-shards', type=int, default=1000,
+                   help='also time loadr.open of a bag of this many shards (0: not)')
+    p.add_argument('--open-only', action='store_true', help='only time the open (--open-shards)')
     p.add_argument('--json', action='store_true', help='print the results as JSON too')
     args = p.parse_args(argv)
 
     from tests.remote.servers import S3_ENV, start_moto, start_nginx, upload
+
+    opened = None
+    if args.open_shards:
+        with tempfile.TemporaryDirectory(prefix='loadr-bench-open-') as tmp:
+            opened = run_open(tmp, args.open_shards, args.delay_ms)
+        print(f"loadr.open of a bag of {opened['shards']} shards ({opened['files']} files) "
+              f"through nginx + {args.delay_ms:g} ms a request: {opened['open_s']:.2f} s, "
+              f"{opened['requests']} requests; datapoints as local: {opened['same_as_local']}")
+        if args.open_only:
+            if args.json:
+                print(json.dumps({'args': vars(args), 'open': opened}))
+            return 0
 
     results, cache_runs = [], []
     with tempfile.TemporaryDirectory(prefix='loadr-bench-remote-') as tmp:
@@ -247,7 +307,7 @@ def main(argv=None) -> int:
                       f'hit sat in the cache across the epoch boundary)')
     if args.json:
         print(json.dumps({'args': vars(args), 'record_bytes': needed, 'results': results,
-                          'cache': cache_runs}))
+                          'cache': cache_runs, 'open': opened}))
     return 0
 
 

@@ -31,7 +31,7 @@ from . import __version__
 from .errors import ConfigError, LoadrError, WorkerError
 from .progress import Progress, format_count
 from .readers import formats
-from .storage import using_storage_options
+from .storage import is_url, using_storage_options
 
 __all__ = ['main', 'build_parser']
 
@@ -80,6 +80,14 @@ def _disk_size(path: str) -> tuple[int, int]:
             except OSError:
                 pass
     return total, files
+
+
+def _reader_size(reader) -> tuple[int, int]:
+    """(bytes, files) that ``reader`` reads, from its identity (a URL has no disk to walk)."""
+    identity = reader.identity()
+    if 'files' in identity:
+        return sum(identity['files'].values()), len(identity['files'])
+    return int(identity.get('bytes', 0)), int(identity.get('file_count', 0))
 
 
 def _batch_size(batch: dict) -> int:
@@ -628,7 +636,7 @@ def cmd_inspect(args) -> int:
     with reader:
         n = len(reader)
         extra = reader.details()
-        size, files = _disk_size(path)
+        size, files = _reader_size(reader) if is_url(path) else _disk_size(path)
         info = {'path': path, 'format': fmt.name, 'datapoints': n,
                 'spec': {str(k): str(v) for k, v in reader.spec.items()},
                 'size_bytes': size, 'files': files, **extra}

@@ -42,7 +42,7 @@ from typing import Any
 import yaml
 
 from . import fns as fns_module
-from .errors import ConfigError, DataError
+from .errors import ConfigError, DataError, LoadrError
 from .readers import detect, formats
 from .storage import (CACHE_KEYS, is_url, storage_for, using_storage_options,
                       with_cache_settings)
@@ -576,7 +576,14 @@ class Config:
 
     def _build_at(self, section: dict, where: tuple, path: str):
         dotted = '.'.join(map(str, where))
-        if not storage_for(path).exists(path):
+        storage = storage_for(path)
+        kind = getattr(storage, 'kind', None)      # a URL's: unreachable is not "missing"
+        try:
+            there = kind(path) is not None if kind is not None else storage.exists(path)
+        except LoadrError as exc:
+            raise self.error(f'{dotted}.path {section["path"]!r} cannot be reached',
+                             where + ('path',), f'{exc.message} ({path})') from None
+        if not there:
             raise self.error(f'{dotted}.path {section["path"]!r} does not exist', where + ('path',),
                              f'looked for {path}')
         known = {f.name: f for f in formats()}

@@ -22,6 +22,17 @@ directory) are asked once per process and travel with the storage when a
 reader is pickled to a worker: a dataset is not expected to change while it
 is read.
 
+Versions. What a reader learns of each object when it opens it (its size,
+and its version: the ETag, else its Last-Modified time) is its snapshot of
+the dataset: every range request asks for that version (``If-Match``, or
+``If-Unmodified-Since`` where only a time is known; S3's ``IfMatch``, and
+the answer's ETag compared), the local cache keys its entries by it, and an
+object replaced since the reader was made is a :class:`ReadError` naming the
+URL ("changed since the reader was made"), never its new bytes mixed with
+the old. Each open learns afresh: storages are shared only within one open
+(see :func:`loadr.storage.using_storage_options`), and fsspec's listing cache
+is dropped before each question.
+
 Failures. A transient failure (HTTP 5xx, 429 or 408, a connection reset or
 refused, a timeout, a body shorter than its Content-Length, an answer for
 other bytes than were asked: its Content-Range, length or total size) is
@@ -64,6 +75,7 @@ import asyncio
 import bisect
 import collections
 import concurrent.futures
+import datetime
 import functools
 import hashlib
 import json
@@ -259,6 +271,10 @@ class _WrongRange(Exception):
     """
 
 
+class _Changed(Exception):
+    """The answer came from another version of the object than the reader opened."""
+
+
 def _status(exc: BaseException) -> int | None:
     """The HTTP status behind an exception of aiohttp, botocore or s3fs, if any."""
     for e in (exc, exc.__cause__, exc.__context__):
@@ -299,11 +315,13 @@ _CREDENTIAL_NAMES = {'NoCredentialsError', 'PartialCredentialsError', 'Credentia
 
 
 def _kind(exc: BaseException) -> str:
-    """'transient', 'missing', 'denied', 'credentials' or 'other'."""
+    """'transient', 'missing', 'denied', 'credentials', 'changed' or 'other'."""
     names = _names(exc)
     if names & _CREDENTIAL_NAMES:
         return 'credentials'
     status = _status(exc)
+    if status == 412 or '_Changed' in names:     # If-Match / If-Unmodified-Since refused
+        return 'changed'
     if status is not None:
         if status == 404:
             return 'missing'
@@ -331,6 +349,8 @@ _KIND_TEXT = {
     'credentials': 'no valid credentials: set them in the environment (e.g. AWS_ACCESS_KEY_ID '
                    'and AWS_SECRET_ACCESS_KEY), in storage_options, or use '
                    "storage_options={'anon': True} for public data",
+    'changed': 'the object changed since the reader was made (the server holds another '
+               'version than the one opened); open the dataset again to read the new version',
 }
 
 
@@ -638,19 +658,23 @@ class RemoteStorage(Storage):
         self._sizes: dict[str, int] = {}
         self._kinds: dict[str, str | None] = {}          # 'file' | 'directory' | None (absent)
         self._listings: dict[str, list[str]] = {}
+        # path -> (ETag, Last-Modified) as first learnt: the version every read asks for.
+        self._versions: dict[str, tuple] = {}
         self._init_process()
         self._filesystem_class()          # a missing package is told now, at open
 
     def __getstate__(self):
         return {'url': self.url, 'protocol': self.protocol, 'options': self.options,
                 'settings': self.settings, 'sizes': dict(self._sizes),
-                'kinds': dict(self._kinds), 'listings': dict(self._listings)}
+                'kinds': dict(self._kinds), 'listings': dict(self._listings),
+                'versions': dict(self._versions)}
 
     def __setstate__(self, state):
         self.url, self.protocol = state['url'], state['protocol']
         self.options, self.settings = state['options'], state['settings']
         self._sizes, self._kinds = state['sizes'], state['kinds']
         self._listings = state['listings']
+        self._versions = state.get('versions', {})
         self._init_process()
 
     def _init_process(self) -> None:
@@ -832,11 +856,13 @@ class RemoteStorage(Storage):
                 return data
         return await self._limited(lambda: self._retried(once, path, index))
 
-    def _http_kw(self, spans: Sequence[tuple[int, int]]) -> dict:
-        """The keywords of a GET of byte ranges ``spans`` (``[start, end)`` each); counted."""
+    def _http_kw(self, path: str, spans: Sequence[tuple[int, int]]) -> dict:
+        """The keywords of a GET of byte ranges ``spans`` (``[start, end)`` each) of the
+        version of ``path`` the reader opened (:meth:`_conditions`); counted."""
         kw = dict(self.fs.kwargs)
         headers = dict(kw.pop('headers', None) or {})
         headers['Range'] = 'bytes=' + ','.join(f'{a}-{b - 1}' for a, b in spans)
+        headers.update(self._conditions(path))
         kw['headers'] = headers
         self.requests += 1
         return kw
@@ -849,7 +875,7 @@ class RemoteStorage(Storage):
             return whole[start:end]
         fs = self.fs
         session = await fs.set_session()
-        async with session.get(fs.encode_url(path), **self._http_kw([(start, end)])) as r:
+        async with session.get(fs.encode_url(path), **self._http_kw(path, [(start, end)])) as r:
             if r.status == 200:
                 return (await self._whole_answer(r, path, index))[start:end]
             if r.status >= 400:
@@ -869,8 +895,10 @@ class RemoteStorage(Storage):
         self.requests += 1
         answer = await fs._call_s3('get_object', Bucket=bucket, Key=key,
                                    Range=f'bytes={start}-{end - 1}',
-                                   **({'VersionId': version} if version else {}))
+                                   **({'VersionId': version} if version else {}),
+                                   **self._s3_conditions(path))
         try:
+            self._check_version(path, answer.get('ETag'))
             body = await answer['Body'].read()
         finally:
             answer['Body'].close()
@@ -1010,7 +1038,7 @@ class RemoteStorage(Storage):
         that answers it with the whole file (remembered: asked range by range)."""
         fs = self.fs
         session = await fs.set_session()
-        async with session.get(fs.encode_url(path), **self._http_kw(spans)) as r:
+        async with session.get(fs.encode_url(path), **self._http_kw(path, spans)) as r:
             if r.status == 200:
                 r.close()               # the whole file is coming: not read
                 self._one_range_hosts.add(_host(path))
@@ -1043,6 +1071,53 @@ class RemoteStorage(Storage):
             for k, data in zip(ks, got):
                 out[k] = data
         return out
+
+    # -- versions -----------------------------------------------------------------------
+
+    def _learn(self, path: str, size=None, etag=None, modified=None) -> None:
+        """Remember what the server said of object ``path`` (the first answer wins: the
+        reader's snapshot)."""
+        if size is not None:
+            self._sizes.setdefault(path, int(size))
+        etag = str(etag) if etag else None
+        if hasattr(modified, 'astimezone'):             # s3fs: a datetime, in local time
+            modified = modified.astimezone(datetime.timezone.utc).strftime(
+                '%a, %d %b %Y %H:%M:%S GMT')
+        modified = str(modified) if modified else None
+        if etag or modified:
+            self._versions.setdefault(path, (etag, modified))
+
+    def _conditions(self, path: str) -> dict:
+        """The HTTP headers that ask for the version of ``path`` the reader opened.
+
+        A strong ETag goes in ``If-Match``; without one (nginx's JSON listing
+        gives a time, not an ETag; a weak ETag never matches) the time goes in
+        ``If-Unmodified-Since``. The server answers 412 for another version.
+        """
+        etag, modified = self._versions.get(path) or (None, None)
+        if etag and not etag.startswith('W/'):
+            return {'If-Match': etag}
+        if modified:
+            return {'If-Unmodified-Since': modified}
+        return {}
+
+    def _s3_conditions(self, path: str) -> dict:
+        """The ``get_object`` keywords that ask for the version of ``path`` the reader
+        opened (S3 answers 412 PreconditionFailed for another)."""
+        etag = (self._versions.get(path) or (None,))[0]
+        return {'IfMatch': etag} if etag and not etag.startswith('W/') else {}
+
+    def _check_version(self, path: str, etag: str | None) -> None:
+        """An answer's ETag against the one opened (for a store that ignores IfMatch)."""
+        opened = (self._versions.get(path) or (None,))[0]
+        if etag and opened and etag != opened:
+            raise _Changed(f'ETag {etag}, opened as {opened}')
+
+    def _cache_path(self, path: str) -> str:
+        """The name the local cache knows ``path`` by: with its size and version, so that
+        an object replaced at the same URL never meets the old one's entries."""
+        etag, modified = self._versions.get(path) or (None, None)
+        return f'{path}\n{self._sizes.get(path)}\n{etag}\n{modified}'
 
     # -- the local cache ----------------------------------------------------------------
 
@@ -1096,15 +1171,15 @@ class RemoteStorage(Storage):
 
     def _cached(self, path: str, offset: int, length: int) -> bytes | None:
         clock = self._clock
-        if clock is None or length == 0:
-            return None
-        return clock[0].get(path, offset, length)
+        if clock is None or length == 0 or path not in self._sizes:
+            return None                 # a file not yet opened: its version is not known
+        return clock[0].get(self._cache_path(path), offset, length)
 
     def _fetched_now(self, path: str, offset: int, length: int, index: int | None,
                      data: bytes) -> None:
         """Remember a range fetched from the server, for the cache's next offer."""
-        if self._clock is not None and index is not None and length:
-            self._fetched.append((path, offset, length, index, data))
+        if self._clock is not None and index is not None and length and path in self._sizes:
+            self._fetched.append((self._cache_path(path), offset, length, index, data))
 
     def cache_stats(self) -> dict:
         """This process's cache counts (hits, misses, bytes_hit, admitted, evicted, ...)."""
@@ -1132,7 +1207,8 @@ class RemoteStorage(Storage):
                 info = self._run(self._retried(lambda: self.fs._info(path), path, index, 'open'))
                 if info.get('size') is None:
                     raise ReadError('the server does not say the size of this file', path, index)
-                self._sizes[path] = size = int(info['size'])
+                self._learn(path, info['size'], *_info_version(info))
+                size = self._sizes[path]
         return size
 
     def _check_bounds(self, path: str, offset: int, length: int, index: int | None) -> None:
@@ -1270,7 +1346,8 @@ class RemoteStorage(Storage):
         with buffer.lock:
             for r in ranges:
                 if not buffer.claim(r[0], r[1], r[2]) and (
-                        cache is None or not cache.has(r[0], r[1], r[2])):
+                        cache is None or r[0] not in self._sizes
+                        or not cache.has(self._cache_path(r[0]), r[1], r[2])):
                     fresh.append(tuple(r))
         sizes = {}
         for path in {r[0] for r in fresh}:
@@ -1318,6 +1395,7 @@ class RemoteStorage(Storage):
         return kind
 
     async def _fs_stat(self, path: str) -> str | None:
+        _invalidate(self.fs, path, self.protocol)   # asked afresh: this open's snapshot
         try:
             info = await self.fs._info(path)
         except FileNotFoundError as exc:
@@ -1327,8 +1405,7 @@ class RemoteStorage(Storage):
             return None
         if info.get('type') == 'directory':
             return 'directory'
-        if info.get('size') is not None:
-            self._sizes.setdefault(path, int(info['size']))
+        self._learn(path, info.get('size'), *_info_version(info))
         return 'file'
 
     async def _http_stat(self, url: str) -> str | None:
@@ -1346,8 +1423,9 @@ class RemoteStorage(Storage):
                 return 'directory'
             if r.status >= 400:
                 r.raise_for_status()
-            if 'Content-Length' in r.headers and r.status == 200:
-                self._sizes.setdefault(url, int(r.headers['Content-Length']))
+            if r.status == 200:
+                self._learn(url, r.headers.get('Content-Length'), r.headers.get('ETag'),
+                            r.headers.get('Last-Modified'))
             return 'file'
 
     def list(self, path: str) -> list:
@@ -1361,16 +1439,17 @@ class RemoteStorage(Storage):
             else:
                 entries = self._run(self._retried(lambda: self._fs_list(path), path, None,
                                                   'list'))
-            names = sorted(name for name, _, _ in entries)
-            for name, kind, size in entries:
+            names = sorted(name for name, *_ in entries)
+            for name, kind, size, version in entries:
                 self._kinds[f'{path}/{name}'] = kind
-                if size is not None and kind == 'file':
-                    self._sizes[f'{path}/{name}'] = size
+                if kind == 'file':
+                    self._learn(f'{path}/{name}', size, *version)
             self._listings[path] = names
             self._kinds[path] = 'directory'
         return list(names)
 
-    async def _fs_list(self, path: str) -> list[tuple[str, str, int | None]]:
+    async def _fs_list(self, path: str) -> list[tuple[str, str, int | None, tuple]]:
+        _invalidate(self.fs, path, self.protocol)   # asked afresh: this open's snapshot
         entries = await self.fs._ls(path, detail=True)
         out = []
         for e in entries:
@@ -1378,10 +1457,11 @@ class RemoteStorage(Storage):
             if e['name'].rstrip('/') == _strip_protocol(path).rstrip('/'):
                 raise NotADirectoryError(f'not a directory: {path}')
             out.append((name, 'directory' if e.get('type') == 'directory' else 'file',
-                        e.get('size') if e.get('type') != 'directory' else None))
+                        e.get('size') if e.get('type') != 'directory' else None,
+                        _info_version(e)))
         return out
 
-    async def _http_list(self, url: str) -> list[tuple[str, str, int | None]]:
+    async def _http_list(self, url: str) -> list[tuple[str, str, int | None, tuple]]:
         """A directory page: nginx's JSON autoindex, else the links of an HTML index."""
         fs = self.fs
         body = await fs._cat_file(url + '/')
@@ -1392,14 +1472,28 @@ class RemoteStorage(Storage):
         if isinstance(entries, list) and all(isinstance(e, dict) and 'name' in e
                                              for e in entries):
             return [(e['name'], 'directory' if e.get('type') == 'directory' else 'file',
-                     e.get('size')) for e in entries]
+                     e.get('size'), (None, e.get('mtime'))) for e in entries]
         out = []
         for link in await fs._ls(url + '/', detail=False):
             rest = link[len(url) + 1:] if link.startswith(url + '/') else None
             if rest and rest.rstrip('/') and '/' not in rest.rstrip('/'):
                 out.append((rest.rstrip('/'), 'directory' if rest.endswith('/') else 'file',
-                            None))
+                            None, (None, None)))
         return out
+
+    def kind(self, path: str) -> str | None:
+        """'file', 'directory' or None (nothing there); a :class:`ReadError` with the cause
+        when the server cannot say (unreachable, access denied), which :meth:`exists` and
+        its kin read as False."""
+        try:
+            return self._stat(path)
+        except ReadError as exc:
+            if getattr(exc, 'kind', None) != 'transient':
+                raise
+            err = ReadError(f'the server cannot be reached ({exc.message})', exc.path, exc.index)
+            err.__dict__.update({k: v for k, v in exc.__dict__.items()
+                                 if k not in ('message', 'path', 'index')})
+            raise err from None
 
     def exists(self, path: str) -> bool:
         try:
@@ -1433,7 +1527,7 @@ class RemoteStorage(Storage):
     def _forget(self, path: str) -> None:
         """Drop what we remembered about ``path`` and what lies under it (we are writing it)."""
         path = path.rstrip('/')
-        for table in (self._sizes, self._kinds, self._listings):
+        for table in (self._sizes, self._kinds, self._listings, self._versions):
             for key in [k for k in table if k == path or k.startswith(path + '/')]:
                 del table[key]
         parent = path.rpartition('/')[0]
@@ -1496,29 +1590,28 @@ class RemoteStorage(Storage):
                 self._forget(u)
 
 
-_shared: dict[tuple, RemoteStorage] = {}
-_shared_generation = -1
-
-
 def remote_storage(url: str, storage_options: dict | None = None) -> RemoteStorage:
-    """The storage of ``url``: one per protocol and options in each process.
+    """The storage of ``url``: a new one, or within one open the same for a protocol and options.
 
-    Shared, so that what one reader learnt (listings, sizes) serves the next
-    one and the writers' changes are seen by all; options that are not plain
-    data (an object in ``client_kwargs``) get a storage of their own.
+    What a storage learns (listings, sizes, versions) is the snapshot a
+    reader reads: shared within one open (``loadr.open``, a YAML reader, a
+    command: :func:`loadr.storage.using_storage_options`), so that detection
+    and the reader ask once, and never across opens, so that a dataset
+    replaced at its URL is seen anew by the next open. Options that are not
+    plain data (an object in ``client_kwargs``) get a storage of their own.
     """
-    global _shared_generation
-    if _shared_generation != _generation:
-        _shared.clear()
-        _shared_generation = _generation
+    from . import storage as storage_module
+    shared = storage_module._SCOPE.get()
+    if shared is None or shared[0] != storage_module._generation:   # none, or a forked parent's
+        return RemoteStorage(url, storage_options)
     protocol, _ = split_url(url)
     try:
         key = (protocol, json.dumps(storage_options or {}, sort_keys=True))
     except (TypeError, ValueError):
         return RemoteStorage(url, storage_options)
-    storage = _shared.get(key)
+    storage = shared[1].get(key)
     if storage is None:
-        storage = _shared[key] = RemoteStorage(url, storage_options)
+        storage = shared[1][key] = RemoteStorage(url, storage_options)
     return storage
 
 
@@ -1538,6 +1631,22 @@ def _for_record(exc: LoadrError, path: str, index: int | None) -> LoadrError:
     err.__dict__.update({k: v for k, v in exc.__dict__.items()
                          if k not in ('message', 'path', 'index')})
     return err
+
+
+def _invalidate(fs, path: str, protocol: str) -> None:
+    """Drop fsspec's cached listings of ``path`` and its parents (s3fs answers from them)."""
+    invalidate = getattr(fs, 'invalidate_cache', None)
+    if invalidate is not None:
+        try:
+            invalidate(path if protocol in ('http', 'https') else _strip_protocol(path))
+        except Exception:                # a cache that cannot be dropped is asked as it is
+            pass
+
+
+def _info_version(info: dict) -> tuple:
+    """``(ETag, Last-Modified)`` of an fsspec info or listing entry (s3fs, http)."""
+    return (info.get('ETag') or info.get('etag'),
+            info.get('LastModified') or info.get('Last-Modified') or info.get('mtime'))
 
 
 def _strip_protocol(url: str) -> str:

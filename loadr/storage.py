@@ -170,9 +170,18 @@ CACHE_KEYS = ('cache_dir', 'cache_bytes', 'cache_policy')
 def with_cache_settings(storage_options: dict | None, cache: dict) -> dict:
     """``storage_options`` with the :data:`CACHE_KEYS` in ``cache`` put under ``'loadr'``.
 
+    ``None`` stands for the options in force (the command line's
+    ``--storage-option``, see :func:`using_storage_options`): the cache
+    settings are added to them, never put in their place.
+
     >>> with_cache_settings({'anon': True}, {'cache_bytes': 10})
     {'anon': True, 'loadr': {'cache_bytes': 10}}
+    >>> with using_storage_options({'anon': True, 'loadr': {'retries': 1}}):
+    ...     with_cache_settings(None, {'cache_bytes': 10})
+    {'anon': True, 'loadr': {'retries': 1, 'cache_bytes': 10}}
     """
+    if storage_options is None:
+        storage_options = _OPTIONS.get()
     options = dict(storage_options or {})
     options['loadr'] = {**(options.get('loadr') or {}), **cache}
     return options
@@ -192,23 +201,53 @@ def is_url(path) -> bool:
 # The storage_options of URLs opened without their own (detection, check, the CLI's
 # --storage-option): set by ``with using_storage_options(...)``.
 _OPTIONS = contextvars.ContextVar('loadr_storage_options', default=None)
+# (fork generation, {key: storage}): the URL storages of one open (loadr.remote).
+_SCOPE = contextvars.ContextVar('loadr_storage_scope', default=None)
+
+
+def merged_options(outer: dict | None, own: dict | None) -> dict | None:
+    """``own`` storage options over ``outer`` ones, key by key; dict values (the
+    ``'loadr'`` settings, ``client_kwargs``, ...) merged one level down.
+
+    >>> merged_options({'endpoint_url': 'http://h', 'loadr': {'retries': 1}},
+    ...                {'loadr': {'cache_bytes': 10}})
+    {'endpoint_url': 'http://h', 'loadr': {'retries': 1, 'cache_bytes': 10}}
+    """
+    if not outer:
+        return own
+    if own is None:
+        return outer
+    out = dict(outer)
+    for key, value in own.items():
+        below = out.get(key)
+        out[key] = {**below, **value} if isinstance(value, dict) and isinstance(below, dict) \
+            else value
+    return out
 
 
 @contextlib.contextmanager
 def using_storage_options(storage_options: dict | None):
-    """Within the block, URLs opened without ``storage_options`` get these.
+    """Within the block, URLs get these storage options, under their own.
 
-    ``None`` keeps those of an enclosing block (the command line's, say).
+    A URL opened with ``storage_options`` of its own (a YAML reader's, a
+    ``loadr.open`` argument) gets both, its own winning key by key
+    (:func:`merged_options`): the command line's ``--storage-option`` is
+    never dropped. ``None`` keeps those of an enclosing block. The
+    block is also one open: the storages of its URLs are shared inside it
+    (detection and the reader ask the server once) and learn afresh outside
+    it (a dataset replaced at its URL is seen anew by the next open).
 
     >>> with using_storage_options({'anon': True}):
     ...     with using_storage_options(None):
     ...         _OPTIONS.get()
     {'anon': True}
     """
-    token = _OPTIONS.set(_OPTIONS.get() if storage_options is None else storage_options)
+    token = _OPTIONS.set(merged_options(_OPTIONS.get(), storage_options))
+    scope = _SCOPE.set(_SCOPE.get() or (_generation, {}))
     try:
         yield
     finally:
+        _SCOPE.reset(scope)
         _OPTIONS.reset(token)
 
 
@@ -223,9 +262,7 @@ def storage_for(path, storage_options: dict | None = None) -> Storage:
     """
     if is_url(path):
         from .remote import remote_storage
-        if storage_options is None:
-            storage_options = _OPTIONS.get()
-        return remote_storage(os.fspath(path), storage_options)
+        return remote_storage(os.fspath(path), merged_options(_OPTIONS.get(), storage_options))
     if storage_options:
         raise ConfigError(f'storage_options ({", ".join(map(str, storage_options))}) apply to '
                           f'URLs only; this is a local path', os.fspath(path))

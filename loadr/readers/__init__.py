@@ -41,7 +41,11 @@ def detect(path: str | os.PathLike) -> Format:
     'gulp'
     """
     path = os.fspath(path)
-    if not storage_for(path).exists(path):
+    storage = storage_for(path)
+    # A URL's storage tells a server it cannot reach (a ReadError with the cause) from
+    # nothing being there; exists() alone would call both "no such file".
+    kind = getattr(storage, 'kind', None)
+    if not (kind(path) is not None if kind is not None else storage.exists(path)):
         raise FormatError('no such file or directory', path)
     for fmt in formats():
         if fmt.detect(path):

@@ -56,7 +56,8 @@ from .. import codecs
 from ..errors import ConfigError, DecodeError, FormatError, LoadrError, ReadError, WriterError
 from ..digests import check_record
 from ..storage import Storage, WriteFile, storage_for
-from .base import Format, Plan, Problem, Reader, Source, Writer, _known, check_index
+from .base import (Format, Plan, Problem, Reader, Source, Writer, _known, check_index,
+                   open_each, remote)
 
 __all__ = ['Bag', 'BagFileWriter', 'BagReader', 'BagWriter', 'FORMAT', 'check', 'detect',
            'parse_type']
@@ -66,6 +67,11 @@ SPEC_NAME = 'spec.json'
 REFS_KEY = 'refs'
 SPEC_MAX_BYTES = 1 << 20        # a spec.json larger than this is not a spec
 VALIDATE_CHUNK_ENTRIES = 1 << 20  # check() reads a table 8 MiB at a time
+# A bag's header is read from its last bytes: this many in one read, which holds the
+# whole table of a bag of up to ~2,000 records (one round trip instead of two remotely).
+TAIL_BYTES = 16 << 10
+# What a lazily opened bag reads on first use (Bag(lazy=True)).
+_HEADER = frozenset({'version', 'index_offset', '_ends_at', '_len'})
 SHARD_NAME = re.compile(r'[0-9]{6,}\Z')
 IMAGE_TYPES = ('jpg', 'png')
 # Keys become file names: nothing that leaves the directory or hides the file.
@@ -120,6 +126,9 @@ class Bag:
     bytes) describe the file; ``limits`` is the table as stored.
     ``cache_index`` keeps the table in memory and ``cache_data`` the whole
     file, each loaded on first use, once per process, never pickled.
+    ``lazy`` leaves the header (version, table, length) until first asked
+    for (a round trip saved at open behind a URL; :func:`_read_headers`
+    reads many at once).
 
     Example::
 
@@ -128,7 +137,7 @@ class Bag:
     """
 
     def __init__(self, path: str | os.PathLike, files: Storage | None = None,
-                 cache_index: bool = False, cache_data: bool = False):
+                 cache_index: bool = False, cache_data: bool = False, lazy: bool = False):
         self.path = os.fspath(path)
         self._files = files if files is not None else storage_for(self.path)
         self.cache_index = cache_index
@@ -136,9 +145,30 @@ class Bag:
         self._table = None       # per-process caches, filled lazily
         self._data = None
         self.digests = None      # (record digests, sidecar) when verified (loadr.digests)
-        self._read_header()
+        if lazy:
+            self.size = self._files.size(self.path)
+        else:
+            self._read_header()
 
-    def _read_header(self) -> None:
+    def __getattr__(self, name: str):
+        # Called only for a missing attribute: the header of a lazily opened bag.
+        if name in _HEADER and '_files' in self.__dict__:
+            self._read_header(keep_table=True)
+            return self.__dict__[name]
+        raise AttributeError(f'{type(self).__name__!r} object has no attribute {name!r}')
+
+    def _tail_range(self) -> tuple[int, int]:
+        """``(offset, length)`` of the last bytes the header is read from."""
+        size = self.size
+        return size - min(size, TAIL_BYTES), min(size, TAIL_BYTES)
+
+    def _read_header(self, tail: bytes | None = None, keep_table: bool = False) -> None:
+        """Version, table start and length from the file's last bytes (``tail``: read already).
+
+        ``keep_table``: a table that came whole with them is kept (``cache_index``), as
+        its first use would load it: for a header read on first use, by the process
+        that reads the bag (at open, the tables stay unread as before).
+        """
         size = self._files.size(self.path)
         self.size = size
         if size == 0:            # an empty bag, as granular writes it
@@ -147,20 +177,42 @@ class Bag:
         if size < ENTRY_BYTES:
             raise FormatError(f'a bag file holds 0 or at least {ENTRY_BYTES} bytes, '
                               f'this one {size}', self.path)
-        start = _u64.unpack(self._files.read(self.path, size - ENTRY_BYTES, ENTRY_BYTES))[0]
+        tail_at, length = self._tail_range()
+        if tail is None:
+            try:
+                tail = self._files.read(self.path, tail_at, length)
+            except ReadError:
+                if length <= 2 * ENTRY_BYTES:
+                    raise
+                # A small bag's tail is all of it: a record that cannot be read must
+                # fail alone, not the header. The last 8 bytes (and the table's first
+                # entry, below) on their own, as the table needs.
+                tail_at = size - ENTRY_BYTES
+                tail = self._files.read(self.path, tail_at, ENTRY_BYTES)
+        start = _u64.unpack(tail[-ENTRY_BYTES:])[0]
         if start > size - ENTRY_BYTES:
             raise FormatError(f'index table start {start} (the last 8 bytes) is past the '
                               f'end of the {size}-byte file', self.path)
         if (size - start) % ENTRY_BYTES:
             raise FormatError(f'index table of {size - start} bytes (from offset {start}) is '
                               f'not a whole number of {ENTRY_BYTES}-byte entries', self.path)
-        first = _u64.unpack(self._files.read(self.path, start, ENTRY_BYTES))[0]
-        self.index_offset = start
+        first = (_u64.unpack(tail[start - tail_at:start - tail_at + ENTRY_BYTES])[0]
+                 if start >= tail_at else
+                 _u64.unpack(self._files.read(self.path, start, ENTRY_BYTES))[0])
         entries = (size - start) // ENTRY_BYTES
+        # Set together, the length last: another thread may be reading the same header.
         if first == 0:           # version 1: a leading 0, then starts and the last end
-            self.version, self._ends_at, self._len = 1, start + ENTRY_BYTES, entries - 1
+            self.version, self._ends_at = 1, start + ENTRY_BYTES
+            self.index_offset, self._len = start, entries - 1
         else:
-            self.version, self._ends_at, self._len = 2, start, entries
+            self.version, self._ends_at, self.index_offset, self._len = 2, start, start, entries
+        if keep_table and (self.cache_index or self.cache_data) and self._table is None \
+                and self._ends_at >= tail_at:
+            at = self._ends_at - tail_at
+            try:
+                self._load_table(None, tail[at:at + ENTRY_BYTES * self._len])
+            except LoadrError:
+                pass                # its first use loads it again and says so, naming the record
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -186,11 +238,15 @@ class Bag:
             return self._data[offset:offset + length]
         return self._files.read(self.path, offset, length, index)
 
-    def _load_table(self, index: int | None) -> np.ndarray:
-        """All record ends as uint64, checked; cached when ``cache_index``."""
+    def _load_table(self, index: int | None, raw: bytes | None = None) -> np.ndarray:
+        """All record ends as uint64, checked; cached when ``cache_index``.
+
+        ``raw``: the table's bytes, read already (with the header).
+        """
         if self._table is not None:
             return self._table
-        raw = self._pread(self._ends_at, ENTRY_BYTES * self._len, index)
+        if raw is None:
+            raw = self._pread(self._ends_at, ENTRY_BYTES * self._len, index)
         ends = np.frombuffer(raw, '<u8')
         bad = np.flatnonzero(ends[1:] < ends[:-1])
         if bad.size:
@@ -416,6 +472,50 @@ def _list_shards(storage: Storage, path: str
     return [shards[k] for k in sorted(shards)], fatal, odd if shards else []
 
 
+def _read_headers(files: Storage, bags: Sequence[Bag]) -> None:
+    """Read the headers of the lazily opened ``bags`` with one concurrent ``read_many``.
+
+    A bag whose header cannot be read here stays lazy: its first use reads it
+    again and raises what is wrong, naming the record.
+    """
+    bags = [b for b in bags if b is not None and '_len' not in b.__dict__]
+    if not bags:
+        return
+    ranges = [(b.path, *b._tail_range()) for b in bags]
+    try:
+        tails = files.read_many([r for r in ranges if r[2]])
+    except LoadrError:
+        return
+    tails.reverse()
+    for bag, (_, _, length) in zip(bags, ranges):
+        tail = tails.pop() if length else b''
+        try:
+            bag._read_header(tail, keep_table=True)
+        except LoadrError:
+            pass
+
+
+def _read_tables(files: Storage, bags: Sequence[Bag]) -> None:
+    """Load the index tables the ``bags`` keep (``cache_index``) with one ``read_many``.
+
+    A table that cannot be read or is wrong here is left for its first use,
+    which raises what is wrong, naming the record.
+    """
+    bags = [b for b in bags if b is not None and (b.cache_index or b.cache_data)
+            and b._table is None and b._len]
+    if not bags:
+        return
+    try:
+        raws = files.read_many([(b.path, b._ends_at, ENTRY_BYTES * b._len) for b in bags])
+    except LoadrError:
+        return
+    for bag, raw in zip(bags, raws):
+        try:
+            bag._load_table(None, raw)
+        except LoadrError:
+            pass
+
+
 class _Dataset:
     """One dataset directory: its spec, its bags, and how to read a datapoint."""
 
@@ -433,13 +533,21 @@ class _Dataset:
     @classmethod
     def open(cls, path: str, files: Storage, cache_index: bool, cache_keys: Sequence[str],
              start: int) -> _Dataset:
+        if remote(files):
+            try:
+                files.list(path)        # every file's size and version in one round trip
+            except LoadrError:
+                pass                    # no listing: each file is asked on its own
         spec, spec_size = _read_spec(files, path)
         bags = {}
         for key in (REFS_KEY, *(k for k, _ in spec)):
             bag_path = os.path.join(path, f'{key}.bag')
             if not files.isfile(bag_path):
                 raise FormatError(f'missing bag file for key {key!r}', bag_path)
-            bags[key] = Bag(bag_path, files, cache_index, key in cache_keys)
+            # Behind a URL only refs.bag's header is read at open (it gives the length):
+            # the value bags' are read on first use, many at once (_read_headers).
+            bags[key] = Bag(bag_path, files, cache_index, key in cache_keys,
+                            lazy=key != REFS_KEY and remote(files))
         problem = _empty_refs_problem(bags)
         if problem:
             raise FormatError(problem, bags[REFS_KEY].path)
@@ -672,9 +780,11 @@ class BagReader(Reader):
             raise FormatError(fatal[0].message, fatal[0].path)
         self._shards: list[_Dataset] = []
         start = 0
-        for directory in dirs:
-            shard = _Dataset.open(directory, self._files, self.cache_index, self.cache_keys,
-                                  start)
+        # Behind a URL the shards open concurrently (their round trips wait together).
+        opened = open_each(self._files, lambda d: _Dataset.open(
+            d, self._files, self.cache_index, self.cache_keys, 0), dirs)
+        for directory, shard in zip(dirs, opened):
+            shard.start = start
             if self._shards and shard.spec_dict != self._shards[0].spec_dict:
                 raise FormatError(f'spec differs from the first shard\'s '
                                   f'{self._shards[0].spec_dict}', os.path.join(directory,
@@ -778,6 +888,8 @@ class BagReader(Reader):
         storage = self._files
         if getattr(storage, 'prefetch', None) is None:
             return
+        # The value bags' headers first (opened lazily), their tables with them.
+        _read_headers(storage, [b for shard in self._shards for b in shard.bags.values()])
         bags = [b for shard in self._shards for b in shard.bags.values()
                 if b is not None and b.cache_index and not b.cache_data
                 and b._table is None and b._len]
@@ -786,11 +898,16 @@ class BagReader(Reader):
             bag._load_table(None)
 
     def _values_ahead(self, located: list) -> None:
+        shards = {id(shard): shard for shard, _, _ in located}.values()
+        _read_headers(self._files, [b for shard in shards for b in shard.bags.values()])
         self._files.prefetch(self._value_ranges(located), cache_root=self.path)
 
     def _refs_ahead(self, indices: list[int]) -> list[tuple]:
         """Ask for the refs records of ``indices``; ``(shard, local, index)`` each."""
         located = [(*self._locate(index), index) for index in indices]
+        # The refs tables of shards not read yet in this process, all at once.
+        shards = {id(shard): shard for shard, _, _ in located}.values()
+        _read_tables(self._files, [shard.bags[REFS_KEY] for shard in shards])
         refs = []
         for shard, local, index in located:
             bag = shard.bags[REFS_KEY]

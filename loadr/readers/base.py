@@ -41,10 +41,49 @@ from ..errors import WriterError
 from ..storage import LocalStorage as Files
 from ..storage import read_error, storage_for
 
-__all__ = ['Reader', 'Writer', 'Files', 'Format', 'Problem', 'check_index', 'read_error']
+__all__ = ['Reader', 'Writer', 'Files', 'Format', 'Problem', 'check_index', 'read_error',
+           'open_each', 'remote']
 
 # Above this many files, identity() lists them by a hash of their names and sizes.
 IDENTITY_MAX_FILES = 16
+
+
+def remote(storage) -> bool:
+    """True for a storage whose every question is a round trip (a URL's, loadr.remote)."""
+    return getattr(storage, 'prefetch', None) is not None
+
+
+def open_each(storage, fn: Callable, items: Sequence) -> list:
+    """``[fn(item) for item in items]``; concurrently where ``storage`` is remote.
+
+    Opening a dataset of many files asks the server a few things per file:
+    one after the other, 1,000 shards behind a 20 ms round trip took minutes.
+    In threads, up to the storage's ``max_concurrency`` of them wait at
+    once. The failure of the first item in order is raised, as a loop would
+    (the items not started yet are dropped).
+
+    >>> open_each(Files(), len, ['ab', 'c'])
+    [2, 1]
+    """
+    if not remote(storage) or len(items) < 2:
+        return [fn(item) for item in items]
+    import concurrent.futures
+    import contextvars
+    threads = int(getattr(storage, 'settings', {}).get('max_concurrency') or 1)
+    pool = concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(items))),
+                                                 thread_name_prefix='loadr-open')
+    try:
+        # Each in a copy of the caller's context: the storage options in force
+        # (loadr.storage.using_storage_options) hold in the threads too.
+        futures = [pool.submit(contextvars.copy_context().run, fn, item) for item in items]
+        out = [f.result() for f in futures]
+    except BaseException:
+        # Not waiting for the opens under way (each may wait up to timeout_s): a failure
+        # or a Ctrl-C is the caller's at once; those threads end with their request.
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    return out
 
 
 def check_index(i: Any, n: int) -> int:

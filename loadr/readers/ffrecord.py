@@ -42,7 +42,8 @@ from ..errors import ChecksumError, ConfigError, DecodeError, FormatError, Loadr
     ReadError, SpecError, WriterError
 from ..digests import check_record
 from ..storage import Storage, storage_for
-from .base import Format, Plan, Problem, Reader, Source, Writer, _known, check_index, infer_types
+from .base import (Format, Plan, Problem, Reader, Source, Writer, _known, check_index,
+                   infer_types, open_each)
 
 try:
     # ISA-L's CRC-32 gives zlib's values ~6x faster (4 KiB: 0.22 us against 1.4 us), and
@@ -164,9 +165,12 @@ def _bad_offsets(n: int, offsets: np.ndarray, size: int) -> tuple[np.ndarray, li
 
 
 def _load_header(files: Storage, path: str, file_index: int, base: int,
-                 check_data: bool) -> _Header:
-    """Read and validate one file's header; raises FormatError or ChecksumError."""
-    meta_crc, n, crcs, offsets, size, covered = _read_table(files, path)
+                 check_data: bool, table: tuple | None = None) -> _Header:
+    """Read and validate one file's header; raises FormatError or ChecksumError.
+
+    ``table``: what :func:`_read_table` returned for it, read already.
+    """
+    meta_crc, n, crcs, offsets, size, covered = table or _read_table(files, path)
     if check_data:
         # The CRC guards the whole table, so a mismatch is the truest account
         # of a damaged header; check it before judging the offsets it covers.
@@ -346,8 +350,11 @@ class FFRecordReader(Reader):
         if headers is None:
             headers, base = [], 0
             expected = getattr(self, '_counts', None)
-            for k, path in enumerate(self.files):
-                h = _load_header(self._files, path, k, base, self.check_data)
+            # Behind a URL the files' tables are read concurrently (their round trips
+            # wait together), then checked in order as before.
+            tables = open_each(self._files, lambda p: _read_table(self._files, p), self.files)
+            for k, (path, table) in enumerate(zip(self.files, tables)):
+                h = _load_header(self._files, path, k, base, self.check_data, table)
                 if expected is not None and h.n != expected[k]:
                     raise FormatError(f'file changed since the reader was made: it held '
                                       f'{expected[k]} samples, now {h.n}', path)

@@ -51,7 +51,8 @@ from ..errors import (ConfigError, DecodeError, FormatError, LoadrError, UnsafeF
                       WriterError)
 from ..digests import check_record
 from ..storage import Storage, is_url, storage_for
-from .base import Format, Plan, Problem, Reader, Source, Writer, _known, check_index
+from .base import (Format, Plan, Problem, Reader, Source, Writer, _known, check_index,
+                   open_each)
 
 __all__ = ['GulpReader', 'GulpWriter', 'check', 'detect', 'FORMAT']
 
@@ -272,8 +273,9 @@ def _load_index(storage: Storage, path: str, allow_pickle: bool
         raise FormatError(problems[0][1], problems[0][0])
     videos: list[_Video] = []
     where: dict[str, int] = {}
-    for chunk in chunks:
-        raw = storage.read_all(chunk.meta_path)
+    # Behind a URL the chunks' metadata is read concurrently, then checked in order.
+    raws = open_each(storage, lambda c: storage.read_all(c.meta_path), chunks)
+    for chunk, raw in zip(chunks, raws):
         table = _parse_gmeta(raw, chunk.meta_path, allow_pickle)
         gulp_size = storage.size(chunk.data_path)
         chunk.meta_size, chunk.data_size = len(raw), gulp_size

@@ -8,6 +8,7 @@ import logging
 import os
 import pickle
 import re
+import shutil
 import zlib
 
 import numpy as np
@@ -15,13 +16,14 @@ import pytest
 
 import loadr
 from loadr.cache import DEFAULT_CAP
-from loadr.errors import ConfigError
+from loadr.errors import ConfigError, ReadError
 from loadr.storage import using_storage_options
 
 from ..loader_helpers import stream_digests
 from ..test_cache import mounts  # noqa: F401 - a fixture: tmpfs mounts, unmounted at the end
 from ..test_loader_readers import PIPELINES
 from .proxy import Proxy
+from .servers import s3_client, upload
 from .test_remote_readers import _remote_pipeline
 
 pytestmark = pytest.mark.timeout(120)
@@ -218,8 +220,10 @@ def test_each_source_of_a_mix_keeps_its_cache(nginx, served_root, tmp_path):
             folders = os.listdir(tmp_path / f'cache{workers}')
             assert len(folders) == 2 and all(
                 _entries_bytes(tmp_path / f'cache{workers}' / f) > 0 for f in folders), folders
-            # The records came from the cache (a few small ranges are not cached).
-            assert fetched[1] < fetched[0] // 10, (workers, fetched)
+            # The records came from the cache. What is fetched again is not cached by
+            # design: a few small ranges, and the bag shards' headers, which a reader behind
+            # a URL reads at their first use (some 16 KiB a shard), not at the open.
+            assert fetched[1] < fetched[0] // 3, (workers, fetched)
 
 
 def test_a_cache_dir_alone_gets_a_share_of_the_free_disk(nginx, served_root, tmp_path):
@@ -348,3 +352,140 @@ def test_a_full_cache_disk_gives_the_same_batches_and_one_warning(
             assert all('No space left on device' in line and 'uncached' in line
                        for line in lines)
     assert _entries(cache_dir)
+
+
+# -- a dataset replaced at its URL (issue 20, item 2) ----------------------------------
+
+N_REPLACED = 24
+
+
+def _write_version(path, version: int) -> None:
+    """A sharded bag whose values depend on ``version``: every file the same size in each."""
+    from loadr.readers.bag import BagWriter
+    with BagWriter(path, {'v': 'bytes', 'n': 'int'}, shardlen=8) as w:
+        for i in range(N_REPLACED):
+            w.append({'v': bytes([version]) * 40 + i.to_bytes(4, 'little'), 'n': 1000 + i})
+
+
+def _replace_over(target, source, later_s: float) -> None:
+    """Every file of ``source`` renamed over its twin in ``target`` (as a sync tool does),
+    its mtime ``later_s`` on: nginx's version of a file is its mtime (seconds) and size."""
+    for folder, _, names in os.walk(source):
+        for name in names:
+            new = os.path.join(folder, name)
+            old = os.path.join(target, os.path.relpath(new, source))
+            assert os.path.getsize(new) == os.path.getsize(old)
+            stamp = os.stat(old).st_mtime + later_s
+            os.utime(new, (stamp, stamp))
+            os.replace(new, old)
+
+
+@pytest.fixture(params=['http', 's3'])
+def replaceable(request, served_root, tmp_path):
+    """(URL, storage_options, replace()) of a dataset in version 1; replace() puts version 2
+    at the same URL. Versions 1 and 2 are also at tmp_path/v1 and tmp_path/v2."""
+    name = f'replaced-{request.param}-{os.getpid()}-{request.node.name[:40]}'
+    for v in (1, 2):
+        _write_version(tmp_path / f'v{v}', v)
+    if request.param == 'http':
+        web = request.getfixturevalue('nginx')
+        shutil.copytree(tmp_path / 'v1', served_root / name)
+        staged = tmp_path / 'staged'
+        yield (f'{web.url}/{name}', {},
+               lambda: (shutil.copytree(tmp_path / 'v2', staged),
+                        _replace_over(served_root / name, staged, later_s=5)))
+        shutil.rmtree(served_root / name, ignore_errors=True)
+    else:
+        s3 = request.getfixturevalue('moto')
+        upload(s3.url, 'fixtures', tmp_path / 'v1', name)
+        yield (f's3://fixtures/{name}', {'endpoint_url': s3.url},
+               lambda: upload(s3.url, 'fixtures', tmp_path / 'v2', name))
+
+
+def _all(reader) -> list:
+    with loadr.Loader(reader, batch=BATCH, seed=3, workers=0) as loader:
+        return stream_digests(loader, N_REPLACED // BATCH)
+
+
+def test_a_dataset_replaced_between_runs_is_read_anew_never_from_the_cache(replaceable,
+                                                                           tmp_path):
+    url, options, replace = replaceable
+    expected = {v: _all(loadr.open(tmp_path / f'v{v}')) for v in (1, 2)}
+    assert expected[1] != expected[2]
+    cache = {'cache_dir': str(tmp_path / 'cache'), 'cache_bytes': 1 << 20}
+    first = loadr.open(url, storage_options=options, **cache)
+    assert _all(first) == expected[1]
+    assert _entries_bytes(tmp_path / 'cache') > 0         # the whole of version 1 is cached
+    replace()
+    # A new run: a new open, the same URL and cache_dir.
+    second = loadr.open(url, storage_options=options, **cache)
+    assert _all(second) == expected[2]
+    assert _all(loadr.open(url, storage_options=options, **cache)) == expected[2]
+
+
+def test_a_dataset_replaced_during_a_run_is_an_error_naming_the_url(replaceable, tmp_path):
+    url, options, replace = replaceable
+    reader = loadr.open(url, storage_options=options)
+    batched = loadr.open(url, storage_options=options)
+    local = loadr.open(tmp_path / 'v1')
+    for i in range(4):                      # some records of version 1 are read...
+        assert reader[i] == local[i] and batched[i] == local[i]
+    replace()
+    with pytest.raises(ReadError, match='changed since the reader was made') as err:
+        for i in range(4, N_REPLACED):      # ... and none of version 2 after them
+            assert reader[i] == local[i]
+    assert str(err.value).startswith(url + '/'), err.value
+    # Many ranges of a file in one request (HTTP multi-range), and read ahead: the same.
+    with pytest.raises(ReadError, match='changed since the reader was made') as err:
+        batched.read_batch(range(4, N_REPLACED))
+    assert str(err.value).startswith(url + '/'), err.value
+    # Through a loader's workers: a loadr error naming the URL, never a batch of version 2.
+    with pytest.raises(loadr.LoadrError, match='changed since the reader was made') as err:
+        with loadr.Loader(loadr.open(tmp_path / 'v1'), batch=BATCH, seed=3, workers=0) as old:
+            expected = stream_digests(old, N_REPLACED // BATCH)
+        with loadr.Loader(batched, batch=BATCH, seed=3, workers=2) as loader:
+            assert stream_digests(loader, N_REPLACED // BATCH) == expected
+    assert url + '/' in str(err.value), err.value
+    # Opened again, the reader reads the new version.
+    again = loadr.open(url, storage_options=options)
+    new = loadr.open(tmp_path / 'v2')
+    assert [again[i] for i in range(N_REPLACED)] == [new[i] for i in range(N_REPLACED)]
+
+
+@pytest.mark.parametrize('protocol', ['http', 's3'])
+def test_a_single_file_replaced_during_a_run_is_an_error(protocol, served_root, tmp_path,
+                                                         request):
+    """A file opened by itself (its version from a HEAD: nginx's ETag, S3's), not listed."""
+    from loadr.writers import FFRecordWriter
+    for v in (1, 2):
+        with FFRecordWriter(tmp_path / f'v{v}.ffr', n=8) as w:
+            for i in range(8):
+                w.write_one(bytes([v]) * 32)
+    name = f'single-{protocol}-{os.getpid()}.ffr'
+    if protocol == 'http':
+        url, options = f"{request.getfixturevalue('nginx').url}/{name}", {}
+        shutil.copy(tmp_path / 'v1.ffr', served_root / name)
+
+        def replace():
+            stamp = os.stat(served_root / name).st_mtime + 5
+            os.utime(tmp_path / 'v2.ffr', (stamp, stamp))
+            os.replace(tmp_path / 'v2.ffr', served_root / name)
+    else:
+        s3 = request.getfixturevalue('moto')
+        url, options = f's3://fixtures/{name}', {'endpoint_url': s3.url}
+        s3_client(s3.url).put_object(Bucket='fixtures', Key=name,
+                                     Body=(tmp_path / 'v1.ffr').read_bytes())
+
+        def replace():
+            s3_client(s3.url).put_object(Bucket='fixtures', Key=name,
+                                         Body=(tmp_path / 'v2.ffr').read_bytes())
+    try:
+        reader = loadr.open(url, storage_options=options)
+        assert reader.read_one(0) == bytes([1]) * 32
+        replace()
+        with pytest.raises(ReadError, match='changed since the reader was made') as err:
+            reader.read_one(5)
+        assert err.value.path == url
+        assert loadr.open(url, storage_options=options).read_one(5) == bytes([2]) * 32
+    finally:
+        (served_root / name).unlink(missing_ok=True)

@@ -83,6 +83,72 @@ def test_cli_errors_are_one_line(moto, capsys):
 def test_cli_takes_the_endpoint_from_the_environment(moto, monkeypatch, capsys):
     """AWS_ENDPOINT_URL (the standard variable, read by botocore) with no option at all."""
     monkeypatch.setenv('AWS_ENDPOINT_URL', moto.url)
-    monkeypatch.setattr(loadr.remote, '_shared', {})     # a storage made before saw no variable
     assert main(['inspect', 's3://fixtures/ffrecord/single.ffr', '--json']) == 0
     assert json.loads(capsys.readouterr().out)['format'] == 'ffrecord'
+
+
+def test_cli_inspect_of_a_url_reports_the_size_and_files_read(nginx, served_root, capsys):
+    identity = loadr.open(served_root / 'bag_sharded').identity()
+    size, count = identity.get('bytes'), identity.get('file_count')
+    if 'files' in identity:
+        size, count = sum(identity['files'].values()), len(identity['files'])
+    assert main(['inspect', f'{nginx.url}/bag_sharded', '--json']) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown['size_bytes'], shown['files']) == (size, count) and count > 1
+    assert main(['inspect', f'{nginx.url}/ffrecord/single.ffr']) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "in 1 file(s)" in first and ' 0 B ' not in first, first
+
+
+def _mix_yaml(tmp_path, sources: dict):
+    config = tmp_path / 'mix.yaml'
+    config.write_text(json.dumps({'reader': {'mix': sources}}))
+    return str(config)
+
+
+def test_storage_option_is_merged_with_the_cache_settings_of_a_yaml_reader(moto, tmp_path,
+                                                                           capsys):
+    config = _mix_yaml(tmp_path, {
+        'a': {'path': 's3://fixtures/bag', 'weight': 1, 'cache_dir': str(tmp_path / 'c'),
+              'cache_bytes': 10_000},
+        'b': {'path': 's3://fixtures/gulp', 'weight': 1,
+              'storage_options': {'loadr': {'timeout_s': 30}}}})
+    opt = ['--storage-option', f'endpoint_url={moto.url}', '--storage-option', 'loadr.retries=0']
+    assert main(['inspect', config, *opt]) == 0, capsys.readouterr().err
+    # Inside the same options, the reader of source a keeps the endpoint and the cache.
+    with loadr.storage.using_storage_options({'endpoint_url': moto.url}):
+        with loadr.pipeline({'reader': {'path': 's3://fixtures/bag', 'cache_dir':
+                                        str(tmp_path / 'c'), 'cache_bytes': 10_000},
+                             'loader': {'batch': 2, 'workers': 0}}) as loader:
+            storage = loader.reader._files
+    assert storage.options['endpoint_url'] == moto.url
+    assert storage.settings['cache_bytes'] == 10_000
+    # A reader's own storage_options are merged with them too, its own winning.
+    with loadr.storage.using_storage_options({'endpoint_url': moto.url,
+                                              'loadr': {'retries': 1, 'timeout_s': 9}}):
+        reader = loadr.open('s3://fixtures/gulp', storage_options={'loadr': {'timeout_s': 30}})
+    assert reader._files.options['endpoint_url'] == moto.url
+    assert (reader._files.settings['retries'], reader._files.settings['timeout_s']) == (1, 30)
+
+
+def test_an_unreachable_server_is_not_reported_as_missing(moto, capsys):
+    from .servers import free_port
+    dead = f'http://127.0.0.1:{free_port()}'
+    quick = {'retries': 1, 'backoff_s': 0.01, 'timeout_s': 5}
+    for url, options in [('s3://fixtures/bag', {'endpoint_url': dead, 'loadr': quick}),
+                         (f'{dead}/bag', {'loadr': quick})]:
+        with pytest.raises(loadr.errors.ConfigError) as err:
+            loadr.pipeline({**PIPELINE, 'reader': {'path': url, 'storage_options': options}})
+        text = str(err.value)
+        assert 'cannot be reached' in text and 'does not exist' not in text, text
+        assert 'Connect' in text, text                  # the cause: connection refused
+        if url.startswith('s3'):
+            continue                    # botocore takes ~2 s to give up: once is enough
+        with pytest.raises(loadr.errors.ReadError, match='cannot be reached.*Connect'):
+            with loadr.storage.using_storage_options(options):
+                loadr.open(url)
+        report = loadr.check(url, storage_options=options)
+        assert not report.ok and 'cannot be reached' in report.problems[0].message
+    assert main(['inspect', f'{dead}/bag', '--storage-option', 'loadr.retries=0']) == 1
+    line = capsys.readouterr().err.strip()
+    assert 'no such' not in line and 'Connect' in line, line

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import shutil
 import struct
 
@@ -10,6 +12,7 @@ import pytest
 
 import loadr
 import loadr.convert
+from loadr.errors import FormatError
 from loadr.readers import BagReader, FFRecordReader, GulpReader
 from loadr.storage import using_storage_options
 
@@ -397,3 +400,132 @@ def test_one_unreadable_bag_value_fails_alone_for_any_worker_count(nginx, served
                 assert info.value.index == bad
             else:
                 assert_equal(reader[i], here[i], f'bag[{i}]')
+
+
+# Datasets of many files: opened concurrently (issue 20, item 23)
+
+MANY = 24
+
+
+def _many_files(root, jpeg: bytes):
+    """A bag of MANY shards, an FFRecord directory of MANY files, a gulp of MANY chunks."""
+    from loadr.writers import BagWriter, FFRecordWriter, GulpWriter
+    with BagWriter(root / 'bag', {'blob': 'bytes', 'label': 'int'}, shardlen=2) as w:
+        for i in range(2 * MANY):
+            w.append({'blob': i.to_bytes(4, 'little') * 8, 'label': i})
+    (root / 'ffr').mkdir()
+    for k in range(MANY):
+        with FFRecordWriter(root / 'ffr' / f'{k:03}.ffr', n=2) as w:
+            w.append({'k': k, 'j': 0})
+            w.append({'k': k, 'j': 1})
+    with GulpWriter(root / 'gulp', videos_per_chunk=1) as w:
+        for i in range(MANY):
+            w.append(f'clip{i}', {'label': i}, [jpeg])
+
+
+def test_many_files_open_concurrently_and_read_as_locally(nginx, served_root):
+    name = f'many-{os.getpid()}'
+    jpeg = (served_root / 'gulp').rglob('*.gulp').__next__().read_bytes()
+    start = jpeg.index(b'\xff\xd8')
+    _many_files(served_root / name, jpeg[start:jpeg.index(b'\xff\xd9', start) + 2])
+    try:
+        with Proxy(nginx.url) as proxy:
+            for rel, kw in [('bag', {}), ('ffr', {'decode': 'msgpack'}), ('gulp', {})]:
+                local = loadr.open(served_root / name / rel, **kw)
+                proxy.reset_stats()
+                proxy.delay_s = 0.02            # a far server, while the dataset opens
+                there = loadr.open(f'{proxy.url}/{name}/{rel}', **kw)
+                proxy.delay_s = 0.0
+                # The open's round trips went out together, not one after the other.
+                assert proxy.stats['max_in_flight'] > 1, (rel, proxy.stats)
+                assert len(there) == len(local) and there.identity() == local.identity(), rel
+                for workers in (0, 2):
+                    got = []
+                    for r in (local, there):
+                        with loadr.Loader(r, batch=4, seed=1, workers=workers) as loader:
+                            got.append(stream_digests(loader, len(local) // 4))
+                    assert got[0] == got[1], (rel, workers)
+    finally:
+        shutil.rmtree(served_root / name, ignore_errors=True)
+
+
+def test_a_broken_value_bag_behind_a_url_is_named_at_its_first_use(nginx, served_root):
+    """The value bags' headers are read on first use behind a URL: what is wrong with one
+    is still a FormatError naming it (at open locally)."""
+    name = f'broken-{os.getpid()}'
+    shutil.copytree(served_root / 'bag', served_root / name)
+    try:
+        spec = json.loads((served_root / name / 'spec.json').read_text())
+        key = sorted(spec)[0]
+        with open(served_root / name / f'{key}.bag', 'r+b') as f:
+            f.truncate(5)
+        with pytest.raises(FormatError, match='holds 0 or at least 8 bytes') as err:
+            loadr.open(served_root / name)
+        assert err.value.path.endswith(f'{key}.bag')
+        for ahead in (False, True):
+            with pytest.raises(FormatError, match='holds 0 or at least 8 bytes') as err:
+                reader = loadr.open(f'{nginx.url}/{name}')
+                if ahead:
+                    reader.prefetch(range(len(reader)))
+                reader[0]
+            assert err.value.path == f'{nginx.url}/{name}/{key}.bag'
+    finally:
+        shutil.rmtree(served_root / name, ignore_errors=True)
+
+
+def test_a_bad_value_table_behind_a_url_names_the_datapoint_as_locally(nginx, served_root):
+    """A value bag's table that came with its header (read on first use) is checked
+    where the local read checks it: the same error, naming the same datapoint."""
+    name = f'bad-table-{os.getpid()}'
+    shutil.copytree(served_root / 'bag', served_root / name)
+    try:
+        spec = json.loads((served_root / name / 'spec.json').read_text())
+        key = sorted(spec)[0]
+        path = served_root / name / f'{key}.bag'
+        start = _table_offset(path)
+        with open(path, 'r+b') as f:          # record 1 ends before record 0 does
+            f.seek(start)
+            first, second = struct.unpack('<QQ', f.read(16))
+            f.seek(start)
+            f.write(struct.pack('<QQ', second, first))
+        here = loadr.open(served_root / name)
+        for ahead in (False, True):
+            there = loadr.open(f'{nginx.url}/{name}')
+            if ahead:
+                there.prefetch(range(len(there)))
+            failed = 0
+            for i in range(len(here)):
+                errors = []
+                for reader in (here, there):
+                    try:
+                        reader[i]
+                        errors.append(None)
+                    except FormatError as exc:
+                        errors.append((exc.message, exc.index, exc.path.rpartition('/')[2]))
+                assert errors[0] == errors[1], (i, ahead, errors)
+                failed += errors[0] is not None
+            assert failed, 'the damaged table failed no datapoint'
+    finally:
+        shutil.rmtree(served_root / name, ignore_errors=True)
+
+
+def test_of_shards_opened_together_the_first_broken_one_is_named(nginx, served_root):
+    """As a loop over the shards would: the error of the first broken shard, whatever
+    order the concurrent opens end in."""
+    from loadr.writers import BagWriter
+    name = f'first-broken-{os.getpid()}'
+    with BagWriter(served_root / name, {'label': 'int'}, shardlen=1) as w:
+        for i in range(12):
+            w.append({'label': i})
+    try:
+        for shard in ('000009', '000003'):
+            (served_root / name / shard / 'spec.json').write_text('{"label": ')
+        with pytest.raises(FormatError, match='not valid JSON') as here:
+            loadr.open(served_root / name)
+        assert '000003' in here.value.path
+        for _ in range(3):
+            with pytest.raises(FormatError, match='not valid JSON') as there:
+                loadr.open(f'{nginx.url}/{name}')
+            assert there.value.path == f'{nginx.url}/{name}/000003/spec.json'
+    finally:
+        shutil.rmtree(served_root / name, ignore_errors=True)
