@@ -1,0 +1,372 @@
+"""Reading WebDataset shards at random, in place.
+
+``WebDatasetReader('shards/train-{000000..000999}.tar')`` (or a directory of
+``.tar`` files, a glob, a list, one tar; local paths and URLs) reads every
+sample of every shard, shard after shard, through the member index of
+:mod:`.index`: from the sidecar beside each tar when there is a good one,
+else built by one pass over the tar's headers (and written beside it when
+the tar is local and the directory writable; otherwise kept in memory and
+shipped to the workers with the reader).
+
+A datapoint is a dict: ``'__key__'`` (the sample's key) and one entry per
+member by extension, decoded as ``webdataset``'s default decoders decode
+the safe types (:data:`DECODERS`): ``txt``/``text``/``transcript`` → str,
+``cls``/``cls2``/``index``/``inx``/``id`` → int, ``json``/``jsn`` → object,
+``mp``/``msg`` → msgpack object, ``npy``/``npz`` → arrays (never pickled
+objects). Everything else stays bytes: images for ``decode_jpeg`` and the
+other image fns, and ``pyd``/``pickle``/``pkl`` members unless
+``allow_pickle=True`` (unpickling runs code: trusted files only).
+
+One sample is one read: its members lie one after the other in the tar, so
+the bytes from its first member to its last come in one pread (or one
+range request).
+
+Example::
+
+    r = WebDatasetReader('shards/train-{000000..000009}.tar')
+    r[0]            # {'__key__': '000000', 'jpg': b'\\xff\\xd8...', 'cls': 3}
+    r[0, {'cls': True}]    # reads the cls member only
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import json
+import logging
+import os
+import pickle
+
+import msgpack
+import numpy as np
+
+from ...errors import ConfigError, DecodeError, FormatError, LoadrError, SpecError
+from ...storage import is_url, storage_for
+from ..base import Reader, Source, _known, check_index, value_type
+from ..patterns import common_root, expand, is_pattern
+from .index import (SIDECAR_SUFFIX, TarIndex, compressed_error, compressed_kind,
+                    load_sidecar, scan, sidecar_bytes)
+
+__all__ = ['WebDatasetReader', 'DECODERS', 'PICKLED', 'list_shards', 'decode_member',
+           'index_shard']
+
+log = logging.getLogger('loadr')
+
+KEY = '__key__'
+SUFFIXES = ('.tar',)
+COMPRESSED_SUFFIXES = ('.tar.gz', '.tgz', '.tar.bz2', '.tar.xz', '.tar.zst')
+
+
+def _int(data: bytes) -> int:
+    return int(data)
+
+
+def _text(data: bytes) -> str:
+    return data.decode('utf-8')
+
+
+def _npy(data: bytes):
+    return np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+
+
+def _npz(data: bytes) -> dict:
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+# webdataset's default decoders (autodecode.decoders) for the types that run no code.
+DECODERS = {
+    'txt': _text, 'text': _text, 'transcript': _text,
+    'cls': _int, 'cls2': _int, 'index': _int, 'inx': _int, 'id': _int,
+    'json': json.loads, 'jsn': json.loads,
+    'mp': msgpack.unpackb, 'msg': msgpack.unpackb,
+    'npy': _npy, 'npz': _npz,
+}
+PICKLED = ('pyd', 'pickle', 'pkl')
+
+
+def decode_member(ext: str, data: bytes, allow_pickle: bool = False):
+    """The value of a member with extension ``ext`` (by its last part, as webdataset does).
+
+    >>> decode_member('cls', b'7'), decode_member('seg.txt', b'hi'), decode_member('jpg', b'x')
+    (7, 'hi', b'x')
+    """
+    last = ext.rsplit('.', 1)[-1]
+    decoder = DECODERS.get(last)
+    if decoder is not None:
+        return decoder(data)
+    if last in PICKLED and allow_pickle:
+        return pickle.loads(data)           # asked for by name: trusted files only
+    return data
+
+
+def list_shards(path, storage_options: dict | None = None) -> tuple[str, list[str]]:
+    """``(root, tars)``: the tars ``path`` names (pattern, list, directory or one tar).
+
+    ``root`` is the directory the dataset's files are named relative to.
+    """
+    if is_pattern(path):
+        files = expand(path, storage_options)
+        return common_root(files), files
+    path = os.fspath(path)
+    storage = storage_for(path, storage_options)
+    if storage.isdir(path):
+        try:
+            names = storage.list(path)
+        except LoadrError as exc:
+            raise FormatError(f'cannot list directory: {exc.message}', path) from exc
+        tars = [f'{path.rstrip("/")}/{n}' for n in names
+                if n.endswith(SUFFIXES + COMPRESSED_SUFFIXES) and not n.startswith('.')]
+        if not tars:
+            raise FormatError('directory holds no .tar files', path)
+        return path, tars
+    return os.path.dirname(path) or '.', [path]
+
+
+def index_shard(storage, tar: str, write: bool | str = 'local', progress=None) -> TarIndex:
+    """The index of one tar: its sidecar if good, else a scan (written as a sidecar when
+    ``write`` is True, or ``'local'`` and the tar is a local file; silently kept in memory
+    where that fails)."""
+    if tar.endswith(COMPRESSED_SUFFIXES):
+        raise compressed_error(compressed_kind(storage.read(tar, 0, min(8, storage.size(
+            tar)))) or 'gzip', tar)
+    size = storage.size(tar)
+    index = load_sidecar(storage, tar, size)
+    if index is not None and not is_url(tar) and _older(tar + SIDECAR_SUFFIX, tar):
+        index = None                        # the tar was written again after its sidecar
+    if index is not None:
+        return index
+    index = scan(storage, tar, progress=progress)
+    if write is True or (write == 'local' and not is_url(tar)):
+        try:
+            with storage.open_write(tar + SIDECAR_SUFFIX) as f:
+                f.write(sidecar_bytes(index))
+                f.commit()
+            index.sidecar = True
+        except (LoadrError, OSError) as exc:
+            log.info('%s: index kept in memory, not written beside the tar (%s)', tar, exc)
+    return index
+
+
+def _older(a: str, b: str) -> bool:
+    try:
+        return os.stat(a).st_mtime_ns < os.stat(b).st_mtime_ns
+    except OSError:
+        return False
+
+
+class _Shard:
+    """One tar of the reader: its path, first global index, and its index (per process)."""
+
+    __slots__ = ('path', 'base', 'count', 'index', 'shipped')
+
+    def __init__(self, path: str, base: int, index: TarIndex, shipped: bool):
+        self.path, self.base, self.count = path, base, index.samples
+        self.index, self.shipped = index, shipped
+
+    def __getstate__(self):
+        # An index read from a sidecar is read again where it is needed (each process
+        # reads only the shards it touches); one built in memory travels with the reader.
+        return (self.path, self.base, self.count, self.index if self.shipped else None,
+                self.shipped)
+
+    def __setstate__(self, state):
+        self.path, self.base, self.count, self.index, self.shipped = state
+
+
+class WebDatasetReader(Reader):
+    """WebDataset ``.tar`` shards as one random-access dataset; see the module docstring.
+
+    ``allow_pickle`` unpickles ``pyd``/``pickle``/``pkl`` members (trusted
+    files only); ``decode=False`` leaves every member as its bytes;
+    ``write_index`` writes the index of a tar without a sidecar beside it
+    (``'local'``, the default: local tars only; True: URLs too; False:
+    never). ``storage_options`` go to the storage of URLs.
+    """
+
+    format_name = 'webdataset'
+
+    def __init__(self, path, allow_pickle: bool = False, decode: bool = True,
+                 write_index: bool | str = 'local', storage_options: dict | None = None):
+        if write_index not in (True, False, 'local'):
+            raise ConfigError(f"write_index must be True, False or 'local', not {write_index!r}")
+        self.allow_pickle = bool(allow_pickle)
+        self.decode = bool(decode)
+        self._storage_options = storage_options
+        root, tars = list_shards(path, storage_options)
+        self.path = root if is_pattern(path) else os.fspath(path)
+        self._root = root
+        self.pattern = path if isinstance(path, str) else list(path)
+        self._files = storage_for(tars[0], storage_options)
+        self._shards: list[_Shard] = []
+        base = 0
+        for tar in tars:
+            try:
+                index = index_shard(self._files, tar, write_index)
+            except FormatError as exc:
+                raise exc if exc.path else FormatError(exc.message, tar) from exc
+            self._shards.append(_Shard(tar, base, index, not index.sidecar))
+            base += index.samples
+        self._n = base
+        self._starts = [s.base for s in self._shards]
+        self._spec = None
+
+    # -- the shards ------------------------------------------------------------------
+
+    @property
+    def files(self) -> list[str]:
+        """The tars, in index order."""
+        return [s.path for s in self._shards]
+
+    def _index(self, shard: _Shard) -> TarIndex:
+        index = shard.index
+        if index is None:
+            size = self._files.size(shard.path)
+            index = load_sidecar(self._files, shard.path, size)
+            if index is None:
+                index = scan(self._files, shard.path)
+            if index.samples != shard.count:
+                raise FormatError(f'file changed since the reader was made: it held '
+                                  f'{shard.count} samples, now {index.samples}', shard.path)
+            shard.index = index
+        return index
+
+    def _locate(self, i: int) -> tuple[_Shard, int]:
+        shard = self._shards[bisect.bisect_right(self._starts, i) - 1]
+        return shard, i - shard.base
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _identity_files(self) -> dict[str, int]:
+        return {s.path: self._index(s).tar_size if s.index is not None else
+                self._files.size(s.path) for s in self._shards}
+
+    def identity(self) -> dict:
+        """As :meth:`Reader.identity`, with names relative to the folder holding the tars."""
+        out = super().identity() if not is_pattern(self.pattern) else None
+        if out is not None:
+            return out
+        from ..base import IDENTITY_MAX_FILES
+        import hashlib
+        root = self._root.rstrip('/') + '/'
+        files = {p[len(root):] if p.startswith(root) else p: int(size)
+                 for p, size in sorted(self._identity_files().items())}
+        out = {'format': self.format_name, 'datapoints': len(self)}
+        if len(files) <= IDENTITY_MAX_FILES:
+            out['files'] = files
+        else:
+            listing = json.dumps(sorted(files.items()), separators=(',', ':')).encode()
+            out.update(file_count=len(files), bytes=sum(files.values()),
+                       files_sha256=hashlib.sha256(listing).hexdigest())
+        return out
+
+    # -- reading ---------------------------------------------------------------------
+
+    def _decoded(self, shard: _Shard, local: int, i: int, name: str, ext: str, data: bytes):
+        if not self.decode:
+            return data
+        try:
+            return decode_member(ext, data, self.allow_pickle)
+        except Exception as exc:    # noqa: BLE001 - any decoder's failure is this member's
+            raise DecodeError(f'member {name!r} (sample {local} of this tar) does not decode '
+                              f'as {ext.rsplit(".", 1)[-1]}: {type(exc).__name__}: {exc}',
+                              shard.path, i) from exc
+
+    def _sample(self, shard: _Shard, local: int, i: int, data: bytes, start: int,
+                wanted=None) -> dict:
+        index = self._index(shard)
+        key = index.key(local)
+        out = {KEY: key}
+        view = memoryview(data)
+        for m in index.member_range(local):
+            ext = index.exts[index.ext[m]]
+            if wanted is not None and ext not in wanted:
+                continue
+            a = int(index.offset[m]) - start
+            value = bytes(view[a:a + int(index.size[m])])
+            out[ext] = self._decoded(shard, local, i, f'{key}.{ext}', ext, value)
+        return out
+
+    def _range(self, i: int) -> tuple[_Shard, int, int, int]:
+        shard, local = self._locate(i)
+        start, end = self._index(shard).span(local)
+        return shard, local, start, end
+
+    def _get(self, index: int, mask: dict | None) -> dict:
+        if mask is None:
+            shard, local, start, end = self._range(index)
+            data = self._files.read(shard.path, start, end - start, index)
+            return self._sample(shard, local, index, data, start)
+        shard, local = self._locate(index)
+        tar = self._index(shard)
+        have = {tar.exts[tar.ext[m]]: m for m in tar.member_range(local)}
+        wanted = set()
+        for key, want in mask.items():
+            if want is False:
+                continue
+            if want is not True:
+                raise TypeError(f'mask value for {key!r} must be True or False; WebDataset '
+                                f'samples have no sequence keys')
+            if key != KEY and key not in have:
+                raise SpecError(f'sample {tar.key(local)!r} has no member {key!r} (it has '
+                                f'{sorted(have)})', shard.path, index)
+            wanted.add(key)
+        out = {}
+        if KEY in wanted:
+            out[KEY] = tar.key(local)
+        members = sorted(have[k] for k in wanted if k != KEY)
+        if members:
+            start = int(tar.offset[members[0]])
+            end = int(tar.offset[members[-1]] + tar.size[members[-1]])
+            data = self._files.read(shard.path, start, end - start, index)
+            got = self._sample(shard, local, index, data, start, wanted)
+            got.pop(KEY)
+            out.update(got)
+        return out
+
+    def read_batch(self, indices) -> list[dict]:
+        """The samples of ``indices``, one range each, read together (concurrently for URLs)."""
+        wanted = [check_index(i, self._n) for i in indices]
+        located = [self._range(i) for i in wanted]
+        datas = self._files.read_many([(s.path, a, b - a, i)
+                                       for (s, _, a, b), i in zip(located, wanted)])
+        return [self._sample(s, local, i, data, a)
+                for (s, local, a, _), i, data in zip(located, wanted, datas)]
+
+    def _ranges(self, indices: list[int]) -> list[tuple]:
+        out = []
+        for i in indices:
+            shard, _, start, end = self._range(i)
+            if end > start:
+                out.append((shard.path, start, end - start, i))
+        return out
+
+    def available(self, index: int) -> dict:
+        """``{key: True}`` for ``'__key__'`` and each member of sample ``index``; reads nothing
+        but the index."""
+        shard, local = self._locate(check_index(index, self._n))
+        tar = self._index(shard)
+        return {KEY: True, **{tar.exts[tar.ext[m]]: True for m in tar.member_range(local)}}
+
+    @property
+    def spec(self) -> dict:
+        """``{key: bag type}`` of sample 0's values (what ``loadr convert`` would store)."""
+        if self._spec is None:
+            self._spec = {} if not self._n else {
+                k: value_type(v) for k, v in self._get(0, None).items()}
+        return self._spec
+
+    def details(self) -> dict:
+        return {'shards': len(self._shards),
+                'extensions': sorted({e for s in self._shards for e in self._index(s).exts})}
+
+    @classmethod
+    def source(cls, path, **options) -> Source:
+        """The shards for copying: members decoded by type (images stay bytes), typed over all."""
+        from ..base import infer_types
+        reader = cls(path, **_known(cls, options))
+        return Source(str(path), cls.format_name, reader, infer_types(reader))
+
+    def __repr__(self) -> str:
+        return f'WebDatasetReader({self.pattern!r}, {len(self._shards)} shards, {self._n} samples)'
