@@ -21,7 +21,7 @@ from ...storage import storage_for
 from ..base import Format, Problem
 from ..patterns import expand, is_pattern
 from .index import SIDECAR_SUFFIX, TarIndex, parse_sidecar, scan
-from .reader import (COMPRESSED_SUFFIXES, KEY, SUFFIXES, WebDatasetReader, decode_member,
+from .reader import (COMPRESSED_SUFFIXES, SUFFIXES, WebDatasetReader, decode_member,
                      index_shard, list_shards)
 from .writer import WebDatasetWriter
 
@@ -74,7 +74,8 @@ def build_index(path, write: bool | str = True, progress=None) -> list[tuple[str
                 progress(done + at, total)
         out.append((tar, index_shard(storage, tar, write, progress=step)))
         done += size
-        step(0)
+        if progress is not None:
+            progress(done, total)
     return out
 
 

@@ -299,6 +299,9 @@ def scan(storage, path: str, window: int | None = None, progress=None) -> TarInd
         ext_ids.append(exts.setdefault(ext, len(exts)))
         if progress is not None and member % 256 == 0:
             progress(pos)
+    if pos + BLOCK > size and pos < size and blocks.get(pos, size - pos).strip(b'\0'):
+        raise FormatError(f'the tar is truncated: it ends at byte {size}, inside the header '
+                          f'of member {member}', path)
     if progress is not None:
         progress(size)
     firsts.append(len(offsets))
