@@ -269,3 +269,14 @@ def test_samples_never_span_tars_and_empty_tars_are_fine(tmp_path):
     shutil.copy(write_shards(tmp_path / 'src', shards=1, per=2)[0], root / 'b.tar')
     r = loadr.open(root)
     assert len(r) == 2 and r[1]['__key__'] == '000001'
+
+
+def test_a_sidecar_of_another_tar_is_caught_at_the_first_read(shards):
+    loadr.open(shards)
+    a, b = (str(shards / f'train-00000{k}.tar{SIDECAR_SUFFIX}') for k in (0, 1))
+    shutil.copy(b, a)                           # same size tars: the size cannot tell
+    r = loadr.open(shards / 'train-000000.tar')
+    with pytest.raises(FormatError, match='does not match the tar') as err:
+        r[2]
+    assert err.value.index == 2 and err.value.path.endswith('train-000000.tar')
+    assert any(SIDECAR_SUFFIX in p.path for p in check(shards))

@@ -124,8 +124,6 @@ class TarIndex:
         """``(start, end)`` bytes of the tar from the sample's first member data to its last's
         end: one read that holds every member of the sample (and the headers between)."""
         a, b = int(self.first[sample]), int(self.first[sample + 1])
-        if a == b:
-            return 0, 0
         return int(self.offset[a]), int(self.offset[b - 1] + self.size[b - 1])
 
     def problem(self) -> str | None:
@@ -312,6 +310,22 @@ def scan(storage, path: str, window: int | None = None, progress=None) -> TarInd
     return TarIndex(size, np.array(offsets, np.int64), np.array(sizes, np.int64),
                     np.array(ext_ids, np.uint16), list(exts), np.array(firsts, np.int64),
                     key_at, b''.join(keys), blocks.bytes_read)
+
+
+def header_matches(block: bytes, name: str, size: int) -> bool:
+    """True if ``block`` is a valid tar header of a ``size``-byte member called ``name``
+    (its name field a part of it: long names are carried by an extended header)."""
+    if len(block) != BLOCK:
+        return False
+    try:
+        if not _checksum_ok(block, _octal(block[148:156], '', 0, 'checksum')):
+            return False
+        if _octal(block[124:136], '', 0, 'size') != size:
+            return False
+    except FormatError:
+        return False
+    field = block[0:100].split(b'\0', 1)[0].decode('utf-8', 'surrogateescape')
+    return bool(field) and (field in name or name.startswith(field))
 
 
 # ---------------------------------------------------------------------------

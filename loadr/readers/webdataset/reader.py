@@ -44,8 +44,8 @@ from ...errors import ConfigError, DecodeError, FormatError, LoadrError, SpecErr
 from ...storage import is_url, storage_for
 from ..base import Reader, Source, _known, check_index, value_type
 from ..patterns import common_root, expand, is_pattern
-from .index import (SIDECAR_SUFFIX, TarIndex, compressed_error, compressed_kind,
-                    load_sidecar, scan, sidecar_bytes)
+from .index import (BLOCK, SIDECAR_SUFFIX, TarIndex, compressed_error, compressed_kind,
+                    header_matches, load_sidecar, scan, sidecar_bytes)
 
 __all__ = ['WebDatasetReader', 'DECODERS', 'PICKLED', 'list_shards', 'decode_member',
            'index_shard']
@@ -273,16 +273,31 @@ class WebDatasetReader(Reader):
                               f'as {ext.rsplit(".", 1)[-1]}: {type(exc).__name__}: {exc}',
                               shard.path, i) from exc
 
+    def _verify(self, shard: _Shard, index: TarIndex, local: int, i: int, m: int,
+                block: bytes) -> None:
+        """The tar header before member ``m``'s data must be the index's (a sidecar of
+        another tar, or a tar changed in place, is caught at the first read)."""
+        name = f'{index.key(local)}.{index.exts[index.ext[m]]}'
+        if not header_matches(block, name, int(index.size[m])):
+            raise FormatError(f'the index does not match the tar at member {name!r} (sample '
+                              f'{local} of this tar): the tar changed after its index was made, '
+                              f'or the sidecar {os.path.basename(shard.path)}{SIDECAR_SUFFIX} '
+                              f'is another tar\'s; `loadr index` makes it again', shard.path, i)
+
     def _sample(self, shard: _Shard, local: int, i: int, data: bytes, start: int,
                 wanted=None) -> dict:
+        """The datapoint from ``data``: the tar from ``start`` (a header block) on."""
         index = self._index(shard)
         key = index.key(local)
         out = {KEY: key}
         view = memoryview(data)
-        for m in index.member_range(local):
+        members = index.member_range(local)
+        if wanted is not None:
+            members = [m for m in members if index.exts[index.ext[m]] in wanted]
+        if members:
+            self._verify(shard, index, local, i, members[0], data[:BLOCK])
+        for m in members:
             ext = index.exts[index.ext[m]]
-            if wanted is not None and ext not in wanted:
-                continue
             a = int(index.offset[m]) - start
             value = bytes(view[a:a + int(index.size[m])])
             out[ext] = self._decoded(shard, local, i, f'{key}.{ext}', ext, value)
@@ -291,7 +306,7 @@ class WebDatasetReader(Reader):
     def _range(self, i: int) -> tuple[_Shard, int, int, int]:
         shard, local = self._locate(i)
         start, end = self._index(shard).span(local)
-        return shard, local, start, end
+        return shard, local, start - BLOCK, end       # with the first member's header
 
     def _get(self, index: int, mask: dict | None) -> dict:
         if mask is None:
@@ -317,7 +332,7 @@ class WebDatasetReader(Reader):
             out[KEY] = tar.key(local)
         members = sorted(have[k] for k in wanted if k != KEY)
         if members:
-            start = int(tar.offset[members[0]])
+            start = int(tar.offset[members[0]]) - BLOCK
             end = int(tar.offset[members[-1]] + tar.size[members[-1]])
             data = self._files.read(shard.path, start, end - start, index)
             got = self._sample(shard, local, index, data, start, wanted)
@@ -338,7 +353,7 @@ class WebDatasetReader(Reader):
         out = []
         for i in indices:
             shard, _, start, end = self._range(i)
-            if end > start:
+            if end > start + BLOCK:
                 out.append((shard.path, start, end - start, i))
         return out
 

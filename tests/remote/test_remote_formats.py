@@ -1,0 +1,75 @@
+"""The formats users already have, over HTTP (nginx) and S3 (moto): what local reads give."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+import loadr
+from loadr.readers.webdataset.index import SIDECAR_SUFFIX
+
+from ..readers.common import assert_equal
+from ..readers.test_webdataset import write_shards
+from .servers import upload
+
+pytestmark = pytest.mark.timeout(120)
+pytest.importorskip('webdataset')
+
+
+@pytest.fixture(scope='module')
+def wds_root(served_root):
+    """Shards with sidecars (``indexed``) and without (``bare``), served by nginx and moto."""
+    root = served_root / 'wds_formats'
+    if not root.exists():
+        write_shards(root / 'indexed', shards=3, per=5)
+        write_shards(root / 'bare', shards=2, per=4)
+        loadr.open(root / 'indexed')                   # writes the sidecars
+    return root
+
+
+@pytest.fixture(params=['http', 's3'])
+def remote(request, wds_root):
+    if request.param == 'http':
+        return request.getfixturevalue('nginx').url, {}
+    moto = request.getfixturevalue('moto')
+    upload(moto.url, 'fixtures', wds_root, prefix='wds_formats')
+    return 's3://fixtures', {'endpoint_url': moto.url}
+
+
+@pytest.mark.parametrize('name,pattern', [('indexed', 'train-{000000..000002}.tar'),
+                                          ('bare', 'train-{000000..000001}.tar')])
+def test_shards_over_urls_read_as_local(remote, wds_root, name, pattern):
+    base, options = remote
+    here = loadr.open(str(wds_root / name / pattern), write_index=False)
+    for there in (loadr.open(f'{base}/wds_formats/{name}/{pattern}', storage_options=options),
+                  loadr.open(f'{base}/wds_formats/{name}', storage_options=options)):
+        assert len(there) == len(here) and there.identity() == here.identity()
+        for i in range(len(here)):
+            assert_equal(there[i], here[i], f'{name}[{i}]')
+        order = list(range(len(here)))[::-1]
+        for i, dp in zip(order, there.read_batch(order)):
+            assert_equal(dp, here[i])
+        # With a sidecar beside the tar it is read; without, the headers are (and the
+        # index travels with the reader to the workers).
+        assert all(s.shipped == (name == 'bare') for s in there._shards)
+
+
+def test_a_url_without_sidecars_is_never_written_to(nginx, wds_root):
+    before = sorted(os.listdir(wds_root / 'bare'))
+    r = loadr.open(f'{nginx.url}/wds_formats/bare')
+    assert len(r) == 8 and sorted(os.listdir(wds_root / 'bare')) == before
+    assert not any(n.endswith(SIDECAR_SUFFIX) for n in before)
+
+
+def test_check_over_http(nginx, wds_root, tmp_path):
+    assert loadr.check(f'{nginx.url}/wds_formats/indexed').ok
+    # A stale sidecar (of another tar) is reported, naming it.
+    stale = wds_root / 'stale'
+    if not stale.exists():
+        shutil.copytree(wds_root / 'indexed', stale)
+        shutil.copy(stale / f'train-000001.tar{SIDECAR_SUFFIX}',
+                    stale / f'train-000000.tar{SIDECAR_SUFFIX}')
+    report = loadr.check(f'{nginx.url}/wds_formats/stale')
+    assert not report.ok and SIDECAR_SUFFIX in report.problems[0].path
