@@ -16,10 +16,11 @@ import os
 from ..errors import ConfigError, FormatError
 from ..storage import (CACHE_KEYS, is_url, storage_for, using_storage_options,
                        with_cache_settings)
-from . import bag, ffrecord, gulp, webdataset
+from . import bag, ffrecord, folder, gulp, webdataset
 from .bag import BagReader
 from .base import Files, Format, Problem, Reader, check_index
 from .ffrecord import FFRecordReader
+from .folder import ImageFolderReader
 from .gulp import GulpReader
 from .patterns import is_pattern
 from .webdataset import WebDatasetReader
@@ -27,11 +28,13 @@ from .webdataset import WebDatasetReader
 # The detection table: tried in this order, first match wins.
 # A list of files, or a pattern (``{000..009}``, ``*``) naming them, is offered to every
 # format too: those that read many files say whether they take it.
-FORMATS: tuple[Format, ...] = (gulp.FORMAT, ffrecord.FORMAT, bag.FORMAT, webdataset.FORMAT)
+# Image folders come last: any directory with class folders of images would do.
+FORMATS: tuple[Format, ...] = (gulp.FORMAT, ffrecord.FORMAT, bag.FORMAT, webdataset.FORMAT,
+                               folder.FORMAT)
 
 __all__ = ['open', 'formats', 'detect', 'Reader', 'Files', 'Format', 'Problem',
            'check_index', 'GulpReader', 'FFRecordReader', 'BagReader', 'WebDatasetReader',
-           'FORMATS']
+           'ImageFolderReader', 'FORMATS']
 
 
 def formats() -> list[Format]:
