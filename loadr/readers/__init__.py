@@ -16,12 +16,13 @@ import os
 from ..errors import ConfigError, FormatError
 from ..storage import (CACHE_KEYS, is_url, storage_for, using_storage_options,
                        with_cache_settings)
-from . import bag, ffrecord, folder, gulp, webdataset
+from . import bag, ffrecord, folder, gulp, parquet, webdataset
 from .bag import BagReader
 from .base import Files, Format, Problem, Reader, check_index
 from .ffrecord import FFRecordReader
 from .folder import ImageFolderReader
 from .gulp import GulpReader
+from .parquet import ParquetReader
 from .patterns import is_pattern
 from .webdataset import WebDatasetReader
 
@@ -30,11 +31,11 @@ from .webdataset import WebDatasetReader
 # format too: those that read many files say whether they take it.
 # Image folders come last: any directory with class folders of images would do.
 FORMATS: tuple[Format, ...] = (gulp.FORMAT, ffrecord.FORMAT, bag.FORMAT, webdataset.FORMAT,
-                               folder.FORMAT)
+                               parquet.FORMAT, folder.FORMAT)
 
 __all__ = ['open', 'formats', 'detect', 'Reader', 'Files', 'Format', 'Problem',
            'check_index', 'GulpReader', 'FFRecordReader', 'BagReader', 'WebDatasetReader',
-           'ImageFolderReader', 'FORMATS']
+           'ImageFolderReader', 'ParquetReader', 'FORMATS']
 
 
 def formats() -> list[Format]:

@@ -196,7 +196,7 @@ class WebDatasetReader(Reader):
         root, tars = list_shards(path, storage_options)
         self.path = root if is_pattern(path) else os.fspath(path)
         self._root = root
-        self.pattern = path if isinstance(path, str) else list(path)
+        self.pattern = list(path) if isinstance(path, (list, tuple)) else os.fspath(path)
         self._files = storage_for(tars[0], storage_options)
         self._shards: list[_Shard] = []
         base = 0
