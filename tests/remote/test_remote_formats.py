@@ -11,11 +11,17 @@ import loadr
 from loadr.readers.webdataset.index import SIDECAR_SUFFIX
 
 from ..readers.common import assert_equal
-from ..readers.test_webdataset import write_shards
+from ..readers.test_parquet import rows as parquet_rows
+from ..readers.test_webdataset import jpeg, write_shards
 from .servers import upload
 
 pytestmark = pytest.mark.timeout(120)
 pytest.importorskip('webdataset')
+try:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+except ImportError:          # the Parquet test skips
+    pa = pq = None
 
 
 @pytest.fixture(scope='module')
@@ -26,6 +32,15 @@ def wds_root(served_root):
         write_shards(root / 'indexed', shards=3, per=5)
         write_shards(root / 'bare', shards=2, per=4)
         loadr.open(root / 'indexed')                   # writes the sidecars
+        if pq is not None:
+            (root / 'parquet').mkdir()
+            for k, (first, n) in enumerate([(0, 9), (9, 6)]):
+                pq.write_table(pa.Table.from_pylist(parquet_rows(first, n)),
+                               root / 'parquet' / f'part-{k}.parquet', row_group_size=4)
+        for k in range(5):
+            folder = root / 'photos' / ('cat', 'dog')[k % 2]
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f'{k}.jpg').write_bytes(jpeg(k))
     return root
 
 
@@ -73,3 +88,20 @@ def test_check_over_http(nginx, wds_root, tmp_path):
                     stale / f'train-000000.tar{SIDECAR_SUFFIX}')
     report = loadr.check(f'{nginx.url}/wds_formats/stale')
     assert not report.ok and SIDECAR_SUFFIX in report.problems[0].path
+
+
+@pytest.mark.parametrize('name,options', [('parquet', {}), ('parquet/*.parquet', {}),
+                                          ('parquet', {'columns': ['label', 'image']}),
+                                          ('photos', {})])
+def test_parquet_and_image_folders_over_urls_read_as_local(remote, wds_root, name, options):
+    if name.startswith('parquet') and pq is None:
+        pytest.skip('pyarrow is not installed')
+    base, storage_options = remote
+    here = loadr.open(str(wds_root / name), **options)
+    there = loadr.open(f'{base}/wds_formats/{name}', storage_options=storage_options, **options)
+    assert type(there) is type(here) and len(there) == len(here)
+    for i in range(len(here)):
+        assert_equal(there[i], here[i], f'{name}[{i}]')
+    order = list(range(len(here)))[::-1]
+    for i, dp in zip(order, there.read_batch(order)):
+        assert_equal(dp, here[i])
