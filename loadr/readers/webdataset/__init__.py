@@ -58,8 +58,10 @@ def detect(path) -> bool:
     return False
 
 
-def build_index(path, write: bool | str = True, progress=None) -> list[tuple[str, TarIndex]]:
-    """Index every tar of ``path`` and write each sidecar (``loadr index``).
+def build_index(path, write: bool | str = True, progress=None,
+                rebuild: bool = False) -> list[tuple[str, TarIndex]]:
+    """Index every tar of ``path`` and write each sidecar (``loadr index``); ``rebuild``
+    scans tars whose sidecar is good too.
 
     ``progress(done_bytes, total_bytes)`` follows the scan. Returns ``[(tar, index)]``;
     an index's ``bytes_read`` says how much of its tar the scan read (0: sidecar was good).
@@ -72,7 +74,7 @@ def build_index(path, write: bool | str = True, progress=None) -> list[tuple[str
         def step(at, done=done):
             if progress is not None:
                 progress(done + at, total)
-        out.append((tar, index_shard(storage, tar, write, progress=step)))
+        out.append((tar, index_shard(storage, tar, write, progress=step, rebuild=rebuild)))
         done += size
         if progress is not None:
             progress(done, total)

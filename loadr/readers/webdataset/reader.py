@@ -123,15 +123,16 @@ def list_shards(path, storage_options: dict | None = None) -> tuple[str, list[st
     return os.path.dirname(path) or '.', [path]
 
 
-def index_shard(storage, tar: str, write: bool | str = 'local', progress=None) -> TarIndex:
-    """The index of one tar: its sidecar if good, else a scan (written as a sidecar when
-    ``write`` is True, or ``'local'`` and the tar is a local file; silently kept in memory
-    where that fails)."""
+def index_shard(storage, tar: str, write: bool | str = 'local', progress=None,
+                rebuild: bool = False) -> TarIndex:
+    """The index of one tar: its sidecar if good (and not ``rebuild``), else a scan (written
+    as a sidecar when ``write`` is True, or ``'local'`` and the tar is a local file; kept in
+    memory where that fails)."""
     if tar.endswith(COMPRESSED_SUFFIXES):
         raise compressed_error(compressed_kind(storage.read(tar, 0, min(8, storage.size(
             tar)))) or 'gzip', tar)
     size = storage.size(tar)
-    index = load_sidecar(storage, tar, size)
+    index = None if rebuild else load_sidecar(storage, tar, size)
     if index is not None and not is_url(tar) and _older(tar + SIDECAR_SUFFIX, tar):
         index = None                        # the tar was written again after its sidecar
     if index is not None:
