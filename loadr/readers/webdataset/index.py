@@ -14,7 +14,7 @@ reached without reading everything before them).
 
 The sidecar, ``<tar>.loadr-index`` beside the tar, all little-endian::
 
-    b'LOADRWDI' | u32 version (1) | u32 J | J bytes of JSON
+    b'LOADRWDI' | u32 version (1) | u32 J | u32 CRC32 of all that follows | J bytes of JSON
         {"tar_size": int, "members": M, "samples": S, "exts": [str, ...], "key_bytes": K}
     i64 offset[M]     where member m's data starts in the tar
     i64 size[M]       its length in bytes
@@ -24,8 +24,10 @@ The sidecar, ``<tar>.loadr-index`` beside the tar, all little-endian::
     i64 key_at[S + 1] sample s's key is key_bytes[key_at[s] .. key_at[s + 1]] (UTF-8)
     K bytes           the keys, one after the other
 
-A sidecar whose ``tar_size`` differs from the tar's, or that does not
-hold together, is ignored and built again. Example::
+A sidecar whose CRC or ``tar_size`` is not the tar's, or that does not hold
+together, is ignored and built again; every read of a sample also checks the
+tar header before its first member against the index, which catches the
+sidecar of another tar of the same size, or a tar changed in place. Example::
 
     index = scan(storage_for('a.tar'), 'a.tar')
     index.samples, index.member_range(0)
@@ -37,6 +39,7 @@ import dataclasses
 import json
 import re
 import struct
+import zlib
 
 import numpy as np
 
@@ -339,10 +342,11 @@ def sidecar_bytes(index: TarIndex) -> bytes:
                          'key_bytes': len(index.key_bytes)}, separators=(',', ':')).encode()
     ext = index.ext.astype('<u2').tobytes()
     pad = b'\0' * (-len(ext) % 8)
-    return b''.join([MAGIC, struct.pack('<II', VERSION, len(header)), header,
-                     index.offset.astype('<i8').tobytes(), index.size.astype('<i8').tobytes(),
-                     ext, pad, index.first.astype('<i8').tobytes(),
-                     index.key_at.astype('<i8').tobytes(), index.key_bytes])
+    body = b''.join([header, index.offset.astype('<i8').tobytes(),
+                     index.size.astype('<i8').tobytes(), ext, pad,
+                     index.first.astype('<i8').tobytes(), index.key_at.astype('<i8').tobytes(),
+                     index.key_bytes])
+    return MAGIC + struct.pack('<III', VERSION, len(header), zlib.crc32(body)) + body
 
 
 def parse_sidecar(data: bytes, tar_size: int) -> TarIndex | None:
@@ -350,10 +354,10 @@ def parse_sidecar(data: bytes, tar_size: int) -> TarIndex | None:
     try:
         if data[:8] != MAGIC:
             return None
-        version, j = struct.unpack_from('<II', data, 8)
-        if version != VERSION or j > MAX_SIDECAR_JSON:
+        version, j, crc = struct.unpack_from('<III', data, 8)
+        if version != VERSION or j > MAX_SIDECAR_JSON or zlib.crc32(data[20:]) != crc:
             return None
-        head = json.loads(data[16:16 + j])
+        head = json.loads(data[20:20 + j])
         if head['tar_size'] != tar_size:
             return None
         m, s, k, exts = head['members'], head['samples'], head['key_bytes'], head['exts']
@@ -361,7 +365,7 @@ def parse_sidecar(data: bytes, tar_size: int) -> TarIndex | None:
                 and isinstance(exts, list) and all(isinstance(e, str) for e in exts)
                 and 0 <= m and 0 <= s and 0 <= k):
             return None
-        pos = 16 + j
+        pos = 20 + j
         ext_bytes = 2 * m + (-2 * m % 8)
         if len(data) != pos + 16 * m + ext_bytes + 16 * (s + 1) + k:
             return None
