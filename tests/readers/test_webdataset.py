@@ -280,3 +280,23 @@ def test_a_sidecar_of_another_tar_is_caught_at_the_first_read(shards):
         r[2]
     assert err.value.index == 2 and err.value.path.endswith('train-000000.tar')
     assert any(SIDECAR_SUFFIX in p.path for p in check(shards))
+
+
+def test_large_members_between_small_ones_read_right_in_every_combination(tmp_path):
+    # Members over SMALL_MEMBER_BYTES are read alone, small ones together with the header.
+    tar = str(tmp_path / 'mixed.tar')
+    rng = np.random.default_rng(3)
+    samples = []
+    for k in range(4):
+        big = rng.integers(0, 255, 40_000 + k, np.uint8).tobytes()
+        samples.append({'__key__': f's{k}', 'a.bin': big, 'cls': k, 'json': [k],
+                        'z.bin': big[::-1], 'txt': 'x' * (20_000 if k % 2 else 3)})
+    with wds.TarWriter(tar) as w:
+        for dp in samples:
+            w.write(dp)
+    r = loadr.open(tar)
+    for k, dp in enumerate(samples):
+        assert r[k] == dp
+        for keys in (['cls'], ['a.bin'], ['z.bin', 'json'], ['txt', 'cls', 'a.bin']):
+            assert r[k, {key: True for key in keys}] == {key: dp[key] for key in keys}
+    assert r.read_batch([3, 0, 3]) == [samples[3], samples[0], samples[3]]
