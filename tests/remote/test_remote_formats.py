@@ -105,3 +105,17 @@ def test_parquet_and_image_folders_over_urls_read_as_local(remote, wds_root, nam
     order = list(range(len(here)))[::-1]
     for i, dp in zip(order, there.read_batch(order)):
         assert_equal(dp, here[i])
+
+
+def test_loadr_index_writes_sidecars_into_a_bucket(moto, wds_root, capsys):
+    from loadr.cli import main
+    upload(moto.url, 'fixtures', wds_root / 'bare', prefix='wds_index')
+    url = 's3://fixtures/wds_index'
+    option = f'endpoint_url={moto.url}'
+    assert main(['index', url, '--storage-option', option]) == 0
+    assert '2 sidecar(s) beside the tars' in capsys.readouterr().out
+    r = loadr.open(url, storage_options={'endpoint_url': moto.url})
+    assert not any(s.shipped for s in r._shards)           # read from the bucket now
+    here = loadr.open(wds_root / 'bare', write_index=False)
+    for i in range(len(here)):
+        assert_equal(r[i], here[i])
