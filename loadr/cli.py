@@ -31,7 +31,7 @@ from . import __version__
 from .errors import ConfigError, LoadrError, WorkerError
 from .progress import Progress, format_count
 from .readers import formats
-from .readers.patterns import is_pattern
+from .readers.patterns import names_files
 from .storage import using_storage_options
 
 __all__ = ['main', 'build_parser']
@@ -629,7 +629,7 @@ def cmd_inspect(args) -> int:
     with reader:
         n = len(reader)
         extra = reader.details()
-        if is_pattern(path):        # files named by a pattern: the reader's own
+        if names_files(path):       # files named by a pattern: the reader's own
             sizes = reader._identity_files()
             size, files = sum(sizes.values()), len(sizes)
         else:

@@ -44,7 +44,7 @@ import yaml
 from . import fns as fns_module
 from .errors import ConfigError, DataError
 from .readers import detect, formats
-from .readers.patterns import is_pattern
+from .readers.patterns import names_files
 from .storage import (CACHE_KEYS, is_url, storage_for, using_storage_options,
                       with_cache_settings)
 
@@ -578,7 +578,7 @@ class Config:
     def _build_at(self, section: dict, where: tuple, path: str):
         dotted = '.'.join(map(str, where))
         # A pattern (shards/train-{000000..000099}.tar, data/*.parquet) names files, not itself.
-        if not is_pattern(path) and not storage_for(path).exists(path):
+        if not names_files(path) and not storage_for(path).exists(path):
             raise self.error(f'{dotted}.path {section["path"]!r} does not exist', where + ('path',),
                              f'looked for {path}')
         known = {f.name: f for f in formats()}

@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import ConfigError, DecodeError, FormatError, LoadrError, SpecError, WriterError
 from ..storage import storage_for
 from .base import Format, Problem, Reader, check_index
-from .patterns import common_root, expand, is_pattern
+from .patterns import common_root, expand, names_files
 
 __all__ = ['ParquetReader', 'FORMAT', 'check', 'detect']
 
@@ -143,7 +143,7 @@ def _open(storage, path: str):
 
 def list_files(path, storage_options: dict | None = None) -> tuple[str, list[str]]:
     """``(root, files)``: the Parquet files ``path`` names."""
-    if is_pattern(path):
+    if names_files(path, storage_options):
         files = expand(path, storage_options)
         return common_root(files), files
     path = os.fspath(path)
@@ -175,7 +175,8 @@ class ParquetReader(Reader):
         self.window_bytes = int(window_bytes)
         self.cache_row_groups = max(1, int(cache_row_groups))
         self._root, paths = list_files(path, storage_options)
-        self.path = self._root if is_pattern(path) else os.fspath(path)
+        self._named = names_files(path, storage_options)
+        self.path = self._root if self._named else os.fspath(path)
         self.pattern = list(path) if isinstance(path, (list, tuple)) else os.fspath(path)
         self._files = storage_for(paths[0], storage_options)
         self._parts: list[_File] = []
@@ -232,7 +233,7 @@ class ParquetReader(Reader):
         return {p.path: p.size for p in self._parts}
 
     def identity(self) -> dict:
-        out = super().identity() if not is_pattern(self.pattern) else None
+        out = super().identity() if not self._named else None
         if out is None:
             root = self._root.rstrip('/') + '/'
             out = {'format': self.format_name, 'datapoints': len(self),
@@ -382,7 +383,7 @@ def detect(path) -> bool:
         if isinstance(path, (list, tuple)):
             return bool(path) and all(os.fspath(p).endswith(SUFFIX) for p in path)
         path = os.fspath(path)
-        if is_pattern(path):
+        if names_files(path):
             files = expand(path)
             return files[0].endswith(SUFFIX) and storage_for(files[0]).isfile(files[0])
         storage = storage_for(path)

@@ -21,7 +21,7 @@ import re
 from ..errors import ConfigError, FormatError
 from ..storage import storage_for
 
-__all__ = ['expand', 'expand_braces', 'is_pattern', 'common_root']
+__all__ = ['expand', 'expand_braces', 'is_pattern', 'names_files', 'common_root']
 
 _BRACE = re.compile(r'\{([^{}]*)\}')
 _RANGE = re.compile(r'(-?\d+)\.\.(-?\d+)\Z')
@@ -41,6 +41,19 @@ def is_pattern(path) -> bool:
         return False
     name = path.partition('://')[2] if '://' in path else path
     return bool(_BRACE.search(name)) or any(c in name for c in '*?[')
+
+
+def names_files(path, storage_options: dict | None = None) -> bool:
+    """True when ``path`` is a list, or a pattern that is not itself an existing name
+    (a folder called ``data[1]`` is a folder)."""
+    if isinstance(path, (list, tuple)):
+        return True
+    if not is_pattern(path):
+        return False
+    try:
+        return not storage_for(path, storage_options).exists(path)
+    except Exception:       # a URL whose server cannot say: read as the pattern it looks like
+        return True
 
 
 def expand_braces(pattern: str) -> list[str]:

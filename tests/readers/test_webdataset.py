@@ -300,3 +300,11 @@ def test_large_members_between_small_ones_read_right_in_every_combination(tmp_pa
         for keys in (['cls'], ['a.bin'], ['z.bin', 'json'], ['txt', 'cls', 'a.bin']):
             assert r[k, {key: True for key in keys}] == {key: dp[key] for key in keys}
     assert r.read_batch([3, 0, 3]) == [samples[3], samples[0], samples[3]]
+
+
+def test_a_folder_whose_name_looks_like_a_pattern_is_that_folder(tmp_path):
+    root = tmp_path / 'data[1]{a,b}'
+    write_shards(root, shards=2, per=2)
+    r = loadr.open(root)
+    assert len(r) == 4 and r.identity()['files'] == {'train-000000.tar': os.path.getsize(
+        root / 'train-000000.tar'), 'train-000001.tar': os.path.getsize(root / 'train-000001.tar')}

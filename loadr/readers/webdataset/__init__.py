@@ -19,7 +19,7 @@ import os
 from ...errors import LoadrError
 from ...storage import storage_for
 from ..base import Format, Problem
-from ..patterns import expand, is_pattern
+from ..patterns import expand, names_files
 from .index import SIDECAR_SUFFIX, TarIndex, parse_sidecar, scan
 from .reader import (COMPRESSED_SUFFIXES, SUFFIXES, WebDatasetReader, decode_member,
                      index_shard, list_shards)
@@ -45,7 +45,7 @@ def detect(path) -> bool:
         if isinstance(path, (list, tuple)):
             return bool(path) and all(_is_tar_name(os.fspath(p)) for p in path)
         path = os.fspath(path)
-        if is_pattern(path):
+        if names_files(path):
             files = expand(path)
             return _is_tar_name(files[0]) and storage_for(files[0]).isfile(files[0])
         storage = storage_for(path)

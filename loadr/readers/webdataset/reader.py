@@ -43,7 +43,7 @@ import numpy as np
 from ...errors import ConfigError, DecodeError, FormatError, LoadrError, SpecError
 from ...storage import is_url, storage_for
 from ..base import Reader, Source, _known, check_index, value_type
-from ..patterns import common_root, expand, is_pattern
+from ..patterns import common_root, expand, names_files
 from .index import (BLOCK, SIDECAR_SUFFIX, TarIndex, compressed_error, compressed_kind,
                     header_matches, load_sidecar, scan, sidecar_bytes)
 
@@ -109,7 +109,7 @@ def list_shards(path, storage_options: dict | None = None) -> tuple[str, list[st
 
     ``root`` is the directory the dataset's files are named relative to.
     """
-    if is_pattern(path):
+    if names_files(path, storage_options):
         files = expand(path, storage_options)
         return common_root(files), files
     path = os.fspath(path)
@@ -199,7 +199,8 @@ class WebDatasetReader(Reader):
         self.decode = bool(decode)
         self._storage_options = storage_options
         root, tars = list_shards(path, storage_options)
-        self.path = root if is_pattern(path) else os.fspath(path)
+        self._named = names_files(path, storage_options)
+        self.path = root if self._named else os.fspath(path)
         self._root = root
         self.pattern = list(path) if isinstance(path, (list, tuple)) else os.fspath(path)
         self._files = storage_for(tars[0], storage_options)
@@ -249,7 +250,7 @@ class WebDatasetReader(Reader):
 
     def identity(self) -> dict:
         """As :meth:`Reader.identity`, with names relative to the folder holding the tars."""
-        out = super().identity() if not is_pattern(self.pattern) else None
+        out = super().identity() if not self._named else None
         if out is not None:
             return out
         from ..base import IDENTITY_MAX_FILES
