@@ -273,7 +273,9 @@ class ParquetReader(Reader):
         for name in self.columns:
             values = table.column(name).to_pylist()
             if name in self._images:
-                values = [v['bytes'] if isinstance(v, dict) else v for v in values]
+                # An image stored by path only stays a dict: its row's read says so.
+                values = [v['bytes'] if isinstance(v, dict) and v['bytes'] is not None else v
+                          for v in values]
             columns[name] = values
         self._groups[key] = columns
         while len(self._groups) > self.cache_row_groups:
@@ -281,14 +283,20 @@ class ParquetReader(Reader):
         return columns
 
     def _row(self, i: int) -> dict:
-        kept = self._kept.pop(i, None)
-        if kept is not None:
-            return kept
-        part, group, row = self._locate(i)
-        columns = self._read_group(part, group, i)
-        if self._window is not None:
-            self._keep_ahead(part, group, columns, i)
-        return {name: values[row] for name, values in columns.items()}
+        row = self._kept.pop(i, None)
+        if row is None:
+            part, group, at = self._locate(i)
+            columns = self._read_group(part, group, i)
+            if self._window is not None:
+                self._keep_ahead(part, group, columns, i)
+            row = {name: values[at] for name, values in columns.items()}
+        for name in self._images:
+            if isinstance(row.get(name), dict):
+                raise DecodeError(f'column {name!r} holds no image bytes in this row, only the '
+                                  f'path {row[name].get("path")!r} (an Image feature stored by '
+                                  f'reference): loadr reads images stored in the file',
+                                  self._locate(i)[0].path, i)
+        return row
 
     def _keep_ahead(self, part: _File, group: int, columns: dict, i: int) -> None:
         """Keep the rows of this group that the positions ahead ask for; drop the group."""

@@ -135,3 +135,14 @@ def test_one_file_and_a_list(data):
     assert len(one) == 17 and one[0]['label'] == 23 % 5
     both = loadr.open([str(data / 'train-1.parquet'), str(data / 'train-0.parquet')])
     assert_equal(both[17], loadr.open(data)[0])
+
+
+def test_an_image_stored_by_path_only_names_file_and_row(tmp_path):
+    table = rows(0, 3)
+    table[1]['image'] = {'bytes': None, 'path': 'elsewhere/1.jpg'}
+    pq.write_table(pa.Table.from_pylist(table), tmp_path / 'p.parquet')
+    r = loadr.open(tmp_path / 'p.parquet')
+    assert r[0]['image'] == jpeg(0) and r[2]['image'] == jpeg(2)
+    with pytest.raises(loadr.errors.DecodeError, match='elsewhere/1.jpg') as err:
+        r[1]
+    assert (err.value.path, err.value.index) == (str(tmp_path / 'p.parquet'), 1)
