@@ -868,5 +868,9 @@ def test_index_inspect_check_and_convert_the_formats_users_have(tmp_path, capsys
     assert loadr.open(tmp_path / 'p.ffr')[3]['label'] == 3
     capsys.readouterr()
     assert main(['convert', str(tmp_path / 'bag'), str(tmp_path / 'x.parquet'),
-                 '--to', 'parquet']) == 2
-    assert 'does not write it' in capsys.readouterr().err
+                 '--to', 'parquet', '--keys', 'json']) == 2
+    assert "'json'" in capsys.readouterr().err              # a map has no column type here
+    assert main(['convert', str(tmp_path / 'bag'), str(tmp_path / 'x.parquet'), '--to',
+                 'parquet', '--keys', 'jpg,cls,__key__', '--shardlen', '4']) == 0
+    back = loadr.open(tmp_path / 'x.parquet')
+    assert back.details()['row_groups'] == 2 and back[5]['cls'] == loadr.open(pattern)[5]['cls']

@@ -146,3 +146,20 @@ def test_an_image_stored_by_path_only_names_file_and_row(tmp_path):
     with pytest.raises(loadr.errors.DecodeError, match='elsewhere/1.jpg') as err:
         r[1]
     assert (err.value.path, err.value.index) == (str(tmp_path / 'p.parquet'), 1)
+
+
+def test_the_writer_writes_what_the_reader_reads_back(tmp_path):
+    from loadr.readers.parquet import ParquetWriter
+    want = [{'image': jpeg(k), 'label': k, 'name': f'n{k}', 'tags': list(range(k % 3))}
+            for k in range(10)]
+    with ParquetWriter(tmp_path / 'w.parquet', {'image': 'jpg', 'label': 'int', 'name': 'utf8',
+                                                'tags': 'int[]'}, rows_per_group=4) as w:
+        for dp in want:
+            w.append(dp)
+    r = loadr.open(tmp_path / 'w.parquet')
+    assert [r[k] for k in range(10)] == want and r.details()['row_groups'] == 3
+    assert pq.read_table(tmp_path / 'w.parquet').num_rows == 10       # pyarrow reads it
+    with pytest.raises(loadr.errors.WriterError):
+        with ParquetWriter(tmp_path / 'x.parquet', {'label': 'int'}) as w:
+            w.append({'label': 'not an int'})
+    assert not (tmp_path / 'x.parquet').exists()                    # nothing half-written
