@@ -245,8 +245,9 @@ class WebDatasetReader(Reader):
         return self._n
 
     def _identity_files(self) -> dict[str, int]:
-        return {s.path: self._index(s).tar_size if s.index is not None else
-                self._files.size(s.path) for s in self._shards}
+        # The size the index was made for; a shard not loaded in this process is asked.
+        return {s.path: s.index.tar_size if s.index is not None else self._files.size(s.path)
+                for s in self._shards}
 
     def identity(self) -> dict:
         """As :meth:`Reader.identity`, with names relative to the folder holding the tars."""
