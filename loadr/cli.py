@@ -31,6 +31,7 @@ from . import __version__
 from .errors import ConfigError, LoadrError, WorkerError
 from .progress import Progress, format_count
 from .readers import formats
+from .readers.patterns import names_files
 from .storage import is_url, using_storage_options
 
 __all__ = ['main', 'build_parser']
@@ -636,7 +637,13 @@ def cmd_inspect(args) -> int:
     with reader:
         n = len(reader)
         extra = reader.details()
-        size, files = _reader_size(reader) if is_url(path) else _disk_size(path)
+        if names_files(path):       # files named by a pattern: the reader's own
+            sizes = reader._identity_files()
+            size, files = sum(sizes.values()), len(sizes)
+        elif is_url(path):
+            size, files = _reader_size(reader)      # a URL has no disk to walk
+        else:
+            size, files = _disk_size(path)
         info = {'path': path, 'format': fmt.name, 'datapoints': n,
                 'spec': {str(k): str(v) for k, v in reader.spec.items()},
                 'size_bytes': size, 'files': files, **extra}
@@ -721,6 +728,39 @@ def cmd_convert(args) -> int:
     size, files = _disk_size(args.dst)
     _out(f'wrote {_plural(len(source), "datapoint")} to {args.dst} ({args.to}, {_size(size)} in '
          f'{files} file(s)) in {bar.elapsed:.2f} s')
+    return EXIT_OK
+
+
+def cmd_index(args) -> int:
+    """Index WebDataset shards once: ``loadr index 'shards/train-{000000..000099}.tar'``."""
+    from .readers.webdataset import build_index
+    bar = None
+    seen = [0]
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = Progress(total=total, unit='bytes', label='index')
+        bar.update(done - seen[0])
+        seen[0] = done
+    t0 = time.perf_counter()
+    built = build_index(args.path, write=True, progress=progress, rebuild=args.rebuild)
+    if bar is not None:
+        bar.close()
+    total = sum(index.tar_size for _, index in built)
+    read = sum(index.bytes_read for _, index in built)
+    scanned = sum(1 for _, index in built if index.bytes_read)
+    kept = sum(1 for _, index in built if index.sidecar)
+    samples = sum(index.samples for _, index in built)
+    members = sum(index.members for _, index in built)
+    _out(f'{args.path}: {_plural(len(built), "tar")}, {_plural(samples, "sample")} of '
+         f'{_plural(members, "member")}; scanned {scanned} (read {_size(read)} of '
+         f'{_size(total)}, {100 * read / max(1, total):.2f}% of the bytes: the headers), '
+         f'{len(built) - scanned} had a good index; {kept} sidecar(s) beside the tars '
+         f'({time.perf_counter() - t0:.2f} s)')
+    if kept < len(built):
+        _err(f'loadr index: {len(built) - kept} index(es) could not be written beside their '
+             f'tar (read-only place); loadr builds them in memory when it opens the shards')
     return EXIT_OK
 
 
@@ -1039,6 +1079,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help='bag: datapoints per shard (default: one unsharded dataset)')
     p.add_argument('--videos-per-chunk', type=_positive, default=100,
                    help='gulp: videos per chunk file (default 100)')
+
+    p = _command(sub, 'index', cmd_index,
+                 'Index WebDataset shards: one pass over each tar\'s headers (the member data '
+                 'is skipped), kept in a sidecar <tar>.loadr-index beside it, so that loadr '
+                 'reads the samples at random. loadr.open does it too, on first open, where '
+                 'the tars are local and writable.',
+                 "loadr index 'shards/train-{000000..000999}.tar'\n"
+                 'loadr index s3://bucket/shards --storage-option endpoint_url=http://...',
+                 parents)
+    p.add_argument('path', help='a .tar, a directory of them, or a pattern '
+                   '(train-{000000..000999}.tar, *.tar)')
+    p.add_argument('--rebuild', action='store_true',
+                   help='scan every tar again, even where its sidecar is good')
 
     p = _command(sub, 'ingest', None,
                  'Make a dataset from folders of images or videos, or a 20BN JSON list '

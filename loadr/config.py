@@ -44,6 +44,7 @@ import yaml
 from . import fns as fns_module
 from .errors import ConfigError, DataError, LoadrError
 from .readers import detect, formats
+from .readers.patterns import names_files
 from .storage import (CACHE_KEYS, is_url, storage_for, using_storage_options,
                       with_cache_settings)
 
@@ -576,13 +577,17 @@ class Config:
 
     def _build_at(self, section: dict, where: tuple, path: str):
         dotted = '.'.join(map(str, where))
-        storage = storage_for(path)
-        kind = getattr(storage, 'kind', None)      # a URL's: unreachable is not "missing"
-        try:
-            there = kind(path) is not None if kind is not None else storage.exists(path)
-        except LoadrError as exc:
-            raise self.error(f'{dotted}.path {section["path"]!r} cannot be reached',
-                             where + ('path',), f'{exc.message} ({path})') from None
+        # A pattern (shards/train-{000000..000099}.tar, data/*.parquet) names files, not itself.
+        if not names_files(path):
+            storage = storage_for(path)
+            kind = getattr(storage, 'kind', None)      # a URL's: unreachable is not "missing"
+            try:
+                there = kind(path) is not None if kind is not None else storage.exists(path)
+            except LoadrError as exc:
+                raise self.error(f'{dotted}.path {section["path"]!r} cannot be reached',
+                                 where + ('path',), f'{exc.message} ({path})') from None
+        else:
+            there = True
         if not there:
             raise self.error(f'{dotted}.path {section["path"]!r} does not exist', where + ('path',),
                              f'looked for {path}')

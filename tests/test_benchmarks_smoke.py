@@ -160,3 +160,21 @@ def test_memory_benchmark_prints_its_table():
     shared, copied = json.loads(proc.stdout.strip().splitlines()[-1])
     assert shared['shared_bytes'] > 0 and 'shared_bytes' not in copied
     assert len(shared['epoch_uss']) == 2 and all(u > 0 for u in shared['stats_uss'])
+
+
+def test_formats_benchmark_runs_at_its_smallest(tmp_path):
+    pytest.importorskip('webdataset')
+    pytest.importorskip('pyarrow')
+    out = tmp_path / 'formats.json'
+    cmd = [sys.executable, '-m', 'benchmarks.formats', '--images', '96', '--per-shard', '32',
+           '--image-kb', '8', '--runs', '1', '--index-shards', '2', '--index-per-shard', '10',
+           '--parquet-mb', '2', '--row-group-mb', '1', '--tmp', str(tmp_path), '--json',
+           str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert results['random_access']['ratio'] > 0
+    assert results['shuffled_epoch']['webdataset_samples_per_s'] > 0
+    assert 0 < results['index_build']['fraction_read'] < 1
+    assert results['parquet']['row_group_reads'] >= results['parquet']['row_groups']
+    assert 'of bag' in proc.stdout and 'row group reads' in proc.stdout

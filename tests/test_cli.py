@@ -835,3 +835,42 @@ def test_common_options_count_before_the_command_too(tmp_path, capsys):
     args = build_parser().parse_args(['--storage-option', 'a=1', 'check',
                                       '--storage-option', 'b=2', 'x'])
     assert args.storage_option + args.storage_option_after == ['a=1', 'b=2']
+
+
+def test_index_inspect_check_and_convert_the_formats_users_have(tmp_path, capsys):
+    from .readers.test_parquet import write as write_parquet
+    from .readers.test_webdataset import write_shards
+    pytest.importorskip('webdataset')
+    shards = tmp_path / 'shards'
+    write_shards(shards, shards=2, per=3)
+    pattern = str(shards / 'train-{000000..000001}.tar')
+    assert main(['index', pattern]) == 0
+    out = capsys.readouterr().out
+    assert '2 tars, 6 samples' in out and 'scanned 2' in out and '% of the bytes' in out
+    assert sorted(os.listdir(shards)) == ['train-000000.tar', 'train-000000.tar.loadr-index',
+                                          'train-000001.tar', 'train-000001.tar.loadr-index']
+    assert main(['index', pattern]) == 0 and 'scanned 0' in capsys.readouterr().out
+    assert main(['inspect', pattern, '--json']) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info['format'] == 'webdataset' and info['datapoints'] == 6 and info['files'] == 2
+    assert main(['check', pattern]) == 0 and 'OK' in capsys.readouterr().out
+    assert main(['convert', pattern, str(tmp_path / 'bag'), '--to', 'bag']) == 0
+    assert main(['convert', str(tmp_path / 'bag'), str(tmp_path / 'wds'), '--to', 'webdataset',
+                 '--shardlen', '4']) == 0
+    assert len(loadr.open(tmp_path / 'wds')) == 6
+    pytest.importorskip('pyarrow')
+    write_parquet(tmp_path / 'p.parquet', 0, 7, 3)
+    assert main(['inspect', str(tmp_path / 'p.parquet')]) == 0
+    assert 'parquet, 7 datapoints' in capsys.readouterr().out
+    assert main(['check', str(tmp_path / 'p.parquet')]) == 0
+    assert main(['convert', str(tmp_path / 'p.parquet'), str(tmp_path / 'p.ffr'),
+                 '--to', 'ffrecord']) == 0
+    assert loadr.open(tmp_path / 'p.ffr')[3]['label'] == 3
+    capsys.readouterr()
+    assert main(['convert', str(tmp_path / 'bag'), str(tmp_path / 'x.parquet'),
+                 '--to', 'parquet', '--keys', 'json']) == 2
+    assert "'json'" in capsys.readouterr().err              # a map has no column type here
+    assert main(['convert', str(tmp_path / 'bag'), str(tmp_path / 'x.parquet'), '--to',
+                 'parquet', '--keys', 'jpg,cls,__key__', '--shardlen', '4']) == 0
+    back = loadr.open(tmp_path / 'x.parquet')
+    assert back.details()['row_groups'] == 2 and back[5]['cls'] == loadr.open(pattern)[5]['cls']

@@ -445,3 +445,13 @@ def test_the_command_exits_2_on_a_yaml_bomb_and_on_deep_nesting(tmp_path):
         (line,) = done.stderr.splitlines()
         assert line.startswith(f'loadr: error: {path}: ') and what in line
         assert 'RecursionError' not in line
+
+
+def test_a_reader_path_may_be_a_pattern_of_shards(tmp_path):
+    pytest.importorskip('webdataset')
+    from .readers.test_webdataset import write_shards
+    write_shards(tmp_path / 'shards', shards=2, per=3)
+    path = write(tmp_path / 'p.yaml', "reader:\n  path: 'shards/train-{000000..000001}.tar'\n"
+                                      "loader: {batch: 2}\nfns:\n  - select: {keys: [cls]}\n")
+    with loadr.pipeline(path) as loader:
+        assert len(loader.reader) == 6 and sorted(next(iter(loader))) == ['cls']

@@ -16,17 +16,26 @@ import os
 from ..errors import ConfigError, FormatError
 from ..storage import (CACHE_KEYS, is_url, storage_for, using_storage_options,
                        with_cache_settings)
-from . import bag, ffrecord, gulp
+from . import bag, ffrecord, folder, gulp, parquet, webdataset
 from .bag import BagReader
 from .base import Files, Format, Problem, Reader, check_index
 from .ffrecord import FFRecordReader
+from .folder import ImageFolderReader
 from .gulp import GulpReader
+from .parquet import ParquetReader
+from .patterns import is_pattern
+from .webdataset import WebDatasetReader
 
 # The detection table: tried in this order, first match wins.
-FORMATS: tuple[Format, ...] = (gulp.FORMAT, ffrecord.FORMAT, bag.FORMAT)
+# A list of files, or a pattern (``{000..009}``, ``*``) naming them, is offered to every
+# format too: those that read many files say whether they take it.
+# Image folders come last: any directory with class folders of images would do.
+FORMATS: tuple[Format, ...] = (gulp.FORMAT, ffrecord.FORMAT, bag.FORMAT, webdataset.FORMAT,
+                               parquet.FORMAT, folder.FORMAT)
 
 __all__ = ['open', 'formats', 'detect', 'Reader', 'Files', 'Format', 'Problem',
-           'check_index', 'GulpReader', 'FFRecordReader', 'BagReader', 'FORMATS']
+           'check_index', 'GulpReader', 'FFRecordReader', 'BagReader', 'WebDatasetReader',
+           'ImageFolderReader', 'ParquetReader', 'FORMATS']
 
 
 def formats() -> list[Format]:
@@ -40,6 +49,16 @@ def detect(path: str | os.PathLike) -> Format:
     >>> detect(FIXTURES / 'gulp').name
     'gulp'
     """
+    if isinstance(path, (list, tuple)) or is_pattern(os.fspath(path)):
+        # Files named by a list or a pattern: the formats that read many files say.
+        path = path if isinstance(path, (list, tuple)) else os.fspath(path)
+        if not isinstance(path, str) or not storage_for(path).exists(path):
+            for fmt in formats():
+                if fmt.detect(path):
+                    return fmt
+            names = ', '.join(f.name for f in formats())
+            raise FormatError(f'the files named are no dataset loadr knows (looked for: '
+                              f'{names})', str(path))
     path = os.fspath(path)
     storage = storage_for(path)
     # A URL's storage tells a server it cannot reach (a ReadError with the cause) from
@@ -68,11 +87,14 @@ def open(path: str | os.PathLike, **options) -> Reader:  # noqa: A001 - mirrors 
     """
     cache = {k: options.pop(k) for k in CACHE_KEYS if k in options}
     if cache:
-        if not is_url(os.fspath(path)):
+        first = path[0] if isinstance(path, (list, tuple)) and path else path
+        if not is_url(os.fspath(first)):
             raise ConfigError(f'{sorted(cache)} apply to datasets behind URLs; a local '
                               f'dataset is read in place', os.fspath(path))
         options['storage_options'] = with_cache_settings(options.get('storage_options'), cache)
     # A URL's storage_options apply to the detection too (loadr.storage).
     with using_storage_options(options.get('storage_options')):
         reader = detect(path).reader
-        return reader(os.fspath(path), **{**reader.open_defaults, **options})
+        if not isinstance(path, (list, tuple)):
+            path = os.fspath(path)
+        return reader(path, **{**reader.open_defaults, **options})

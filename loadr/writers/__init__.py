@@ -17,5 +17,8 @@ from __future__ import annotations
 from ..readers.bag import BagWriter
 from ..readers.ffrecord import FFRecordWriter
 from ..readers.gulp import GulpWriter
+from ..readers.parquet import ParquetWriter
+from ..readers.webdataset import WebDatasetWriter
 
-__all__ = ['GulpWriter', 'FFRecordWriter', 'BagWriter']
+__all__ = ['GulpWriter', 'FFRecordWriter', 'BagWriter', 'WebDatasetWriter',
+           'ParquetWriter']

@@ -75,6 +75,46 @@ class Target:
     configs: tuple
     check_covers: tuple = ()       # configs whose every read check() vouches for when clean
     differential: tuple = ()       # configs that must agree exactly
+    build: str | None = None       # made here by BUILDERS[build](dir) instead of a fixture
+
+
+def _build_webdataset(root: pathlib.Path) -> pathlib.Path:
+    """Two small shards (jpg, cls, json, txt) with their sidecars, as webdataset writes them."""
+    import io
+    import tarfile
+    from PIL import Image
+    out = root / 'shards'
+    out.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for s in range(2):
+        with tarfile.open(out / f'train-{s:06d}.tar', 'w', format=tarfile.PAX_FORMAT) as t:
+            for i in range(4):
+                k = 4 * s + i
+                buf = io.BytesIO()
+                Image.fromarray(rng.integers(0, 255, (8, 8, 3), np.uint8)).save(buf, 'JPEG')
+                for ext, data in (('jpg', buf.getvalue()), ('cls', str(k % 3).encode()),
+                                  ('json', json.dumps({'k': k}).encode()),
+                                  ('txt', f'caption {k}'.encode())):
+                    info = tarfile.TarInfo(f'{k:06d}.{ext}')
+                    info.size = len(data)
+                    t.addfile(info, io.BytesIO(data))
+    loadr.open(out)                         # the sidecars
+    return out
+
+
+def _build_parquet(root: pathlib.Path) -> pathlib.Path:
+    """One Parquet file of 12 rows in row groups of 4: HF image struct, int, str, float."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    root.mkdir(parents=True, exist_ok=True)
+    rows = [{'image': {'bytes': bytes([255, 216]) + bytes(range(k, k + 20)), 'path': f'{k}.jpg'},
+             'label': k % 5, 'text': f'row {k}', 'score': k / 2} for k in range(12)]
+    path = root / 'data.parquet'
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=4)
+    return path
+
+
+BUILDERS = {'webdataset': _build_webdataset, 'parquet': _build_parquet}
 
 
 _BAG = ({'decode_images': False}, {'decode_images': False, 'cache_index': False},
@@ -94,9 +134,17 @@ TARGETS = {
                         differential=(0, 1, 2)),
     'bag_sharded': Target('bag_sharded', 'bag', 'bag_sharded', _BAG, check_covers=(0, 3),
                           differential=(0, 1, 2)),
+    # The index sidecars are part of the input; reading never writes them here (the
+    # workspace is restored file by file).
+    'webdataset': Target('webdataset', 'webdataset', 'shards',
+                         ({'write_index': False}, {'write_index': False, 'decode': False}),
+                         check_covers=(0,), build='webdataset'),
+    'parquet': Target('parquet', 'parquet', 'data.parquet', ({}, {'columns': ['label']}),
+                      check_covers=(0,), build='parquet'),
 }
 FORMATS = {'ffrecord': ('ffrecord', 'ffrecord_multi'), 'gulp': ('gulp',),
-           'bag': ('bag', 'bag_types', 'bag_sharded')}
+           'bag': ('bag', 'bag_types', 'bag_sharded'), 'webdataset': ('webdataset',),
+           'parquet': ('parquet',)}
 
 
 class Hang(BaseException):
@@ -153,6 +201,8 @@ class Workspace:
     def __init__(self, target: Target, root):
         self.target = target
         source = FIXTURES / target.fixture
+        if target.build is not None:
+            source = BUILDERS[target.build](pathlib.Path(root) / f'{target.name}-source')
         self.path = pathlib.Path(root) / target.name / source.name
         if self.path.exists():
             shutil.rmtree(self.path.parent)
@@ -188,6 +238,16 @@ class Workspace:
         """For each pristine datapoint: {key or None: the files its value comes from}."""
         fmt = self.target.fmt
         n = len(self.reference[0])
+        if fmt == 'webdataset':
+            r = loadr.open(self.path, write_index=False)
+            deps = []
+            for i in range(n):
+                shard, _ = r._locate(i)
+                tar = pathlib.Path(shard.path).relative_to(self.base).as_posix()
+                deps.append({None: {tar, tar + '.loadr-index'}})
+            return deps
+        if fmt == 'parquet':
+            return [{None: {self.path.name}} for _ in range(n)]
         if fmt == 'ffrecord':
             r = loadr.open(self.path)
             deps = []
@@ -439,6 +499,23 @@ def _types_ok(fmt: str, spec: dict, dp: dict, config: dict) -> str | None:
         if config.get('decode') is None and (set(dp) != {'data'}
                                              or not isinstance(dp['data'], bytes)):
             return f'undecoded sample is not {{"data": bytes}}: {sorted(dp)}'
+        return None
+    if fmt == 'webdataset':
+        types = {'__key__': str, 'cls': int, 'txt': str, 'json': dict, 'jpg': bytes}
+        if not set(dp) <= set(types) or '__key__' not in dp:
+            return f'keys {sorted(dp)} are not members of the shards'
+        for key, value in dp.items():
+            want = types[key] if config.get('decode', True) or key == '__key__' else bytes
+            if not isinstance(value, want):
+                return f'{key!r} holds a {type(value).__name__}'
+        return None
+    if fmt == 'parquet':
+        types = {'image': (bytes, type(None)), 'label': int, 'text': str, 'score': float}
+        if set(dp) != set(spec):
+            return f'keys {sorted(dp)} differ from the columns {sorted(spec)}'
+        for key, value in dp.items():
+            if not isinstance(value, types[key]):
+                return f'{key!r} holds a {type(value).__name__}'
         return None
     if fmt == 'gulp':
         if set(dp) != {'id', 'frames', 'meta'} or not isinstance(dp['id'], str) \

@@ -1,0 +1,134 @@
+"""Dataset paths that name many files: brace ranges, globs and lists.
+
+WebDataset shards are named ``train-{000000..000999}.tar`` and Parquet sets
+``data/*.parquet``; a list of paths or URLs works too. :func:`expand` turns
+any of them into the sorted or listed files, through the storage layer, so
+a local path and a URL expand the same way (a glob lists the directory
+above it; nothing else is listed).
+
+>>> expand_braces('a-{01..03}.tar')
+['a-01.tar', 'a-02.tar', 'a-03.tar']
+>>> expand_braces('{train,val}/x.tar')
+['train/x.tar', 'val/x.tar']
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+
+from ..errors import ConfigError, FormatError
+from ..storage import storage_for
+
+__all__ = ['expand', 'expand_braces', 'is_pattern', 'names_files', 'common_root']
+
+_BRACE = re.compile(r'\{([^{}]*)\}')
+_RANGE = re.compile(r'(-?\d+)\.\.(-?\d+)\Z')
+# A pattern that would name more files than this is a mistake, not a dataset.
+MAX_EXPANDED = 10_000_000
+
+
+def is_pattern(path) -> bool:
+    """True for a list of paths, or a path with ``{a..b}``, ``{a,b}``, ``*``, ``?`` or ``[``.
+
+    >>> is_pattern('x/{0..9}.tar'), is_pattern('x/0.tar'), is_pattern(['a.tar'])
+    (True, False, True)
+    """
+    if isinstance(path, (list, tuple)):
+        return True
+    if not isinstance(path, str):
+        return False
+    name = path.partition('://')[2] if '://' in path else path
+    return bool(_BRACE.search(name)) or any(c in name for c in '*?[')
+
+
+def names_files(path, storage_options: dict | None = None) -> bool:
+    """True when ``path`` is a list, or a pattern that is not itself an existing name
+    (a folder called ``data[1]`` is a folder)."""
+    if isinstance(path, (list, tuple)):
+        return True
+    if not is_pattern(path):
+        return False
+    try:
+        return not storage_for(path, storage_options).exists(path)
+    except Exception:       # a URL whose server cannot say: read as the pattern it looks like
+        return True
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Every name ``pattern`` stands for: ``{0..9}`` (zero-padded as written) and ``{a,b}``."""
+    match = _BRACE.search(pattern)
+    if match is None:
+        return [pattern]
+    body = match.group(1)
+    numbers = _RANGE.match(body)
+    if numbers:
+        lo, hi = numbers.groups()
+        width = len(lo) if lo.lstrip('-').startswith('0') else 0
+        a, b = int(lo), int(hi)
+        if abs(b - a) >= MAX_EXPANDED:
+            raise ConfigError(f'the range {{{body}}} names more than {MAX_EXPANDED} files',
+                              pattern)
+        step = 1 if b >= a else -1
+        choices = [str(k).zfill(width) for k in range(a, b + step, step)]
+    else:
+        choices = body.split(',')
+    head, tail = pattern[:match.start()], pattern[match.end():]
+    out = []
+    for choice in choices:
+        out += expand_braces(head + choice + tail)
+    return out
+
+
+def _glob(storage, pattern: str) -> list[str]:
+    """The files matching a glob in the last component (the directory above is listed)."""
+    parent, _, name = pattern.rpartition('/')
+    if any(c in parent for c in '*?['):
+        raise ConfigError('only the file name may hold * ? or [...] (list the folders, or '
+                          'give a {a..b} range)', pattern)
+    parent = parent or '.'
+    names = [n for n in storage.list(parent) if fnmatch.fnmatchcase(n, name)]
+    return [f'{parent}/{n}' if parent != '.' or pattern.startswith('./') else n
+            for n in sorted(names)]
+
+
+def expand(path, storage_options: dict | None = None) -> list[str]:
+    """The files ``path`` names, in order: a list as given, braces as written, globs sorted.
+
+    A FormatError names the first file of a brace range or list that does not exist.
+    """
+    if isinstance(path, (list, tuple)):
+        files = [os.fspath(p) for p in path]
+        if not files:
+            raise ConfigError('an empty list of files')
+    else:
+        path = os.fspath(path)
+        files = []
+        for one in expand_braces(path):
+            if any(c in (one.partition('://')[2] or one) for c in '*?['):
+                files += _glob(storage_for(one, storage_options), one)
+            else:
+                files.append(one)
+        if not files:
+            raise FormatError('the pattern names no files', path)
+    return files
+
+
+def common_root(files: list[str]) -> str:
+    """The deepest directory holding every file of ``files`` (URLs too).
+
+    >>> common_root(['d/a/x.tar', 'd/b/y.tar']), common_root(['http://h/s/a.tar'])
+    ('d', 'http://h/s')
+    """
+    parts = [f.split('/')[:-1] for f in files]
+    common = parts[0]
+    for p in parts[1:]:
+        k = 0
+        while k < min(len(common), len(p)) and common[k] == p[k]:
+            k += 1
+        common = common[:k]
+    root = '/'.join(common)
+    if root.endswith(':/') or root.endswith(':'):       # 'http://' split into 'http:', ''
+        root = files[0].rsplit('/', 1)[0]
+    return root or '.'
