@@ -114,15 +114,30 @@ def default_start_method() -> str:
     """How workers start when ``start_method`` is not given.
 
     ``'fork'`` where there is one, like torch's DataLoader on Linux: workers
-    start in milliseconds and need no ``__main__`` guard. Not once JAX is
-    imported: JAX runs threads, a fork of a multithreaded process can
-    deadlock (JAX warns at each one), so ``'forkserver'`` (else ``'spawn'``),
-    which start workers from a process without those threads.
+    start in milliseconds and need no ``__main__`` guard. Not once JAX has
+    started its backends: they run threads, a fork of a multithreaded process
+    can deadlock (JAX warns at each one), so ``'forkserver'`` (else
+    ``'spawn'``), which start workers from a process without those threads.
+    Importing JAX alone starts no thread (a library that imports it, such as
+    ``loadr.jax``, leaves fork safe).
+
+    >>> default_start_method() in ('fork', 'forkserver', 'spawn')
+    True
     """
     methods = _start_methods()
-    if 'fork' in methods and 'jax' not in sys.modules:
+    if 'fork' in methods and not _jax_threads():
         return 'fork'
     return 'forkserver' if 'forkserver' in methods else 'spawn'
+
+
+def _jax_threads() -> bool:
+    """Whether JAX runs in this process with its backends (and their threads) started."""
+    if sys.modules.get('jax') is None:
+        return False
+    bridge = sys.modules.get('jax._src.xla_bridge')
+    started = getattr(bridge, 'backends_are_initialized', None)
+    # A JAX without that function: assume the threads are there (the safe side).
+    return True if started is None else bool(started())
 
 
 # The largest values the Loader's whole-number settings may take: past these a

@@ -794,3 +794,20 @@ def test_an_epoch_past_the_last_position_is_refused_when_asked_for():
         with pytest.raises(ConfigError, match='^epoch must be'):
             loader.epoch(bad)
     assert len(next(iter(loader.epoch(last)))['label']) == 2
+
+
+def test_the_default_start_method_is_fork_until_jax_starts_its_threads():
+    """Importing JAX (as loadr.jax or a test collector does) starts no thread: fork stays
+    (taking it away sent every later Loader of the process through a pickle); once JAX's
+    backends run, their threads make a fork unsafe and workers start another way."""
+    import importlib.util
+    import subprocess
+    import sys
+    if importlib.util.find_spec('jax') is None:
+        pytest.skip('jax is not installed (the adapters extra)')
+    code = ('import jax, loadr.jax; from loadr.loader import default_start_method as d; '
+            'a = d(); jax.devices(); print(a, d())')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ['fork', 'forkserver']

@@ -1,4 +1,4 @@
-"""Parquet files read in place, row by row (needs pyarrow: ``pip install loadr[parquet]``).
+"""Parquet files read in place, row by row (needs pyarrow: ``pip install pyarrow``).
 
 ``ParquetReader('data/*.parquet')`` (one file, a directory of ``.parquet``
 files, a glob, a list; local paths and URLs) numbers the rows of every file,
@@ -49,8 +49,8 @@ SUFFIX = '.parquet'
 MAGIC = b'PAR1'
 WINDOW_BYTES = 256 << 20             # rows kept for the positions ahead, per process
 CACHE_ROW_GROUPS = 2                 # row groups kept when read by hand
-NO_PYARROW = ('reading Parquet needs pyarrow: pip install "loadr[parquet]" (or pip install '
-              'pyarrow)')
+NO_PYARROW = ("reading Parquet needs pyarrow: pip install pyarrow (or pip install -e '.[parquet]' "
+              "in loadr's checkout)")
 
 
 def _pyarrow():

@@ -126,7 +126,7 @@ def test_a_damaged_file_gives_a_loadr_error_naming_it(data, tmp_path):
 def test_without_pyarrow_the_error_says_what_to_install(monkeypatch, data):
     import sys
     monkeypatch.setitem(sys.modules, 'pyarrow', None)
-    with pytest.raises(ConfigError, match='loadr\\[parquet\\]'):
+    with pytest.raises(ConfigError, match='pip install pyarrow'):
         ParquetReader(data)
 
 
