@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 __all__ = ['Stats', 'WORKER_FIELDS', 'STRIDE', 'MAX_STRIDE', 'TIMED_ROW_COST_US', 'TIMING_SHARE',
            'TIME_EVERY_ROW_US', 'format_table', 'StageClock', 'NOT_BOTTLENECK_FRACTION',
            'fn_names', 'row_width', 'worker_dict', 'cores', 'settle', 'schedstat',
-           'process_times']
+           'process_times', 'FillTimer']
 
 # The fixed counters of a worker's row; one counter per fn follows them.
 WORKER_FIELDS = ('busy', 'wait', 'read', 'write', 'batches', 'samples', 'cpu', 'busy_sq',
@@ -235,6 +235,115 @@ class StageClock:
 
     def totals(self) -> dict:
         return worker_dict(self.row, self.nfns)
+
+
+class FillTimer:
+    """The stage accounting of an assembler's fills: which rows are timed, and the split.
+
+    One row in :attr:`every` is read through :meth:`timed`, which hands the
+    assembler's ``datapoint()`` fns wrapped in laps (:class:`_Lap`): each adds
+    the time since the last lap to its stage, the first one (before any fn)
+    the read's. The other rows pay one countdown test. :meth:`account` scales
+    the timed rows' shares to the batch's measured loop time and adds the
+    batch to a :class:`StageClock`; the writes, timed whole, are 'write'.
+
+    ``fns`` are the assembler's fns; a reading fn (``fns[0].reads``) is its
+    own stage, so the read's time is fn 0's.
+
+    >>> def crop(dp, seed): return dp
+    >>> timer = FillTimer([crop])
+    >>> def datapoint(index, seed, raw=None, fns=None):
+    ...     dp = {'i': index}
+    ...     for fn in fns: dp = fn(dp, seed=seed)
+    ...     return dp
+    >>> timer.start()
+    0
+    >>> timer.timed(datapoint, 3, 0, None)
+    {'i': 3}
+    >>> timer.sampled > 0 and len(timer.acc) == 2
+    True
+    """
+
+    def __init__(self, fns):
+        fns = list(fns)
+        reads = bool(fns) and bool(getattr(fns[0], 'reads', False))
+        self.read_slot = 1 if reads else 0
+        after = fns[1:] if reads else fns
+        self.acc = [0.0] * (1 + len(fns))      # seconds of the timed rows: [read, fn 0, ...]
+        self.split = [0.0] * len(self.acc)     # shares of a row's time, per stage
+        self.sampled = 0.0                     # seconds of the timed rows, whole
+        self.last = 0.0                        # when the stage in hand began
+        self.every = STRIDE
+        self.countdown = 0                     # rows until the next timed one, across batches
+        self.laps = [] if not after else [_Lap(None, self.read_slot, self)] + [
+            _Lap(fn, slot, self) for slot, fn in enumerate(after, self.read_slot + 1)]
+
+    def start(self) -> int:
+        """A batch begins: its accumulators cleared; the rows until the first timed one."""
+        self.acc[:] = [0.0] * len(self.acc)
+        self.sampled = 0.0
+        return min(self.countdown, self.every - 1)
+
+    def timed(self, datapoint, index: int, seed, raw):
+        """``datapoint(index, seed, raw, laps)``, timed stage by stage."""
+        clock = time.perf_counter
+        t0 = self.last = clock()
+        try:
+            return datapoint(index, seed, raw, self.laps)
+        finally:
+            took = clock() - t0
+            if not self.laps:           # no fns: the row is its read
+                self.acc[self.read_slot] += took
+            self.sampled += took
+
+    def account(self, clock: 'StageClock', count: int, t0: float, t1: float, cpu0: float,
+                filled: bool, write_s: float) -> None:
+        """Scale the timed rows' stages to the whole loop and add the batch to ``clock``.
+
+        ``t0``: the fill's start; ``t1``: its rows' start (what is before, the
+        batch read, is 'read'); ``write_s``: the time its writes took, measured
+        whole. The loop's time less the writes is split as the timed rows split
+        (what is outside their clocks, the loop itself, lands in 'other' via
+        busy). A batch with no timed row (a small one between two) is split as
+        the last timed rows were.
+        """
+        end = time.perf_counter()
+        loop, sampled = max(0.0, end - t1 - write_s), self.sampled
+        if sampled > 0:
+            self.split = [t / sampled for t in self.acc]
+            if count:
+                # Time rows sparsely enough that a timed row's clock reads cost about
+                # TIMING_SHARE of the work (every row once rows are that slow);
+                # the row time is taken from batches with a timed row only.
+                per_row_us = 1e6 * loop / count
+                self.every = max(1, min(MAX_STRIDE, int(
+                    TIMED_ROW_COST_US / (TIMING_SHARE * max(per_row_us, 1e-3)))))
+        split = self.split
+        clock.add_fill(t1 - t0 + split[0] * loop, write_s, [t * loop for t in split[1:]],
+                       count if filled else 0, end - t0,
+                       time.process_time() - cpu0 if clock.inline else 0.0, int(filled))
+
+
+class _Lap:
+    """A fn of a timed row: calls ``fn`` (none: the read's lap) and adds the time since the
+    last lap to stage ``slot``."""
+
+    __slots__ = ('fn', 'slot', 'timer')
+
+    def __init__(self, fn, slot: int, timer: FillTimer):
+        self.fn, self.slot, self.timer = fn, slot, timer
+
+    def __call__(self, dp, seed=None):
+        if self.fn is not None:
+            dp = self.fn(dp, seed=seed)
+        timer = self.timer
+        now = time.perf_counter()
+        timer.acc[self.slot] += now - timer.last
+        timer.last = now
+        return dp
+
+    def __repr__(self) -> str:          # errors name the fn, as for a row not timed
+        return repr(self.fn)
 
 
 def worker_dict(row, fns: int) -> dict:
