@@ -45,7 +45,7 @@ from typing import Any, Protocol, runtime_checkable
 
 __all__ = ['Source', 'BatchSource', 'SeededSource', 'ErrorNaming', 'Prefetching', 'Caching',
            'Warming', 'Ordering', 'Identified', 'Composite', 'OPTIONAL', 'Hooks', 'hooks_of',
-           'declared', 'one_by_one']
+           'declared', 'members', 'one_by_one']
 
 
 @runtime_checkable
@@ -153,6 +153,19 @@ def declared(cls: type) -> list[type]:
     """
     mro = cls.__mro__
     return [p for p in OPTIONAL if p in mro]
+
+
+def members(protocol: type) -> tuple[str, ...]:
+    """The names a protocol asks for: its methods and its attributes.
+
+    >>> members(Caching)
+    ('caches', 'cache_clock', 'cache_flush')
+    """
+    names = list(protocol.__dict__.get('__annotations__', {}))
+    names += [name for name, value in protocol.__dict__.items()
+              if callable(value) and (not name.startswith('_')
+                                      or name in ('__len__', '__getitem__'))]
+    return tuple(names)
 
 
 class Hooks:

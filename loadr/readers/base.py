@@ -25,8 +25,8 @@ The contract every reader keeps (and ``tests/readers/common.py`` checks):
 What else a reader may implement (a batch read of its own, read-ahead, a
 cache that learns the order, ``warm()``, its own order, ...) is written down
 as protocols in :mod:`loadr.sources`: a reader names those it implements
-among its bases (:class:`Reader` itself implements ``Prefetching``,
-``Caching`` and ``Identified``), the loader looks them up once
+among its bases (:class:`Reader` itself implements ``BatchSource``,
+``Prefetching``, ``Caching`` and ``Identified``), the loader looks them up once
 (:func:`loadr.sources.hooks_of`), and ``tests/readers/common.py`` checks each
 declaration.
 
@@ -46,7 +46,7 @@ import os
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import WriterError
-from ..sources import Caching, Identified, Prefetching, one_by_one
+from ..sources import BatchSource, Caching, Identified, Prefetching, one_by_one
 from ..storage import LocalStorage as Files
 from ..storage import read_error, storage_for
 
@@ -70,15 +70,16 @@ def check_index(i: Any, n: int) -> int:
     return i
 
 
-class Reader(Prefetching, Caching, Identified):
+class Reader(BatchSource, Prefetching, Caching, Identified):
     """Base class for loadr's readers; see the module docstring for the contract.
 
     Subclasses implement ``__len__``, ``_get(i, mask)``, ``available(i)`` and
     ``spec``; this class handles index checking and masks. It implements the
-    optional protocols :class:`~loadr.sources.Prefetching`,
+    optional protocols :class:`~loadr.sources.BatchSource` (a loop, marked
+    :func:`~loadr.sources.one_by_one`: a subclass with a faster batch read
+    overrides it and names the protocol again), :class:`~loadr.sources.Prefetching`,
     :class:`~loadr.sources.Caching` (both active on remote files only) and
-    :class:`~loadr.sources.Identified`; a subclass with its own batch read
-    names :class:`~loadr.sources.BatchSource` too.
+    :class:`~loadr.sources.Identified`.
     """
 
     spec: dict
