@@ -198,7 +198,9 @@ class Assembler:
                             for _, dtype, shape in self._array_specs)
             if row_bytes:
                 self._group = max(1, ROW_GROUP_BYTES // row_bytes)
-        hooks = hooks_of(reader)
+        # The reader's optional hooks (loadr.sources), chosen here once; the worker
+        # asks the same (warm, prefetch, cache_flush) of `hooks`.
+        hooks = self.hooks = hooks_of(reader)
         # The reader's own batch read, unless it is the base class's loop
         # (which would only read everything twice when a sample fails).
         read_batch = hooks.read_batch
