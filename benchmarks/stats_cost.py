@@ -30,7 +30,7 @@ import timeit
 
 import numpy as np
 
-from loadr.assemble import OBJECT, Assembler, infer_spec
+from loadr.assemble import OBJECT, Assembler, _Fill, infer_spec
 from loadr.order import Order
 from loadr.stats import StageClock, row_width, schedstat
 
@@ -82,14 +82,19 @@ def parts(batch: int = 256, repeat: int = 7) -> dict:
         timer.sampled = 1e-5
         timer.account(clock, batch, t1, t1, 0.0, True, 0.0)
 
-    # A row is read the same way timed or not (the writes come after, alike).
-    datapoint, timed = asm.datapoint, timer.timed
+    # One row, timed and not, by the assembler's one reader of a row (the writes
+    # come after, alike).
+    job = _Fill(order, 0, [5], [0], [None], arrays, {}, None, ((-1,), 0))
 
     def timed_row():
-        timed(datapoint, 5, 0, None)
+        job.pending.clear()
+        job.countdown = 0
+        asm._read_rows(job, 0, 1)
 
     def plain_row():
-        datapoint(5, 0, None)
+        job.pending.clear()
+        job.countdown = 1 << 62
+        asm._read_rows(job, 0, 1)
 
     timed = _best(timed_row, 20000, repeat)
     plain = _best(plain_row, 20000, repeat)

@@ -138,11 +138,12 @@ class _Fill:
     """One :meth:`Assembler.fill` in hand: where its rows come from and go to.
 
     ``pending`` holds the datapoints read but not yet written, for rows
-    ``next_row ..``; ``write_s`` the seconds its writes took.
+    ``next_row ..``; ``write_s`` the seconds its writes took; ``countdown`` the
+    rows until the next timed one.
     """
 
     __slots__ = ('order', 'start', 'indices', 'seeds', 'raws', 'arrays', 'extras', 'replaced',
-                 'progress', 'cancel', 'pending', 'next_row', 'write_s')
+                 'progress', 'cancel', 'pending', 'next_row', 'write_s', 'countdown')
 
     def __init__(self, order, start: int, indices: list, seeds, raws: list, arrays: dict,
                  extras: dict, progress, cancel: tuple):
@@ -153,13 +154,19 @@ class _Fill:
         self.pending: list = []
         self.next_row = 0
         self.write_s = 0.0
+        self.countdown = 0
+
+
+# A fill that is never cancelled: (cell, task id) with cell[0] < task id.
+_NEVER = ((-1,), 0)
 
 
 class Assembler:
     """Reads, transforms and writes the datapoints of one batch.
 
-    One reader of a row, :meth:`datapoint` (a timed row goes through it too,
-    its fns wrapped in laps: :class:`loadr.stats.FillTimer`), and two
+    One reader of a row, :meth:`_read_rows` (:meth:`datapoint` is one row of
+    it; a timed row goes through it too, its fns wrapped in laps:
+    :class:`loadr.stats.FillTimer`), and two
     writers: :meth:`_write_rows`, the fast one, writes a run of rows key by
     key when every datapoint is the common kind, and :meth:`_write_checked`
     writes one datapoint with every check, or raises the error that names the
@@ -250,43 +257,77 @@ class Assembler:
             time.sleep(READ_RETRY_DELAYS_S[retries])
             retries += 1
 
-    def datapoint(self, index: int, seed: int, raw: dict | None = None,
-                  fns: list | None = None) -> dict:
+    def datapoint(self, index: int, seed: int, raw: dict | None = None) -> dict:
         """The datapoint at ``index`` after every fn, called with ``seed``.
 
         ``raw`` is the datapoint as already read (by a batch read), if it was.
-        ``fns``, in place of the assembler's fns after the read: the same
-        wrapped to time them (:class:`loadr.stats.FillTimer`).
+        The one row of :meth:`_read_rows`, which reads every row.
         """
-        if raw is not None:
-            dp = raw
-        else:
-            get = self._get
-            if get is not None:
-                try:
-                    dp = get(index)
-                except Exception as exc:
-                    dp = self._read(index, seed, exc)
-            else:
-                dp = self._read(index, seed)
-        if type(dp) is not dict:
-            _returned(dp, index)
-        after = self.after if fns is None else fns
-        if not after:
-            return dp
-        # Fns may mutate theirs: never the reader's own dict (_own, inlined for an
-        # exact dict: the call was a few % of a trivial fill).
-        dp = dp.copy() if type(dp) is dict else _own(dp)
+        job = _Fill(None, 0, [index], [seed], [raw], None, None, None, _NEVER)
+        job.countdown = 1 << 62
+        self._read_rows(job, 0, 1)
+        return job.pending[0]
+
+    def _read_rows(self, job: _Fill, first: int, stop: int) -> None:
+        """Read rows ``first .. stop - 1`` of ``job`` onto ``job.pending``, each through the
+        fns: the one reader of a row (:meth:`datapoint` is one row of it).
+
+        Raises the first failure (its row is the first not on ``pending``), or
+        :class:`Cancelled`. Every ``every``-th row is timed (``job.countdown``):
+        its fns are the timer's laps, the same fns wrapped to time them
+        (:class:`loadr.stats.FillTimer`). A loop over rows, not a call per row:
+        the call was 6% of a trivial fill.
+        """
+        get, read, after, name_error = self._get, self._read, self.after, self._name_error
+        timer = self.timer
+        laps, every = timer.laps, timer.every
+        keep = job.pending.append
+        cell, task_id = job.cancel
+        progress, start = job.progress, job.start
+        countdown = job.countdown
         try:
-            for fn in after:
-                dp = fn(dp, seed=seed)
-                if type(dp) is not dict:
-                    _returned(dp, index, fn)
-        except Exception as exc:
-            if self._name_error is not None:
-                self._name_error(exc, index)
-            raise
-        return dp
+            for row, (index, seed, raw) in enumerate(
+                    zip(job.indices[first:stop], job.seeds[first:stop], job.raws[first:stop]),
+                    first):
+                if cell[0] >= task_id:
+                    raise Cancelled(task_id)
+                if progress is not None:
+                    progress[0] = start + row
+                    progress[1] = index
+                if countdown:
+                    countdown -= 1
+                    fns = after
+                else:
+                    countdown = every - 1
+                    fns = laps
+                    timer.row()
+                if raw is not None:
+                    dp = raw
+                elif get is not None:
+                    try:
+                        dp = get(index)
+                    except Exception as exc:
+                        dp = read(index, seed, exc)
+                else:
+                    dp = read(index, seed)
+                if fns:
+                    # Fns may mutate theirs: never the reader's own dict (_own, inlined
+                    # for an exact dict).
+                    dp = dp.copy() if type(dp) is dict else _own(_returned(dp, index))
+                    try:
+                        for fn in fns:
+                            dp = fn(dp, seed=seed)
+                            if type(dp) is not dict:
+                                _returned(dp, index, fn)
+                    except Exception as exc:
+                        if name_error is not None:
+                            name_error(exc, index)
+                        raise
+                elif type(dp) is not dict:
+                    _returned(dp, index)
+                keep(dp)
+        finally:
+            job.countdown = countdown
 
     def _read_batch(self, indices: list) -> list:
         """The reader's own batch read where it has one, else Nones (read one by one)."""
@@ -349,54 +390,45 @@ class Assembler:
         raws = self._read_batch(indices) if batch_read else [None] * len(indices)
         job = _Fill(order, start, indices, seeds, raws, arrays,
                     {k: [] for k in self.list_keys}, progress,
-                    cancel if cancel is not None else ((-1,), 0))
+                    cancel if cancel is not None else _NEVER)
         if clock is None:
-            self._fill_rows(job, 1 << 62)
+            job.countdown = 1 << 62
+            self._fill_rows(job)
             return job.extras, job.replaced
         # Every `every`-th row is timed stage by stage (loadr.stats.FillTimer):
         # the others pay one test of a countdown.
         timer = self.timer
-        countdown = timer.start()
+        job.countdown = timer.start()
         t1 = time.perf_counter()
         filled = False
         try:
-            timer.countdown = self._fill_rows(job, countdown)
+            self._fill_rows(job)
             filled = True
         finally:
+            timer.countdown = job.countdown
             # A cancelled or failed batch's rows were work too (not a batch, though).
             timer.account(clock, count, t0, t1, cpu0, filled, job.write_s)
         return job.extras, job.replaced
 
-    def _fill_rows(self, job: _Fill, countdown: int) -> int:
+    def _fill_rows(self, job: _Fill) -> None:
         """Read the rows of ``job`` and write them, :attr:`_group` at a time, so that errors
-        and replacements come in the order of the rows. Returns the countdown to the next
-        timed row."""
-        datapoint, pending, group = self.datapoint, job.pending, self._group
-        keep = pending.append
-        cell, task_id = job.cancel
-        progress, start = job.progress, job.start
-        every, timed = self.timer.every, self.timer.timed
-        rows = list(zip(job.indices, job.seeds, job.raws))
-        for first in range(0, len(rows), group):
-            for row, (index, seed, raw) in enumerate(rows[first:first + group], first):
-                if cell[0] >= task_id:
-                    raise Cancelled(task_id)
-                if progress is not None:
-                    progress[0] = start + row
-                    progress[1] = index
-                try:
-                    if countdown:
-                        countdown -= 1
-                        keep(datapoint(index, seed, raw))
-                    else:
-                        countdown = every - 1
-                        keep(timed(datapoint, index, seed, raw))
-                except Exception as exc:
-                    self._write_pending(job)        # the rows before it first
-                    self._failed(exc, job, row)
-                    job.next_row = row + 1
+        and replacements come in the order of the rows."""
+        pending, group, n = job.pending, self._group, len(job.indices)
+        row = 0
+        while row < n:
+            stop = min(n, job.next_row + group)
+            try:
+                self._read_rows(job, row, stop)
+            except Cancelled:
+                raise
+            except Exception as exc:
+                failed = job.next_row + len(pending)
+                self._write_pending(job)        # the rows before it first
+                self._failed(exc, job, failed)
+                job.next_row = row = failed + 1
+                continue
             self._write_pending(job)
-        return countdown
+            row = stop
 
     def _write_pending(self, job: _Fill) -> None:
         """Write the datapoints on ``job.pending`` into their rows: all at once with

@@ -240,28 +240,28 @@ class StageClock:
 class FillTimer:
     """The stage accounting of an assembler's fills: which rows are timed, and the split.
 
-    One row in :attr:`every` is read through :meth:`timed`, which hands the
-    assembler's ``datapoint()`` fns wrapped in laps (:class:`_Lap`): each adds
-    the time since the last lap to its stage, the first one (before any fn)
-    the read's. The other rows pay one countdown test. :meth:`account` scales
-    the timed rows' shares to the batch's measured loop time and adds the
-    batch to a :class:`StageClock`; the writes, timed whole, are 'write'.
+    One row in :attr:`every` is read with :attr:`laps` in place of the fns
+    after the read: the same fns, each wrapped in a :class:`_Lap` that adds
+    the time since the last lap to its stage, with one lap before them (the
+    read's) and one after (the row's whole time, :attr:`sampled`). The row is
+    read by the same code as any other (the assembler's one reader of a row);
+    :meth:`row` starts its clock. The other rows pay one countdown test.
+    :meth:`account` scales the timed rows' shares to the batch's measured loop
+    time and adds the batch to a :class:`StageClock`; the writes, timed whole,
+    are 'write'.
 
     ``fns`` are the assembler's fns; a reading fn (``fns[0].reads``) is its
     own stage, so the read's time is fn 0's.
 
     >>> def crop(dp, seed): return dp
     >>> timer = FillTimer([crop])
-    >>> def datapoint(index, seed, raw=None, fns=None):
-    ...     dp = {'i': index}
-    ...     for fn in fns: dp = fn(dp, seed=seed)
-    ...     return dp
     >>> timer.start()
     0
-    >>> timer.timed(datapoint, 3, 0, None)
-    {'i': 3}
-    >>> timer.sampled > 0 and len(timer.acc) == 2
-    True
+    >>> timer.row()
+    >>> dp = {'i': 3}
+    >>> for lap in timer.laps: dp = lap(dp, seed=0)
+    >>> dp, timer.sampled > 0, len(timer.acc)
+    ({'i': 3}, True, 2)
     """
 
     def __init__(self, fns):
@@ -272,11 +272,12 @@ class FillTimer:
         self.acc = [0.0] * (1 + len(fns))      # seconds of the timed rows: [read, fn 0, ...]
         self.split = [0.0] * len(self.acc)     # shares of a row's time, per stage
         self.sampled = 0.0                     # seconds of the timed rows, whole
-        self.last = 0.0                        # when the stage in hand began
+        self.began = self.last = 0.0           # when the row, and the stage, in hand began
         self.every = STRIDE
         self.countdown = 0                     # rows until the next timed one, across batches
-        self.laps = [] if not after else [_Lap(None, self.read_slot, self)] + [
-            _Lap(fn, slot, self) for slot, fn in enumerate(after, self.read_slot + 1)]
+        self.laps = ([_Lap(None, self.read_slot, self)]
+                     + [_Lap(fn, slot, self) for slot, fn in enumerate(after, self.read_slot + 1)]
+                     + [_Lap(None, None, self)])
 
     def start(self) -> int:
         """A batch begins: its accumulators cleared; the rows until the first timed one."""
@@ -284,17 +285,9 @@ class FillTimer:
         self.sampled = 0.0
         return min(self.countdown, self.every - 1)
 
-    def timed(self, datapoint, index: int, seed, raw):
-        """``datapoint(index, seed, raw, laps)``, timed stage by stage."""
-        clock = time.perf_counter
-        t0 = self.last = clock()
-        try:
-            return datapoint(index, seed, raw, self.laps)
-        finally:
-            took = clock() - t0
-            if not self.laps:           # no fns: the row is its read
-                self.acc[self.read_slot] += took
-            self.sampled += took
+    def row(self) -> None:
+        """A timed row begins (its read next)."""
+        self.began = self.last = time.perf_counter()
 
     def account(self, clock: 'StageClock', count: int, t0: float, t1: float, cpu0: float,
                 filled: bool, write_s: float) -> None:
@@ -325,12 +318,12 @@ class FillTimer:
 
 
 class _Lap:
-    """A fn of a timed row: calls ``fn`` (none: the read's lap) and adds the time since the
-    last lap to stage ``slot``."""
+    """A fn of a timed row: calls ``fn`` (none: a lap of its own) and adds the time since
+    the last lap to stage ``slot`` (none: the row's whole time, to ``sampled``)."""
 
     __slots__ = ('fn', 'slot', 'timer')
 
-    def __init__(self, fn, slot: int, timer: FillTimer):
+    def __init__(self, fn, slot: int | None, timer: FillTimer):
         self.fn, self.slot, self.timer = fn, slot, timer
 
     def __call__(self, dp, seed=None):
@@ -338,8 +331,11 @@ class _Lap:
             dp = self.fn(dp, seed=seed)
         timer = self.timer
         now = time.perf_counter()
-        timer.acc[self.slot] += now - timer.last
-        timer.last = now
+        if self.slot is None:
+            timer.sampled += now - timer.began
+        else:
+            timer.acc[self.slot] += now - timer.last
+            timer.last = now
         return dp
 
     def __repr__(self) -> str:          # errors name the fn, as for a row not timed

@@ -556,6 +556,35 @@ def test_a_fn_that_returns_no_datapoint_gets_the_same_error(returns):
     assert 'returned' in str(errors[0].exc)
 
 
+@pytest.mark.parametrize('bad', ['read', 'fn', 'returns'])
+def test_a_timed_row_fails_as_a_row_not_timed(bad):
+    # Every row is timed here (a clock whose stride is 1): the timed row is read by
+    # the same code, its fns wrapped in laps; errors must name the fn, not a lap.
+    def odd(dp, seed=None):
+        if int(dp['label']) == 9 and bad != 'read':
+            if bad == 'fn':
+                raise ValueError('bad 9')
+            return ['not', 'a', 'datapoint']
+        return dp
+    data = trivial(16)
+    if bad == 'read':
+        data[9] = 'not a datapoint'
+    errors = []
+    for timed in (True, False):
+        asm = Assembler(data, [odd], TRIVIAL)
+        if timed:
+            asm.clock = StageClock(np.zeros(row_width(1)), 1, inline=True)
+            asm.timer.every = 1
+        with pytest.raises(SampleFailure) as info:
+            asm.fill(Order(16, seed=0, shuffle=False), 0, 16, slots(TRIVIAL, 16))
+        errors.append((info.value.index, type(info.value.exc), str(info.value.exc)))
+        if timed:
+            assert asm.timer.sampled > 0 and asm.timer.acc[1] > 0    # rows 0 .. 8 timed
+    assert errors[0] == errors[1] and errors[0][0] == 9
+    if bad == 'returns':
+        assert 'odd' in errors[0][2] and 'Lap' not in errors[0][2]
+
+
 def test_tuples_from_the_reader_through_a_fn_same_bytes():
     data = [(np.full(3, i, np.float32), i) for i in range(12)]
     spec = {0: (F32, (3,)), 1: (I64, ())}
