@@ -166,9 +166,10 @@ class Assembler:
 
     One reader of a row, :meth:`_read_rows` (:meth:`datapoint` is one row of
     it; a timed row goes through it too, its fns wrapped in laps:
-    :class:`loadr.stats.FillTimer`), and two
-    writers: :meth:`_write_rows`, the fast one, writes a run of rows key by
-    key when every datapoint is the common kind, and :meth:`_write_checked`
+    :class:`loadr.stats.FillTimer`), and two writers: :meth:`_write_rows`,
+    the fast one, writes a run of rows key by key when every datapoint is
+    the common kind (tests/test_assemble.py compares it with the checked
+    one, row by row), and :meth:`_write_checked`
     writes one datapoint with every check, or raises the error that names the
     key and the index. Rows are kept until :attr:`_group` of them are read
     (about :data:`ROW_GROUP_BYTES` of array data: a whole batch of small rows,
@@ -219,7 +220,7 @@ class Assembler:
         if self.read_fn is not None or self._read_seeded is not None:
             read_batch = None
         self._reader_batch = read_batch
-        # The plain read (reader[index]) called straight from datapoint();
+        # The plain read (reader[index]) called straight from _read_rows;
         # _read, with its retries, only once it has failed.
         self._get = None
         if self.read_fn is None and self._read_seeded is None:
@@ -242,7 +243,7 @@ class Assembler:
 
     def _read(self, index: int, seed: int, failed: Exception | None = None) -> dict:
         """The datapoint at ``index``, read again after transient errors; ``failed``: the
-        error of a first read already made (by :meth:`datapoint`)."""
+        error of a first read already made (by :meth:`_read_rows`)."""
         retries = 0
         while True:
             if failed is None:
