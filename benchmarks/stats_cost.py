@@ -9,8 +9,8 @@ timed alone here, best of several repeats, and added up per task:
 
 - the worker loop's calls around a task (``working``, ``finish``, which
   writes the task's stages into the row, and ``idle``);
-- ``Assembler._account`` once per task (with its ``add_fill``);
-- the timed rows (one every ``_every`` rows): their extra cost over a plain row;
+- ``FillTimer.account`` once per task (with its ``add_fill``);
+- the timed rows (one every ``FillTimer.every`` rows): their extra cost over a plain row;
 - the fill's few clock reads before its loop.
 
 The sum is then set against a task of ``--batch`` trivial datapoints (the
@@ -30,7 +30,7 @@ import timeit
 
 import numpy as np
 
-from loadr.assemble import OBJECT, Assembler, infer_spec
+from loadr.assemble import OBJECT, Assembler, _Fill, infer_spec
 from loadr.order import Order
 from loadr.stats import StageClock, row_width, schedstat
 
@@ -62,39 +62,39 @@ def parts(batch: int = 256, repeat: int = 7) -> dict:
     asm.clock = clock
     for start in range(0, 20 * batch, batch):          # settles _every on this workload
         asm.fill(order, start, batch, arrays)
-    every = asm._every
+    every = asm.timer.every
 
     pending = (0.1, 0.1, [0.1], batch, 1)
 
     def around_a_task():
         clock.working()
-        # What _account's add_fill leaves for finish() to write (add_fill itself is
-        # timed with _account below: called here too, it was counted twice).
+        # What account's add_fill leaves for finish() to write (add_fill itself is
+        # timed with account below: called here too, it was counted twice).
         clock._pending = pending
         clock.finish()
         clock.idle()
 
     t1 = time.perf_counter()
 
-    def account():
-        asm._sampled = 1e-5
-        asm._account(clock, batch, t1, t1, 0.0, True)
+    timer = asm.timer
 
-    # Rows as fill handles them: kept for the batch's bulk write where the spec
-    # allows it (the trivial one does), else written one by one.
-    datapoint, write, dps = asm.datapoint, asm._write, [] if asm._bulk else None
+    def account():
+        timer.sampled = 1e-5
+        timer.account(clock, batch, t1, t1, 0.0, True, 0.0)
+
+    # One row, timed and not, by the assembler's one reader of a row (the writes
+    # come after, alike).
+    job = _Fill(order, 0, [5], [0], [None], arrays, {}, None, ((-1,), 0))
 
     def timed_row():
-        asm._timed_row(5, 0, None, 0, arrays, {}, dps)
-        if dps:
-            dps.clear()
+        job.pending.clear()
+        job.countdown = 0
+        asm._read_rows(job, 0, 1)
 
     def plain_row():
-        if dps is None:
-            write(datapoint(5, 0, None), 0, 5, arrays, {})
-        else:
-            dps.append(datapoint(5, 0, None))
-            dps.clear()
+        job.pending.clear()
+        job.countdown = 1 << 62
+        asm._read_rows(job, 0, 1)
 
     timed = _best(timed_row, 20000, repeat)
     plain = _best(plain_row, 20000, repeat)
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     print('| part | us per task |')
     print('|---|---:|')
     for key, name in (('around_a_task_us', "the worker loop's calls around a task"),
-                      ('account_us', 'Assembler._account'),
+                      ('account_us', 'FillTimer.account'),
                       ('timed_rows_us', 'timed rows, over plain ones'),
                       ('preamble_us', "the fill's clock reads")):
         print(f'| {name} | {p[key]:.2f} |')

@@ -28,7 +28,8 @@ import numpy as np
 
 from .decode import fuse
 from .errors import LoadrError, SpecError
-from .stats import MAX_STRIDE, STRIDE, TIMED_ROW_COST_US, TIMING_SHARE
+from .sources import hooks_of
+from .stats import FillTimer
 from .storage import transient
 
 __all__ = ['Assembler', 'infer_spec', 'value_spec', 'SampleFailure', 'Cancelled',
@@ -43,11 +44,12 @@ _PLAIN = frozenset({str, bytes, int, float, bool, type(None)})
 # these pauses; an error that persists is raised with the index. Which errors
 # are transient is the storage's call (loadr.storage.transient).
 READ_RETRY_DELAYS_S = (0.05, 0.25)
-# Array keys whose row takes at most this many bytes are gathered over a
-# batch and written with one numpy call at its end (a row assignment costs
-# ~0.4 us whatever its size); larger rows are copied as each sample comes,
-# while their data is still in the cache and the sample can be freed.
-COLUMN_ROW_BYTES = 4096
+# Rows are read this many bytes of array data at a time (at least one row) and
+# then written together, key by key (a row assignment costs ~0.4 us whatever its
+# size): a batch of small rows in a few numpy calls at its end, a large row
+# (an image) as it comes, while its data is still in the cache and the sample
+# can be freed.
+ROW_GROUP_BYTES = 1 << 20
 
 
 def value_spec(value) -> tuple[np.dtype, tuple]:
@@ -133,8 +135,46 @@ def _transient(exc: BaseException) -> bool:
     return transient(exc)
 
 
+class _Fill:
+    """One :meth:`Assembler.fill` in hand: where its rows come from and go to.
+
+    ``pending`` holds the datapoints read but not yet written, for rows
+    ``next_row ..``; ``write_s`` the seconds its writes took; ``countdown`` the
+    rows until the next timed one.
+    """
+
+    __slots__ = ('order', 'start', 'indices', 'seeds', 'raws', 'arrays', 'extras', 'replaced',
+                 'progress', 'cancel', 'pending', 'next_row', 'write_s', 'countdown')
+
+    def __init__(self, order, start: int, indices: list, seeds, raws: list, arrays: dict,
+                 extras: dict, progress, cancel: tuple):
+        self.order, self.start, self.indices, self.seeds = order, start, indices, seeds
+        self.raws, self.arrays, self.extras, self.progress = raws, arrays, extras, progress
+        self.cancel = cancel
+        self.replaced: list = []
+        self.pending: list = []
+        self.next_row = 0
+        self.write_s = 0.0
+        self.countdown = 0
+
+
+# A fill that is never cancelled: (cell, task id) with cell[0] < task id.
+_NEVER = ((-1,), 0)
+
+
 class Assembler:
     """Reads, transforms and writes the datapoints of one batch.
+
+    One reader of a row, :meth:`_read_rows` (:meth:`datapoint` is one row of
+    it; a timed row goes through it too, its fns wrapped in laps:
+    :class:`loadr.stats.FillTimer`), and two writers: :meth:`_write_rows`,
+    the fast one, writes a run of rows key by key when every datapoint is
+    the common kind (tests/test_assemble.py compares it with the checked
+    one, row by row), and :meth:`_write_checked`
+    writes one datapoint with every check, or raises the error that names the
+    key and the index. Rows are kept until :attr:`_group` of them are read
+    (about :data:`ROW_GROUP_BYTES` of array data: a whole batch of small rows,
+    one large image at a time) and then written.
 
     ``progress``, when given, is a writable int64 array of 2 entries that
     gets ``[position, index]`` of the sample in hand, so the main process can
@@ -150,9 +190,7 @@ class Assembler:
         self.after = self.fns[1:] if self.read_fn is not None else self.fns
         self.on_error = on_error
         self.spec = spec
-        self._columns: list[tuple] = []            # (key, values, shape == ()), see _write
-        self._bulk = False
-        self._column_rows: list[int] = []          # the rows the columns' values go to
+        self._group = 1 << 62
         if spec is not None:
             self.array_keys = [k for k, (d, _) in spec.items() if d != OBJECT]
             self.list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
@@ -161,54 +199,43 @@ class Assembler:
             self._keys = set(spec)
             self._array_specs = [(k, _canonical(spec[k][0]), tuple(spec[k][1]))
                                  for k in self.array_keys]
-            # _write's fast path: what it accepts without the full checks, and
-            # for small rows the list that gathers the batch's values (a column).
-            self._fast_specs = []
-            for key, dtype, shape in self._array_specs:
-                values = None
-                if dtype.itemsize * int(np.prod(shape, dtype=np.int64)) <= COLUMN_ROW_BYTES:
-                    values = []
-                    self._columns.append((key, values, shape == ()))
-                self._fast_specs.append(_fast_spec(key, dtype, shape) + (values,))
+            # _write_rows: what it accepts without the full checks.
+            self._fast_specs = [_fast_spec(key, dtype, shape)
+                                for key, dtype, shape in self._array_specs]
             self._width = len(spec)
-            # Every array key small: the batch's datapoints are kept and written
-            # at its end, key by key, in a few C-level passes (_write_bulk).
-            self._bulk = len(self._columns) == len(self._array_specs)
             self._by_position = all(type(k) is int for k in spec) \
                 and set(spec) == set(range(len(spec)))
+            row_bytes = sum(dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+                            for _, dtype, shape in self._array_specs)
+            if row_bytes:
+                self._group = max(1, ROW_GROUP_BYTES // row_bytes)
+        # The reader's optional hooks (loadr.sources), chosen here once; the worker
+        # asks the same (warm, prefetch, cache_flush) of `hooks`.
+        hooks = self.hooks = hooks_of(reader)
         # The reader's own batch read, unless it is the base class's loop
         # (which would only read everything twice when a sample fails).
-        read_batch = getattr(reader, 'read_batch', None)
-        if read_batch is not None and _inherited_read_batch(reader):
-            read_batch = None
+        read_batch = hooks.read_batch
         # A reader whose datapoints depend on the sample's seed (a Mix applies
         # its sources' own fns) is read through read_seeded, one by one.
-        self._read_seeded = getattr(reader, 'read_seeded', None)
+        self._read_seeded = hooks.read_seeded
         # A reader made of sources (a Mix) names the source of an error the fns raise.
-        self._name_error = getattr(reader, 'name_error', None)
+        self._name_error = hooks.name_error
         if self.read_fn is not None or self._read_seeded is not None:
             read_batch = None
         self._reader_batch = read_batch
-        # The plain read (reader[index]) called straight from datapoint();
+        # The plain read (reader[index]) called straight from _read_rows;
         # _read, with its retries, only once it has failed.
         self._get = None
         if self.read_fn is None and self._read_seeded is None:
             self._get = getattr(reader, '__getitem__', None)
         self._ahead: set[tuple] = set()     # tasks whose reads prefetch() started ahead
-        # Reading ahead pays only where the reader's files are remote.
-        self._prefetch = reader.prefetch if getattr(reader, 'prefetches', False) else None
+        # Reading ahead pays only where the reader's files are remote ...
+        self._prefetch = hooks.prefetch
         # ... and a remote reader's local cache learns the position of each batch.
-        self._cache_clock = reader.cache_clock if getattr(reader, 'caches', False) else None
-        # Stage accounting (loadr.stats): set by the worker or the loader. The
-        # accumulator holds [read, write, fn 0, fn 1, ...] of the timed rows;
-        # a reading fn's time is its own stage, not 'read'.
+        self._cache_clock = hooks.cache_clock
+        # Stage accounting (loadr.stats): set by the worker or the loader.
         self.clock = None
-        self._acc = [0.0] * (2 + len(self.fns))
-        self._read_slot = 2 if self.read_fn is not None else 0
-        self._first_after = 3 if self.read_fn is not None else 2
-        self._every = STRIDE
-        self._countdown = 0             # rows until the next timed one, across batches
-        self._split = [0.0] * len(self._acc)    # shares of a row's time, per stage
+        self.timer = FillTimer(self.fns)
 
     def _read_once(self, index: int, seed: int) -> dict:
         if self.read_fn is not None:
@@ -219,7 +246,7 @@ class Assembler:
 
     def _read(self, index: int, seed: int, failed: Exception | None = None) -> dict:
         """The datapoint at ``index``, read again after transient errors; ``failed``: the
-        error of a first read already made (by :meth:`datapoint`)."""
+        error of a first read already made (by :meth:`_read_rows`)."""
         retries = 0
         while True:
             if failed is None:
@@ -238,63 +265,73 @@ class Assembler:
         """The datapoint at ``index`` after every fn, called with ``seed``.
 
         ``raw`` is the datapoint as already read (by a batch read), if it was.
+        The one row of :meth:`_read_rows`, which reads every row.
         """
-        if raw is not None:
-            dp = raw
-        elif self._get is not None:
-            try:
-                dp = self._get(index)
-            except Exception as exc:
-                dp = self._read(index, seed, exc)
-        else:
-            dp = self._read(index, seed)
-        if type(dp) is not dict:
-            _returned(dp, index)
-        after = self.after
-        if not after:
-            return dp
-        dp = _own(dp)
-        try:
-            for fn in after:
-                dp = fn(dp, seed=seed)
-                if type(dp) is not dict:
-                    _returned(dp, index, fn)
-        except Exception as exc:
-            if self._name_error is not None:
-                self._name_error(exc, index)
-            raise
-        return dp
+        job = _Fill(None, 0, [index], [seed], [raw], None, None, None, _NEVER)
+        job.countdown = 1 << 62
+        self._read_rows(job, 0, 1)
+        return job.pending[0]
 
-    def _timed_row(self, index: int, seed: int, raw, row: int, arrays: dict,
-                   extras: dict, dps: list | None) -> None:
-        """:meth:`datapoint` then :meth:`_write` (or onto ``dps``, for :meth:`_write_bulk`),
-        with each stage's time added to ``_acc``."""
-        clock, acc = time.perf_counter, self._acc
-        t0 = clock()
-        dp = self._read(index, seed) if raw is None else raw
-        t1 = clock()
-        acc[self._read_slot] += t1 - t0
-        if type(dp) is not dict:
-            _returned(dp, index)
-        if self.after:
-            dp = _own(dp)
-            try:
-                for slot, fn in enumerate(self.after, self._first_after):
-                    dp = fn(dp, seed=seed)
-                    t2 = clock()
-                    acc[slot] += t2 - t1
-                    t1 = t2
-                    if type(dp) is not dict:
-                        _returned(dp, index, fn)
-            except Exception as exc:
-                if self._name_error is not None:
-                    self._name_error(exc, index)
-                raise
-        if dps is not None:
-            dps.append(dp)              # written with the batch, timed there
-            return
-        self._write(dp, row, index, arrays, extras)
-        acc[1] += clock() - t1
+    def _read_rows(self, job: _Fill, first: int, stop: int) -> None:
+        """Read rows ``first .. stop - 1`` of ``job`` onto ``job.pending``, each through the
+        fns: the one reader of a row (:meth:`datapoint` is one row of it).
+
+        Raises the first failure (its row is the first not on ``pending``), or
+        :class:`Cancelled`. Every ``every``-th row is timed (``job.countdown``):
+        its fns are the timer's laps, the same fns wrapped to time them
+        (:class:`loadr.stats.FillTimer`). A loop over rows, not a call per row:
+        the call was 6% of a trivial fill.
+        """
+        get, read, after, name_error = self._get, self._read, self.after, self._name_error
+        timer = self.timer
+        laps, every = timer.laps, timer.every
+        keep = job.pending.append
+        cell, task_id = job.cancel
+        progress, start = job.progress, job.start
+        countdown = job.countdown
+        try:
+            for row, (index, seed, raw) in enumerate(
+                    zip(job.indices[first:stop], job.seeds[first:stop], job.raws[first:stop]),
+                    first):
+                if cell[0] >= task_id:
+                    raise Cancelled(task_id)
+                if progress is not None:
+                    progress[0] = start + row
+                    progress[1] = index
+                if countdown:
+                    countdown -= 1
+                    fns = after
+                else:
+                    countdown = every - 1
+                    fns = laps
+                    timer.row()
+                if raw is not None:
+                    dp = raw
+                elif get is not None:
+                    try:
+                        dp = get(index)
+                    except Exception as exc:
+                        dp = read(index, seed, exc)
+                else:
+                    dp = read(index, seed)
+                if fns:
+                    # Fns may mutate theirs: never the reader's own dict (_own, inlined
+                    # for an exact dict).
+                    dp = dp.copy() if type(dp) is dict else _own(_returned(dp, index))
+                    try:
+                        for fn in fns:
+                            dp = fn(dp, seed=seed)
+                            if type(dp) is not dict:
+                                _returned(dp, index, fn)
+                    except Exception as exc:
+                        if name_error is not None:
+                            name_error(exc, index)
+                        raise
+                elif type(dp) is not dict:
+                    _returned(dp, index)
+                keep(dp)
+        finally:
+            job.countdown = countdown
 
     def _read_batch(self, indices: list) -> list:
         """The reader's own batch read where it has one, else Nones (read one by one)."""
@@ -345,8 +382,6 @@ class Assembler:
         indices = order.indices(start, count).tolist()
         self.prefetch(order, start, count, indices)
         seeds = order.seeds(start, count)
-        extras = {k: [] for k in self.list_keys}
-        replaced = []
         if progress is not None:
             # Index -1 at the batch's first position: "inside the batch read",
             # so a death here makes the pool ask for a one-by-one read.
@@ -357,213 +392,85 @@ class Assembler:
             t0 = time.perf_counter()
             cpu0 = time.process_time() if clock.inline else 0.0
         raws = self._read_batch(indices) if batch_read else [None] * len(indices)
-        datapoint, write = self.datapoint, self._write
-        cell, task_id = cancel if cancel is not None else ((-1,), 0)
-        if clock is not None:
-            # Every `every`-th row is timed stage by stage (see loadr.stats):
-            # the others pay one test of a countdown.
-            t1 = time.perf_counter()
-            acc, every = self._acc, self._every
-            acc[:] = [0.0] * len(acc)
-            self._sampled = 0.0
-            countdown = min(self._countdown, every - 1)
-        else:
-            every, countdown = 0, 1 << 62
+        job = _Fill(order, start, indices, seeds, raws, arrays,
+                    {k: [] for k in self.list_keys}, progress,
+                    cancel if cancel is not None else _NEVER)
+        if clock is None:
+            job.countdown = 1 << 62
+            self._fill_rows(job)
+            return job.extras, job.replaced
+        # Every `every`-th row is timed stage by stage (loadr.stats.FillTimer):
+        # the others pay one test of a countdown.
+        timer = self.timer
+        job.countdown = timer.start()
+        t1 = time.perf_counter()
         filled = False
-        rows_end = None
         try:
-            dps = [] if self._bulk else None
-            self._countdown, dps = self._fill_rows(
-                indices, seeds, raws, start, progress, cell, task_id, datapoint, write, order,
-                arrays, extras, replaced, every, countdown, dps)
-            if clock is not None:
-                rows_end = time.perf_counter()
-            if dps and not self._write_bulk(dps, arrays, extras):
-                self._flush(dps, indices, seeds, start, order, arrays, extras, replaced)
-            self._write_columns(arrays)
+            self._fill_rows(job)
             filled = True
         finally:
-            if not filled:                  # cut short: its gathered rows go nowhere
-                for _, values, _ in self._columns:
-                    values.clear()
-                self._column_rows.clear()
+            timer.countdown = job.countdown
             # A cancelled or failed batch's rows were work too (not a batch, though).
-            if clock is not None:
-                self._account(clock, count, t0, t1, cpu0, filled, rows_end)
-        return extras, replaced
+            timer.account(clock, count, t0, t1, cpu0, filled, job.write_s)
+        return job.extras, job.replaced
 
-    def _fill_rows(self, indices, seeds, raws, start, progress, cell, task_id, datapoint,
-                   write, order, arrays, extras, replaced, every, countdown,
-                   dps: list | None) -> tuple[int, list | None]:
-        """The rows of :meth:`fill`, each written, or kept on ``dps`` (from row 0 on) for
-        :meth:`_write_bulk`. Returns the countdown to the next timed row and ``dps``, or
-        None once a sample failed: the rows kept until then are written first, so errors
+    def _fill_rows(self, job: _Fill) -> None:
+        """Read the rows of ``job`` and write them, :attr:`_group` at a time, so that errors
         and replacements come in the order of the rows."""
-        sampled = 0.0
-        # The common row, kept for _write_bulk: a dict from reader[index] (no batch
-        # read) through the fns. datapoint() inlined for it: the call was 4% of a
-        # trivial fill. Anything else goes through datapoint() itself.
-        get, after = self._get, self.after
-        plain = (dps is not None and get is not None and bool(after)
-                 and (not raws or raws[0] is None))     # a batch read gives all or none
-        for row, (index, seed, raw) in enumerate(zip(indices, seeds, raws)):
-            if cell[0] >= task_id:
-                raise Cancelled(task_id)
-            if progress is not None:
-                progress[0] = start + row
-                progress[1] = index
-            if countdown:
-                countdown -= 1
-                try:
-                    if plain:
-                        try:
-                            dp = get(index)
-                        except Exception as exc:
-                            dp = self._read(index, seed, exc)
-                        if type(dp) is dict:
-                            dp = dp.copy()      # _own(dp), for an exact dict
-                            for fn in after:
-                                dp = fn(dp, seed=seed)
-                                if type(dp) is not dict:
-                                    _returned(dp, index, fn)
-                            dps.append(dp)
-                        else:
-                            dps.append(datapoint(index, seed, _returned(dp, index)))
-                    elif dps is not None:
-                        dps.append(datapoint(index, seed, raw))
-                    else:
-                        write(datapoint(index, seed, raw), row, index, arrays, extras)
-                except Exception as exc:
-                    if dps is not None:
-                        self._flush(dps, indices, seeds, start, order, arrays, extras, replaced)
-                        dps, plain = None, False
-                    self._failed(exc, index, start + row, seed, order, row, arrays, extras,
-                                 replaced)
+        pending, group, n = job.pending, self._group, len(job.indices)
+        row = 0
+        while row < n:
+            stop = min(n, job.next_row + group)
+            try:
+                self._read_rows(job, row, stop)
+            except Cancelled:
+                raise
+            except Exception as exc:
+                failed = job.next_row + len(pending)
+                self._write_pending(job)        # the rows before it first
+                self._failed(exc, job, failed)
+                job.next_row = row = failed + 1
                 continue
-            countdown = every - 1
-            ts = time.perf_counter()
-            try:
-                self._timed_row(index, seed, raw, row, arrays, extras, dps)
-            except Exception as exc:
-                if dps is not None:
-                    self._flush(dps, indices, seeds, start, order, arrays, extras, replaced)
-                    dps, plain = None, False
-                self._failed(exc, index, start + row, seed, order, row, arrays, extras, replaced)
-            sampled += time.perf_counter() - ts
-            self._sampled = sampled
-        return countdown, dps
+            self._write_pending(job)
+            row = stop
 
-    def _flush(self, dps: list, indices, seeds, start: int, order, arrays: dict, extras: dict,
-               replaced: list) -> None:
-        """Write the datapoints kept on ``dps`` (rows 0 ..) one by one, as any row is
-        written; empties ``dps``."""
-        for row, dp in enumerate(dps):
-            try:
-                self._write(dp, row, indices[row], arrays, extras)
-            except Exception as exc:
-                self._failed(exc, indices[row], start + row, seeds[row], order, row, arrays,
-                             extras, replaced)
+    def _write_pending(self, job: _Fill) -> None:
+        """Write the datapoints on ``job.pending`` into their rows: all at once with
+        :meth:`_write_rows`, or where it refuses them, one by one, checked."""
+        dps = job.pending
+        if not dps:
+            return
+        t0 = time.perf_counter()
+        first = job.next_row
+        if not self._write_rows(dps, first, job.arrays, job.extras):
+            progress, indices = job.progress, job.indices
+            for row, dp in enumerate(dps, first):
+                if progress is not None:        # the write may be what kills a worker
+                    progress[0] = job.start + row
+                    progress[1] = indices[row]
+                try:
+                    self._write_checked(dp, row, indices[row], job.arrays, job.extras)
+                except Exception as exc:
+                    self._failed(exc, job, row)
+        job.next_row = first + len(dps)
         dps.clear()
+        job.write_s += time.perf_counter() - t0
 
-    def _write_bulk(self, dps: list, arrays: dict, extras: dict) -> bool:
-        """Write rows ``0 .. len(dps) - 1`` key by key, if every datapoint is one that
-        :meth:`_write` takes its fast path for; else write nothing and return False.
-
-        The same checks as that fast path, made a key at a time over the batch
-        with C-level passes (``map``, ``set``): a row costs a third as much.
-        """
-        kind = tuple if self._by_position else dict
-        kinds = set(map(type, dps))
-        if (kinds != {dict} and kinds != {kind}) or set(map(len, dps)) != {self._width}:
-            return False
-        found = []
-        try:
-            for key, dtype, shape, scalars, _ in self._fast_specs:
-                values = [dp[key] for dp in dps]
-                kinds = set(map(type, values))
-                if np.ndarray in kinds:
-                    arrays_ = values if len(kinds) == 1 else \
-                        [v for v in values if type(v) is np.ndarray]
-                    if (any(d is not dtype and d != dtype for d in set(map(_DTYPE, arrays_)))
-                            or set(map(_SHAPE, arrays_)) != {shape}):
-                        return False
-                    kinds.discard(np.ndarray)
-                if not kinds <= scalars:
-                    return False
-                if int in kinds:
-                    ints = [v for v in values if type(v) is int]
-                    if min(ints) < _INT_MIN or max(ints) > _INT_MAX:
-                        return False
-                found.append(values)
-            lists = []
-            for key in self.list_keys:
-                values = [dp[key] for dp in dps]
-                for kind in set(map(type, values)) - _PLAIN:
-                    if not all(_crosses(v) for v in values if type(v) is kind):
-                        return False
-                lists.append(values)
-        except KeyError:
-            return False
-        n = len(dps)
-        for (key, _, shape, _, _), values in zip(self._fast_specs, found):
-            target = arrays[key]
-            if shape == ():
-                target[:n] = values
-            elif target.flags.c_contiguous:
-                # One C loop: the rows as one flat run (np.stack loops in Python).
-                flat = target[:n].view()
-                flat.shape = (-1,) + flat.shape[2:]
-                np.concatenate(values, out=flat)
-            else:
-                target[:n] = np.stack(values)
-        for key, values in zip(self.list_keys, lists):
-            extras[key].extend(values)
-        dps.clear()
-        return True
-
-    def _failed(self, exc, index: int, position: int, seed: int, order, row: int, arrays: dict,
-                extras: dict, replaced: list) -> None:
-        """A sample failed: raise it, or under on_error='skip' write its replacement."""
+    def _failed(self, exc, job: _Fill, row: int) -> None:
+        """Row ``row``'s sample failed: raise it, or under on_error='skip' write its
+        replacement."""
+        index, position = job.indices[row], job.start + row
         if self.on_error != 'skip':
             raise SampleFailure(exc, index, position) from exc
         # Not logged here: a worker's log is not the caller's, and a prefetched batch may
         # never be handed out. The Loader logs each replacement once, in the main
         # process, when its batch is handed out (with the reason carried from here).
-        replaced.append((index, position, f'{type(exc).__name__}: {exc}'))
+        job.replaced.append((index, position, f'{type(exc).__name__}: {exc}'))
         # A candidate refused half-way may have written some of the row: the one
         # taken writes all of it (and list keys are added only once all pass).
-        self.substitute(index, seed, order,
+        arrays, extras = job.arrays, job.extras
+        self.substitute(index, job.seeds[row], job.order,
                         lambda dp: self._write(dp, row, index, arrays, extras))
-
-    def _account(self, clock, count: int, t0: float, t1: float, cpu0: float,
-                 filled: bool, rows_end: float | None = None) -> None:
-        """Scale the timed rows' stages to the whole loop and add the batch to ``clock``.
-
-        The loop's time is measured exactly; the timed rows say how it
-        splits between the stages (what is outside their clocks, the loop
-        itself, lands in 'other' via busy). A batch with no timed row (a
-        small one between two) is split as the last timed rows were. The
-        batch read is timed whole, and so is what is written at the batch's end
-        (from ``rows_end``: the kept rows, the columns), as 'write'.
-        """
-        end = time.perf_counter()
-        if rows_end is None:
-            rows_end = end
-        loop, sampled = rows_end - t1, self._sampled
-        if sampled > 0:
-            self._split = [t / sampled for t in self._acc]
-            if count:
-                # Time rows sparsely enough that a timed row's clock reads cost about
-                # TIMING_SHARE of the work (every row once rows are that slow);
-                # the row time is taken from batches with a timed row only.
-                per_row_us = 1e6 * loop / count
-                self._every = max(1, min(MAX_STRIDE, int(
-                    TIMED_ROW_COST_US / (TIMING_SHARE * max(per_row_us, 1e-3)))))
-        split = self._split
-        clock.add_fill(t1 - t0 + split[0] * loop, split[1] * loop + end - rows_end,
-                       [t * loop for t in split[2:]], count if filled else 0,
-                       end - t0, time.process_time() - cpu0 if clock.inline else 0.0,
-                       int(filled))
 
     def prefetch(self, order, start: int, count: int, indices: list | None = None) -> None:
         """Let a remote reader start reading positions ``start ..`` ahead; once per task.
@@ -589,91 +496,82 @@ class Assembler:
             log.debug('loadr: read-ahead of positions %d.. failed: %r', start, exc)
 
     def _write(self, dp: dict, row: int, index: int, arrays: dict, extras: dict) -> None:
-        """Write ``dp`` into ``row`` of ``arrays`` (array keys) and onto ``extras`` (list keys).
+        """Write one datapoint into ``row``: :meth:`_write_rows`, or where it refuses it,
+        :meth:`_write_checked` (which raises the error)."""
+        if not self._write_rows([dp], row, arrays, extras):
+            self._write_checked(dp, row, index, arrays, extras)
 
-        The common datapoint (a dict, or a tuple for a spec keyed ``0 .. k-1``,
-        whose array values are exactly ``np.ndarray`` of the spec's dtype
-        object and shape, or scalars that numpy makes the spec's dtype) is
-        written here with a few identity tests a key (the full checks were a
-        quarter of a worker's time on the trivial workload; measured 1.65 -> 1.0
-        us a sample). Anything else, the errors included, goes to
-        :meth:`_write_checked`, which writes the same bytes or raises the error
-        that names the key and the index. On the fast path, keys whose row is
-        small (:data:`COLUMN_ROW_BYTES`) are only gathered here: :meth:`fill`
-        writes them at the end of the batch (:meth:`_write_columns`).
+    def _write_rows(self, dps: list, first: int, arrays: dict, extras: dict) -> bool:
+        """The fast writer: rows ``first ..`` from ``dps``, key by key, if every datapoint
+        is the common kind; else write nothing and return False.
+
+        The common datapoint is a dict (or a tuple for a spec keyed ``0 ..
+        k-1``) with the spec's keys, whose array values are exactly
+        ``np.ndarray`` of the spec's dtype and shape, or scalars that numpy makes
+        the spec's dtype with no conversion, and whose list values cross
+        processes. These checks are made a key at a time over the rows with
+        C-level passes (``map``, ``set``): the full checks per datapoint were a
+        quarter of a worker's time on the trivial workload. Whatever it
+        accepts, :meth:`_write_checked` writes the very same bytes
+        (tests/test_assemble.py compares the two).
         """
-        kind = type(dp)
-        if (kind is dict or kind is tuple and self._by_position) and len(dp) == self._width:
-            # Same length and every spec key found (else KeyError): the same keys.
-            try:
-                for key, dtype, shape, scalars, column in self._fast_specs:
-                    value = dp[key]
-                    kind = type(value)
-                    if kind is np.ndarray:
-                        # Equal dtypes need not be one object: arrays that crossed a
-                        # pickle (a reader sent to a spawned worker) hold copies.
-                        if (value.dtype is not dtype and value.dtype != dtype
-                                or value.shape != shape):
-                            break
-                    elif kind not in scalars or kind is int and not _INT_MIN <= value <= _INT_MAX:
-                        break
-                    if column is None:
-                        arrays[key][row] = value
-                    else:
-                        column.append(value)
-                else:
-                    list_keys = self.list_keys
-                    if not list_keys:
-                        if self._columns:
-                            self._column_rows.append(row)
-                        return
-                    for key in list_keys:
-                        value = dp[key]
-                        if type(value) not in _PLAIN and not _crosses(value):
-                            break
-                    else:
-                        for key in list_keys:
-                            extras[key].append(dp[key])
-                        if self._columns:
-                            self._column_rows.append(row)
-                        return
-            except KeyError:
-                pass
-            # Left to the general path: take back what this datapoint put in the columns.
-            rows = len(self._column_rows)
-            for _, values, _ in self._columns:
-                if len(values) > rows:
-                    values.pop()
-        self._write_checked(dp, row, index, arrays, extras)
-
-    def _write_columns(self, arrays: dict) -> None:
-        """Write the values gathered in the columns into their rows of ``arrays``; empty them.
-
-        Rows come in increasing order, once each (a datapoint left to the
-        general path takes its values back), so consecutive rows are one slice.
-        """
-        rows = self._column_rows
-        if not rows:
-            return
-        first, last = rows[0], rows[-1]
-        at = slice(first, last + 1) if last - first + 1 == len(rows) else rows
-        for key, values, scalar in self._columns:
+        kind = tuple if self._by_position else dict
+        kinds = set(map(type, dps))
+        if (kinds != {dict} and kinds != {kind}) or set(map(len, dps)) != {self._width}:
+            return False
+        found = []
+        try:
+            for key, dtype, shape, scalars in self._fast_specs:
+                values = [dp[key] for dp in dps]
+                kinds = set(map(type, values))
+                if np.ndarray in kinds:
+                    arrays_ = values if len(kinds) == 1 else \
+                        [v for v in values if type(v) is np.ndarray]
+                    # Equal dtypes need not be one object: arrays that crossed a
+                    # pickle (a reader sent to a spawned worker) hold copies.
+                    if (any(d is not dtype and d != dtype for d in set(map(_DTYPE, arrays_)))
+                            or set(map(_SHAPE, arrays_)) != {shape}):
+                        return False
+                    kinds.discard(np.ndarray)
+                if not kinds <= scalars:
+                    return False
+                if int in kinds:
+                    ints = [v for v in values if type(v) is int]
+                    if min(ints) < _INT_MIN or max(ints) > _INT_MAX:
+                        return False
+                found.append(values)
+            lists = []
+            for key in self.list_keys:
+                values = [dp[key] for dp in dps]
+                for kind in set(map(type, values)) - _PLAIN:
+                    if not all(_crosses(v) for v in values if type(v) is kind):
+                        return False
+                lists.append(values)
+        except KeyError:
+            return False
+        n = len(dps)
+        at = slice(first, first + n)
+        for (key, _, shape, _), values in zip(self._fast_specs, found):
             target = arrays[key]
-            if scalar:
-                target[at] = np.asarray(values, dtype=target.dtype)
-            elif type(at) is slice and target.flags.c_contiguous:
+            if n == 1:
+                target[first] = values[0]
+            elif shape == ():
+                target[at] = values
+            elif target.flags.c_contiguous:
                 # One C loop: the rows as one flat run (np.stack loops in Python).
                 flat = target[at].view()
                 flat.shape = (-1,) + flat.shape[2:]
                 np.concatenate(values, out=flat)
             else:
                 target[at] = np.stack(values)
-            values.clear()
-        rows.clear()
+        for key, values in zip(self.list_keys, lists):
+            extras[key].extend(values)
+        return True
 
     def _write_checked(self, dp: dict, row: int, index: int, arrays: dict,
                        extras: dict) -> None:
-        """:meth:`_write` for any datapoint: every check, and the error for the first that fails."""
+        """The checked writer: ``dp`` into ``row``, any datapoint, with every check, and
+        the error (naming the key and ``index``) for the first that fails."""
         if type(dp) is not dict and isinstance(dp, tuple):
             dp = dict(enumerate(dp))
         if dp.keys() != self._keys:
@@ -701,10 +599,10 @@ class Assembler:
             extras[key].append(dp[key])
 
 
-# What _write_bulk maps over a batch's arrays.
+# What _write_rows maps over a batch's arrays.
 _DTYPE, _SHAPE = operator.attrgetter('dtype'), operator.attrgetter('shape')
 # The range of Python ints that numpy turns into its default int (int64) and not
-# into a wider type: only these take _write's fast path as that int.
+# into a wider type: only these take _write_rows as that int.
 _INT_MIN, _INT_MAX = (int(x) for x in (np.iinfo(np.asarray(0).dtype).min,
                                       np.iinfo(np.asarray(0).dtype).max))
 
@@ -739,7 +637,7 @@ def _own(dp):
 def _canonical(dtype) -> np.dtype:
     """numpy's own instance of ``dtype`` where it has one, else ``dtype``.
 
-    _write's fast path tests a value's dtype by identity first, and a dtype
+    _write_rows tests a value's dtype by identity first, and a dtype
     that crossed a pickle (a spawned worker's spec) is an equal copy, not
     the instance that arrays made in the worker (by a fn) carry.
 
@@ -791,11 +689,3 @@ def _shape_hint(key, got: tuple, spec: tuple) -> str:
             f'center_crop(size=224) or random_resized_crop(size=224), or resize(size=(224, '
             f'224))), or make it a list key (Loader(..., spec={{{key!r}: (object, ()), ...}}), '
             f'every key listed) to get a list of arrays')
-
-
-def _inherited_read_batch(reader) -> bool:
-    """True when ``reader.read_batch`` is the base class's plain loop."""
-    from .readers.base import Reader
-
-    method = getattr(type(reader), 'read_batch', None)
-    return method is Reader.read_batch

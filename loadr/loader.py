@@ -47,6 +47,7 @@ from .errors import ConfigError, LoadrError, StateError, WorkerError
 from . import state as state_fields
 from .state import STATE_VERSION
 from .order import ORDER_VERSION, check_seed, check_version, order_for
+from .sources import Composite, hooks_of
 from .stats import StageClock, Stats, cores, fn_names, process_times, row_width, settle
 from .workers import protocol
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
@@ -98,11 +99,10 @@ def _raise_failure(failure: protocol.Failure, exc: BaseException | None = None):
 
 def _source_fn_names(reader) -> dict:
     """``{source: [fn name, ...]}`` of a Mix's per-source fns (for a refused state's message)."""
-    source_fns = getattr(reader, 'source_fns', None)
-    if not callable(source_fns):
+    if not isinstance(reader, Composite):
         return {}
     return {name: [state_fields.fn_name(fn) for fn in chain]
-            for name, chain in source_fns().items()}
+            for name, chain in reader.source_fns().items()}
 
 
 def _start_methods() -> list[str]:
@@ -519,7 +519,7 @@ class Loader:
         for line in diffs:
             log.warning('loadr: load(strict=False) of a state that differs: %s', line)
         order = parsed.get('order', self.order_version)
-        if order != self.order_version and (self.shuffle or hasattr(self.reader, 'make_order')):
+        if order != self.order_version and (self.shuffle or self._hooks.make_order is not None):
             if not self._order_switch_logged:
                 log.warning('loadr: the state was saved with order version %d (this loader: '
                             '%d); going on with order version %d, as its stream was made',
@@ -819,8 +819,13 @@ class Loader:
             from .shared import release
             release(self._source, self.reader)
             self._source = None
-        if getattr(self.reader, 'caches', False):
-            self.reader.cache_flush()   # inline reads' last ranges (workers flush their own)
+        if self._hooks.cache_flush is not None:
+            self._hooks.cache_flush()   # inline reads' last ranges (workers flush their own)
+
+    @functools.cached_property
+    def _hooks(self):
+        """The reader's optional hooks (loadr.sources), looked up once."""
+        return hooks_of(self.reader)
 
     def __enter__(self):
         return self

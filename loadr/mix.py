@@ -71,6 +71,8 @@ import numpy as np
 from .errors import ConfigError, LoadrError
 from .order import (ORDER_VERSION, SORT_MAX, Order, check_seed, check_version, indices_many,
                     permutation)
+from .sources import (Caching, Composite, ErrorNaming, Identified, Ordering, Prefetching,
+                      SeededSource, hooks_of)
 
 __all__ = ['Mix', 'MixOrder', 'BLOCK']
 
@@ -710,14 +712,7 @@ def _name_source(exc: BaseException, name: str, i: int) -> None:
         pass
 
 
-def _identity(reader) -> dict:
-    identity = getattr(reader, 'identity', None)
-    if identity is not None:
-        return identity()
-    return {'type': type(reader).__name__, 'n': len(reader)}
-
-
-class Mix:
+class Mix(SeededSource, ErrorNaming, Prefetching, Caching, Ordering, Identified, Composite):
     """Named sources read as one dataset, in fixed proportions (see the module docstring).
 
     Args:
@@ -782,6 +777,20 @@ class Mix:
         self.source_key = source_key
         self.offsets = np.cumsum([0] + self.sizes)[:-1].astype(np.int64)
         self._offsets_list = self.offsets.tolist()
+        self._hooks_cache = None
+
+    @property
+    def _hooks(self) -> dict:
+        """``{name: loadr.sources.hooks_of(source)}``, looked up once per process."""
+        hooks = self._hooks_cache
+        if hooks is None:
+            hooks = self._hooks_cache = {name: hooks_of(r) for name, r in self.sources.items()}
+        return hooks
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state['_hooks_cache'] = None        # bound methods: looked up again where it lands
+        return state
 
     def _check_schedule(self, weights) -> list:
         if isinstance(weights, dict):
@@ -853,7 +862,7 @@ class Mix:
             if chain and getattr(chain[0], 'reads', False):
                 dp, chain = chain[0].read(source, i, seed=seed), chain[1:]
             else:
-                read = getattr(source, 'read_seeded', None)
+                read = self._hooks[name].read_seeded
                 dp = read(i, seed) if read is not None else source[i]
             if chain:
                 dp = dict(dp)
@@ -902,17 +911,17 @@ class Mix:
         """``{source name: [fn, ...]}``: each source's own fns, a nested Mix's as
         ``'outer/inner'`` (what a saved state's fingerprint digests)."""
         out = {}
-        for name, reader in self.sources.items():
+        for name in self.sources:
             out[name] = list(self.fns[name])
-            inner = getattr(reader, 'source_fns', None)
-            if callable(inner):
+            inner = self._hooks[name].source_fns
+            if inner is not None:
                 out.update({f'{name}/{k}': v for k, v in inner().items()})
         return out
 
     @property
     def prefetches(self) -> bool:
         """True when some source reads ahead (its files are remote; see loadr.remote)."""
-        return any(getattr(r, 'prefetches', False) for r in self.sources.values())
+        return any(h.prefetch is not None for h in self._hooks.values())
 
     def prefetch(self, indices) -> None:
         """Start reading composite ``indices`` ahead, each in its source (a hint)."""
@@ -921,13 +930,14 @@ class Mix:
             name, i = self.decode(index)
             wanted.setdefault(name, []).append(i)
         for name, local in wanted.items():
-            if getattr(self.sources[name], 'prefetches', False):
-                self.sources[name].prefetch(local)
+            prefetch = self._hooks[name].prefetch
+            if prefetch is not None:
+                prefetch(local)
 
     @property
     def caches(self) -> bool:
         """True when some source keeps a local cache of remote records (``cache_dir``)."""
-        return any(getattr(r, 'caches', False) for r in self.sources.values())
+        return any(h.cache_clock is not None for h in self._hooks.values())
 
     def cache_clock(self, order, start: int, count: int) -> None:
         """Tell each caching source which positions of its own stream the reads that follow
@@ -943,15 +953,16 @@ class Mix:
         if not isinstance(order, MixOrder) or order.names != self.names:
             return
         for s, source_order, first, n in order.source_positions(start, count):
-            source = self.sources[self.names[s]]
-            if getattr(source, 'caches', False) and not isinstance(source, Mix):
-                source.cache_clock(source_order, first, n)
+            name = self.names[s]
+            clock = self._hooks[name].cache_clock
+            if clock is not None and not isinstance(self.sources[name], Mix):
+                clock(source_order, first, n)
 
     def cache_flush(self) -> None:
         """Offer each source's cache what was fetched since its last clock (at the end)."""
-        for source in self.sources.values():
-            if getattr(source, 'caches', False):
-                source.cache_flush()
+        for hooks in self._hooks.values():
+            if hooks.cache_flush is not None:
+                hooks.cache_flush()
 
     def __getitem__(self, index: int) -> dict:
         """Composite ``index``, its source's fns called with seed 0 (the Loader
@@ -961,10 +972,18 @@ class Mix:
     def identity(self) -> dict:
         """The sources' identities and the weights: what a saved state is checked against."""
         return {'type': 'Mix',
-                'sources': [{'name': name, 'n': n, 'identity': _identity(reader)}
-                            for (name, reader), n in zip(self.sources.items(), self.sizes)],
+                'sources': [{'name': name, 'n': n, 'identity': _identity(reader, hooks)}
+                            for (name, reader), hooks, n in zip(self.sources.items(),
+                                                                self._hooks.values(), self.sizes)],
                 'weights': [[p, w] for p, w in self.schedule],
                 'source_key': self.source_key}
 
     def __repr__(self) -> str:
         return f'Mix({dict(zip(self.names, self.sizes))}, weights={self.schedule})'
+
+
+def _identity(reader, hooks) -> dict:
+    """A source's identity: its own, or its type and length."""
+    if hooks.identity is not None:
+        return hooks.identity()
+    return {'type': type(reader).__name__, 'n': len(reader)}

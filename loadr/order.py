@@ -39,6 +39,8 @@ import hashlib
 
 import numpy as np
 
+from .sources import Ordering
+
 __all__ = ['Order', 'order_for', 'indices_many', 'permutation', 'MAX_SEED', 'ORDER_VERSION',
            'ORDER_VERSIONS']
 
@@ -417,7 +419,6 @@ def order_for(reader, seed: int, shuffle: bool = True, version: int = ORDER_VERS
     >>> order_for(list(range(4)), seed=0).n
     4
     """
-    make_order = getattr(reader, 'make_order', None)
-    if make_order is not None:
-        return make_order(seed, shuffle, version)
+    if isinstance(reader, Ordering):
+        return reader.make_order(seed, shuffle, version)
     return Order(len(reader), seed, shuffle, version)

@@ -46,6 +46,7 @@ import types
 
 from .errors import StateError
 from .order import ORDER_VERSIONS, MAX_SEED
+from .sources import Composite, Identified
 
 __all__ = ['STATE_VERSION', 'MAX_STEP', 'fingerprint', 'parse', 'differences', 'fn_key']
 
@@ -161,9 +162,8 @@ def _stable(value, depth: int) -> str:
 
 def dataset_identity(reader, n: int) -> dict:
     """``reader.identity()`` if the reader has it, else its type name and length."""
-    identity = getattr(reader, 'identity', None)
-    if callable(identity):
-        return identity()
+    if isinstance(reader, Identified):
+        return reader.identity()
     return {'type': type(reader).__name__, 'n': n}
 
 
@@ -180,12 +180,11 @@ def fingerprint(reader, fns, n: int, shuffle: bool, global_batch: int,
     out = {'n': n, 'shuffle': shuffle, 'global_batch': global_batch, 'order': order_version,
            'dataset': {'kind': kind, 'digest': _digest(identity, 6)},
            'fns': [_digest(fn_key(fn), 3) for fn in fns]}
-    source_fns = getattr(reader, 'source_fns', None)
-    if callable(source_fns):
+    if isinstance(reader, Composite):
         # A Mix's per-source fns make its stream too: {source: [digest, ...]} for
         # the sources that have fns (a state without the field predates it).
         out['source_fns'] = {name: [_digest(fn_key(fn), 3) for fn in chain]
-                             for name, chain in source_fns().items() if chain}
+                             for name, chain in reader.source_fns().items() if chain}
     return out
 
 

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 __all__ = ['Stats', 'WORKER_FIELDS', 'STRIDE', 'MAX_STRIDE', 'TIMED_ROW_COST_US', 'TIMING_SHARE',
            'TIME_EVERY_ROW_US', 'format_table', 'StageClock', 'NOT_BOTTLENECK_FRACTION',
            'fn_names', 'row_width', 'worker_dict', 'cores', 'settle', 'schedstat',
-           'process_times']
+           'process_times', 'FillTimer']
 
 # The fixed counters of a worker's row; one counter per fn follows them.
 WORKER_FIELDS = ('busy', 'wait', 'read', 'write', 'batches', 'samples', 'cpu', 'busy_sq',
@@ -239,6 +239,111 @@ class StageClock:
 
     def totals(self) -> dict:
         return worker_dict(self.row, self.nfns)
+
+
+class FillTimer:
+    """The stage accounting of an assembler's fills: which rows are timed, and the split.
+
+    One row in :attr:`every` is read with :attr:`laps` in place of the fns
+    after the read: the same fns, each wrapped in a :class:`_Lap` that adds
+    the time since the last lap to its stage, with one lap before them (the
+    read's) and one after (the row's whole time, :attr:`sampled`). The row is
+    read by the same code as any other (the assembler's one reader of a row);
+    :meth:`row` starts its clock. The other rows pay one countdown test.
+    :meth:`account` scales the timed rows' shares to the batch's measured loop
+    time and adds the batch to a :class:`StageClock`; the writes, timed whole,
+    are 'write'.
+
+    ``fns`` are the assembler's fns; a reading fn (``fns[0].reads``) is its
+    own stage, so the read's time is fn 0's.
+
+    >>> def crop(dp, seed): return dp
+    >>> timer = FillTimer([crop])
+    >>> timer.start()
+    0
+    >>> timer.row()
+    >>> dp = {'i': 3}
+    >>> for lap in timer.laps: dp = lap(dp, seed=0)
+    >>> dp, timer.sampled > 0, len(timer.acc)
+    ({'i': 3}, True, 2)
+    """
+
+    def __init__(self, fns):
+        fns = list(fns)
+        reads = bool(fns) and bool(getattr(fns[0], 'reads', False))
+        self.read_slot = 1 if reads else 0
+        after = fns[1:] if reads else fns
+        self.acc = [0.0] * (1 + len(fns))      # seconds of the timed rows: [read, fn 0, ...]
+        self.split = [0.0] * len(self.acc)     # shares of a row's time, per stage
+        self.sampled = 0.0                     # seconds of the timed rows, whole
+        self.began = self.last = 0.0           # when the row, and the stage, in hand began
+        self.every = STRIDE
+        self.countdown = 0                     # rows until the next timed one, across batches
+        self.laps = ([_Lap(None, self.read_slot, self)]
+                     + [_Lap(fn, slot, self) for slot, fn in enumerate(after, self.read_slot + 1)]
+                     + [_Lap(None, None, self)])
+
+    def start(self) -> int:
+        """A batch begins: its accumulators cleared; the rows until the first timed one."""
+        self.acc[:] = [0.0] * len(self.acc)
+        self.sampled = 0.0
+        return min(self.countdown, self.every - 1)
+
+    def row(self) -> None:
+        """A timed row begins (its read next)."""
+        self.began = self.last = time.perf_counter()
+
+    def account(self, clock: 'StageClock', count: int, t0: float, t1: float, cpu0: float,
+                filled: bool, write_s: float) -> None:
+        """Scale the timed rows' stages to the whole loop and add the batch to ``clock``.
+
+        ``t0``: the fill's start; ``t1``: its rows' start (what is before, the
+        batch read, is 'read'); ``write_s``: the time its writes took, measured
+        whole. The loop's time less the writes is split as the timed rows split
+        (what is outside their clocks, the loop itself, lands in 'other' via
+        busy). A batch with no timed row (a small one between two) is split as
+        the last timed rows were.
+        """
+        end = time.perf_counter()
+        loop, sampled = max(0.0, end - t1 - write_s), self.sampled
+        if sampled > 0:
+            self.split = [t / sampled for t in self.acc]
+            if count:
+                # Time rows sparsely enough that a timed row's clock reads cost about
+                # TIMING_SHARE of the work (every row once rows are that slow);
+                # the row time is taken from batches with a timed row only.
+                per_row_us = 1e6 * loop / count
+                self.every = max(1, min(MAX_STRIDE, int(
+                    TIMED_ROW_COST_US / (TIMING_SHARE * max(per_row_us, 1e-3)))))
+        split = self.split
+        clock.add_fill(t1 - t0 + split[0] * loop, write_s, [t * loop for t in split[1:]],
+                       count if filled else 0, end - t0,
+                       time.process_time() - cpu0 if clock.inline else 0.0, int(filled))
+
+
+class _Lap:
+    """A fn of a timed row: calls ``fn`` (none: a lap of its own) and adds the time since
+    the last lap to stage ``slot`` (none: the row's whole time, to ``sampled``)."""
+
+    __slots__ = ('fn', 'slot', 'timer')
+
+    def __init__(self, fn, slot: int | None, timer: FillTimer):
+        self.fn, self.slot, self.timer = fn, slot, timer
+
+    def __call__(self, dp, seed=None):
+        if self.fn is not None:
+            dp = self.fn(dp, seed=seed)
+        timer = self.timer
+        now = time.perf_counter()
+        if self.slot is None:
+            timer.sampled += now - timer.began
+        else:
+            timer.acc[self.slot] += now - timer.last
+            timer.last = now
+        return dp
+
+    def __repr__(self) -> str:          # errors name the fn, as for a row not timed
+        return repr(self.fn)
 
 
 def worker_dict(row, fns: int) -> dict:

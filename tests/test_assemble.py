@@ -1,12 +1,14 @@
-"""The assembler's write path: its fast path writes the very bytes of the general one.
+"""The assembler's write path: its fast writer writes the very bytes of the checked one.
 
-``Assembler._write`` takes a fast path for the common datapoint (a dict, or a
-tuple for a spec keyed ``0 .. k-1``, holding ndarrays of the spec's dtype and
-shape and plain scalars) and leaves everything else to ``_write_checked``, the
-general path with every check. Each test fills the same batch twice, once
-through ``_write`` and once through ``_write_checked`` alone (:class:`General`),
-and compares the bytes of every array, the list keys' values, and any error
-(type, message, index). No test times anything.
+``Assembler._write_rows``, the fast writer, writes a run of rows key by key
+when every datapoint is the common kind (a dict, or a tuple for a spec keyed
+``0 .. k-1``, holding ndarrays of the spec's dtype and shape and plain
+scalars), and refuses anything else, which ``_write_checked``, the general
+path with every check, writes one by one. Each test fills the same batch
+twice, once as the assembler does and once through ``_write_checked`` alone,
+a row at a time as it comes (:class:`General`), and compares the bytes of
+every array, the list keys' values, and any error (type, message, index). No
+test times anything.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 import pytest
 
 import loadr
-from loadr.assemble import Assembler, SampleFailure, infer_spec
+from loadr.assemble import ROW_GROUP_BYTES, Assembler, SampleFailure, infer_spec
 from loadr.errors import SpecError
 from loadr.order import Order
 from loadr.stats import StageClock, row_width
@@ -31,14 +33,15 @@ SENTINEL = 0xA5     # every byte of a slot before the fill: a row left unwritten
 
 
 class General(Assembler):
-    """The assembler with its fast paths left out: every row is read by ``datapoint()`` and
-    written as it comes, with the full checks (no rows kept for ``_write_bulk``)."""
+    """The assembler with its fast writer left out: every row is written as it comes
+    (no rows kept), with the full checks."""
 
-    _write = Assembler._write_checked
+    def _write_rows(self, dps, first, arrays, extras):
+        return False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._bulk = False
+        self._group = 1
 
 
 def slots(spec: dict, batch: int) -> dict:
@@ -115,7 +118,7 @@ def test_array_only_spec_same_bytes():
 
 
 def test_shuffled_with_a_fn_and_the_stage_clock_same_bytes():
-    # The timed rows (loadr.stats) write through _write too.
+    # The timed rows (loadr.stats) are kept and written as the others.
     def double(dp, seed):
         return {'label': dp['label'], 'vec': dp['vec'] * 2}
 
@@ -224,7 +227,7 @@ def fails_at(bad: set):
 
 @pytest.mark.parametrize('on_error', ['raise', 'skip'])
 def test_a_kept_row_that_does_not_fit_is_reported_before_a_later_failed_fn(on_error):
-    # Rows are kept and written at the batch's end (_write_bulk); a fn that
+    # Rows are kept and written at the batch's end (_write_rows); a fn that
     # fails at row 9 must not jump ahead of the wrong shape at row 5, which
     # the row-by-row path meets first.
     data = trivial(32)
@@ -405,10 +408,10 @@ def test_failed_sample_in_a_fill_same_error():
 
 
 # ---------------------------------------------------------------------------
-# Columns: small rows gathered over a batch and written at its end
+# Groups: rows kept and written together
 
 
-def test_columns_with_rows_left_to_the_general_path_between_same_bytes():
+def test_kept_rows_with_rows_left_to_the_general_path_between_same_bytes():
     # Every third datapoint takes the general path (so the column rows are not
     # one run), one takes it after its first key went into a column (the label
     # passes, the vec does not), and two are replaced under skip.
@@ -423,7 +426,7 @@ def test_columns_with_rows_left_to_the_general_path_between_same_bytes():
     assert (arrays['vec'][40] == 0.5).all() and arrays['label'][40] == 40
 
 
-def test_columns_cover_values_of_many_shapes_and_a_large_row_same_bytes():
+def test_kept_rows_cover_values_of_many_shapes_and_a_large_row_same_bytes():
     spec = {'m': (F32, (3, 4)), 'b': (np.dtype(bool), ()), 'x': (F64, ()),
             'big': (np.dtype(np.uint8), (8192,)), 'c': (np.dtype(np.complex128), ())}
     rng = np.random.default_rng(1)
@@ -431,8 +434,32 @@ def test_columns_cover_values_of_many_shapes_and_a_large_row_same_bytes():
              'x': float(i) / 3, 'big': rng.integers(0, 256, 8192, dtype=np.uint8),
              'c': complex(i, -i)} for i in range(40)]
     assert_same_fill(data, spec)
-    asm = Assembler(data, [], spec)
-    assert sorted(key for key, _, _ in asm._columns) == ['b', 'c', 'm', 'x']  # not 'big'
+
+
+@pytest.mark.parametrize('row_bytes,group', [(300_000, 3), (ROW_GROUP_BYTES + 8, 1)])
+@pytest.mark.parametrize('on_error', ['raise', 'skip'])
+def test_large_rows_written_a_group_at_a_time_same_bytes(row_bytes, group, on_error):
+    # Large rows are written a few at a time (one, past ROW_GROUP_BYTES), not at
+    # the batch's end: a group with an odd row is written row by row, checked,
+    # and one that failed midway (a fn) is written before the failure is handled.
+    spec = {'big': (np.dtype(np.uint8), (row_bytes,)), 'label': (I64, ())}
+    rng = np.random.default_rng(2)
+    data = [{'big': rng.integers(0, 256, row_bytes, dtype=np.uint8), 'label': i}
+            for i in range(10)]
+    data[4] = {'big': data[4]['big'].view(Sub), 'label': 4}             # left to the checks
+    data[6] = {'big': data[6]['big'][:-1], 'label': 6}                  # does not fit
+    assert Assembler(data, [], spec)._group == group
+    fns = [fails_at({8})]
+    if on_error == 'skip':
+        _, _, replaced = assert_same_fill(data, spec, fns=fns, on_error='skip')
+        assert [r[0] for r in replaced] == [6, 8]
+        return
+    failures = []
+    for cls in (Assembler, General):
+        with pytest.raises(SampleFailure) as info:
+            fill(cls, data, spec, fns=fns)
+        failures.append(info.value)
+    assert [(f.index, str(f.exc)) for f in failures] == [(6, str(failures[1].exc))] * 2
 
 
 def test_a_fill_cut_short_leaves_nothing_for_the_next():
@@ -527,6 +554,35 @@ def test_a_fn_that_returns_no_datapoint_gets_the_same_error(returns):
     assert errors[0].index == errors[1].index == 9
     assert str(errors[0].exc) == str(errors[1].exc)
     assert 'returned' in str(errors[0].exc)
+
+
+@pytest.mark.parametrize('bad', ['read', 'fn', 'returns'])
+def test_a_timed_row_fails_as_a_row_not_timed(bad):
+    # Every row is timed here (a clock whose stride is 1): the timed row is read by
+    # the same code, its fns wrapped in laps; errors must name the fn, not a lap.
+    def odd(dp, seed=None):
+        if int(dp['label']) == 9 and bad != 'read':
+            if bad == 'fn':
+                raise ValueError('bad 9')
+            return ['not', 'a', 'datapoint']
+        return dp
+    data = trivial(16)
+    if bad == 'read':
+        data[9] = 'not a datapoint'
+    errors = []
+    for timed in (True, False):
+        asm = Assembler(data, [odd], TRIVIAL)
+        if timed:
+            asm.clock = StageClock(np.zeros(row_width(1)), 1, inline=True)
+            asm.timer.every = 1
+        with pytest.raises(SampleFailure) as info:
+            asm.fill(Order(16, seed=0, shuffle=False), 0, 16, slots(TRIVIAL, 16))
+        errors.append((info.value.index, type(info.value.exc), str(info.value.exc)))
+        if timed:
+            assert asm.timer.sampled > 0 and asm.timer.acc[1] > 0    # rows 0 .. 8 timed
+    assert errors[0] == errors[1] and errors[0][0] == 9
+    if bad == 'returns':
+        assert 'odd' in errors[0][2] and 'Lap' not in errors[0][2]
 
 
 def test_tuples_from_the_reader_through_a_fn_same_bytes():

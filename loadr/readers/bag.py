@@ -55,6 +55,7 @@ import numpy as np
 from .. import codecs
 from ..errors import ConfigError, DecodeError, FormatError, LoadrError, ReadError, WriterError
 from ..digests import check_record
+from ..sources import Warming
 from ..storage import Storage, WriteFile, storage_for
 from .base import (Format, Plan, Problem, Reader, Source, Writer, _known, check_index,
                    open_each, remote)
@@ -740,7 +741,7 @@ def _read_ahead_thread():
 # The reader
 
 
-class BagReader(Reader):
+class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the reads
     """A granular dataset directory, or a sharded directory of them, as a Reader.
 
     ``verify`` checks every record read against the digests that ``loadr

@@ -22,6 +22,14 @@ The contract every reader keeps (and ``tests/readers/common.py`` checks):
 - Every failure on bad data raises a :mod:`loadr.errors` error that names the
   file and the index.
 
+What else a reader may implement (a batch read of its own, read-ahead, a
+cache that learns the order, ``warm()``, its own order, ...) is written down
+as protocols in :mod:`loadr.sources`: a reader names those it implements
+among its bases (:class:`Reader` itself implements ``BatchSource``,
+``Prefetching``, ``Caching`` and ``Identified``), the loader looks them up once
+(:func:`loadr.sources.hooks_of`), and ``tests/readers/common.py`` checks each
+declaration.
+
 Example::
 
     r = loadr.open('data/train')
@@ -38,6 +46,7 @@ import os
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import WriterError
+from ..sources import BatchSource, Caching, Identified, Prefetching, one_by_one
 from ..storage import LocalStorage as Files
 from ..storage import read_error, storage_for
 
@@ -100,11 +109,16 @@ def check_index(i: Any, n: int) -> int:
     return i
 
 
-class Reader:
+class Reader(BatchSource, Prefetching, Caching, Identified):
     """Base class for loadr's readers; see the module docstring for the contract.
 
     Subclasses implement ``__len__``, ``_get(i, mask)``, ``available(i)`` and
-    ``spec``; this class handles index checking and masks.
+    ``spec``; this class handles index checking and masks. It implements the
+    optional protocols :class:`~loadr.sources.BatchSource` (a loop, marked
+    :func:`~loadr.sources.one_by_one`: a subclass with a faster batch read
+    overrides it and names the protocol again), :class:`~loadr.sources.Prefetching`,
+    :class:`~loadr.sources.Caching` (both active on remote files only) and
+    :class:`~loadr.sources.Identified`.
     """
 
     spec: dict
@@ -132,6 +146,7 @@ class Reader:
             index, mask = key, None
         return self._get(check_index(index, len(self)), mask)
 
+    @one_by_one
     def read_batch(self, indices: Iterable[int]) -> list[dict]:
         """Datapoints for ``indices``, in order. Example: ``r.read_batch([4, 0, 9])``."""
         return [self[i] for i in indices]

@@ -41,6 +41,7 @@ from ..codecs import array_from_parts
 from ..errors import ChecksumError, ConfigError, DecodeError, FormatError, LoadrError, \
     ReadError, SpecError, WriterError
 from ..digests import check_record
+from ..sources import BatchSource
 from ..storage import Storage, storage_for
 from .base import (Format, Plan, Problem, Reader, Source, Writer, _known, check_index,
                    infer_types, open_each)
@@ -278,7 +279,7 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-class FFRecordReader(Reader):
+class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per run
     """Reads one ``.ffr`` file, or a directory of them as one index space.
 
     ``check_data`` verifies the metadata CRC on open and each sample's CRC32

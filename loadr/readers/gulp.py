@@ -344,7 +344,7 @@ def _positions(value, n: int, index: int) -> Sequence[int]:
 
 # ----------------------------------------------------------------------------- reader
 
-class GulpReader(Reader):
+class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no more
     """Random access to the videos of a gulp directory.
 
     ``decode_images=False`` returns each frame as its JPEG bytes;

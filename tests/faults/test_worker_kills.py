@@ -86,7 +86,7 @@ class BatchReader(PerSampleReader):
 
 
 class Deferred:
-    """An array value whose conversion (in Assembler._write, after the earlier keys of
+    """An array value whose conversion (in Assembler._write_checked, after the earlier keys of
     the row are already in shared memory) is where the worker dies: a torn row."""
 
     def __init__(self, value: np.ndarray, arms: Arms, index: int):

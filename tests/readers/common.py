@@ -8,11 +8,14 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import pickle
 
 import multiprocess
 import numpy as np
 import pytest
+
+from loadr.sources import OPTIONAL, Source, declared, members
 
 
 def assert_equal(a, b, where='datapoint'):
@@ -39,8 +42,36 @@ def _read_all(reader):
     return [reader[i] for i in range(len(reader))]
 
 
+def check_protocols(source) -> list:
+    """The source protocols of :mod:`loadr.sources` on one source: it is a ``Source``; it
+    implements every protocol its class names among its bases, with members of its own
+    (not the protocol's stubs) that take the protocol's parameters; and it has the
+    members of no protocol it does not name. Returns the protocols it names."""
+    assert isinstance(source, Source)
+    cls = type(source)
+    named = declared(cls)
+    for protocol in OPTIONAL:
+        where = f'{cls.__name__} and {protocol.__name__}'
+        assert isinstance(source, protocol) == (protocol in named), \
+            f'{where}: {"named but not implemented" if protocol in named else "not named"}'
+        if protocol not in named:
+            continue
+        for name in members(protocol):
+            owner = next(k for k in cls.__mro__ if name in k.__dict__)
+            assert owner not in OPTIONAL, f'{where}: {name} is only the protocol\'s stub'
+            stub = protocol.__dict__.get(name)
+            if callable(stub):
+                want = list(inspect.signature(stub).parameters)[1:]
+                got = list(inspect.signature(getattr(source, name)).parameters)
+                assert got == want, f'{where}: {name}{tuple(got)}, the protocol says {want}'
+            else:
+                assert isinstance(getattr(source, name), bool), f'{where}: {name} not a bool'
+    return named
+
+
 def check_reader_contract(reader):
     """The Reader protocol of loadr.readers.base, checked on one reader."""
+    check_protocols(reader)
     n = len(reader)
     assert n > 0
     assert isinstance(reader.spec, dict) and reader.spec
