@@ -233,6 +233,11 @@ class Reader(BatchSource, Prefetching, Caching, Identified):
         """``{path: size in bytes}`` of every file the reader reads, as it saw them when made."""
         raise NotImplementedError
 
+    def _identity_root(self) -> str:
+        """The directory :meth:`identity` names files relative to: the dataset's directory,
+        or the directory of a single file (a reader of files named by a pattern: theirs)."""
+        return self.path if self._files.isdir(self.path) else os.path.dirname(self.path)
+
     def identity(self) -> dict:
         """What this reader reads, small and JSON-able: format, datapoints, files and sizes.
 
@@ -245,7 +250,7 @@ class Reader(BatchSource, Prefetching, Caching, Identified):
         >>> loadr.open(FIXTURES / 'ffrecord/single.ffr').identity()
         {'format': 'ffrecord', 'datapoints': 20, 'files': {'single.ffr': 144202}}
         """
-        root = self.path if self._files.isdir(self.path) else os.path.dirname(self.path)
+        root = self._identity_root()
         files = {os.path.relpath(p, root).replace(os.sep, '/'): int(size)
                  for p, size in sorted(self._identity_files().items())}
         out = {'format': self.format_name, 'datapoints': len(self)}

@@ -232,13 +232,13 @@ class ParquetReader(Reader):
     def _identity_files(self) -> dict[str, int]:
         return {p.path: p.size for p in self._parts}
 
+    def _identity_root(self) -> str:
+        # Files named by a pattern or a list: the folder that holds them all.
+        return self._root if self._named else super()._identity_root()
+
     def identity(self) -> dict:
-        out = super().identity() if not self._named else None
-        if out is None:
-            root = self._root.rstrip('/') + '/'
-            out = {'format': self.format_name, 'datapoints': len(self),
-                   'files': {p.path[len(root):] if p.path.startswith(root) else p.path: p.size
-                             for p in self._parts}}
+        """As :meth:`Reader.identity`, with the columns read when they are not all of them."""
+        out = super().identity()
         if self.columns != list(self.schema.names):
             out['columns'] = list(self.columns)
         return out

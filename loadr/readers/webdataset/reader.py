@@ -249,11 +249,9 @@ class WebDatasetReader(Reader):
         return {s.path: s.index.tar_size if s.index is not None else self._files.size(s.path)
                 for s in self._shards}
 
-    def identity(self) -> dict:
-        """As :meth:`Reader.identity`, with names relative to the folder holding the tars."""
-        out = super().identity() if not self._named else None
-        if out is not None:
-            return out
+    def _identity_root(self) -> str:
+        # Tars named by a pattern or a list: the folder that holds them all.
+        return self._root if self._named else super()._identity_root()
         from ..base import IDENTITY_MAX_FILES
         import hashlib
         root = self._root.rstrip('/') + '/'
