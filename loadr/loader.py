@@ -1,6 +1,6 @@
 """The Loader: a deterministic, resumable stream of batches.
 
-The stream is the one of ../shared/reference/FORMATS.md: stream position
+The stream is the one of docs/FORMATS.md §6: stream position
 ``p`` holds dataset index ``order(seed, p // N)[p % N]``; it runs forever and
 a batch may span an epoch boundary. Global batch ``g`` covers positions
 ``[g*B*S, (g+1)*B*S)`` for batch ``B`` and ``S = num_shards``; shard ``s``

@@ -1,7 +1,7 @@
 """The order of the stream: which datapoint sits at each position.
 
 Position ``p`` of the stream holds dataset index ``perm(seed, p // N)[p % N]``
-(the contract of ../shared/reference/FORMATS.md). ``perm(seed, epoch)`` is a
+(the contract of docs/FORMATS.md §6). ``perm(seed, epoch)`` is a
 keyed bijection of ``[0, N)``; which one depends on the order's *version*
 (a saved state records it, so a stream replays with the order it was made
 with):

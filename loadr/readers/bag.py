@@ -1,6 +1,6 @@
 """Bag datasets (granular 0.20.x): bag files, datasets, sharded datasets.
 
-Three small layers, as granular has them (byte layout: FORMATS.md §3):
+Three small layers, as granular has them (byte layout: docs/FORMATS.md §3):
 
 - :class:`Bag` is one bag file: non-empty records, then a table of uint64
   little-endian offsets; the last 8 bytes say where the table starts.

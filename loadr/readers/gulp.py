@@ -3,7 +3,7 @@
 A gulp directory holds chunk pairs ``data_<k>.gulp`` (JPEG frames, each
 NUL-padded to a multiple of 4 bytes) and ``meta_<k>.gmeta`` (JSON
 ``{id: {"frame_info": [[offset, pad, total_length], ...], "meta_data": [meta]}}``),
-plus an optional ``label2idx.json``. See ``FORMATS.md`` §1 for the bytes.
+plus an optional ``label2idx.json``. See ``docs/FORMATS.md`` §1 for the bytes.
 
 Datapoint ``i`` is the i-th video, counting chunks in NUMERIC order of ``k``
 (``data_2`` before ``data_10``) and videos in ``.gmeta`` key order. gulpio2's
