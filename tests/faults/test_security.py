@@ -189,6 +189,7 @@ ALLOWED = {
     ('loadr/readers/ffrecord.py', 'FFRecordReader._decoded', 'pickle.loads'),  # decode='pickle'
     ('loadr/readers/gulp.py', '_GulpUnpickler', 'pickle.Unpickler'),        # allow_pickle=True
     ('loadr/shared.py', 'decode', 'pickle.loads'),          # the main process's own items
+    ('loadr/readers/webdataset/reader.py', 'decode_member', 'pickle.loads'),  # allow_pickle
 }
 
 
