@@ -50,6 +50,7 @@ from ..codecs import JPEG_QUALITY, decode_image, encode_image
 from ..errors import (ConfigError, DecodeError, FormatError, LoadrError, UnsafeFormatError,
                       WriterError)
 from ..digests import check_record
+from ..shared import decode, encode_items
 from ..storage import Storage, is_url, storage_for
 from .base import (Format, Plan, Problem, Reader, Source, Writer, _known, check_index,
                    open_each)
@@ -140,7 +141,6 @@ class _Videos:
 
     def meta(self, i: int) -> Any:
         """A new copy of video ``i``'s meta (a caller who edits it changes nothing here)."""
-        from ..shared import decode
         a, b = self.meta_off[i:i + 2].tolist()
         return decode(self.meta_blob[a:b])
 
@@ -327,8 +327,6 @@ def _video_problems(id_: str, entry: Any, chunk: _Chunk, gulp_size: int
 
 def _load_index(storage: Storage, path: str, allow_pickle: bool) -> _Videos:
     """Every video of the directory in datapoint order, validated; raises on the first problem."""
-    from ..shared import encode_items
-
     chunks, problems = _list_chunks(storage, path)
     if problems:
         raise FormatError(problems[0][1], problems[0][0])
