@@ -21,6 +21,16 @@ workers, default collate).
 
     python -m benchmarks.memory --n 1000000 --workers 4 --epochs 5
     python -m benchmarks.memory --n 200000 --epochs 2 --only loadr,torch
+
+Readers' tables (issue 27's "a bag of 10^7 records: a worker's private memory
+after an epoch of reads <= 100 MiB"): ``--bag-records N`` writes a bag of N
+tiny records (``{'label': int, 'name': str}``, loadr's BagWriter) and
+``--gulp-videos N`` a gulp directory of N small videos (two 8x8 JPEG frames
+and a meta dict each), in ``--dir`` (kept) or a temporary directory, then
+reads it with loadr alone (frames left as JPEG bytes), measured as above::
+
+    python -m benchmarks.memory --bag-records 10000000 --workers 2 --epochs 1
+    python -m benchmarks.memory --gulp-videos 1000000 --workers 2 --epochs 1
 """
 
 from __future__ import annotations
@@ -28,8 +38,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 CONTENDERS = ('loadr', 'loadr-copy', 'torch')
@@ -94,25 +106,113 @@ def one(name: str, n: int, workers: int, epochs: int) -> dict:
 
     with loadr.Loader(items, batch=BATCH, seed=0, workers=workers,
                       start_method='fork') as loader:
-        it = loader.epoch(0)
-        next(it)
-        out['first_batch_s'] = time.perf_counter() - t0
-        source = loader._source
-        if isinstance(source, loadr.SharedList):
-            out['shared_bytes'] = source.nbytes
-            out['serialise_s'] = source.serialise_s
-        time.sleep(0.5)
-        pids = loader.worker_pids
-        out['start_uss'] = [_uss(p) for p in pids]
-        t1, samples = time.perf_counter(), 0
-        for e in range(epochs):
-            for b in (it if e == 0 else loader.epoch(e)):
-                samples += len(b['label'])
-            out['epoch_uss'].append([_uss(p) for p in pids])
-        out['samples_per_s'] = samples / (time.perf_counter() - t1)
-        out['main_extra'] = _main_memory() - base
-        out['stats_uss'] = [w.get('uss_bytes') for w in loader.stats().workers]
+        _measure(loader, epochs, out, t0, base)
     return out
+
+
+def _measure(loader, epochs: int, out: dict, t0: float, base: int) -> None:
+    """Run ``epochs`` epochs of a loadr Loader, its workers' USS after the first batch and
+    after each epoch into ``out``."""
+    import loadr
+
+    it = loader.epoch(0)
+    first = next(it)
+    key = next(iter(first))
+    out['first_batch_s'] = time.perf_counter() - t0
+    source = loader._source
+    if isinstance(source, loadr.SharedList):
+        out['shared_bytes'] = source.nbytes
+        out['serialise_s'] = source.serialise_s
+    time.sleep(0.5)
+    pids = loader.worker_pids
+    out['start_uss'] = [_uss(p) for p in pids]
+    t1, samples = time.perf_counter(), 0
+    for e in range(epochs):
+        for b in (it if e == 0 else loader.epoch(e)):
+            samples += len(b[key])
+        out['epoch_uss'].append([_uss(p) for p in pids])
+    out['samples_per_s'] = samples / (time.perf_counter() - t1)
+    out['main_extra'] = _main_memory() - base
+    out['stats_uss'] = [w.get('uss_bytes') for w in loader.stats().workers]
+
+
+def write_dataset(kind: str, path: str, n: int) -> float:
+    """Write ``n`` tiny records (a bag) or small videos (gulp) at ``path``; seconds taken."""
+    t0 = time.perf_counter()
+    if kind == 'bag':
+        from loadr.writers import BagWriter
+
+        with BagWriter(path, {'label': 'int', 'name': 'utf8'}) as w:
+            for i in range(n):
+                w.append({'label': i % 1000, 'name': f'r{i}'})
+    else:
+        import numpy as np
+
+        from loadr.codecs import encode_image
+        from loadr.writers import GulpWriter
+
+        jpeg = encode_image(np.zeros((8, 8), np.uint8))
+        with GulpWriter(path, videos_per_chunk=10_000) as w:
+            for i in range(n):
+                w.append(f'v{i}', {'label': i % 1000, 'name': f'clip {i}'}, [jpeg, jpeg])
+    return time.perf_counter() - t0
+
+
+def one_reader(kind: str, path: str, workers: int, epochs: int) -> dict:
+    """Read the dataset at ``path`` with loadr in this process; what it measured."""
+    import gc
+
+    import loadr
+
+    gc.collect()
+    base = _main_memory()
+    out = {'name': f'loadr {kind}', 'workers': workers, 'epochs': epochs, 'epoch_uss': []}
+    t0 = time.perf_counter()
+    reader = loadr.open(path, decode_images=False) if kind == 'gulp' else loadr.open(path)
+    out['n'] = len(reader)
+    out['open_s'] = time.perf_counter() - t0
+    with loadr.Loader(reader, batch=BATCH, seed=0, workers=workers,
+                      start_method='fork') as loader:
+        _measure(loader, epochs, out, t0, base)
+    return out
+
+
+def _readers(args) -> int:
+    """``--bag-records`` / ``--gulp-videos``: write the dataset, read it in a fresh process."""
+    kind, n = ('bag', args.bag_records) if args.bag_records else ('gulp', args.gulp_videos)
+    where = args.dir or tempfile.mkdtemp(prefix=f'loadr-memory-{kind}-')
+    path = os.path.join(where, kind)
+    try:
+        if os.path.exists(path):
+            print(f'{kind}: reading the one at {path}', file=sys.stderr, flush=True)
+        else:
+            took = write_dataset(kind, path, n)
+            print(f'{kind}: wrote {n:,} in {took:.1f} s ({_du(path)})', file=sys.stderr,
+                  flush=True)
+        proc = subprocess.run([sys.executable, '-m', 'benchmarks.memory', '--one', kind,
+                               '--dir', path, '--workers', str(args.workers),
+                               '--epochs', str(args.epochs)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f'{kind} failed:\n{proc.stderr}', file=sys.stderr)
+            return 1
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+    finally:
+        if not args.dir:
+            shutil.rmtree(where, ignore_errors=True)
+    what = 'tiny records {label, name}' if kind == 'bag' else \
+        'videos of two 8x8 JPEG frames and a meta dict'
+    print(f'{result["n"]:,} {what} ({kind}), batch {BATCH}, {args.workers} forked workers, '
+          f'{args.epochs} epochs, shuffled; opened in {result["open_s"]:.2f} s')
+    print(table([result]))
+    if args.json:
+        print(json.dumps([result]))
+    return 0
+
+
+def _du(path: str) -> str:
+    total = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path)
+                for f in files)
+    return f'{total / 2**20:,.0f} MiB'
 
 
 def _mib(b) -> str:
@@ -147,10 +247,21 @@ def main(argv=None) -> int:
     parser.add_argument('--only', default=','.join(CONTENDERS))
     parser.add_argument('--one', help=argparse.SUPPRESS)
     parser.add_argument('--json', action='store_true', help='print the raw results too')
+    parser.add_argument('--bag-records', type=int, metavar='N',
+                        help='read a bag of N tiny records instead of the list')
+    parser.add_argument('--gulp-videos', type=int, metavar='N',
+                        help='read a gulp directory of N small videos instead of the list')
+    parser.add_argument('--dir', help='where to write that dataset and keep it (read it again '
+                                      'if it is there); default: a temporary directory')
     args = parser.parse_args(argv)
+    if args.one in ('bag', 'gulp'):
+        print(json.dumps(one_reader(args.one, args.dir, args.workers, args.epochs)), flush=True)
+        return 0
     if args.one:
         print(json.dumps(one(args.one, args.n, args.workers, args.epochs)), flush=True)
         return 0
+    if args.bag_records or args.gulp_videos:
+        return _readers(args)
     results = []
     for name in args.only.split(','):
         if name not in CONTENDERS:

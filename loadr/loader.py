@@ -238,9 +238,10 @@ class Loader:
         is a numpy array, a number, a ``torch.Tensor`` or anything with
         ``__array__`` or ``__dlpack__`` is stacked into an array in shared
         memory (never pickled); any other value is handed over as a list.
-        A list or tuple whose objects take 64 MiB or more is serialised once
-        into shared memory, read by the workers without copying it
-        (:mod:`loadr.shared`; ``LOADR_SHARE=0`` or ``1`` to say otherwise).
+        A list or tuple whose objects take 64 MiB or more (a Mix's source too)
+        is serialised once into shared memory, read by the workers without
+        copying it (:mod:`loadr.shared`; ``LOADR_SHARE=0`` or ``1`` to say
+        otherwise).
       batch: datapoints per batch (per shard).
       fns: transforms, each called as ``fn(datapoint, seed=s)`` with ``s``
         derived from (seed, stream position); returns a new datapoint.
@@ -383,7 +384,8 @@ class Loader:
         # (loadr.torch's worker_init_fn); None: nothing.
         self._worker_init_fn = None
         # What the workers read: the reader, or for a list or tuple a SharedList
-        # of it (loadr.shared), made when the first workers start.
+        # of it, for a Mix a copy with its lists shared (loadr.shared.share), made
+        # when the first workers start.
         self._source = None
         self.errors = 0                 # datapoints replaced under on_error='skip' (all told)
         self.samples = 0                # datapoints made (all told)

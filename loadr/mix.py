@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import copy
 import functools
 import hashlib
 import itertools
@@ -72,7 +73,7 @@ from .errors import ConfigError, LoadrError
 from .order import (ORDER_VERSION, SORT_MAX, Order, check_seed, check_version, indices_many,
                     permutation)
 from .sources import (Caching, Composite, ErrorNaming, Identified, Ordering, Prefetching,
-                      SeededSource, hooks_of)
+                      SeededSource, Sharing, hooks_of)
 
 __all__ = ['Mix', 'MixOrder', 'BLOCK']
 
@@ -712,7 +713,8 @@ def _name_source(exc: BaseException, name: str, i: int) -> None:
         pass
 
 
-class Mix(SeededSource, ErrorNaming, Prefetching, Caching, Ordering, Identified, Composite):
+class Mix(SeededSource, ErrorNaming, Prefetching, Caching, Ordering, Identified, Composite,
+          Sharing):
     """Named sources read as one dataset, in fixed proportions (see the module docstring).
 
     Args:
@@ -963,6 +965,41 @@ class Mix(SeededSource, ErrorNaming, Prefetching, Caching, Ordering, Identified,
         for hooks in self._hooks.values():
             if hooks.cache_flush is not None:
                 hooks.cache_flush()
+
+    def shared(self) -> Mix:
+        """This Mix as its workers read it: each ``list`` or ``tuple`` source (a nested
+        Mix's too) in shared memory, as the Loader shares a list of its own
+        (:func:`loadr.shared.share`: by size, ``LOADR_SHARE``, within the budget). The
+        same datapoints, order and identity (a SharedList's is its list's); the Mix
+        itself when no source is shared. The Loader calls it when its first workers
+        start, and :meth:`release_shared` when it closes."""
+        from .shared import share
+
+        sources: dict = {}
+        try:
+            for name, source in self.sources.items():
+                sources[name] = share(source)
+        except BaseException:
+            self._release(sources)
+            raise
+        if all(sources[name] is self.sources[name] for name in self.names):
+            return self
+        # A copy, so the user's Mix keeps its own sources (another Loader may read it);
+        # it pickles with the SharedLists (where their memory is), not the lists.
+        twin = copy.copy(self)
+        twin.sources = sources
+        return twin
+
+    def release_shared(self, shared) -> None:
+        """Give back the shared memory that :meth:`shared` took for ``shared``."""
+        if shared is not self:
+            self._release(shared.sources)
+
+    def _release(self, sources: dict) -> None:
+        from .shared import release
+
+        for name, source in sources.items():
+            release(source, self.sources[name])
 
     def __getitem__(self, index: int) -> dict:
         """Composite ``index``, its source's fns called with seed 0 (the Loader

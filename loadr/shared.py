@@ -36,7 +36,8 @@ pickled: the bytes come from the user's own process. A pickle starts with
 ``0x80`` is the empty map, 1 byte: that tells them apart with no tag.
 
 The Loader shares a ``list`` or ``tuple`` source by itself when it starts
-its workers (:func:`share`; ``LOADR_SHARE=0`` turns it off), within the
+its workers (:func:`share`; ``LOADR_SHARE=0`` turns it off), and each list
+or tuple source of a Mix (:meth:`loadr.mix.Mix.shared`), within the
 shared-memory budget (:func:`loadr.workers.shm.shm_budget`): a source that
 does not fit, or holds an item that cannot be serialised, is used as it
 is, with a warning that says why. A user's own Dataset class wraps its big
@@ -477,16 +478,21 @@ def share(reader):
     """What the workers read for ``reader``: a :class:`SharedList` of it if it is a plain
     ``list`` or ``tuple`` whose objects take ``SHARE_MIN_BYTES`` or more (or any size with
     ``LOADR_SHARE=1``; none with ``LOADR_SHARE=0``) and it fits the shared-memory
-    budget, else ``reader`` itself.
+    budget; for a source that declares :class:`loadr.sources.Sharing` (a Mix), its
+    ``shared()`` (its list sources shared the same way); else ``reader`` itself.
 
-    Anything else (a reader, a Mix, a user's Dataset) is left as it is: its
-    ``[i]`` may read files, and serialising it all would read the whole
-    dataset. A list that does not fit, or that holds an item that cannot be
-    serialised, is used as it is, with a warning that says why.
+    Anything else (a reader, a user's Dataset) is left as it is: its ``[i]``
+    may read files, and serialising it all would read the whole dataset. A list
+    that does not fit, or that holds an item that cannot be serialised, is used
+    as it is, with a warning that says why.
     """
     wanted = share_default()
-    if type(reader) not in (list, tuple) or wanted is False:
+    if wanted is False:
         return reader
+    if type(reader) not in (list, tuple):
+        from .sources import Sharing
+
+        return reader.shared() if isinstance(reader, Sharing) else reader
     if wanted is None and python_bytes(reader) < SHARE_MIN_BYTES:
         return reader
     from .workers.shm import shm_budget, use_memfd
@@ -509,6 +515,14 @@ def share(reader):
 
 
 def release(source, reader) -> None:
-    """Close ``source`` if :func:`share` made it for ``reader`` (not the user's own)."""
-    if source is not reader and isinstance(source, SharedList):
+    """Give back what :func:`share` made of ``reader`` for the workers (``source``): close a
+    SharedList it made (not the user's own), or what a Sharing source's ``shared()`` took."""
+    if source is reader:
+        return
+    if isinstance(source, SharedList):
         source.close()
+    else:
+        from .sources import Sharing
+
+        if isinstance(reader, Sharing):
+            reader.release_shared(source)

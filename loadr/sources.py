@@ -20,6 +20,7 @@ Warming           ``warm()``                                   worker
 Ordering          ``make_order(seed, shuffle, version)``       order, loader
 Identified        ``identity() -> dict``                       state, Mix
 Composite         ``source_fns() -> {name: [fn, ...]}``        state, loader
+Sharing           ``shared()``, ``release_shared(shared)``     loader (workers start)
 ================  ===========================================  =====================
 
 ``prefetches`` and ``caches`` say whether the hook does anything for this
@@ -44,8 +45,8 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = ['Source', 'BatchSource', 'SeededSource', 'ErrorNaming', 'Prefetching', 'Caching',
-           'Warming', 'Ordering', 'Identified', 'Composite', 'OPTIONAL', 'Hooks', 'hooks_of',
-           'declared', 'members', 'one_by_one']
+           'Warming', 'Ordering', 'Identified', 'Composite', 'Sharing', 'OPTIONAL', 'Hooks',
+           'hooks_of', 'declared', 'members', 'one_by_one']
 
 
 @runtime_checkable
@@ -130,9 +131,22 @@ class Composite(Protocol):
     def source_fns(self) -> dict: ...
 
 
+@runtime_checkable
+class Sharing(Protocol):
+    """Holds datapoints in Python objects that forked workers would copy page by page (a
+    Mix's list sources): ``shared()`` is what the workers read instead, the same datapoints
+    from shared memory (itself when there is nothing to share; :mod:`loadr.shared`), made
+    when the first workers start; ``release_shared(shared)`` gives that memory back when
+    the loader closes."""
+
+    def shared(self) -> Any: ...
+
+    def release_shared(self, shared) -> None: ...
+
+
 #: The optional protocols, in the order of the table above.
 OPTIONAL = (BatchSource, SeededSource, ErrorNaming, Prefetching, Caching, Warming, Ordering,
-            Identified, Composite)
+            Identified, Composite, Sharing)
 
 
 def one_by_one(method):

@@ -13,7 +13,7 @@ from loadr.mix import Mix
 from loadr.order import Order
 from loadr.readers.base import Reader
 from loadr.sources import (BatchSource, Caching, Composite, ErrorNaming, Identified, Ordering,
-                           Prefetching, SeededSource, Warming, hooks_of)
+                           Prefetching, SeededSource, Sharing, Warming, hooks_of)
 from tests.readers.common import check_protocols
 
 pytestmark = pytest.mark.timeout(60)
@@ -32,7 +32,7 @@ def test_a_list_is_a_source_with_no_optional_protocol():
 def test_a_mix_declares_what_it_implements():
     mix = Mix({'a': data(4), 'b': Mix({'c': data(2)})})
     assert check_protocols(mix) == [SeededSource, ErrorNaming, Prefetching, Caching, Ordering,
-                                    Identified, Composite]
+                                    Identified, Composite, Sharing]
     hooks = hooks_of(mix)
     assert hooks.read_seeded == mix.read_seeded and hooks.make_order == mix.make_order
     assert hooks.prefetch is None and hooks.cache_clock is None    # local sources

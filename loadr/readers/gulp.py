@@ -33,8 +33,8 @@ Example::
 
 from __future__ import annotations
 
+import bisect
 import collections
-import copy
 import fnmatch
 import io
 import json
@@ -50,6 +50,7 @@ from ..codecs import JPEG_QUALITY, decode_image, encode_image
 from ..errors import (ConfigError, DecodeError, FormatError, LoadrError, UnsafeFormatError,
                       WriterError)
 from ..digests import check_record
+from ..shared import decode, encode_items
 from ..storage import Storage, is_url, storage_for
 from .base import (Format, Plan, Problem, Reader, Source, Writer, _known, check_index,
                    open_each)
@@ -88,12 +89,71 @@ class _Chunk:
         self.digests = None                          # (digests, sidecar) when verifying
 
 
-class _Video:
-    __slots__ = ('id', 'chunk', 'frames', 'meta', 'first')
+# One video: its id, chunk, (offset, pad, total_length) triples, meta, and the record
+# number of its frame 0 in its chunk's .gulp.
+_Video = collections.namedtuple('_Video', ['id', 'chunk', 'frames', 'meta', 'first'])
 
-    def __init__(self, id_: str, chunk: _Chunk, frames: tuple, meta: Any, first: int = 0):
-        self.id, self.chunk, self.frames, self.meta = id_, chunk, frames, meta
-        self.first = first          # the record number of frame 0 in its chunk's .gulp
+
+class _Videos:
+    """The videos of a gulp directory in datapoint order, held in flat numpy arrays.
+
+    A million videos as Python objects (an id, a tuple of frame triples, a meta
+    dict each) were ~1 GB that every forked worker copied page by page as it
+    read them (each read writes reference counts); in arrays a worker reads only
+    the pages of the videos it reads, and writes none (issue 27). Per video:
+    its chunk (``chunk_of``), its frames ``triples[fstart[i]:fstart[i+1]]``
+    (rows ``(offset, pad, total_length)``), the record number of its frame 0 in
+    its chunk's ``.gulp`` (``first``); its id, UTF-8 in ``id_blob`` at
+    ``id_off[i]:id_off[i+1]``, and its meta, stored as :mod:`loadr.shared`
+    stores an item (msgpack; a pickle this process made of what msgpack cannot
+    hold exactly), decoded into a new object on each read.
+    """
+
+    __slots__ = ('chunks', 'chunk_of', 'fstart', 'first', 'triples', 'id_off', 'id_blob',
+                 'meta_off', 'meta_blob')
+
+    def __len__(self) -> int:
+        return len(self.chunk_of)
+
+    def __getitem__(self, i: int) -> _Video:
+        """Video ``i`` whole, as Python objects (the reader reads only the parts it needs)."""
+        return _Video(self.id(i), self.chunk(i), self.frames(i), self.meta(i),
+                      int(self.first[i]))
+
+    def chunk(self, i: int) -> _Chunk:
+        return self.chunks[self.chunk_of[i]]
+
+    def count(self, i: int) -> int:
+        """How many frames video ``i`` has."""
+        return int(self.fstart[i + 1] - self.fstart[i])
+
+    def frames(self, i: int) -> tuple:
+        """Video ``i``'s ``(offset, pad, total_length)`` triples, as Python ints."""
+        a, b = self.fstart[i:i + 2].tolist()
+        return tuple(map(tuple, self.triples[a:b].tolist()))
+
+    def id(self, i: int) -> str:
+        a, b = self.id_off[i:i + 2].tolist()
+        return self.id_blob[a:b].decode('utf-8', 'surrogatepass')
+
+    def ids(self) -> list[str]:
+        return [self.id(i) for i in range(len(self))]
+
+    def meta(self, i: int) -> Any:
+        """A new copy of video ``i``'s meta (a caller who edits it changes nothing here)."""
+        a, b = self.meta_off[i:i + 2].tolist()
+        return decode(self.meta_blob[a:b])
+
+    def used_chunks(self) -> list[_Chunk]:
+        """The chunks that hold a video, in order."""
+        return [self.chunks[c] for c in np.unique(self.chunk_of).tolist()]
+
+
+def _offsets(lengths) -> np.ndarray:
+    """``[0, l0, l0 + l1, ...]`` (int64): where each of the parts of these lengths starts."""
+    out = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
 
 
 def _list_chunks(storage: Storage, path: str) -> tuple[list[_Chunk], list[tuple[str, str]]]:
@@ -265,34 +325,65 @@ def _video_problems(id_: str, entry: Any, chunk: _Chunk, gulp_size: int
         yield chunk.meta_path, f'{what}: meta_data is missing or not a non-empty list'
 
 
-def _load_index(storage: Storage, path: str, allow_pickle: bool
-                ) -> tuple[list[_Video], dict[str, int]]:
+def _load_index(storage: Storage, path: str, allow_pickle: bool) -> _Videos:
     """Every video of the directory in datapoint order, validated; raises on the first problem."""
     chunks, problems = _list_chunks(storage, path)
     if problems:
         raise FormatError(problems[0][1], problems[0][0])
-    videos: list[_Video] = []
-    where: dict[str, int] = {}
+    where: dict[str, int] = {}          # only while loading: to name a repeated id
+    starts: list[int] = []              # the index of each chunk's first video
+    # Each chunk's part of every array, made when the chunk is done: the Python
+    # objects of one chunk at a time.
+    parts: dict[str, list] = {k: [] for k in ('chunk_of', 'counts', 'first', 'frames',
+                                              'ids', 'id_lens', 'metas', 'meta_lens')}
+    n = 0
     # Behind a URL the chunks' metadata is read concurrently, then checked in order.
     raws = open_each(storage, lambda c: storage.read_all(c.meta_path), chunks)
-    for chunk, raw in zip(chunks, raws):
+    for c, (chunk, raw) in enumerate(zip(chunks, raws)):
         table = _parse_gmeta(raw, chunk.meta_path, allow_pickle)
         gulp_size = storage.size(chunk.data_path)
         chunk.meta_size, chunk.data_size = len(raw), gulp_size
+        starts.append(n)
+        counts, firsts, triples, ids, metas = [], [], [], [], []
         for id_, entry in table.items():
-            index = len(videos)
             for file, message in _video_problems(id_, entry, chunk, gulp_size):
-                raise FormatError(message, file, index)
+                raise FormatError(message, file, n)
             if id_ in where:
-                first = videos[where[id_]].chunk.meta_path
+                first = chunks[bisect.bisect_right(starts, where[id_]) - 1].meta_path
                 raise FormatError(f'video id {id_!r} is also in {first} '
                                   f'(index {where[id_]}); ids must be unique',
-                                  chunk.meta_path, index)
-            where[id_] = index
-            frames = tuple(tuple(t) for t in entry['frame_info'])
-            videos.append(_Video(id_, chunk, frames, entry['meta_data'][0], chunk.frames))
-            chunk.frames += len(frames)
-    return videos, where
+                                  chunk.meta_path, n)
+            where[id_] = n
+            info = entry['frame_info']
+            for triple in info:
+                triples.extend(triple)
+            counts.append(len(info))
+            firsts.append(chunk.frames)
+            chunk.frames += len(info)
+            ids.append(id_.encode('utf-8', 'surrogatepass'))
+            metas.append(entry['meta_data'][0])
+            n += 1
+        del table
+        encoded = encode_items(metas, n - len(metas))
+        parts['chunk_of'].append(np.full(len(metas), c, np.int32))
+        parts['counts'].append(np.asarray(counts, np.int64))
+        parts['first'].append(np.asarray(firsts, np.int64))
+        parts['frames'].append(np.asarray(triples, np.int64).reshape(-1, 3))
+        parts['ids'].append(b''.join(ids))
+        parts['id_lens'].append(np.fromiter(map(len, ids), np.int64, len(ids)))
+        parts['metas'].append(b''.join(encoded))
+        parts['meta_lens'].append(np.fromiter(map(len, encoded), np.int64, len(encoded)))
+        del counts, firsts, triples, ids, metas, encoded
+    # (There is a chunk: _list_chunks says so of a directory with none.)
+    joined = {k: v if k in ('ids', 'metas') else np.concatenate(v) for k, v in parts.items()}
+    videos = _Videos()
+    videos.chunks = chunks
+    videos.chunk_of, videos.first, videos.triples = (joined['chunk_of'], joined['first'],
+                                                     joined['frames'])
+    videos.fstart = _offsets(joined['counts'])
+    videos.id_off, videos.id_blob = _offsets(joined['id_lens']), b''.join(parts['ids'])
+    videos.meta_off, videos.meta_blob = _offsets(joined['meta_lens']), b''.join(parts['metas'])
+    return videos
 
 
 def _read_plan(frames: Sequence[tuple[int, int, int]], positions: Sequence[int]
@@ -374,8 +465,8 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
         self.verify = bool(verify)
         self._storage_options = storage_options
         self._files = storage_for(self.path, storage_options)
-        self._videos: list[_Video] | None = None
-        self._where: dict[str, int] | None = None
+        self._videos: _Videos | None = None
+        self._where: dict[str, int] | None = None      # id -> index, made when first asked
         self._label2idx: Any = _UNSET
         self._index()
 
@@ -391,20 +482,20 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
         self._videos = self._where = None
         self._label2idx = _UNSET
 
-    def _index(self) -> list[_Video]:
+    def _index(self) -> _Videos:
         if self._videos is None:
-            videos, where = _load_index(self._files, self.path, self.allow_pickle)
+            videos = _load_index(self._files, self.path, self.allow_pickle)
             if self.verify:
                 from ..digests import load
                 recorded = load(self.path, self._storage_options, required=True)
-                for chunk in {id(v.chunk): v.chunk for v in videos}.values():
+                for chunk in videos.used_chunks():
                     chunk.digests = recorded.for_file(chunk.data_path)
-            self._videos, self._where = videos, where
+            self._videos = videos
         return self._videos
 
     def _identity_files(self) -> dict[str, int]:
         out = {}
-        for chunk in {id(v.chunk): v.chunk for v in self._index()}.values():
+        for chunk in self._index().used_chunks():
             out[chunk.data_path] = chunk.data_size
             out[chunk.meta_path] = chunk.meta_size
         return out
@@ -420,7 +511,7 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
     @property
     def ids(self) -> list[str]:
         """Video ids in datapoint order. Example: ``r.ids[:2] == ['vid_a', 'vid_b']``."""
-        return [v.id for v in self._index()]
+        return self._index().ids()
 
     def index_of(self, id_: str) -> int:
         """Datapoint index of a video id; KeyError naming the id and path if absent.
@@ -428,7 +519,10 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
         >>> GulpReader(FIXTURES / 'gulp').index_of('10')
         3
         """
-        self._index()
+        if self._where is None:
+            # Built when first asked (get by id): a dict of every id is the kind of
+            # Python object a worker that only reads by index should not hold.
+            self._where = {id_: i for i, id_ in enumerate(self._index().ids())}
         key = str(id_) if isinstance(id_, int) and not isinstance(id_, bool) else id_
         try:
             return self._where[key]
@@ -445,7 +539,7 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
         """
         index = self.index_of(id_)
         if isinstance(frames, (list, tuple, np.ndarray)):
-            frames = _from_end(frames, len(self._videos[index].frames))
+            frames = _from_end(frames, self._videos.count(index))
         return self._get(index, {'id': True, 'frames': True if frames is None else frames,
                                  'meta': True})
 
@@ -455,12 +549,12 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
         >>> GulpReader(FIXTURES / 'gulp').frame_info(0)[1]
         (2536, 3, 1364)
         """
-        return list(self._index()[check_index(index, len(self))].frames)
+        return list(self._index().frames(check_index(index, len(self))))
 
     def details(self) -> dict:
         videos = self._index()
-        return {'chunks': len({v.chunk.k for v in videos}),
-                'frames': sum(len(v.frames) for v in videos),
+        return {'chunks': len(videos.used_chunks()),
+                'frames': int(videos.fstart[-1]),
                 'label2idx': f'{len(self.label2idx)} labels' if self.label2idx else 'none'}
 
     @classmethod
@@ -481,17 +575,18 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
         videos = self._index()
         out = []
         for index in indices:
-            video = videos[index]
-            out.extend((video.chunk.data_path, offset, length, index)
-                       for offset, _, length in video.frames)
+            path = videos.chunk(index).data_path
+            out.extend((path, offset, length, index)
+                       for offset, _, length in videos.frames(index))
         return out
 
     def available(self, index: int) -> dict:
-        video = self._index()[check_index(index, len(self))]
-        return {'id': True, 'meta': True, 'frames': range(len(video.frames))}
+        videos = self._index()
+        return {'id': True, 'meta': True, 'frames': range(videos.count(check_index(index,
+                                                                                  len(self))))}
 
     def _get(self, index: int, mask: dict | None) -> dict:
-        video = self._index()[index]
+        videos = self._index()
         if mask is None:
             mask = dict.fromkeys(SPEC, True)
         out = {}
@@ -503,39 +598,40 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
             if key != 'frames' and value is not True:
                 raise TypeError(f'mask value for {key!r} must be True or False, not {value!r:.40}')
             if key == 'id':
-                out['id'] = video.id
+                out['id'] = videos.id(index)
             elif key == 'meta':
-                # A copy, so a caller who edits it cannot change what the next read returns.
-                out['meta'] = copy.deepcopy(video.meta)
+                # A new object on each read: a caller who edits it changes nothing here.
+                out['meta'] = videos.meta(index)
             else:
-                out['frames'] = self._frames(index, video,
-                                             _positions(value, len(video.frames), index))
+                out['frames'] = self._frames(index, videos,
+                                             _positions(value, videos.count(index), index))
         return out
 
-    def _frames(self, index: int, video: _Video, positions: Sequence[int]) -> list:
-        path = video.chunk.data_path
-        digests = video.chunk.digests
+    def _frames(self, index: int, videos: _Videos, positions: Sequence[int]) -> list:
+        chunk = videos.chunk(index)
+        path, digests = chunk.data_path, chunk.digests
+        frames = videos.frames(index)
         jpegs = []
         k = 0
-        for offset, length, cuts in _read_plan(video.frames, positions):
+        for offset, length, cuts in _read_plan(frames, positions):
             buf = self._files.read(path, offset, length, index)
             for a, b in cuts:
                 if digests is not None:     # the frame's record: its JPEG and its padding
                     p = positions[k]
-                    check_record(digests, path, video.first + p,
-                                 buf[a:a + video.frames[p][2]], index)
+                    check_record(digests, path, int(videos.first[index]) + p,
+                                 buf[a:a + frames[p][2]], index)
                 k += 1
                 jpegs.append(buf[a:b])
         out = []
         for p, jpeg in zip(positions, jpegs):
             if jpeg[:2] != JPEG_SOI:
-                raise DecodeError(f'frame {p} of video {video.id!r} is not a JPEG '
+                raise DecodeError(f'frame {p} of video {videos.id(index)!r} is not a JPEG '
                                   f'(starts with {jpeg[:4].hex() or "nothing"})', path, index)
             if self.decode_images:
                 try:
                     out.append(decode_image(jpeg))
                 except DecodeError as exc:
-                    raise DecodeError(f'frame {p} of video {video.id!r}: {exc.message}',
+                    raise DecodeError(f'frame {p} of video {videos.id(index)!r}: {exc.message}',
                                       path, index) from exc
             else:
                 out.append(jpeg)
@@ -934,17 +1030,15 @@ def records(path: str | os.PathLike) -> dict:
     from ..digests import FileRecords
     path = os.fspath(path)
     storage = storage_for(path)
-    videos, _ = _load_index(storage, path, allow_pickle=False)
-    chunks, _ = _list_chunks(storage, path)
-    frames: dict[str, list] = {c.data_path: [] for c in chunks}
-    for index, video in enumerate(videos):
-        frames[video.chunk.data_path] += [(off, off + length, index)
-                                          for off, _, length in video.frames]
+    videos = _load_index(storage, path, allow_pickle=False)
+    # The frames of a chunk's videos are consecutive rows of videos.triples.
+    owner = np.repeat(np.arange(len(videos), dtype=np.int64), np.diff(videos.fstart))
+    chunk_of = videos.chunk_of[owner]
     out: dict = {}
-    for chunk in chunks:
-        table = np.array(frames[chunk.data_path], np.int64).reshape(-1, 3)
-        out[chunk.data_path] = FileRecords(table[:, 0].copy(), table[:, 1].copy(),
-                                           table[:, 2].copy())
+    for c, chunk in enumerate(videos.chunks):
+        mine = chunk_of == c
+        offsets, lengths = videos.triples[mine, 0], videos.triples[mine, 2]
+        out[chunk.data_path] = FileRecords(offsets, offsets + lengths, owner[mine])
         out[chunk.meta_path] = None
     label2idx = os.path.join(path, LABEL2IDX_NAME)
     if storage.exists(label2idx):

@@ -6,6 +6,7 @@ gulpio2 0.0.4); corruption tests work on copies in ``tmp_path``.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -542,6 +543,59 @@ def test_numeric_chunk_order(tmp_path):
     # data_2 comes before data_10 (gulpio2 would sort the names as strings).
     assert GulpReader(out).ids == [f'v{i}' for i in range(12)]
 
+
+
+def same_json(a, b) -> bool:
+    """Equal values of the same types, recursively (1 is not 1.0 nor True; nan is nan)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return repr(a) == repr(b)
+    return a == b
+
+
+def test_every_kind_of_json_meta_reads_back_as_json_gives_it(gdir):
+    # The metas are kept serialised (msgpack, or a pickle of what msgpack cannot hold)
+    # and decoded on each read: each must come back as json.loads gives it.
+    metas = [{'int': 2**70, 'neg': -2**64, 'f': -0.0, 'nan': float('nan'), 'inf': float('inf'),
+              'nested': [[], {}, [1, 2.5, None, True, 'x']], 'lone': '\ud800', 'é': 'ü'},
+             {}, {'only': [1.0, 1, False]}]
+    edit_gmeta(gdir / 'meta_0.gmeta', lambda t: [
+        entry.update(meta_data=[meta]) for entry, meta in zip(t.values(), metas)])
+    expected = [entry['meta_data'][0] for entry in
+                json.loads((gdir / 'meta_0.gmeta').read_text()).values()][:3]
+    reader = GulpReader(gdir, decode_images=False)
+    for i, meta in enumerate(expected):
+        got = reader[i]['meta']
+        assert same_json(got, meta), (i, got, meta)
+        got.clear()                     # a new object each read: editing it changes nothing
+        assert same_json(reader[i]['meta'], meta)
+    again = pickle.loads(pickle.dumps(reader))      # another process rebuilds the index
+    assert same_json(again.get(again.ids[0])['meta'], expected[0])
+
+
+def test_the_index_holds_no_python_object_per_video(tmp_path):
+    # A forked worker copies every page of Python objects it reads (reference counts
+    # are written): the index is flat arrays. Before, 5,000 videos were ~20,000
+    # objects (a _Video, its meta dict, its frame tuples).
+    jpeg = encode_image(np.zeros((8, 8), np.uint8))
+    out = tmp_path / 'many'
+    with GulpWriter(out, videos_per_chunk=1000) as w:
+        for i in range(5000):
+            w.append(f'v{i}', {'label': i, 'name': f'clip {i}'}, [jpeg, jpeg])
+    gc.collect()
+    before = len(gc.get_objects())
+    reader = GulpReader(out, decode_images=False)
+    gc.collect()
+    grew = len(gc.get_objects()) - before
+    assert grew < 200, grew
+    assert reader[4321] == {'id': 'v4321', 'frames': [jpeg, jpeg],
+                            'meta': {'label': 4321, 'name': 'clip 4321'}}
+    assert reader.index_of('v17') == 17 and reader.details()['frames'] == 10_000
 
 def test_duplicate_ids(gdir):
     edit_gmeta(gdir / 'meta_1.gmeta',
