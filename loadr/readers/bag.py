@@ -925,7 +925,7 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
         out = []
         for shard, local, index in located:
             # Read here, kept for the datapoint's read: each range asked ahead is
-            # read once (loadr.remote counts on it to free what it holds).
+            # read once (loadr.storage.remote counts on it to free what it holds).
             for (key, _), ref in zip(shard.spec, shard.refs_ahead(local)):
                 bag = shard.bags[key]
                 lo, hi = (ref, ref + 1) if not shard._types[key][1] else \
