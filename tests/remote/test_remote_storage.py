@@ -1,4 +1,5 @@
-"""The remote storages (loadr/storage/remote.py, http.py, s3.py) against nginx and moto's S3 on loopback, faults and all."""
+"""The remote storages (loadr/storage/remote.py, http.py, s3.py) against nginx and moto's S3
+on loopback, faults and all."""
 
 from __future__ import annotations
 
@@ -516,7 +517,8 @@ def test_a_synchronous_fsspec_filesystem_works_too(served_root):
 
 def test_import_loadr_and_local_reads_never_import_fsspec(served_root):
     code = ('import sys, loadr; r = loadr.open(sys.argv[1]); r[0]; r.prefetch([0]); '
-            'print(r.prefetches, sorted(m for m in sys.modules if m in ("loadr.storage.remote", "loadr.storage.http") or '
+            'print(r.prefetches, sorted(m for m in sys.modules if m in '
+            '("loadr.storage.remote", "loadr.storage.http") or '
             'm.split(".")[0] in ("fsspec", "s3fs", "aiohttp", "botocore")))')
     out = subprocess.run([sys.executable, '-c', code, str(served_root / 'bag')],
                          capture_output=True, text=True, timeout=60)
