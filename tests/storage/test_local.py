@@ -1,4 +1,4 @@
-"""The storage layer under every read and write (loadr.storage), on real files and processes."""
+"""The local storage (loadr.storage.local, errors, staging), on real files and processes."""
 
 from __future__ import annotations
 
