@@ -869,7 +869,7 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
         under way waits for it, so no range is fetched twice.
         """
         storage = self._files
-        if getattr(storage, 'prefetch', None) is None:
+        if not storage.remote:
             return
         try:
             located = self._refs_ahead([check_index(i, len(self)) for i in indices])
@@ -887,7 +887,7 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
         """Read the index tables a process keeps, all at once: for a dataset behind
         a URL one round trip instead of one per bag, before the first batch."""
         storage = self._files
-        if getattr(storage, 'prefetch', None) is None:
+        if not storage.remote:
             return
         # The value bags' headers first (opened lazily), their tables with them.
         _read_headers(storage, [b for shard in self._shards for b in shard.bags.values()])

@@ -59,7 +59,7 @@ IDENTITY_MAX_FILES = 16
 
 def remote(storage) -> bool:
     """True for a storage whose every question is a round trip (a URL's, loadr.storage.remote)."""
-    return getattr(storage, 'prefetch', None) is not None
+    return storage.remote
 
 
 def open_each(storage, fn: Callable, items: Sequence) -> list:
@@ -154,7 +154,8 @@ class Reader(BatchSource, Prefetching, Caching, Identified):
     @property
     def prefetches(self) -> bool:
         """True when :meth:`prefetch` does something: the reader's files are remote."""
-        return getattr(getattr(self, '_files', None), 'prefetch', None) is not None
+        files = getattr(self, '_files', None)          # a reader without files reads nothing ahead
+        return files is not None and files.remote
 
     def prefetch(self, indices: Iterable[int]) -> None:
         """Start reading the records of ``indices`` now, for reads soon (storage.readahead).
@@ -164,7 +165,7 @@ class Reader(BatchSource, Prefetching, Caching, Identified):
         for its read to report. Example: ``r.prefetch([4, 0, 9])``.
         """
         storage = getattr(self, '_files', None)
-        if getattr(storage, 'prefetch', None) is None:
+        if storage is None or not storage.remote:
             return
         try:
             ranges = self._ranges([check_index(i, len(self)) for i in indices])

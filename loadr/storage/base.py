@@ -55,6 +55,16 @@ class Storage:
     def close(self) -> None:
         pass
 
+    # -- what only a remote storage does: read ahead (loadr.storage.readahead) --------
+
+    #: True where every question is a round trip (a URL's): reads are worth starting
+    #: ahead (:meth:`prefetch`) and running concurrently.
+    remote = False
+
+    def prefetch(self, ranges: Iterable[tuple], cache_root: str | None = None) -> None:
+        """Start reading ``(path, offset, length[, index])`` ranges now (a hint; nothing
+        for local files)."""
+
     # -- the local cache of a remote storage (loadr.storage.caching) ------------------
     # A storage without one says so here: a reader asks these, never probes for them.
 

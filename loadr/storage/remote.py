@@ -103,6 +103,8 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         head = s.read('s3://bucket/x/refs.bag', 0, 8)
     """
 
+    remote = True
+
     def __init__(self, url: str, storage_options: dict | None = None):
         self.url = url
         self.protocol, _ = split_url(url)

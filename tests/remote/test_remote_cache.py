@@ -20,7 +20,7 @@ from loadr.errors import ConfigError, ReadError
 from loadr.storage import using_storage_options
 
 from ..loader_helpers import stream_digests
-from ..test_cache import mounts  # noqa: F401 - a fixture: tmpfs mounts, unmounted at the end
+from ..storage.test_cache import mounts  # noqa: F401 - a fixture: tmpfs mounts, unmounted at the end
 from ..test_loader_readers import PIPELINES
 from .proxy import Proxy
 from .servers import s3_client, upload
