@@ -89,9 +89,10 @@ if hasattr(os, 'register_at_fork'):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-
 class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
     """The storage of URLs of one fsspec protocol; see the module docstring.
+    Made by :func:`loadr.storage.remote_storage`, which picks the subclass of
+    the protocol (HTTP, S3) where it has one.
 
     Picklable: a copy keeps the protocol, the options and what was learnt
     about the files (sizes, listings), and opens its own filesystem on first
@@ -99,7 +100,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
 
     Example::
 
-        s = RemoteStorage('s3://bucket/x', {'endpoint_url': 'http://127.0.0.1:9000'})
+        s = remote_storage('s3://bucket/x', {'endpoint_url': 'http://127.0.0.1:9000'})
         head = s.read('s3://bucket/x/refs.bag', 0, 8)
     """
 
