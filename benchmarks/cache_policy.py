@@ -1,7 +1,7 @@
 """The local range cache (issue 13): evicting the furthest next use against LRU, by simulation.
 
 ``python -m benchmarks.cache_policy`` reads a simulated remote dataset through
-a :class:`loadr.cache.RangeCache` on real files (a temporary directory), for
+a :class:`loadr.storage.cache.RangeCache` on real files (a temporary directory), for
 each policy:
 
 - ``--records`` records (default 4,096) of JPEG-like sizes: uniform within
@@ -62,7 +62,8 @@ import time
 
 import numpy as np
 
-from loadr.cache import NextUse, RangeCache
+from loadr.storage.cache import RangeCache
+from loadr.storage.policy import NextUse
 from loadr.order import Order
 
 __all__ = ['simulate', 'offer_cost', 'main']

@@ -19,7 +19,7 @@ from .readers import detect
 from .storage import using_storage_options
 from .readers.base import Problem
 
-__all__ = ['check', 'Report', 'DIGESTS']
+__all__ = ['check', 'Report', 'DIGESTS', 'layout', 'write_digests']
 
 DIGESTS = 'digests recorded by loadr check --write-digests'
 
@@ -58,7 +58,7 @@ def check(path: str | os.PathLike, storage_options: dict | None = None) -> Repor
     checksums if it has any), then, if the dataset has digests beside it
     (``loadr check --write-digests``, :mod:`loadr.digests`), every file
     compared with them. ``storage_options`` are those of a URL (``s3://``,
-    ``https://``; see loadr.remote).
+    ``https://``; see loadr.storage.remote).
 
     >>> check(FIXTURES / 'bag').ok
     True
@@ -77,6 +77,26 @@ def check(path: str | os.PathLike, storage_options: dict | None = None) -> Repor
             problems.append(Problem(exc.path or path, exc.index, exc.message))
             recorded = None
         if recorded is not None:
-            problems += digests.verify(path, recorded, storage_options)
+            problems += digests.verify(path, recorded, layout, storage_options)
             against.append(DIGESTS)
         return Report(path, fmt.name, problems, '; '.join(against) or None)
+
+
+def layout(path: str) -> tuple[str, dict]:
+    """The format's name and ``{file: its records (a digests.FileRecords) or None}`` for
+    every file of the dataset at ``path``: what :mod:`loadr.digests` digests.
+
+    The format is detected here, not in :mod:`loadr.digests`, which the readers use.
+    """
+    fmt = detect(path)
+    records = getattr(fmt, 'records', None)         # a format without record offsets
+    if records is not None:
+        return fmt.name, records(path)
+    with fmt.reader(path) as reader:
+        return fmt.name, dict.fromkeys(reader._identity_files())
+
+
+def write_digests(path, storage_options: dict | None = None) -> str:
+    """Record the digests of the dataset at ``path`` beside it (``loadr check
+    --write-digests``); returns the sidecar's path. See :func:`loadr.digests.write`."""
+    return digests.write(os.fspath(path), layout, storage_options)

@@ -192,7 +192,7 @@ def _epoch_batches(loader) -> int:
 
 
 def _write_state(path: str, state: dict) -> None:
-    from .readers import staging
+    from .storage import staging
     staging.reclaim(path)
     tmp = staging.make(path)
     with open(tmp, 'w', encoding='utf-8') as f:
@@ -672,8 +672,7 @@ def cmd_inspect(args) -> int:
 
 def cmd_check(args) -> int:
     """Check datasets; exit 1 if any has a problem: ``loadr check data/train``."""
-    from . import digests
-    from .check import check
+    from .check import check, write_digests
     reports = []
     for path in args.paths:
         t0 = time.perf_counter()
@@ -681,7 +680,7 @@ def cmd_check(args) -> int:
         reports.append(report)
         wrote = None
         if args.write_digests and report.ok:
-            wrote = digests.write(path)
+            wrote = write_digests(path)
         if args.json:
             continue
         if report.ok:

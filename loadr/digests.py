@@ -84,17 +84,6 @@ def _relative(root: str, file: str) -> str:
     return os.path.relpath(file, root).replace(os.sep, '/') if root else file
 
 
-def _layout(path: str) -> tuple[str, dict[str, FileRecords | None]]:
-    """The format's name and ``{file: its records (or None)}`` for every file of the dataset."""
-    from .readers import detect
-    fmt = detect(path)
-    records = getattr(fmt, 'records', None)
-    if records is not None:
-        return fmt.name, records(path)
-    with fmt.reader(path) as reader:
-        return fmt.name, dict.fromkeys(reader._identity_files())
-
-
 def _digest_file(storage: Storage, file: str, records: FileRecords | None
                  ) -> tuple[int, bytes, bytes]:
     """(size, whole-file digest, record digests) of one file, read a block at a time."""
@@ -126,15 +115,18 @@ def _digest_file(storage: Storage, file: str, records: FileRecords | None
     return size, whole.digest(), bytes(out)
 
 
-def write(path, storage_options: dict | None = None) -> str:
+def write(path, layout_of, storage_options: dict | None = None) -> str:
     """Record the digests of the dataset at ``path`` in its sidecar; returns the sidecar's path.
 
+    ``layout_of(path)`` is the format's name and ``{file: FileRecords or None}``
+    (:func:`loadr.check.layout`: it knows the formats, this module does not).
     Write them when the dataset is known to be good (``loadr check --write-digests``
-    does so only after a clean check). An older sidecar is replaced.
+    does so only after a clean check, :func:`loadr.check.write_digests`). An older
+    sidecar is replaced.
     """
     path = os.fspath(path)
     storage = storage_for(path, storage_options)
-    name, layout = _layout(path)
+    name, layout = layout_of(path)
     root = _root(storage, path)
     files = {}
     for file, records in layout.items():
@@ -219,8 +211,11 @@ def load(path, storage_options: dict | None = None, required: bool = False) -> D
                    table.get('format'), table['files'])
 
 
-def verify(path, recorded: Digests, storage_options: dict | None = None) -> list[Problem]:
+def verify(path, recorded: Digests, layout_of, storage_options: dict | None = None
+           ) -> list[Problem]:
     """Every file of the dataset compared with its recorded digests; a problem per change.
+
+    ``layout_of`` as for :func:`write`.
 
     A changed record is named by its file and datapoint; bytes changed outside
     any record (a table, a header, a metadata file) by the file alone.
@@ -228,7 +223,7 @@ def verify(path, recorded: Digests, storage_options: dict | None = None) -> list
     path = os.fspath(path)
     storage = storage_for(path, storage_options)
     try:
-        _, layout = _layout(path)
+        _, layout = layout_of(path)
     except LoadrError:
         return []            # a dataset that does not open: its format's check said why
     current = {_relative(recorded.root, file): file for file in layout}

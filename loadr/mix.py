@@ -922,7 +922,7 @@ class Mix(SeededSource, ErrorNaming, Prefetching, Caching, Ordering, Identified,
 
     @property
     def prefetches(self) -> bool:
-        """True when some source reads ahead (its files are remote; see loadr.remote)."""
+        """True when some source reads ahead (its files are remote; see loadr.storage.remote)."""
         return any(h.prefetch is not None for h in self._hooks.values())
 
     def prefetch(self, indices) -> None:
@@ -943,7 +943,7 @@ class Mix(SeededSource, ErrorNaming, Prefetching, Caching, Ordering, Identified,
 
     def cache_clock(self, order, start: int, count: int) -> None:
         """Tell each caching source which positions of its own stream the reads that follow
-        serve (the Loader calls it once per batch; see ``loadr.remote``).
+        serve (the Loader calls it once per batch; see ``loadr.storage.caching``).
 
         Positions ``start ..`` of the mix hold, for source ``s``, positions
         ``first .. first + n - 1`` of the source's own order: that order and those

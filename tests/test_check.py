@@ -10,6 +10,7 @@ import pytest
 
 import loadr
 from loadr import cli, digests
+from loadr.check import write_digests
 from loadr.errors import ChecksumError, ConfigError
 
 
@@ -71,7 +72,7 @@ def test_a_flipped_byte_in_a_bag_is_found_with_digests(fixtures, tmp_path, capsy
     ('gulp', 'data_1.gulp'), ('ffrecord/multi', 'PART_00001.ffr'), ('bag_sharded', None)])
 def test_digests_catch_a_change_in_any_format_and_any_file(fixtures, tmp_path, rel, damage):
     data = copy(fixtures, rel, tmp_path)
-    digests.write(str(data))
+    write_digests(str(data))
     assert loadr.check(data).ok
     files = sorted(p for p in data.rglob('*') if p.is_file())
     target = data / damage if damage else files[len(files) // 2]
@@ -85,7 +86,7 @@ def test_verify_needs_the_digests(fixtures, tmp_path):
     data = copy(fixtures, 'gulp', tmp_path)
     with pytest.raises(ConfigError, match='--write-digests'):
         loadr.open(data, verify=True)
-    digests.write(str(data))
+    write_digests(str(data))
     r = loadr.open(data, verify=True)
     assert [len(r[i]['frames']) for i in range(len(r))] == [
         len(dp['frames']) for dp in loadr.open(fixtures / 'gulp')]
@@ -111,7 +112,7 @@ def test_check_promises_checksums_only_where_the_format_has_them(fixtures, tmp_p
     assert 'no checksums' in bag_line and '--write-digests' in bag_line
     assert 'CRC32 of every sample' in ffr_line
     data = copy(fixtures, 'bag', tmp_path)
-    digests.write(str(data))
+    write_digests(str(data))
     assert loadr.check(data).checksums == 'digests recorded by loadr check --write-digests'
 
 

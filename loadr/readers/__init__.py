@@ -77,9 +77,9 @@ def open(path: str | os.PathLike, **options) -> Reader:  # noqa: A001 - mirrors 
     """Open a dataset of any known format; ``options`` go to its reader.
 
     A dataset behind a URL takes ``cache_dir=``, ``cache_bytes=`` (and
-    ``cache_policy=``): a local cache of its records (see :mod:`loadr.cache`).
+    ``cache_policy=``): a local cache of its records (see :mod:`loadr.storage.cache`).
     Without ``cache_bytes`` the cache may hold 10% of the disk space free
-    under ``cache_dir`` at open, at most 50 GiB (:func:`loadr.cache.default_budget`).
+    under ``cache_dir`` at open, at most 50 GiB (:func:`loadr.storage.cachedir.default_budget`).
 
     >>> r = open(FIXTURES / 'ffrecord/single.ffr')
     >>> len(r)

@@ -869,7 +869,7 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
         under way waits for it, so no range is fetched twice.
         """
         storage = self._files
-        if getattr(storage, 'prefetch', None) is None:
+        if not storage.remote:
             return
         try:
             located = self._refs_ahead([check_index(i, len(self)) for i in indices])
@@ -887,7 +887,7 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
         """Read the index tables a process keeps, all at once: for a dataset behind
         a URL one round trip instead of one per bag, before the first batch."""
         storage = self._files
-        if getattr(storage, 'prefetch', None) is None:
+        if not storage.remote:
             return
         # The value bags' headers first (opened lazily), their tables with them.
         _read_headers(storage, [b for shard in self._shards for b in shard.bags.values()])
@@ -925,7 +925,7 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
         out = []
         for shard, local, index in located:
             # Read here, kept for the datapoint's read: each range asked ahead is
-            # read once (loadr.remote counts on it to free what it holds).
+            # read once (loadr.storage.remote counts on it to free what it holds).
             for (key, _), ref in zip(shard.spec, shard.refs_ahead(local)):
                 bag = shard.bags[key]
                 lo, hi = (ref, ref + 1) if not shard._types[key][1] else \

@@ -58,8 +58,8 @@ IDENTITY_MAX_FILES = 16
 
 
 def remote(storage) -> bool:
-    """True for a storage whose every question is a round trip (a URL's, loadr.remote)."""
-    return getattr(storage, 'prefetch', None) is not None
+    """True for a storage whose every question is a round trip (a URL's, loadr.storage.remote)."""
+    return storage.remote
 
 
 def open_each(storage, fn: Callable, items: Sequence) -> list:
@@ -154,17 +154,18 @@ class Reader(BatchSource, Prefetching, Caching, Identified):
     @property
     def prefetches(self) -> bool:
         """True when :meth:`prefetch` does something: the reader's files are remote."""
-        return getattr(getattr(self, '_files', None), 'prefetch', None) is not None
+        files = getattr(self, '_files', None)          # a reader without files reads nothing ahead
+        return files is not None and files.remote
 
     def prefetch(self, indices: Iterable[int]) -> None:
-        """Start reading the records of ``indices`` now, for reads soon (``loadr.remote``).
+        """Start reading the records of ``indices`` now, for reads soon (storage.readahead).
 
         A hint: it returns at once, and does nothing on local files (or for a
         reader without ``_ranges``). Whatever is wrong with a record is left
         for its read to report. Example: ``r.prefetch([4, 0, 9])``.
         """
         storage = getattr(self, '_files', None)
-        if getattr(storage, 'prefetch', None) is None:
+        if storage is None or not storage.remote:
             return
         try:
             ranges = self._ranges([check_index(i, len(self)) for i in indices])
@@ -175,7 +176,8 @@ class Reader(BatchSource, Prefetching, Caching, Identified):
     @property
     def caches(self) -> bool:
         """True when the reader's files are remote with a local cache (``cache_dir``)."""
-        return bool(getattr(getattr(self, '_files', None), 'caching', False))
+        files = getattr(self, '_files', None)          # a reader without files has no cache
+        return files is not None and files.caching
 
     def cache_clock(self, order, start: int, count: int) -> None:
         """Tell the cache which positions of ``order`` the reads that follow serve.
@@ -183,15 +185,15 @@ class Reader(BatchSource, Prefetching, Caching, Identified):
         The loader calls it once per batch where a reader :attr:`caches`; the
         cache needs the position to know when each range is read next.
         """
-        hook = getattr(getattr(self, '_files', None), 'cache_clock', None)
-        if hook is not None:
-            hook(self.path, order, start, count)
+        files = getattr(self, '_files', None)
+        if files is not None:
+            files.cache_clock(self.path, order, start, count)
 
     def cache_flush(self) -> None:
         """Offer the cache what was fetched since the last :meth:`cache_clock` (at the end)."""
-        flush = getattr(getattr(self, '_files', None), 'cache_flush', None)
-        if flush is not None:
-            flush()
+        files = getattr(self, '_files', None)
+        if files is not None:
+            files.cache_flush()
 
     def _ranges(self, indices: list[int]) -> list[tuple]:
         """``(path, offset, length, index)`` of the bytes the datapoints need (for prefetch)."""

@@ -146,7 +146,7 @@ class ImageFolderReader(Reader):
     def read_batch(self, indices) -> list[dict]:
         """The datapoints of ``indices``; behind a URL, the files are fetched together."""
         wanted = [check_index(i, len(self)) for i in indices]
-        if getattr(self._files, 'prefetch', None) is None:
+        if not self._files.remote:
             return [self._get(i, None) for i in wanted]
         ranges = [(self._file(i), 0, self._files.size(self._file(i), i), i) for i in wanted]
         return [self._datapoint(i, data)

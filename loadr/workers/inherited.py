@@ -45,7 +45,7 @@ _LEAVES = (str, bytes, bytearray, memoryview, int, float, complex, bool, type(No
 # Modules whose objects deal with a fork themselves (loadr's storage reopens its files
 # in a new process; an fsspec or aiohttp session its connections), or hold nothing of a
 # dataset's: not looked into.
-_FORK_AWARE = ('loadr.storage', 'loadr.remote', 'loadr.cache', 'asyncio', 'aiohttp',
+_FORK_AWARE = ('loadr.storage', 'asyncio', 'aiohttp',
                'fsspec', 's3fs', 'gcsfs', 'zmq', 'threading', 'logging', 'multiprocess',
                'multiprocessing', 'concurrent', 'numpy')
 _STD_STREAMS = ('stdin', 'stdout', 'stderr', '__stdin__', '__stdout__', '__stderr__')

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from ..assemble import Assembler, Cancelled, SampleFailure
 from ..order import ORDER_VERSION, order_for
+from ..sources import hooks_of
 from ..stats import StageClock, row_width, schedstat
 from . import memory, protocol
 from .shm import Segment, StatusCells
@@ -48,10 +49,14 @@ MAX_TASKS_READING_AHEAD = 3
 def tasks_held(reader) -> int:
     """The tasks a worker holds at once (in hand and queued) for ``reader``.
 
-    >>> tasks_held([]), tasks_held(type('Remote', (), {'prefetches': True})())
+    >>> class Remote:
+    ...     prefetches = True
+    ...     def __len__(self): return 0
+    ...     def prefetch(self, indices): pass
+    >>> tasks_held([]), tasks_held(Remote())
     (2, 3)
     """
-    return MAX_TASKS_READING_AHEAD if getattr(reader, 'prefetches', False) \
+    return MAX_TASKS_READING_AHEAD if hooks_of(reader).prefetch is not None \
         else MAX_TASKS_PER_WORKER
 
 
@@ -149,7 +154,7 @@ class Steps:
             else args.order_version
         # A remote reader's records are read ahead: tasks are taken off the socket
         # early (MAX_TASKS_READING_AHEAD), so that their reads start early.
-        self.reads_ahead = bool(getattr(args.reader, 'prefetches', False))
+        self.reads_ahead = self.asm.hooks.prefetch is not None
         self.init_failure = None
         self.last_task, self.trimmed = time.monotonic(), True
 
@@ -166,7 +171,7 @@ class Steps:
                 failure = protocol.Failure.capture(exc, None, None, args.wid)
                 failure.message = f'init_fn({args.wid}) failed: {failure.message}'
                 self.init_failure = failure
-        warm = getattr(args.reader, 'warm', None)
+        warm = self.asm.hooks.warm
         if warm is not None:
             try:
                 warm()          # e.g. a remote bag's index tables, in one round trip
@@ -239,9 +244,10 @@ class Steps:
 
     def flush(self) -> None:
         """On the way out: a caching reader keeps the last batch's ranges for the next run."""
-        if getattr(self.args.reader, 'caches', False):
+        flush = self.asm.hooks.cache_flush
+        if flush is not None:
             try:
-                self.args.reader.cache_flush()
+                flush()
             except Exception as exc:
                 logging.getLogger('loadr').debug(
                     'loadr: the cache could not take the last ranges: %r', exc)

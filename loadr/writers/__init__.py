@@ -3,7 +3,7 @@
 Every writer writes under a hidden temporary name and renames on success, so
 an interrupted write never leaves a file that opens as a complete dataset;
 the next writer of the same target removes what a killed one left
-(:mod:`loadr.readers.staging`).
+(:mod:`loadr.storage.staging`).
 
 Example::
 

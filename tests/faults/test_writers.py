@@ -20,7 +20,7 @@ from PIL import Image
 
 import loadr
 from loadr.errors import LoadrError
-from loadr.readers import staging
+from loadr.storage import staging
 from loadr.writers import BagWriter, FFRecordWriter, GulpWriter
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 import loadr
-from loadr.cache import DEFAULT_CAP
+from loadr.storage.cachedir import DEFAULT_CAP
 from loadr.errors import ConfigError, ReadError
 from loadr.storage import using_storage_options
 
 from ..loader_helpers import stream_digests
-from ..test_cache import mounts  # noqa: F401 - a fixture: tmpfs mounts, unmounted at the end
+from ..storage.test_cache import mounts  # noqa: F401 - a fixture: tmpfs mounts, unmounted at the end
 from ..test_loader_readers import PIPELINES
 from .proxy import Proxy
 from .servers import s3_client, upload
@@ -229,7 +229,7 @@ def test_each_source_of_a_mix_keeps_its_cache(nginx, served_root, tmp_path):
 def test_a_cache_dir_alone_gets_a_share_of_the_free_disk(nginx, served_root, tmp_path):
     reader = loadr.open(f'{nginx.url}/ffrecord/multi', decode='msgpack', cache_dir=tmp_path / 'c')
     budget = reader._files.settings['cache_bytes']
-    assert 0 < budget <= DEFAULT_CAP                # loadr.cache.default_budget, fixed at open
+    assert 0 < budget <= DEFAULT_CAP                # storage.cachedir.default_budget, fixed at open
     with loadr.Loader(reader, batch=BATCH, seed=1, workers=0) as loader:
         got = stream_digests(loader, 4)
     local = loadr.open(served_root / 'ffrecord/multi', decode='msgpack')
@@ -327,7 +327,7 @@ def test_a_read_only_cache_dir_gives_the_same_batches_and_one_warning(
             assert _epoch(reader, pipeline, 1, workers=workers) == expected[1]
             lines = _warnings(log, capfd, dataset)
             # Both workers meet it, one says it; then this process, unless a worker
-            # of the run that said it still lives (see loadr.cache._warn_once).
+            # of the run that said it still lives (see loadr.storage.cachedir.warn_once).
             assert len(lines) == (1 if workers else len(lines[:1])), lines
             assert all('Read-only file system' in line and 'uncached' in line
                        for line in lines)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import loadr
-import loadr.remote
+import loadr.storage
 from loadr.cli import main
 
 from ..loader_helpers import stream_digests

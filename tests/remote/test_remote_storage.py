@@ -1,4 +1,5 @@
-"""RemoteStorage (loadr/remote.py) against nginx and moto's S3 on loopback, faults and all."""
+"""The remote storages (loadr/storage/remote.py, http.py, s3.py) against nginx and moto's S3
+on loopback, faults and all."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 import loadr
 from loadr.errors import ConfigError, FormatError, ReadError, WriterError
-from loadr.remote import RemoteStorage
+from loadr.storage import remote_storage
 
 from ..readers.common import assert_equal
 from .proxy import Proxy
@@ -29,9 +30,9 @@ def remote(request, served_root):
     """(storage, base URL of the served fixtures) for nginx and for moto's S3."""
     if request.param == 'http':
         web = request.getfixturevalue('nginx')
-        return RemoteStorage(web.url, {'loadr': FAST}), web.url
+        return remote_storage(web.url, {'loadr': FAST}), web.url
     s3 = request.getfixturevalue('moto')
-    return RemoteStorage('s3://fixtures', {'endpoint_url': s3.url, 'loadr': FAST}), \
+    return remote_storage('s3://fixtures', {'endpoint_url': s3.url, 'loadr': FAST}), \
         's3://fixtures'
 
 
@@ -101,7 +102,7 @@ def test_prefetched_ranges_are_read_without_new_requests(remote, served_root):
 
 
 def test_one_multi_range_request_per_file_over_http(nginx, served_root):
-    storage = RemoteStorage(nginx.url, {'loadr': {'max_ranges': 7}})
+    storage = remote_storage(nginx.url, {'loadr': {'max_ranges': 7}})
     files = [FILE, 'bag/image.bag']
     datas = {f: (served_root / f).read_bytes() for f in files}
     ranges = [(f'{nginx.url}/{f}', off, 300, k) for f in files
@@ -121,7 +122,7 @@ def test_a_server_that_answers_many_ranges_whole_is_asked_range_by_range(nginx, 
     # Our proxy drops the Range header of multi-range requests here: nginx sends the
     # whole file (200), which is not read; the ranges are then asked one by one.
     with Proxy(nginx.url, whole_for_many_ranges=True) as proxy:
-        storage = RemoteStorage(proxy.url)
+        storage = remote_storage(proxy.url)
         url = f'{proxy.url}/{FILE}'
         data = (served_root / FILE).read_bytes()
         ranges = [(url, off, 100) for off in range(0, 50_000, 5000)]
@@ -133,7 +134,7 @@ def test_a_server_that_answers_many_ranges_whole_is_asked_range_by_range(nginx, 
 
 
 def test_close_ranges_are_merged_into_one_request(nginx, served_root):
-    storage = RemoteStorage(nginx.url, {'loadr': {'merge_gap_bytes': 100}})
+    storage = remote_storage(nginx.url, {'loadr': {'merge_gap_bytes': 100}})
     url = f'{nginx.url}/{FILE}'
     data = (served_root / FILE).read_bytes()
     ranges = [(url, off, 50) for off in range(0, 15_000, 150)]      # gaps of 100 bytes
@@ -143,7 +144,7 @@ def test_close_ranges_are_merged_into_one_request(nginx, served_root):
 
 def test_pickled_storage_reads_in_another_process(moto, served_root):
     base = 's3://fixtures'
-    storage = RemoteStorage(base, {'endpoint_url': moto.url})
+    storage = remote_storage(base, {'endpoint_url': moto.url})
     storage.list(f'{base}/bag')
     blob = pickle.dumps(storage)
     ctx = multiprocess.get_context('spawn')
@@ -172,7 +173,7 @@ def test_faults_are_retried_to_the_same_bytes(nginx, moto, served_root):
             base = base or proxy.url
             if base.startswith('s3'):
                 options = {'endpoint_url': proxy.url}
-            storage = RemoteStorage(base, {**options, 'loadr': {**FAST, 'retries': 2}})
+            storage = remote_storage(base, {**options, 'loadr': {**FAST, 'retries': 2}})
             url = f'{base}/{FILE}'
             ranges = [(url, off, 700, k) for k, off in enumerate(range(0, 140_000, 3500))]
             assert storage.read_many(ranges) == [data[o:o + 700] for _, o, _, _ in ranges]
@@ -183,7 +184,7 @@ def test_faults_are_retried_to_the_same_bytes(nginx, moto, served_root):
 
 def test_persistent_failure_names_url_record_and_attempts(nginx):
     with Proxy(nginx.url, error=1.0, max_faults=100) as proxy:
-        storage = RemoteStorage(proxy.url, {'loadr': {**FAST, 'retries': 2}})
+        storage = remote_storage(proxy.url, {'loadr': {**FAST, 'retries': 2}})
         url = f'{proxy.url}/{FILE}'
         with pytest.raises(ReadError) as info:
             storage.read(url, 0, 10, 42)
@@ -195,9 +196,9 @@ def test_persistent_failure_names_url_record_and_attempts(nginx):
 
 
 def test_failed_read_ahead_raises_for_the_record_read(nginx, served_root):
-    storage = RemoteStorage(nginx.url, {'loadr': {**FAST, 'retries': 1}})
+    storage = remote_storage(nginx.url, {'loadr': {**FAST, 'retries': 1}})
     with Proxy(nginx.url, error=1.0, max_faults=100) as proxy:
-        storage = RemoteStorage(proxy.url, {'loadr': {**FAST, 'retries': 1}})
+        storage = remote_storage(proxy.url, {'loadr': {**FAST, 'retries': 1}})
         url = f'{proxy.url}/{FILE}'
         storage._sizes[url] = (served_root / FILE).stat().st_size
         storage.prefetch([(url, 0, 10, 1), (url, 5000, 10, 2)])
@@ -216,10 +217,10 @@ def test_an_answer_for_other_bytes_is_retried_then_a_clear_error(nginx, moto, se
 
     def storage_and_url(proxy):
         if protocol == 'http':
-            storage = RemoteStorage(proxy.url, {'loadr': {**FAST, 'retries': 2}})
+            storage = remote_storage(proxy.url, {'loadr': {**FAST, 'retries': 2}})
             url = f'{proxy.url}/{FILE}'
         else:
-            storage = RemoteStorage('s3://fixtures', {'endpoint_url': proxy.url,
+            storage = remote_storage('s3://fixtures', {'endpoint_url': proxy.url,
                                                       'loadr': {**FAST, 'retries': 2}})
             url = f's3://fixtures/{FILE}'
         storage.size(url)
@@ -254,7 +255,7 @@ def test_a_server_that_ignores_range_is_read_whole_once(served_root):
     data = (served_root / FILE).read_bytes()
     with start_plain_http(served_root) as web:
         url = f'{web.url}/{FILE}'
-        storage = RemoteStorage(web.url, {'loadr': FAST})
+        storage = remote_storage(web.url, {'loadr': FAST})
         ranges = [(url, off, 100, k) for k, off in enumerate(range(1, 60_000, 3000))]
         assert storage.read_many(ranges) == [data[o:o + 100] for _, o, _, _ in ranges]
         assert storage.bytes_fetched == len(data)          # read whole once
@@ -279,7 +280,7 @@ def test_a_server_that_ignores_range_with_a_big_file_is_a_clear_error(tmp_path):
         f.truncate((64 << 20) + 1)                          # sparse: no disk used
     with start_plain_http(tmp_path) as web:
         url = f'{web.url}/big.bin'
-        storage = RemoteStorage(web.url, {'loadr': {**FAST, 'retries': 3}})
+        storage = remote_storage(web.url, {'loadr': {**FAST, 'retries': 3}})
         for read in (lambda: storage.read(url, 10, 8, 3),
                      lambda: storage.read_many([(url, 10, 8, 3), (url, 1 << 20, 8, 4)])):
             with pytest.raises(ReadError, match='the server ignored the Range request; loadr '
@@ -299,7 +300,7 @@ def test_a_failed_grouped_request_is_asked_range_by_range(nginx, served_root, ma
     # first neighbour's index (issue 20 item 1).
     data = (served_root / FILE).read_bytes()
     with Proxy(nginx.url, refuse='single.ffr', refuse_bytes=(5000, 5001)) as proxy:
-        storage = RemoteStorage(proxy.url, {'loadr': {**FAST, 'retries': 1, 'merge_gap_bytes':
+        storage = remote_storage(proxy.url, {'loadr': {**FAST, 'retries': 1, 'merge_gap_bytes':
                                                       100, 'max_ranges': max_ranges}})
         url = f'{proxy.url}/{FILE}'
         storage.size(url)
@@ -327,7 +328,7 @@ def test_a_failed_grouped_request_is_asked_range_by_range(nginx, served_root, ma
 
 def test_server_that_hangs_times_out(nginx):
     with Proxy(nginx.url, hang=True) as proxy:
-        storage = RemoteStorage(proxy.url, {'loadr': {**FAST, 'timeout_s': 0.5}})
+        storage = remote_storage(proxy.url, {'loadr': {**FAST, 'timeout_s': 0.5}})
         with pytest.raises(ReadError, match='timeout_s=0.5') as info:
             storage.read(f'{proxy.url}/{FILE}', 0, 10, 3)
         assert info.value.index == 3
@@ -337,7 +338,7 @@ def test_a_grouped_request_that_times_out_is_not_asked_again_range_by_range(ngin
     # Its deadline is spent: asking each range again would wait timeout_s once more
     # per range on a server that stalls. The records share the timeout error.
     with Proxy(nginx.url, hang=True) as proxy:
-        storage = RemoteStorage(proxy.url, {'loadr': {**FAST, 'timeout_s': 0.3}})
+        storage = remote_storage(proxy.url, {'loadr': {**FAST, 'timeout_s': 0.3}})
         url = f'{proxy.url}/{FILE}'
         storage._sizes[url] = 144_202
         ranges = [(url, off, 10, k) for k, off in enumerate([0, 100, 5000, 9000])]
@@ -356,7 +357,7 @@ def test_a_grouped_request_that_times_out_is_not_asked_again_range_by_range(ngin
 def test_server_gone_is_a_clear_error(nginx):
     proxy = Proxy(nginx.url).start()
     proxy.stop()
-    storage = RemoteStorage(proxy.url, {'loadr': {**FAST, 'retries': 2}})
+    storage = remote_storage(proxy.url, {'loadr': {**FAST, 'retries': 2}})
     with pytest.raises(ReadError, match=r'after 3 attempts: ClientConnectorError') as info:
         storage.read(f'{proxy.url}/{FILE}', 0, 10, 3)
     assert info.value.path == f'{proxy.url}/{FILE}'
@@ -367,14 +368,14 @@ def test_server_gone_is_a_clear_error(nginx):
 
 
 def test_missing_object_and_bucket(moto, nginx):
-    storage = RemoteStorage('s3://fixtures', {'endpoint_url': moto.url})
+    storage = remote_storage('s3://fixtures', {'endpoint_url': moto.url})
     with pytest.raises(ReadError, match='no such object') as info:
         storage.read('s3://fixtures/nothing.bin', 0, 1, 9)
     assert info.value.index == 9 and '\n' not in str(info.value)
-    storage = RemoteStorage('s3://no-such-bucket', {'endpoint_url': moto.url})
+    storage = remote_storage('s3://no-such-bucket', {'endpoint_url': moto.url})
     with pytest.raises(ReadError, match='bucket does not exist'):
         storage.size('s3://no-such-bucket/x')
-    storage = RemoteStorage(nginx.url)
+    storage = remote_storage(nginx.url)
     with pytest.raises(ReadError, match=r'no such object.*404'):
         storage.size(f'{nginx.url}/nothing.bin')
 
@@ -388,14 +389,14 @@ def test_missing_package_names_the_extra():
         pass
     with pytest.raises(ConfigError, match=r"pip install fsspec gcsfs \(the 'gcs' extra: "
                                           r"pip install -e '\.\[gcs\]'") as info:
-        RemoteStorage('gs://bucket/x.ffr')
+        remote_storage('gs://bucket/x.ffr')
     assert str(info.value).startswith('gs://bucket/x.ffr: ') and info.value.__cause__ is None
     with pytest.raises(ConfigError, match='unknown protocol nosuch://'):
-        RemoteStorage('nosuch://x')
+        remote_storage('nosuch://x')
 
 
 def test_bad_and_missing_credentials(moto_auth, monkeypatch):
-    storage = RemoteStorage('s3://fixtures', {'endpoint_url': moto_auth.url})
+    storage = remote_storage('s3://fixtures', {'endpoint_url': moto_auth.url})
     with pytest.raises(ReadError, match='access denied: check the credentials'):
         storage.size('s3://fixtures/x')
     for name in list(os.environ):
@@ -404,7 +405,7 @@ def test_bad_and_missing_credentials(moto_auth, monkeypatch):
     monkeypatch.setenv('AWS_SHARED_CREDENTIALS_FILE', '/nonexistent/credentials')
     monkeypatch.setenv('AWS_CONFIG_FILE', '/nonexistent/config')
     monkeypatch.setenv('AWS_EC2_METADATA_DISABLED', 'true')
-    storage = RemoteStorage('s3://fixtures', {'endpoint_url': moto_auth.url})
+    storage = remote_storage('s3://fixtures', {'endpoint_url': moto_auth.url})
     with pytest.raises(ReadError, match=r"no valid credentials.*'anon': True") as info:
         storage.size('s3://fixtures/x')
     assert '\n' not in str(info.value)
@@ -412,9 +413,9 @@ def test_bad_and_missing_credentials(moto_auth, monkeypatch):
 
 def test_bad_settings_are_config_errors():
     with pytest.raises(ConfigError, match='unknown'):
-        RemoteStorage('s3://b/x', {'loadr': {'retry': 3}})
+        remote_storage('s3://b/x', {'loadr': {'retry': 3}})
     with pytest.raises(ConfigError, match=r"\['retries'\] must be a whole number from 0"):
-        RemoteStorage('s3://b/x', {'loadr': {'retries': -1}})
+        remote_storage('s3://b/x', {'loadr': {'retries': -1}})
 
 
 @pytest.mark.parametrize('key,value', [
@@ -429,16 +430,17 @@ def test_every_numeric_setting_is_checked_finite_and_in_range(key, value):
     # OverflowError, no timeout at all, or an unrelated error at the first read.
     with pytest.raises(ConfigError, match=rf"storage_options\['loadr'\]\[{key!r}\] must be") \
             as info:
-        RemoteStorage('s3://b/x', {'loadr': {key: value}})
+        remote_storage('s3://b/x', {'loadr': {key: value}})
     assert info.value.path == 's3://b/x' and repr(value)[:20] in str(info.value)
 
 
 def test_numeric_settings_in_range_are_taken():
-    from loadr.remote import _NUMBERS, DEFAULTS
+    from loadr.storage.settings import DEFAULTS
+    from loadr.storage.settings import NUMBERS as _NUMBERS
     # Every numeric default has its bounds (a new setting cannot slip past the check).
     assert {k for k, v in DEFAULTS.items() if isinstance(v, (int, float))} == set(_NUMBERS)
     import numpy as np
-    storage = RemoteStorage('s3://b/x', {'loadr': {'retries': 3.0, 'timeout_s': 2,
+    storage = remote_storage('s3://b/x', {'loadr': {'retries': 3.0, 'timeout_s': 2,
                                                    'readahead_bytes': np.int64(0),
                                                    'max_ranges': 0, 'backoff_s': np.float32(.5)}})
     assert storage.settings['retries'] == 3 and type(storage.settings['retries']) is int
@@ -451,7 +453,7 @@ def test_numeric_settings_in_range_are_taken():
 
 
 def test_staged_object_is_uploaded_only_on_commit(moto):
-    storage = RemoteStorage('s3://fixtures', {'endpoint_url': moto.url})
+    storage = remote_storage('s3://fixtures', {'endpoint_url': moto.url})
     client = s3_client(moto.url)
     url = 's3://fixtures/out/one.bin'
     with storage.open_write(url) as f:
@@ -473,7 +475,7 @@ def test_staged_object_is_uploaded_only_on_commit(moto):
 
 
 def test_staged_directory_is_uploaded_on_commit(moto):
-    storage = RemoteStorage('s3://fixtures', {'endpoint_url': moto.url})
+    storage = remote_storage('s3://fixtures', {'endpoint_url': moto.url})
     target = 's3://fixtures/out/dir'
     d = storage.stage_dir(target)
     d.mkdir('000000')
@@ -492,7 +494,7 @@ def test_staged_directory_is_uploaded_on_commit(moto):
 
 def test_http_is_read_only(nginx):
     with pytest.raises(ConfigError, match='read-only'):
-        RemoteStorage(nginx.url).open_write(f'{nginx.url}/x.bin')
+        remote_storage(nginx.url).open_write(f'{nginx.url}/x.bin')
 
 
 def test_a_synchronous_fsspec_filesystem_works_too(served_root):
@@ -515,7 +517,8 @@ def test_a_synchronous_fsspec_filesystem_works_too(served_root):
 
 def test_import_loadr_and_local_reads_never_import_fsspec(served_root):
     code = ('import sys, loadr; r = loadr.open(sys.argv[1]); r[0]; r.prefetch([0]); '
-            'print(r.prefetches, sorted(m for m in sys.modules if m == "loadr.remote" or '
+            'print(r.prefetches, sorted(m for m in sys.modules if m in '
+            '("loadr.storage.remote", "loadr.storage.http") or '
             'm.split(".")[0] in ("fsspec", "s3fs", "aiohttp", "botocore")))')
     out = subprocess.run([sys.executable, '-c', code, str(served_root / 'bag')],
                          capture_output=True, text=True, timeout=60)
@@ -528,7 +531,7 @@ def test_copies_of_a_storage_share_one_filesystem_that_is_never_dropped(nginx, s
     # beside a busy IO loop, which can lose a live socket from the loop (a read
     # then hangs until its timeout): a process keeps one filesystem per options.
     import gc
-    storage = RemoteStorage(nginx.url)
+    storage = remote_storage(nginx.url)
     url = f'{nginx.url}/{FILE}'
     data = (served_root / FILE).read_bytes()
     assert storage.read(url, 0, 100) == data[:100]
@@ -540,14 +543,14 @@ def test_copies_of_a_storage_share_one_filesystem_that_is_never_dropped(nginx, s
         gc.collect()
     assert not storage.fs._session.closed
     assert storage.read_many([(url, 0, 10), (url, 5000, 10)]) == [data[:10], data[5000:5010]]
-    assert RemoteStorage(nginx.url, {'loadr': {'retries': 1}}).fs is storage.fs
+    assert remote_storage(nginx.url, {'loadr': {'retries': 1}}).fs is storage.fs
 
 
 def test_overlapping_read_ahead_serves_every_range_once_without_refetching(nginx, served_root):
     # Two batches whose merged spans overlap (one covers the other's records):
     # each read gives its claim back to the span it claimed, so no span is worn
     # out by another batch's reads and nothing is fetched twice.
-    storage = RemoteStorage(nginx.url, {'loadr': {'merge_gap_bytes': 4096, 'max_ranges': 0}})
+    storage = remote_storage(nginx.url, {'loadr': {'merge_gap_bytes': 4096, 'max_ranges': 0}})
     url = f'{nginx.url}/{FILE}'
     data = (served_root / FILE).read_bytes()
     storage.size(url)

@@ -1,4 +1,4 @@
-"""The storage layer under every read and write (loadr.storage), on real files and processes."""
+"""The local storage (loadr.storage.local, errors, staging), on real files and processes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from loadr import storage
 from loadr.assemble import _transient
 from loadr.errors import ConfigError, FormatError, ReadError, WriterError
 from loadr.readers import Files
-from loadr.readers import staging
+from loadr.storage import staging
 from loadr.storage import LocalStorage, mapped, read_error, storage_for, transient
 
 

@@ -1,4 +1,4 @@
-"""loadr.cache: the next use of each index, the furthest-next-use cache and its directory.
+"""loadr.storage.cache: the next use of each index, the furthest-next-use cache and its directory.
 
 Real files in tmp_path and real processes where processes share a directory;
 nothing here looks at a clock.
@@ -22,9 +22,12 @@ import subprocess
 import numpy as np
 import pytest
 
-import loadr.cache as cache_module
-from loadr.cache import (DEFAULT_CAP, JOURNAL_NAME, LOCK_NAME, MARKER_NAME, NEVER, TMP_PREFIX,
-                         NextUse, RangeCache, default_budget, entry_name)
+import loadr.storage.cache as cache_module
+from loadr.storage import cachedir, policy
+from loadr.storage.cache import RangeCache
+from loadr.storage.cachedir import (DEFAULT_CAP, JOURNAL_NAME, LOCK_NAME, MARKER_NAME, TMP_PREFIX,
+                                    default_budget, entry_name)
+from loadr.storage.policy import NEVER, NextUse
 from loadr.errors import ConfigError, ResourceError
 from loadr.order import Order
 
@@ -175,7 +178,7 @@ def test_next_use_equals_a_scan_of_the_stream(n, shuffle, version):
         # Each next use lies in this epoch or the next, and is read there.
         assert ((got >= now) & (got < (now // n + 2) * n)).all()
     # Only the last few epochs' inverses are kept.
-    assert len(next_use._inverses) <= cache_module.EPOCHS_KEPT
+    assert len(next_use._inverses) <= policy.EPOCHS_KEPT
     if not shuffle:
         assert not next_use._inverses
 
@@ -586,8 +589,8 @@ def test_temporary_files_of_dead_processes_are_reclaimed(tmp_path):
     proc = multiprocessing.get_context('spawn').Process(target=int)
     proc.start()
     proc.join()
-    dead = f'{TMP_PREFIX}{cache_module._host()}-{proc.pid}-0000abcd'
-    alive = f'{TMP_PREFIX}{cache_module._host()}-{os.getppid()}-0000abcd'
+    dead = f'{TMP_PREFIX}{cachedir.host()}-{proc.pid}-0000abcd'
+    alive = f'{TMP_PREFIX}{cachedir.host()}-{os.getppid()}-0000abcd'
     other_host = f'{TMP_PREFIX}elsewhere-{proc.pid}-0000abcd'
     for name in (dead, alive, other_host):
         (directory / name).write_bytes(b'half')

@@ -1,16 +1,13 @@
 """A local disk cache of record byte ranges, evicting the range whose next use lies furthest ahead.
 
-Remote storage (:mod:`loadr.remote`) reads byte ranges ``(path, offset,
+Remote storage (:mod:`loadr.storage.remote`) reads byte ranges ``(path, offset,
 length, index)`` of records. A :class:`RangeCache` keeps some of them in a
 local directory (``cache_dir``), at most ``max_bytes`` of them, for the next
 time the same record is read: a later epoch, or a run resumed from a state.
-Because loadr's order is a pure function of the position, the cache knows
-when each record will be read next (:class:`NextUse`), and when it is full it
-drops the range whose next use lies furthest in the future (Belady's
-optimal policy, which needs the future: here we have it). An offered range
-whose next use is further than everything kept is simply not written.
-``policy='lru'`` (least recently used, recency = the file's mtime) is there
-to compare against.
+When full it drops the range whose next use lies furthest ahead, or with
+``policy='lru'`` the least recently used (:mod:`loadr.storage.policy`); an
+offered range whose next use is further than everything kept is not written.
+The directory's layout: :mod:`loadr.storage.cachedir`.
 
 What one can expect from it (benchmarks/cache_policy.py): with a fresh
 random permutation per epoch no record is read twice inside an epoch, so
@@ -23,17 +20,6 @@ gets about ``c**2 / 2`` of the bytes for a cache of fraction ``c`` (0.1% at
 5%), since what it holds at the boundary (the end of the epoch) comes back
 at a uniformly random place in the next one and is mostly pushed out before.
 
-Layout of the directory (one per dataset: the index of an entry means a
-record of that dataset)::
-
-    .loadr-cache                 marker, JSON {"version": 2, ...}; without it a
-                                 non-empty directory is refused (ConfigError)
-    .loadr-cache.lock            fcntl.flock'ed around every change
-    .loadr-cache.log             the journal of changes (below)
-    <sha1 hex 24><crc hex 8>-<index>-<len>   one entry: the bytes of one range;
-                                 the hash is of (path, offset, length), the
-                                 CRC-32 of the bytes
-    .loadr-cache-tmp-<host>-<pid>-<random>   an entry being written
 
 Checksums: :meth:`RangeCache.get` serves an entry only if its length and
 CRC-32 are those in its name (ISA-L's CRC-32 where isal is installed, zlib's
@@ -87,6 +73,7 @@ positions 0 and 1; the cache has room for 10 bytes)::
 
     >>> import functools, os, tempfile
     >>> from loadr.order import Order
+    >>> from loadr.storage.policy import NextUse
     >>> tmp = tempfile.TemporaryDirectory()
     >>> cache = RangeCache(os.path.join(tmp.name, 'cache'), max_bytes=10)
     >>> next_use = functools.partial(NextUse(Order(4, seed=0, shuffle=False)).__call__, now=2)
@@ -105,347 +92,34 @@ positions 0 and 1; the cache has room for 10 bytes)::
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import errno
 import fcntl
-import hashlib
 import json
-import logging
 import os
-import re
 import secrets
-import socket
 import threading
 import time
 
 import numpy as np
 
-from .errors import ConfigError, ResourceError
-from .pids import running
+from ..errors import ConfigError, ResourceError
+from ..pids import running
+from .cachedir import (CACHE_VERSION, CRC_HEX, HASH_HEX, JOURNAL_HEAD, JOURNAL_NAME, LOCK_NAME,
+                       MARKER_NAME, O_CLOEXEC, TMP_PREFIX, View, crc32, default_budget, host,
+                       key_of, old_entry, parse_entry, warn_once)
+from .policy import POLICIES, furthest, lru
 
-try:
-    # ISA-L's CRC-32 (a dependency where it has wheels, as for FFRecord): ~6x zlib's, the same
-    # values, so a directory written with one is read with the other.
-    from isal.isal_zlib import crc32
-except ImportError:  # pragma: no cover - isal is a dependency wherever it has wheels
-    from zlib import crc32
+__all__ = ['RangeCache']
 
-__all__ = ['NextUse', 'RangeCache', 'NEVER', 'POLICIES', 'MARKER_NAME', 'LOCK_NAME',
-           'JOURNAL_NAME', 'entry_name', 'default_budget', 'DEFAULT_SHARE', 'DEFAULT_CAP']
-
-log = logging.getLogger('loadr')
-
-# The next use of an index that the stream never reads (outside [0, n)).
-NEVER = np.iinfo(np.int64).max
-POLICIES = ('furthest', 'lru')
-MARKER_NAME = '.loadr-cache'
-LOCK_NAME = '.loadr-cache.lock'
-JOURNAL_NAME = '.loadr-cache.log'
-TMP_PREFIX = '.loadr-cache-tmp-'
-# 2: entries carry their CRC-32 in their name. A version-1 directory's entries
-# (no checksum, nothing to verify them by) are deleted when a process adopts it.
-CACHE_VERSION = 2
-# cache_dir without cache_bytes (default_budget): this share of the free space of
-# the filesystem, counting what loadr's entries already hold there as free, at most
-# DEFAULT_CAP per dataset.
-DEFAULT_SHARE = 0.10
-DEFAULT_CAP = 50 << 30
-# Epochs whose inverse permutation NextUse keeps: the current one, the next,
-# and one more so that workers a little apart in the stream do not thrash.
-EPOCHS_KEPT = 3
 # The journal is rewritten from the view once it is this many times the size
 # a fresh one would have (and at least JOURNAL_MIN_BYTES): the rewrite makes
 # every other process read it whole once, so not too often.
 JOURNAL_GROWTH = 4
 JOURNAL_MIN_BYTES = 1 << 20
-_HASH_HEX = 24
-_CRC_HEX = 8
-# <key: 24 hex><crc32 of the bytes: 8 hex>-<index>-<length>
-_ENTRY = re.compile(r'([0-9a-f]{24})([0-9a-f]{8})-(\d{1,19})-(\d{1,19})\Z')
-# The entries of a version-1 directory: no checksum.
-_OLD_ENTRY = re.compile(r'[0-9a-f]{24}-\d{1,19}-\d{1,19}\Z')
-_JOURNAL_HEAD = b'loadr-cache-journal 2 '
-_INT64_MAX = np.iinfo(np.int64).max
-_O_CLOEXEC = getattr(os, 'O_CLOEXEC', 0)
-
-
-def _entry(name: str):
-    """The match of an entry's name; None for any other name (19 digits can pass int64:
-    loadr never makes such a name, so it is not provably ours)."""
-    m = _ENTRY.match(name)
-    if m is None or max(int(m.group(3)), int(m.group(4))) > _INT64_MAX:
-        return None
-    return m
-
-
-def _old_entry(name: str) -> bool:
-    """A version-1 entry's name (see _entry)."""
-    if _OLD_ENTRY.match(name) is None:
-        return False
-    return max(map(int, name[_HASH_HEX + 1:].split('-'))) <= _INT64_MAX
-
-
-def _host() -> str:
-    return re.sub(r'[^A-Za-z0-9_.]', '_', socket.gethostname())[:64] or 'host'
-
-
-def _key(path: str, offset: int, length: int) -> str:
-    text = f'{path}\0{int(offset)}\0{int(length)}'.encode('utf-8', 'surrogateescape')
-    return hashlib.sha1(text).hexdigest()[:_HASH_HEX]
-
-
-def entry_name(path: str, offset: int, length: int, index: int, data) -> str:
-    """The file name of the entry holding ``data``, the ``length`` bytes at ``offset`` of ``path``.
-
-    The key (a hash of the path, the offset and the length), then the CRC-32 of
-    the bytes, the index and the length:
-
-    >>> entry_name('s3://b/x.bag', 0, 4, 7, b'abcd')
-    '43263ec569cbfd89ea50f180ed82cd11-7-4'
-    """
-    return f'{_key(path, offset, length)}{crc32(data):08x}-{int(index)}-{int(length)}'
-
-
-def _mount_point(path: str) -> str:
-    """``path``, or the nearest of its parents that exists."""
-    path = os.path.abspath(path)
-    while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    return path
-
-
-def _held(directory: str) -> int:
-    """Bytes of loadr's entries in ``directory`` and in its subdirectories (a ``cache_dir``
-    holds one per dataset), counted from their names; only directories with the marker."""
-    total = 0
-    for folder in (directory, *_subdirectories(directory)):
-        if not os.path.isfile(os.path.join(folder, MARKER_NAME)):
-            continue                # listed only where it is ours: cache_dir may be anything
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        total += sum(int(m.group(4)) for m in map(_entry, names) if m)
-    return total
-
-
-def _subdirectories(directory: str) -> list[str]:
-    try:
-        with os.scandir(directory) as it:
-            return [e.path for e in it if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return []
-
-
-def default_budget(directory) -> int:
-    """The bytes a cache in ``directory`` may hold when no ``cache_bytes`` is given.
-
-    :data:`DEFAULT_SHARE` (10%) of the space free on the filesystem that holds
-    ``directory`` (or would hold it: the nearest parent that exists), counting
-    the bytes of loadr's entries already in it as free (so that a resumed run
-    gets the budget of the first), at most :data:`DEFAULT_CAP` (50 GiB); 0
-    where the filesystem cannot be asked. One figure per run: computed where
-    the reader is opened, and the workers get it from there.
-
-    >>> 0 <= default_budget('/nonexistent/cache') <= DEFAULT_CAP
-    True
-    """
-    directory = os.path.abspath(os.fspath(directory))
-    try:
-        st = os.statvfs(_mount_point(directory))
-    except OSError:
-        return 0
-    free = st.f_bavail * st.f_frsize
-    return int(min(DEFAULT_CAP, DEFAULT_SHARE * (free + _held(directory))))
-
-
-# Directories warned about by this process (see _warn_once), and the sockets
-# that tell the other processes of the run that it was done.
-_warned: dict[str, object] = {}
-
-
-def _warn_once(directory: str, message: str) -> None:
-    """Log ``message`` once per run for ``directory``, whichever process meets it first.
-
-    Each worker of a run meets a read-only or full disk for itself; one
-    warning says it all. The processes of a run share the process group:
-    the first to bind an abstract unix socket named after the directory and
-    the group warns, and keeps the name for as long as it lives; a process
-    forked from one that warned does not warn again. So a run warns once
-    where its main process meets it, else once per pool of workers (a later
-    Loader warns again only after the worker that warned has exited). Linux;
-    elsewhere every process warns once.
-    """
-    if directory in _warned:
-        return
-    sock = None
-    try:
-        name = hashlib.sha1(f'{directory}\0{os.getpgid(0)}'.encode(
-            'utf-8', 'surrogateescape')).hexdigest()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.bind(f'\0loadr-cache-warned-{name}')
-    except OSError as exc:
-        if sock is not None:
-            sock.close()
-            sock = None
-        if exc.errno == errno.EADDRINUSE:
-            _warned[directory] = None           # another process of the run warned
-            return
-    _warned[directory] = sock
-    log.warning('%s', message)
-
-
-class NextUse:
-    """Maps dataset indices to the next stream position at which each is read.
-
-    ``next_use(indices, now)`` is, for each index ``i``, the smallest position
-    ``q >= now`` of the stream that holds ``i`` (``order.indices(q, 1)[0] ==
-    i``); :data:`NEVER` for an index outside ``[0, n)``. For ``now`` in epoch
-    ``e = now // n`` that is ``e * n + inv_e[i]`` if not before ``now``, else
-    ``(e + 1) * n + inv_{e+1}[i]``, where ``inv_e`` is the inverse of the
-    epoch's permutation.
-
-    ``order`` is a :class:`loadr.order.Order` (each epoch of ``n`` positions a
-    permutation of ``[0, n)``); a Mix's source has its own Order at the
-    source's own stream position. Memory: ``inv_e`` is computed once per
-    epoch (from ``order.indices(e * n, n)``, which is briefly another 8 bytes
-    per index) and kept for the last :data:`EPOCHS_KEPT` epochs used, 4 bytes
-    per index each (8 above 2**31 indices): 15 MB for 1.28M records. Without
-    shuffling the inverse is the identity and nothing is kept. Pickles as its
-    order alone.
-
-    >>> from loadr.order import Order
-    >>> order = Order(5, seed=0, shuffle=False)
-    >>> NextUse(order)([0, 3, 4], now=4)         # 0 and 3 were read before position 4
-    array([5, 8, 4])
-    """
-
-    def __init__(self, order):
-        self.order = order
-        self.n = int(order.n)
-        self._dtype = np.int32 if self.n < 2**31 else np.int64
-        self._inverses: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
-
-    def __getstate__(self):
-        return {'order': self.order}
-
-    def __setstate__(self, state):
-        self.__init__(state['order'])
-
-    def __repr__(self) -> str:
-        return f'NextUse({self.order!r})'
-
-    def _inverse(self, epoch: int) -> np.ndarray:
-        inv = self._inverses.get(epoch)
-        if inv is not None:
-            self._inverses.move_to_end(epoch)
-            return inv
-        n = self.n
-        perm = self.order.indices(epoch * n, n)
-        inv = np.full(n, -1, dtype=self._dtype)
-        inv[perm] = np.arange(n, dtype=self._dtype)
-        if inv.min() < 0:
-            raise ValueError(f'{self.order!r}: epoch {epoch} is not a permutation of [0, {n}); '
-                             f'NextUse needs an Order whose epochs are permutations')
-        self._inverses[epoch] = inv
-        while len(self._inverses) > EPOCHS_KEPT:
-            self._inverses.popitem(last=False)
-        return inv
-
-    def __call__(self, indices, now: int) -> np.ndarray:
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        now = int(now)
-        if now < 0:
-            raise ValueError(f'now must be a stream position >= 0, not {now}')
-        n = self.n
-        epoch = now // n
-        out = np.full(len(idx), NEVER, dtype=np.int64)
-        valid = (idx >= 0) & (idx < n)
-        if not valid.all():
-            idx = idx[valid]
-        if self.order.shuffle:
-            q = epoch * n + self._inverse(epoch)[idx].astype(np.int64)
-        else:
-            q = epoch * n + idx
-        past = q < now
-        if past.any():
-            if self.order.shuffle:
-                q[past] = (epoch + 1) * n + self._inverse(epoch + 1)[idx[past]].astype(np.int64)
-            else:
-                q[past] += n
-        out[valid] = q
-        return out
-
-
-class _View:
-    """A process's picture of the entries: hash -> slot, and numpy arrays by slot."""
-
-    def __init__(self):
-        self.token = None           # the journal this view follows, and how far
-        self.offset = 0
-        self.slots: dict[str, int] = {}
-        self.names: list = []
-        self.index = np.zeros(0, dtype=np.int64)
-        self.length = np.zeros(0, dtype=np.int64)
-        self.live = np.zeros(0, dtype=bool)
-        self.free: list[int] = []
-        self.bytes = 0
-
-    def add(self, name: str) -> None:
-        m = _entry(name)
-        if m is None:
-            return
-        key = m.group(1)
-        if key in self.slots:
-            self.remove(key)
-        if self.free:
-            slot = self.free.pop()
-        else:
-            slot = len(self.names)
-            self.names.append(None)
-            if slot >= len(self.index):
-                size = max(64, 2 * len(self.index))
-                for attr, fill in (('index', 0), ('length', 0), ('live', False)):
-                    old = getattr(self, attr)
-                    new = np.full(size, fill, dtype=old.dtype)
-                    new[:len(old)] = old
-                    setattr(self, attr, new)
-        index, length = int(m.group(3)), int(m.group(4))
-        self.slots[key] = slot
-        self.names[slot] = name
-        self.index[slot] = index
-        self.length[slot] = length
-        self.live[slot] = True
-        self.bytes += length
-
-    def remove(self, key: str) -> None:
-        slot = self.slots.pop(key, None)
-        if slot is None:
-            return
-        self.bytes -= int(self.length[slot])
-        self.names[slot] = None
-        self.live[slot] = False
-        self.free.append(slot)
-
-    def name(self, key: str) -> str | None:
-        slot = self.slots.get(key)
-        return None if slot is None else self.names[slot]
-
-    def apply(self, data: bytes) -> None:
-        """Apply journal lines (``+name`` / ``-name``); ``data`` ends with a newline."""
-        for line in data.decode('ascii', 'replace').split('\n'):
-            if line[:1] == '+':
-                self.add(line[1:])
-            elif line[:1] == '-':
-                self.remove(line[1:1 + _HASH_HEX])
-
-    def journal(self) -> bytes:
-        return ''.join(f'+{name}\n' for name in self.names if name is not None).encode()
 
 
 class _Unwritable(Exception):
-    """Raised inside loadr.cache where the directory turned out not to be writable."""
+    """Raised inside the cache where the directory turned out not to be writable."""
 
 
 class RangeCache:
@@ -466,7 +140,7 @@ class RangeCache:
     A cache that cannot write only means "not cached": where the directory
     cannot be created, the lock file, the journal or an entry cannot be
     written (a read-only or full disk, no permission), the process logs one
-    warning naming the directory (once per run: see :func:`_warn_once`) and
+    warning naming the directory (once per run: see :func:`warn_once`) and
     offers no more; it still serves the entries it can verify. Refused with
     :class:`~loadr.errors.ConfigError`: a ``directory`` that is a file, or
     holds files not loadr's, or belongs to another version of loadr.
@@ -507,7 +181,7 @@ class RangeCache:
         self._readable = True
         self._bad: set[str] = set()     # damaged entries it could not delete: never read again
         self._last_stamp = 0
-        self._view = _View()
+        self._view = View()
         self._stats = dict.fromkeys(('hits', 'misses', 'bytes_hit', 'admitted', 'evicted',
                                      'bytes_admitted', 'write_errors', 'damaged'), 0)
 
@@ -550,7 +224,7 @@ class RangeCache:
                     'checksums verify')
         else:
             what = 'cannot be used', 'nothing is read from it'
-        _warn_once(self.directory, f'loadr: the cache directory {self.directory} {what[0]} '
+        warn_once(self.directory, f'loadr: the cache directory {self.directory} {what[0]} '
                                    f'({why}); the run goes on uncached ({what[1]})')
 
     def _prepare(self) -> None:
@@ -573,7 +247,7 @@ class RangeCache:
             # Said at the start, not at the first change (which may never come: a
             # worker whose ranges were all cached).
             try:
-                os.close(os.open(self._path(LOCK_NAME), os.O_RDWR | os.O_CREAT | _O_CLOEXEC,
+                os.close(os.open(self._path(LOCK_NAME), os.O_RDWR | os.O_CREAT | O_CLOEXEC,
                                  0o644))
             except OSError as exc:
                 self._off(exc)
@@ -631,7 +305,7 @@ class RangeCache:
     def _write_marker(self, marker: str, meta: dict, replace: bool = False) -> None:
         # Written whole under a temporary name, then linked: link fails if a
         # racing process made the marker first, and nobody sees half of one.
-        tmp = self._path(f'{TMP_PREFIX}{_host()}-{os.getpid()}-{secrets.token_hex(4)}')
+        tmp = self._path(f'{TMP_PREFIX}{host()}-{os.getpid()}-{secrets.token_hex(4)}')
         try:
             with open(tmp, 'xb') as f:
                 f.write(json.dumps(meta).encode() + b'\n')
@@ -653,7 +327,7 @@ class RangeCache:
                 if meta.get('version') != 1:
                     return meta                 # another process did it meanwhile
                 for name in os.listdir(self.directory):
-                    if _old_entry(name) or name == JOURNAL_NAME:
+                    if old_entry(name) or name == JOURNAL_NAME:
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(self._path(name))
                 meta = {**meta, 'version': CACHE_VERSION}
@@ -665,7 +339,7 @@ class RangeCache:
     @contextlib.contextmanager
     def _lock_file(self):
         """Hold the directory's flock (OSError where the lock file cannot be opened)."""
-        fd = os.open(self._path(LOCK_NAME), os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+        fd = os.open(self._path(LOCK_NAME), os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -691,12 +365,12 @@ class RangeCache:
         try:
             with open(self._path(JOURNAL_NAME), 'rb') as f:
                 head = f.readline()
-                if not head.startswith(_JOURNAL_HEAD) or not head.endswith(b'\n'):
+                if not head.startswith(JOURNAL_HEAD) or not head.endswith(b'\n'):
                     return False
-                token = head[len(_JOURNAL_HEAD):-1]
+                token = head[len(JOURNAL_HEAD):-1]
                 view = self._view
                 if token != view.token:
-                    view = self._view = _View()
+                    view = self._view = View()
                     view.token, view.offset = token, len(head)
                 f.seek(view.offset)
                 data = f.read()
@@ -713,7 +387,7 @@ class RangeCache:
     def _reclaim(self, names: list | None = None) -> None:
         """Remove the temporary files of processes of this host that no longer run
         (killed while writing an entry); once per process, at its first change."""
-        here = f'{TMP_PREFIX}{_host()}-'
+        here = f'{TMP_PREFIX}{host()}-'
         for name in os.listdir(self.directory) if names is None else names:
             if name.startswith(here):
                 pid = name[len(here):].split('-', 1)[0]
@@ -722,11 +396,11 @@ class RangeCache:
                         os.unlink(self._path(name))
         self._reclaimed = True
 
-    def _listing(self) -> tuple[_View, list]:
-        view = _View()
+    def _listing(self) -> tuple[View, list]:
+        view = View()
         names = os.listdir(self.directory)
         for name in names:
-            if _entry(name):
+            if parse_entry(name):
                 view.add(name)
         return view, names
 
@@ -739,8 +413,8 @@ class RangeCache:
     def _write_journal(self) -> None:
         view = self._view
         token = secrets.token_hex(8).encode()
-        head = _JOURNAL_HEAD + token + b'\n'
-        tmp = self._path(f'{TMP_PREFIX}{_host()}-{os.getpid()}-{secrets.token_hex(4)}')
+        head = JOURNAL_HEAD + token + b'\n'
+        tmp = self._path(f'{TMP_PREFIX}{host()}-{os.getpid()}-{secrets.token_hex(4)}')
         try:
             with open(tmp, 'xb') as f:
                 f.write(head + view.journal())
@@ -755,7 +429,7 @@ class RangeCache:
         if not lines:
             return
         data = ''.join(lines).encode()
-        fd = os.open(self._path(JOURNAL_NAME), os.O_WRONLY | os.O_APPEND | _O_CLOEXEC)
+        fd = os.open(self._path(JOURNAL_NAME), os.O_WRONLY | os.O_APPEND | O_CLOEXEC)
         try:
             start = os.lseek(fd, 0, os.SEEK_END)
             try:
@@ -779,7 +453,7 @@ class RangeCache:
 
     def _maybe_compact(self) -> None:
         view = self._view
-        fresh = len(view.slots) * (_HASH_HEX + _CRC_HEX + 24)     # about a line per entry
+        fresh = len(view.slots) * (HASH_HEX + CRC_HEX + 24)     # about a line per entry
         if view.offset > max(JOURNAL_MIN_BYTES, JOURNAL_GROWTH * fresh):
             self._write_journal()
 
@@ -790,7 +464,7 @@ class RangeCache:
         self._prepare()
         if not self._readable:
             return None
-        key = _key(path, offset, length)
+        key = key_of(path, offset, length)
         with self._mutex:
             name = self._view.name(key)
             if name is None:
@@ -819,7 +493,7 @@ class RangeCache:
                 with open(self._path(name), 'rb') as f:
                     data = f.read(length + 1)
                     if len(data) != length or crc32(data) != int(
-                            name[_HASH_HEX:_HASH_HEX + _CRC_HEX], 16):
+                            name[HASH_HEX:HASH_HEX + CRC_HEX], 16):
                         data = None
                         self._damaged(name, os.fstat(f.fileno()))
                     elif self.policy == 'lru':
@@ -849,7 +523,7 @@ class RangeCache:
                     if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
                         return                  # written again since: not the one read
                     os.unlink(path)
-                    if self._view.name(name[:_HASH_HEX]) == name:
+                    if self._view.name(name[:HASH_HEX]) == name:
                         self._append([f'-{name}\n'])
                     return
             except OSError as exc:
@@ -898,7 +572,7 @@ class RangeCache:
             view = memoryview(data).cast('B')
             if view.nbytes != length:
                 continue
-            key = _key(path, offset, length)
+            key = key_of(path, offset, length)
             if key in seen:
                 continue
             seen.add(key)
@@ -917,48 +591,15 @@ class RangeCache:
                 if total <= self.max_bytes:
                     evict_slots, admit = slots[:0], np.ones(len(new), dtype=bool)
                 elif self.policy == 'furthest':
-                    evict_slots, admit = self._furthest(slots, new, new_length, total, next_use)
+                    evict_slots, admit = furthest(self._view, slots, new, new_length,
+                                                  total - self.max_bytes, next_use)
                 else:
-                    evict_slots, admit = self._lru(slots, new_length, total)
+                    evict_slots, admit = lru(self._view, slots, new_length, self.max_bytes,
+                                             self._path)
                 self._change(evict_slots, [item for item, a in zip(new, admit) if a])
         except OSError as exc:
             # A read-only or full disk, no permission: not cached (see the class).
             self._off(exc)
-
-    def _furthest(self, slots, new, new_length, total, next_use):
-        view = self._view
-        new_index = np.array([item[1] for item in new], dtype=np.int64)
-        uses = np.asarray(next_use(np.concatenate([view.index[slots], new_index])),
-                          dtype=np.int64)
-        lengths = np.concatenate([view.length[slots], new_length])
-        # Ties (several ranges of one record) go against the newcomers, so
-        # equal entries are not churned. Furthest first: the order to evict in.
-        is_new = np.r_[np.zeros(len(slots), bool), np.ones(len(new), bool)]
-        order = np.lexsort((is_new, uses))[::-1]
-        excess = total - self.max_bytes
-        cut = int(np.searchsorted(np.cumsum(lengths[order]), excess)) + 1
-        out = order[:cut]
-        evict_slots = slots[out[out < len(slots)]]
-        admit = np.ones(len(new), dtype=bool)
-        admit[out[out >= len(slots)] - len(slots)] = False
-        return evict_slots, admit
-
-    def _lru(self, slots, new_length, total):
-        view = self._view
-        # Newcomers are the most recent: admitted while they fit by themselves.
-        admit = np.cumsum(new_length) <= self.max_bytes
-        excess = view.bytes + int(new_length[admit].sum()) - self.max_bytes
-        if excess <= 0:
-            return slots[:0], admit
-        mtimes = np.empty(len(slots), dtype=np.int64)
-        for i, slot in enumerate(slots.tolist()):
-            try:
-                mtimes[i] = os.stat(self._path(view.names[slot])).st_mtime_ns
-            except OSError:
-                mtimes[i] = -1      # gone: evicting it costs nothing
-        order = np.argsort(mtimes, kind='stable')
-        cut = int(np.searchsorted(np.cumsum(view.length[slots][order]), excess)) + 1
-        return slots[order[:cut]], admit
 
     def _change(self, evict_slots: np.ndarray, admitted: list) -> None:
         """Evict, then admit; the journal never misses a file on disk (see the docstring).
@@ -999,9 +640,9 @@ class RangeCache:
         return self._last_stamp
 
     def _write(self, name: str, data: memoryview) -> None:
-        tmp = self._path(f'{TMP_PREFIX}{_host()}-{os.getpid()}-{secrets.token_hex(4)}')
+        tmp = self._path(f'{TMP_PREFIX}{host()}-{os.getpid()}-{secrets.token_hex(4)}')
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_CLOEXEC, 0o644)
             try:
                 done = 0
                 while done < len(data):
@@ -1041,7 +682,7 @@ class RangeCache:
                 if self._read_marker() is None:         # never adopted: not provably ours
                     return
                 for name in os.listdir(self.directory):
-                    if (_entry(name) or _old_entry(name)
+                    if (parse_entry(name) or old_entry(name)
                             or name.startswith(TMP_PREFIX) or name == JOURNAL_NAME):
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(self._path(name))
@@ -1055,4 +696,4 @@ class RangeCache:
             with contextlib.suppress(OSError):
                 os.rmdir(self.directory)
         self._prepared = False
-        self._view = _View()
+        self._view = View()

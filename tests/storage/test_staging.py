@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from loadr.readers import staging
+from loadr.storage import staging
 
 
 def dead_pid() -> int:

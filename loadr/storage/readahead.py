@@ -1,0 +1,253 @@
+"""Read-ahead of a remote storage: the plan (ranges merged into requests) and the buffer.
+
+:meth:`ReadingAhead.prefetch` starts the reads of records that will be
+needed soon (a worker's next batches; the order is known) and returns at
+once; their bytes wait in a small per-process buffer (``readahead_bytes``)
+that the next read of a range inside them consumes (:meth:`ReadingAhead._take`).
+:func:`merge` is the one plan of requests, used by reads and read-ahead alike:
+ranges of a file within ``merge_gap_bytes`` of each other go in one request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import concurrent.futures
+import threading
+from typing import Iterable, Sequence
+
+from ..errors import LoadrError, ReadError
+from .errors import for_record
+
+__all__ = ['Span', 'Buffer', 'Part', 'merge', 'index_of', 'ReadingAhead']
+
+# Overlapping spans looked at, latest start first, to find one holding a range.
+_LOOK_BACK = 16
+
+
+class Span:
+    """Bytes ``[start, end)`` of one file, being fetched or fetched; ``uses`` reads expected."""
+
+    __slots__ = ('path', 'start', 'end', 'future', 'uses')
+
+    def __init__(self, path: str, start: int, end: int, future, uses: int):
+        self.path, self.start, self.end, self.future, self.uses = path, start, end, future, uses
+
+
+class Buffer:
+    """Spans read ahead, by file, found by the range a read asks for.
+
+    Each range asked ahead *claims* the span that will serve it (by its exact
+    ``(path, offset, length)``), and its read gives the claim back to that
+    same span: spans overlap (a batch's merged span can cover records of
+    another batch), so finding "a" span at read time would wear out the
+    wrong one. A span goes when its last claim is given back, or, oldest
+    first, when the buffer holds more than ``max_bytes``.
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.by_path: dict[str, tuple[list[int], list[Span]]] = {}    # starts, spans
+        self.age: collections.OrderedDict[int, Span] = collections.OrderedDict()
+        self.claims: dict[tuple, list] = {}         # (path, offset, length) -> [span, count]
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def find(self, path: str, offset: int, length: int) -> Span | None:
+        found = self.by_path.get(path)
+        if not found:
+            return None
+        starts, spans = found
+        # The span that starts last before ``offset`` may end before the range
+        # does while an earlier, longer one holds it: look back a few.
+        k = bisect.bisect_right(starts, offset) - 1
+        end = offset + length
+        for j in range(k, max(-1, k - _LOOK_BACK), -1):
+            if spans[j].end >= end:
+                return spans[j]
+        return None
+
+    def live(self, span: Span) -> bool:
+        # By identity: a dropped span's id() may be a newer span's.
+        return self.age.get(id(span)) is span
+
+    def claim(self, path: str, offset: int, length: int, span: Span | None = None) -> bool:
+        """Claim the span that holds the range (``span``, or one found); False if none."""
+        key = (path, offset, length)
+        held = self.claims.get(key)
+        if held is not None and self.live(held[0]):
+            held[1] += 1
+            held[0].uses += 1
+            return True
+        span = span or self.find(path, offset, length)
+        if span is None:
+            return False
+        self.claims[key] = [span, 1]
+        span.uses += 1
+        return True
+
+    def take(self, path: str, offset: int, length: int) -> Span | None:
+        """The span to read the range from, its claim given back (any holder, unclaimed)."""
+        key = (path, offset, length)
+        held = self.claims.get(key)
+        if held is None or not self.live(held[0]):
+            self.claims.pop(key, None)
+            return self.find(path, offset, length)
+        span = held[0]
+        held[1] -= 1
+        if held[1] <= 0:
+            del self.claims[key]
+        span.uses -= 1
+        if span.uses <= 0:
+            self.drop(span)
+        return span
+
+    def add(self, span: Span) -> None:
+        starts, spans = self.by_path.setdefault(span.path, ([], []))
+        k = bisect.bisect_right(starts, span.start)
+        starts.insert(k, span.start)
+        spans.insert(k, span)
+        self.age[id(span)] = span
+        self.bytes += span.end - span.start
+        while self.bytes > self.max_bytes and len(self.age) > 1:
+            self.drop(next(iter(self.age.values())))
+        if len(self.claims) > 4 * len(self.age) + 1024:     # claims of dropped spans
+            self.claims = {k: v for k, v in self.claims.items() if self.live(v[0])}
+
+    def drop(self, span: Span) -> None:
+        if self.age.pop(id(span), None) is None:
+            return
+        starts, spans = self.by_path[span.path]
+        k = spans.index(span)
+        del starts[k], spans[k]
+        self.bytes -= span.end - span.start
+
+    def clear(self) -> None:
+        for span in self.age.values():
+            span.future.cancel()
+        self.by_path, self.age, self.bytes = {}, collections.OrderedDict(), 0
+        self.claims = {}
+
+
+def merge(ranges: list[tuple[str, int, int]], gap: int, max_bytes: int
+           ) -> list[tuple[str, int, int, list[int]]]:
+    """Ranges grouped into requests: ``(path, start, end, [positions in ranges])``.
+
+    >>> merge([('a', 0, 10), ('a', 12, 5), ('b', 0, 4), ('a', 100, 1)], 4, 1 << 20)
+    [('a', 0, 17, [0, 1]), ('a', 100, 101, [3]), ('b', 0, 4, [2])]
+    """
+    order = sorted(range(len(ranges)), key=lambda k: (ranges[k][0], ranges[k][1]))
+    out: list[list] = []
+    for k in order:
+        path, offset, length = ranges[k][0], ranges[k][1], ranges[k][2]
+        end = offset + length
+        if out:
+            last = out[-1]
+            if last[0] == path and offset <= last[2] + gap and max(last[2], end) - last[1] \
+                    <= max_bytes:
+                last[2] = max(last[2], end)
+                last[3].append(k)
+                continue
+        out.append([path, offset, end, [k]])
+    return [tuple(r) for r in out]
+
+
+class Part:
+    """The ``k``-th result of a future that fetched several spans in one request:
+    the future's surface that :class:`Buffer` and ``_take`` use."""
+
+    __slots__ = ('future', 'k')
+
+    def __init__(self, future, k: int):
+        self.future, self.k = future, k
+
+    def result(self, timeout: float | None = None) -> bytes:
+        data = self.future.result(timeout)[self.k]
+        if isinstance(data, BaseException):     # this span failed (alone), not the others
+            raise data
+        return data
+
+    def cancel(self) -> bool:
+        return self.future.cancel()
+
+
+def index_of(r: Sequence) -> int | None:
+    """The index of a ``(path, offset, length[, index])`` range, or None."""
+    return r[3] if len(r) > 3 else None
+
+
+class ReadingAhead:
+    """The read-ahead half of :class:`~loadr.storage.remote.RemoteStorage`: what it
+    starts (:meth:`prefetch`) and what a read takes from it (:meth:`_take`)."""
+
+    def _take(self, path: str, offset: int, length: int, index: int | None) -> bytes | None:
+        """The range from the read-ahead buffer; None when it is not there, or when the
+        request that carried it failed along with other ranges (asked alone then)."""
+        buffer = self._buffer
+        with buffer.lock:
+            span = buffer.take(path, offset, length)
+            if span is None:
+                return None
+        try:
+            data = span.future.result(self.settings['timeout_s'] + 5)
+        except concurrent.futures.CancelledError:
+            return None
+        except concurrent.futures.TimeoutError:
+            # Its own deadline should have ended it: the IO thread is stuck.
+            raise ReadError(f'cannot read: the read ahead did not finish within timeout_s='
+                            f'{self.settings["timeout_s"]:g}', path, index) from None
+        except LoadrError as exc:
+            if (span.start, span.end) != (offset, offset + length) and not getattr(
+                    exc, 'deadline_spent', False):
+                # A merged span: the failure may be a neighbour's. This range is
+                # asked alone before the record is declared unreadable.
+                return None
+            # Its own request, tried alone after its retries: the error, for this record.
+            raise for_record(exc, path, index) from None
+        return data[offset - span.start:offset - span.start + length]
+
+    def prefetch(self, ranges: Iterable[Sequence], cache_root: str | None = None) -> None:
+        """Start reading ``(path, offset, length[, index])`` ranges now; returns at once.
+
+        The next :meth:`read` (or :meth:`read_many`) of a range inside one of
+        them takes its bytes from here. Ranges already buffered, or in the
+        local cache of the dataset at ``cache_root``, are not fetched again;
+        ranges past the end of their file are left for the read to report.
+        """
+        self._this_process()
+        buffer = self._buffer
+        fresh = []
+        cache = None
+        if cache_root is not None and self.settings['cache_dir']:
+            cache = self._cache_of(cache_root)
+        elif self._clock is not None:
+            cache = self._clock[0]
+        with buffer.lock:
+            for r in ranges:
+                if not buffer.claim(r[0], r[1], r[2]) and (
+                        cache is None or r[0] not in self._sizes
+                        or not cache.has(self._cache_path(r[0]), r[1], r[2])):
+                    fresh.append(tuple(r))
+        sizes = {}
+        for path in {r[0] for r in fresh}:
+            try:
+                sizes[path] = self.size(path)       # known already, but for a first read
+            except LoadrError:
+                sizes[path] = -1                    # left for the read to report
+        fresh = [r for r in fresh if r[2] > 0 and r[1] >= 0 and r[1] + r[2] <= sizes[r[0]]]
+        if not fresh:
+            return
+        loop = self._loop_of()
+        requests = merge(fresh, int(self.settings['merge_gap_bytes']),
+                          int(self.settings['max_request_bytes']))
+        with buffer.lock:
+            for ks in self._groups(requests):
+                future = asyncio.run_coroutine_threadsafe(self._fetch_group(
+                    requests, ks, lambda k: index_of(fresh[requests[k][3][0]])), loop)
+                for j, k in enumerate(ks):
+                    path, start, end, members = requests[k]
+                    span = Span(path, start, end, Part(future, j), 0)
+                    buffer.add(span)
+                    for m in members:
+                        buffer.claim(*fresh[m][:3], span=span)
