@@ -1,5 +1,5 @@
 """``loadr run``: iterate a pipeline to a goal, resumable (``--save-state``, ``--resume``),
-with ``--digest``, ``--profile`` and ``--stats-file``; Ctrl-C and SIGTERM save the state."""
+with ``--digest``, ``--profile`` and ``--stats-file``; Ctrl-C and SIGTERM stop it cleanly."""
 
 from __future__ import annotations
 
