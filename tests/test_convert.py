@@ -164,8 +164,9 @@ def test_generic_code_names_no_format():
     root = os.path.dirname(loadr.__file__)
     for name in ('convert.py', 'check.py'):
         assert _format_names_in_code(ast.parse(open(os.path.join(root, name)).read())) == []
-    tree = ast.parse(open(os.path.join(root, 'cli.py')).read())
-    commands = [node for node in tree.body if isinstance(node, ast.FunctionDef)
+    commands = [node for name in ('inspect.py', 'convert.py')
+                for node in ast.parse(open(os.path.join(root, 'cli', name)).read()).body
+                if isinstance(node, ast.FunctionDef)
                 and node.name in ('cmd_inspect', 'cmd_check', 'cmd_convert')]
     assert len(commands) == 3
     for node in commands:

@@ -1,0 +1,28 @@
+"""``loadr convert``: copy a dataset into another format."""
+
+from __future__ import annotations
+
+from ..progress import Progress
+from .common import EXIT_OK, _disk_size, _err, _out, _plural, _size
+
+
+def _list_arg(text: str | None) -> list | None:
+    return [k.strip() for k in text.split(',') if k.strip()] if text else None
+
+
+def cmd_convert(args) -> int:
+    """Copy a dataset into another format: ``loadr convert a.ffr b --to bag``."""
+    from ..convert import convert, open_source, plan_conversion
+    source = open_source(args.src, args.decode, allow_pickle=args.allow_pickle)
+    # Each target takes the options it knows (frames, shardlen, videos_per_chunk).
+    options = {'frames': args.frames, 'shardlen': args.shardlen,
+               'videos_per_chunk': args.videos_per_chunk}
+    plan = plan_conversion(source, args.dst, args.to, _list_arg(args.keys), **options)
+    _err(f'loadr convert: {plan.describe()}')
+    bar = Progress(total=len(source), unit='datapoints', label='convert')
+    convert(source, args.dst, args.to, keys=_list_arg(args.keys), progress=bar, **options)
+    bar.close()
+    size, files = _disk_size(args.dst)
+    _out(f'wrote {_plural(len(source), "datapoint")} to {args.dst} ({args.to}, {_size(size)} in '
+         f'{files} file(s)) in {bar.elapsed:.2f} s')
+    return EXIT_OK
