@@ -280,7 +280,7 @@ def _pixel_limit() -> float:
 
 
 def _target(full: tuple[int, int], size) -> tuple[int, int]:
-    from .fns import _target as target
+    from .fns.frames import _target as target
     return target(full[0], full[1], size)
 
 

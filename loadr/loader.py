@@ -36,199 +36,39 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sys
 import time
 import weakref
 
 import numpy as np
 
 from .assemble import OBJECT, Assembler, infer_spec
-from .errors import ConfigError, LoadrError, StateError, WorkerError
+from .errors import ConfigError, LoadrError
 from . import state as state_fields
 from .state import STATE_VERSION
 from .order import ORDER_VERSION, check_seed, check_version, order_for
-from .sources import Composite, hooks_of
-from .stats import StageClock, Stats, cores, fn_names, process_times, row_width, settle
+from .sources import hooks_of
+from .stats import StageClock, Stats, cores, fn_names, row_width
 from .workers import protocol
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
 from .workers.worker import tasks_held
+from .settings import (MAX_BATCH, MAX_PREFETCH, MAX_WORKERS, _normalize_spec, _real,
+                       _start_methods, _whole, default_start_method)
+from .batches import _Batches, _raise_failure
+from .loader_state import LoaderState
+from .loader_stats import LoaderStats
 
 __all__ = ['Loader', 'STATE_VERSION', 'LEASED_SLOTS']
 
 log = logging.getLogger('loadr')
 
 DEFAULT_TASK_TIMEOUT_S = 300.0
-# workers='auto' / prefetch='auto': the calibration measures this many batches
-# after the first (start-up left out), or fewer if they take AUTO_MAX_S.
-AUTO_BATCHES = 16
-AUTO_MAX_S = 3.0
 MIN_ERRORS_BEFORE_RAISE = 4
 # The error budget under on_error='skip' is counted over windows of at least this many
 # stream positions (an epoch, if longer): see Loader._count_errors.
 ERROR_WINDOW_POSITIONS = 100_000
 
 
-def _raise_failure(failure: protocol.Failure, exc: BaseException | None = None):
-    """Raise the original exception, chained to a WorkerError that says where."""
-    where = []
-    if failure.index is not None:
-        where.append(f'dataset index {failure.index}')
-    if failure.position is not None:
-        where.append(f'stream position {failure.position}')
-    who = 'the main process' if failure.worker is None else f'loadr worker {failure.worker}'
-    at = f" at {', '.join(where)}" if where else ''
-    message = failure.message
-    if failure.index is not None:
-        # A loadr error's own "[index N]" would name the index a second time.
-        tag = f'[index {failure.index}]'
-        message = (message[len(tag) + 2:] if message.startswith(f'{tag}: ')
-                   else message.replace(f' {tag}:', ':', 1))
-    text = f'{failure.type_name} in {who}{at}: {message}'
-    if failure.traceback:
-        text += f'\n\nWorker traceback:\n{failure.traceback}'
-    cause = WorkerError(text, index=failure.index)
-    cause.position = failure.position
-    cause.worker_traceback = failure.traceback
-    original = exc if exc is not None else failure.exception()
-    if original is None:
-        raise cause
-    original.__dict__.setdefault('loadr_index', failure.index)
-    original.__dict__.setdefault('loadr_position', failure.position)
-    raise original from cause
-
-
-def _source_fn_names(reader) -> dict:
-    """``{source: [fn name, ...]}`` of a Mix's per-source fns (for a refused state's message)."""
-    if not isinstance(reader, Composite):
-        return {}
-    return {name: [state_fields.fn_name(fn) for fn in chain]
-            for name, chain in reader.source_fns().items()}
-
-
-def _start_methods() -> list[str]:
-    import multiprocess
-    return multiprocess.get_all_start_methods()
-
-
-def default_start_method() -> str:
-    """How workers start when ``start_method`` is not given.
-
-    ``'fork'`` where there is one, like torch's DataLoader on Linux: workers
-    start in milliseconds and need no ``__main__`` guard. Not once JAX has
-    started its backends: they run threads, a fork of a multithreaded process
-    can deadlock (JAX warns at each one), so ``'forkserver'`` (else
-    ``'spawn'``), which start workers from a process without those threads.
-    Importing JAX alone starts no thread (a library that imports it, such as
-    ``loadr.jax``, leaves fork safe).
-
-    >>> default_start_method() in ('fork', 'forkserver', 'spawn')
-    True
-    """
-    methods = _start_methods()
-    if 'fork' in methods and not _jax_threads():
-        return 'fork'
-    return 'forkserver' if 'forkserver' in methods else 'spawn'
-
-
-def _jax_threads() -> bool:
-    """Whether JAX runs in this process with its backends (and their threads) started."""
-    if sys.modules.get('jax') is None:
-        return False
-    bridge = sys.modules.get('jax._src.xla_bridge')
-    started = getattr(bridge, 'backends_are_initialized', None)
-    # A JAX without that function: assume the threads are there (the safe side).
-    return True if started is None else bool(started())
-
-
-# The largest values the Loader's whole-number settings may take: past these a
-# setting is a typo, not a plan (a slot is a batch of shared memory, a worker
-# a process), and each is far below where a count would overflow.
-MAX_BATCH = 2**31 - 1
-MAX_WORKERS = 4096
-MAX_PREFETCH = 65536
-
-
-def _whole(name: str, value, lo: int, hi: int | None = None, also: str = '') -> int:
-    """``value`` as an int in ``[lo, hi]``, else a ConfigError naming the setting."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
-        raise ConfigError(f'{name} must be an int >= {lo}{also}, got {value!r}')
-    if hi is not None and value > hi:
-        raise ConfigError(f'{name} must be at most {hi}, got {value!r}')
-    return int(value)
-
-
-def _real(name: str, value, lo: float, hi: float | None = None, above: bool = False,
-          none: str = '') -> float:
-    """``value`` as a finite float in its range (``> lo`` if ``above``), else a ConfigError
-    naming the setting: NaN and infinity pass no comparison, so they are refused first."""
-    ok = not isinstance(value, bool) and isinstance(value, (int, float, np.integer,
-                                                             np.floating))
-    if ok:
-        try:
-            value = float(value)
-        except OverflowError:               # an int past float's range
-            ok = False
-    if ok and np.isfinite(value) and (value > lo if above else value >= lo) \
-            and (hi is None or value <= hi):
-        return value
-    where = f'> {lo:g}' if above else f'>= {lo:g}'
-    if hi is not None:
-        where = f'in [{lo:g}, {hi:g}]'
-    raise ConfigError(f'{name} must be a finite number {where}{none}, got {value!r}')
-
-
-def _normalize_spec(spec: dict) -> dict:
-    out = {}
-    for key, value in spec.items():
-        try:
-            dtype, shape = value
-            out[key] = (np.dtype(dtype), tuple(int(s) for s in shape))
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f'spec[{key!r}] must be (dtype, shape), got {value!r}') from exc
-    return out
-
-
-class _Batches:
-    """A Loader's iterator (``iter(loader)``, ``loader.epoch(e)``): its batches in order.
-
-    An exception from ``next()`` (a worker's error, ``on_stats``, Ctrl-C) leaves
-    the batch that was due due: the loader's step has not moved past it, and
-    the next ``next()`` goes on from the step, so that batch comes next. A
-    generator that raised would be over, and its batch lost to the caller.
-    """
-
-    __slots__ = ('_loader', '_epoch', '_drop_last', '_gen', '_over')
-
-    def __init__(self, loader: 'Loader', epoch: int | None, drop_last: bool):
-        self._loader, self._epoch, self._drop_last = loader, epoch, drop_last
-        self._gen, self._over = None, False
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self._gen is None:
-            if self._over:
-                raise StopIteration
-            self._gen = self._loader._stream(self._epoch, self._drop_last)
-        try:
-            return next(self._gen)
-        except StopIteration:
-            self._gen, self._over = None, True
-            raise
-        except BaseException:
-            self._gen = None            # that generator is over; the next next() resumes
-            raise
-
-    def close(self) -> None:
-        """End the iteration now: its batches in flight are given back."""
-        self._over = True
-        if self._gen is not None:
-            gen, self._gen = self._gen, None
-            gen.close()
-
-
-class Loader:
+class Loader(LoaderState, LoaderStats):
     """Batches from ``reader``, shuffled globally, in worker processes.
 
     Args:
@@ -452,16 +292,6 @@ class Loader:
     def global_batch(self) -> int:
         return self.batch * self.num_shards
 
-    def _fingerprint(self) -> dict:
-        # Kept: the reader's identity and the fns do not change under a loader,
-        # and save() stays a dict copy (a few microseconds) at any step.
-        if self._fingerprint_cache is None or self._fingerprint_cache['order'] != \
-                self.order_version:
-            self._fingerprint_cache = state_fields.fingerprint(
-                self.reader, self.fns, self.n, self.shuffle, self.global_batch,
-                self.order_version)
-        return self._fingerprint_cache
-
     def save(self) -> dict:
         """A small JSON state (well under 1 KB): where the stream goes on from, and what
         makes it (see :mod:`loadr.state`); the same on every shard.
@@ -500,45 +330,6 @@ class Loader:
         True
         """
         self._apply_state(*self._check_state(state, strict))
-
-    def _check_state(self, state: dict, strict: bool = True) -> tuple[dict, list]:
-        """``(parsed state, what differs)``, or a StateError; touches nothing, so a refused
-        state leaves the loader (and every iteration in progress) exactly as it was."""
-        parsed = state_fields.parse(state)
-        mine = {'seed': self.seed, **self._fingerprint()}
-        diffs = state_fields.differences(parsed, mine,
-                                         [state_fields.fn_name(fn) for fn in self.fns],
-                                         _source_fn_names(self.reader))
-        if diffs and strict:
-            raise StateError('this state does not belong to this loader:\n  - '
-                             + '\n  - '.join(diffs) + '\nCreate the Loader as it was when '
-                             'the state was saved, or call load(state, strict=False) to go on '
-                             "from the state's step with its seed and order anyway.")
-        return parsed, diffs
-
-    def _apply_state(self, parsed: dict, diffs: list) -> None:
-        """Go on from a state :meth:`_check_state` accepted (nothing here can refuse it)."""
-        for line in diffs:
-            log.warning('loadr: load(strict=False) of a state that differs: %s', line)
-        order = parsed.get('order', self.order_version)
-        if order != self.order_version and (self.shuffle or self._hooks.make_order is not None):
-            if not self._order_switch_logged:
-                log.warning('loadr: the state was saved with order version %d (this loader: '
-                            '%d); going on with order version %d, as its stream was made',
-                            order, self.order_version, order)
-                self._order_switch_logged = True
-            self._set_order_version(order)
-        self.step, self.seed = parsed['step'], parsed['seed']
-        self._budget = tuple(parsed.get('skipped', (-1, 0, 0)))
-        if self._window is not None:
-            self._window.reset()        # every iterator goes on from the new step
-
-    def _set_order_version(self, version: int) -> None:
-        self.order_version = version
-        self._orders.clear()
-        # The workers and the inline window build their orders with the
-        # version they were made with: make them again, lazily.
-        self._close_window()
 
     # -- iteration -----------------------------------------------------------
 
@@ -630,27 +421,6 @@ class Loader:
 
     # -- stats ---------------------------------------------------------------
 
-    def _handed(self, waited: float) -> None:
-        """A batch goes to the caller, who waited ``waited`` for it: count, call back, size."""
-        self._main_wait += waited
-        self._batches_out += 1
-        if self._batches_out == 1:
-            self._first_batch_s = waited
-        if self._auto is not None:
-            self._calibrate()
-        if self.on_stats is not None and self.stats_every \
-                and self._batches_out % self.stats_every == 0:
-            self.on_stats(self.stats())
-
-    def _worker_rows(self) -> np.ndarray:
-        parts = [r for r in (self._stats_base, self._inline_row) if r is not None]
-        if self._pool is not None and not self._pool.closed:
-            parts.append(self._pool.stats_rows())
-        rows = np.zeros((max([len(p) for p in parts], default=0), row_width(len(self.fns))))
-        for part in parts:
-            rows[:len(part)] += part
-        return rows
-
     def stats(self) -> Stats:
         """Where the time went so far (a :class:`loadr.stats.Stats` snapshot; cheap).
 
@@ -677,43 +447,6 @@ class Loader:
                 if wid < len(stats.workers):
                     stats.workers[wid]['uss_bytes'] = uss
         return stats
-
-    def _calibrate(self) -> None:
-        """workers='auto' / prefetch='auto': measure, then settle (see the class docstring)."""
-        now = self.stats()
-        pids = self._pool.pids if self._pool is not None else []
-        if self._auto_from is None:
-            self._auto_from = now           # from the first batch on: start-up left out
-            # The workers' CPU time over the whole calibration, read at its start and
-            # end: their own reads come every SCHED_EVERY_S at most, none at all in a
-            # short calibration (whose CPU-bound workers then looked blocked on I/O).
-            self._auto_cpu = process_times(pids)
-            return
-        seen = now.since(self._auto_from)
-        if seen.batches < AUTO_BATCHES and not (seen.batches >= 2
-                                                and seen.elapsed_s >= AUTO_MAX_S):
-            return
-        seen = seen.with_process_times(self._auto_cpu, process_times(pids), pids)
-        auto_workers, auto_prefetch = self._auto
-        self._auto = None
-        max_prefetch = None
-        if self._pool is not None:
-            from .workers.shm import StatusCells, shm_budget, use_memfd
-            budget = shm_budget(None, use_memfd())[0] - StatusCells.nbytes(self.workers)
-            held = 1 if self.ring else LEASED_SLOTS
-            max_prefetch = max(1, budget // max(1, self._pool.layout.nbytes) - held)
-        workers, prefetch, why = settle(seen, self.batch,
-                                        None if auto_workers else self.workers,
-                                        None if auto_prefetch else self.prefetch, max_prefetch)
-        self.settled = {'workers': workers, 'prefetch': prefetch, 'why': why,
-                        'after_batches': self._batches_out,
-                        'after_s': time.perf_counter() - self._t_start}
-        log.info('loadr: settled on workers=%d prefetch=%d after %d batches: %s',
-                 workers, prefetch, self._batches_out, why)
-        if (workers, prefetch) != (self.workers, self.prefetch):
-            # The next batch starts the new pool from self.step: the same stream.
-            self._close_window()
-            self.workers, self.prefetch = workers, prefetch
 
     def _batch_from(self, arrays: dict, extras: dict) -> dict | tuple:
         batch = {key: arrays[key] if key in arrays else extras[key] for key in self._spec}

@@ -40,8 +40,6 @@ It wraps a :class:`loadr.Loader` (``batch=batch_size`` per rank,
 from __future__ import annotations
 
 import atexit
-import inspect
-import os
 import warnings
 import weakref
 
@@ -51,195 +49,13 @@ import torch
 
 from .errors import ConfigError, LoadrError, StateError
 from .loader import MAX_BATCH, MAX_PREFETCH, MAX_WORKERS, Loader, _whole
+from .torch_args import _OWN_ARGS, DataLoaderArgs, rank_and_world_size
+from .torch_tensors import (CUDA_HOST_REGISTER_DEFAULT, _SlotPinner, _tensor, _to_device,
+                            _values, to_torch)
 
 __all__ = ['DataLoader', 'rank_and_world_size', 'to_torch', 'STATE_VERSION']
 
 STATE_VERSION = 1
-# cudaHostRegister flags and the error it returns for a range registered already.
-CUDA_HOST_REGISTER_DEFAULT = 0
-CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
-# Loader arguments the DataLoader sets itself, by their torch names.
-_OWN_ARGS = {'batch': 'batch_size', 'workers': 'num_workers', 'shard_id': 'rank',
-             'num_shards': 'world_size'}
-# torch DataLoader arguments with no meaning here (None, torch's default, is taken),
-# and the loadr way to get what they are for.
-_ORDER_WAY = ("the order is loadr's: a resumable permutation of every epoch (shuffle=, "
-              "seed=), split between ranks by rank= and world_size=; to read a subset, "
-              "pass a reader of it (anything with len() and [i])")
-_TORCH_ONLY = {
-    'collate_fn': "loadr stacks each key of the datapoints into the batch itself (arrays "
-                  "in shared memory, other values as lists); transform datapoints with "
-                  "fns=[fn, ...] (each called as fn(datapoint, seed=s), returning a new "
-                  "datapoint), or the batches after the loop",
-    'sampler': _ORDER_WAY,
-    'batch_sampler': _ORDER_WAY + '; batch_size= and drop_last= make the batches',
-    'pin_memory_device': "pin_memory=True pins for CUDA; device='cuda:N' delivers the "
-                         "batches on that device",
-    'snapshot_every_n_steps': 'state_dict() is exact at every step, at no cost',
-}
-
-
-def rank_and_world_size(rank: int | None = None, world_size: int | None = None) -> tuple:
-    """``(rank, world_size)``: the arguments, else the initialised default process group,
-    else torchrun's ``RANK``/``WORLD_SIZE`` environment, else ``(0, 1)``.
-
-    >>> rank_and_world_size(1, 4)
-    (1, 4)
-    """
-    if rank is None or world_size is None:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            found = dist.get_rank(), dist.get_world_size()
-        else:
-            found = (_env_int('RANK', 0), _env_int('WORLD_SIZE', 1))
-        rank = found[0] if rank is None else rank
-        world_size = found[1] if world_size is None else world_size
-    for name, value in (('rank', rank), ('world_size', world_size)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise ConfigError(f'{name} must be an int, got {value!r}')
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ConfigError(f'rank must be in [0, world_size) and world_size >= 1, got '
-                          f'rank={rank}, world_size={world_size}')
-    return int(rank), int(world_size)
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None or value == '':
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f'environment variable {name}={value!r} is not an int') from None
-
-
-# What a DataLoader passes on to its Loader (the Loader's own arguments).
-_LOADER_ARGS = frozenset(inspect.signature(Loader).parameters) - {'reader'}
-
-_convertible: dict = {}          # numpy dtype -> whether torch.from_numpy takes it
-
-
-def _tensor(value):
-    if not isinstance(value, np.ndarray):
-        return value
-    ok = _convertible.get(value.dtype)
-    if ok is None:
-        try:
-            out = torch.from_numpy(value)
-        except (TypeError, ValueError):    # strings, objects, odd byte orders: keep numpy
-            _convertible[value.dtype] = False
-            return value
-        _convertible[value.dtype] = True
-        return out
-    return torch.from_numpy(value) if ok else value
-
-
-def to_torch(batch):
-    """A batch with every numpy array as a tensor sharing its memory (no copy).
-
-    Dicts, tuples and lists keep their shape; arrays torch cannot hold
-    (strings, objects) and other values are left as they are.
-
-    >>> to_torch({'x': np.arange(3), 'name': ['a', 'b', 'c']})
-    {'x': tensor([0, 1, 2]), 'name': ['a', 'b', 'c']}
-    """
-    if isinstance(batch, dict):
-        return {k: _tensor(v) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_tensor(v) for v in batch)
-    return _tensor(batch)
-
-
-def _values(batch):
-    if isinstance(batch, dict):
-        return batch.values()
-    if isinstance(batch, (tuple, list)):
-        return batch
-    return (batch,)
-
-
-def _root(array: np.ndarray) -> np.ndarray:
-    while isinstance(array.base, np.ndarray):
-        array = array.base
-    return array
-
-
-class _SlotPinner:
-    """Page-locks, once, each shared-memory slot of the live worker pool a lent batch
-    lives in.
-
-    A lent batch's arrays are views of one array over the whole slot
-    (``WorkerPool.fresh_views``), whose base is the slot's mapping; the slots
-    live as long as their pool, so registering each slot once
-    (``cudaHostRegister``) makes every later batch in it pinned with no copy
-    and no pin thread. A new pool (``workers='auto'`` settling, a load with
-    another order version) maps new slots, possibly at the old addresses:
-    :meth:`release` runs just before a pool is closed (the Loader's
-    ``_before_pool_close``), so every registration is undone while its memory
-    is still mapped, and :meth:`follow` makes the new pool's slots the ones
-    that may be registered. Arrays that are not in a slot of the live pool
-    (``num_workers=0``, a batch copied because the caller holds too many, the
-    last batch of a pool closed under it) are pinned by a copy.
-
-    ``register(address, nbytes) -> error code``, ``unregister(address)`` and
-    ``copy(tensor) -> pinned tensor`` are CUDA's by default; they are the test
-    hook: tests pass recording functions (``DataLoader._pin_functions``).
-    """
-
-    def __init__(self, register, unregister, copy=None):
-        self._register, self._unregister = register, unregister
-        self._copy = copy if copy is not None else (lambda t: t.pin_memory())
-        self.pinned: dict[int, int] = {}     # address -> nbytes
-        self.broken = False                  # registration failed: pin by copying
-        self._pool = None                    # weak reference to the pool followed
-        self._buffers: dict = {}             # id -> slot buffer of that pool (kept alive)
-
-    def follow(self, pool) -> None:
-        """Take the slots of ``pool`` (the loader's live pool, or None) as the ones to pin."""
-        if pool is None or pool.closed:
-            self._pool, self._buffers = None, {}
-        elif self._pool is None or self._pool() is not pool:
-            self._pool = weakref.ref(pool)
-            # Held here, so an id cannot stand for another buffer while it is listed.
-            self._buffers = {id(b): b for b in pool.slot_buffers()}
-
-    def _pin_slot(self, root: np.ndarray) -> bool:
-        if self._buffers.get(id(root.base)) is not root.base:
-            return False                    # not a slot of the live pool
-        address = root.__array_interface__['data'][0]
-        if address in self.pinned:
-            return True
-        if self.broken:
-            return False
-        code = int(self._register(address, root.nbytes))
-        if code not in (0, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED):
-            self.broken = True
-            warnings.warn(f'loadr: cudaHostRegister of a {root.nbytes}-byte shared-memory '
-                          f'slot failed (CUDA error {code}); pinning each batch by a copy '
-                          f'instead', RuntimeWarning, stacklevel=4)
-            return False
-        self.pinned[address] = root.nbytes
-        return True
-
-    def pin(self, host, tensors):
-        """``tensors`` (from ``to_torch(host)``) with every tensor in page-locked memory."""
-        copy = False
-        for value in _values(host):
-            if isinstance(value, np.ndarray) and value.size:
-                root = _root(value)
-                in_slot = root.base is not None and not isinstance(root.base, np.ndarray)
-                if not (in_slot and self._pin_slot(root)):
-                    copy = True
-        if not copy:
-            return tensors
-        return _map_tensors(tensors, self._copy)
-
-    def release(self) -> None:
-        """Unregister every slot and follow no pool; before the loader unmaps them."""
-        for address in list(self.pinned):
-            self._unregister(address)
-            del self.pinned[address]
-        self._pool, self._buffers = None, {}
 
 
 def _release(pinner, loader) -> None:
@@ -248,21 +64,6 @@ def _release(pinner, loader) -> None:
     if pinner is not None:
         pinner.release()
     loader.close()
-
-
-def _map_tensors(batch, fn):
-    """``batch`` with ``fn`` applied to each tensor in it (other values as they are)."""
-    def one(value):
-        return fn(value) if isinstance(value, torch.Tensor) else value
-    if isinstance(batch, dict):
-        return {k: one(v) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(one(v) for v in batch)
-    return one(batch)
-
-
-def _to_device(tensors, device):
-    return _map_tensors(tensors, lambda t: t.to(device, non_blocking=True))
 
 
 _live: weakref.WeakSet = weakref.WeakSet()
@@ -325,7 +126,7 @@ class _Epoch:
             self._gen.close()
 
 
-class DataLoader:
+class DataLoader(DataLoaderArgs):
     """Epochs of torch tensors from a loadr Loader; see the module docstring.
 
     Args:
@@ -467,53 +268,6 @@ class DataLoader:
         self._loads = 0                   # load_state_dict() calls
         self.closed = False
 
-    @staticmethod
-    def _torch_args(kwargs: dict) -> dict:
-        """``kwargs`` for the Loader: torch's names that mean nothing here refused (a
-        TypeError that says the loadr way), torch's defaults dropped, torch's timeout=0
-        (none) made the Loader's None."""
-        out = {}
-        for name, value in kwargs.items():
-            if name in _TORCH_ONLY or name == 'in_order':
-                # torch's default (None; in_order=True) is what loadr does anyway.
-                if value is None or (name == 'in_order' and value is True):
-                    continue
-                how = (_TORCH_ONLY[name] if name in _TORCH_ONLY
-                       else 'loadr yields every batch in order, always')
-                raise TypeError(f'loadr.torch.DataLoader does not take {name}=: {how}')
-            if name not in _LOADER_ARGS:
-                raise TypeError(f'DataLoader() got an unexpected keyword argument {name!r} '
-                                f"(neither one of torch's DataLoader that loadr.torch takes "
-                                f'nor one of loadr.Loader: {", ".join(sorted(_LOADER_ARGS))})')
-            out[name] = value
-        if out.get('timeout') == 0 and not isinstance(out['timeout'], bool):
-            out['timeout'] = None           # torch's "no timeout"
-        return out
-
-    @staticmethod
-    def _seed(seed, generator):
-        """The seed: ``seed``, else ``generator.initial_seed()``, else 0."""
-        if generator is None:
-            return 0 if seed is None else seed
-        if seed is not None:
-            raise ConfigError('pass seed= or generator=, not both')
-        if not isinstance(generator, torch.Generator):
-            raise ConfigError(f'generator must be a torch.Generator, got {generator!r}')
-        return generator.initial_seed()
-
-    @staticmethod
-    def _check_device(device):
-        if device is None:
-            return None
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError) as exc:
-            raise ConfigError(f'device must name a torch device, got {device!r}') from exc
-        if device.type == 'cuda' and not torch.cuda.is_available():
-            raise ConfigError(f"device={str(device)!r} but CUDA is not available on this "
-                              f"machine (torch {torch.__version__}); leave device=None to get "
-                              f"CPU tensors")
-        return None if device.type == 'cpu' else device
 
     # -- epochs ------------------------------------------------------------
 

@@ -14,7 +14,8 @@ import pytest
 
 import loadr
 from loadr.errors import ConfigError, DecodeError, LoadrError
-from loadr.mix import BLOCK, Mix, MixOrder, _source_seed
+from loadr.mix import BLOCK, Mix, MixOrder
+from loadr.mix_order import _source_seed
 from loadr.order import Order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -646,7 +647,7 @@ def test_the_stream_of_unrelated_weights_is_the_one_of_exact_fractions():
 def test_rounding_to_2_62_is_exact_where_the_first_bits_leave_doubt(bits):
     import random
 
-    from loadr.mix import _hamilton, _round_large, _sum
+    from loadr.mix_weights import _hamilton, _round_large, _sum
 
     rng = random.Random(bits)
     checked = 0
@@ -669,7 +670,7 @@ def test_rounding_to_2_62_is_exact_where_the_first_bits_leave_doubt(bits):
 def test_weights_are_read_as_fractions_limit_denominator_reads_them():
     import random
 
-    from loadr.mix import _limit_denominator, _rotation
+    from loadr.mix_weights import _limit_denominator, _rotation
 
     rng = random.Random(0)
     for value in [rng.random() * 10**rng.randint(-9, 9) for _ in range(20_000)] + [0.8, 1 / 3]:

@@ -20,7 +20,8 @@ from .conftest import ROOT
 
 PUBLIC = ['Loader', 'Mix', 'open', 'check', 'Report', 'pipeline', 'LoadrError',
           'errors', 'fns', 'readers', 'writers', 'SharedList', '__version__']
-OPTIONAL = {'loadr.torch': 'torch', 'loadr.jax': 'jax', 'loadr.__main__': None}
+OPTIONAL = {'loadr.torch': 'torch', 'loadr.torch_args': 'torch', 'loadr.torch_tensors': 'torch',
+            'loadr.jax': 'jax', 'loadr.__main__': None}
 
 
 def test_loadr_all_is_pinned():
@@ -54,5 +55,5 @@ def test_doctests_are_collected_without_torch_and_jax():
     done = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stdout[-2000:]
-    assert 'loadr/fns.py::loadr.fns.resolve' in done.stdout
-    assert 'loadr/torch.py' not in done.stdout and 'loadr/jax.py' not in done.stdout
+    assert 'loadr/fns/names.py::loadr.fns.names.resolve' in done.stdout
+    assert 'loadr/torch' not in done.stdout and 'loadr/jax.py' not in done.stdout

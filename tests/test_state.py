@@ -213,3 +213,23 @@ def test_a_refused_load_leaves_the_running_iteration_as_it_was(workers, make):
             assert loader.save() == state
         got += [batch_digest(next(it)) for _ in range(5)]
     assert got == expected
+
+
+def test_built_in_fns_keep_their_fingerprints_and_pickles_across_module_moves():
+    # Saved states digest each fn's name (its repr; a partial's repr names the class
+    # with its module): these values were computed before loadr/fns.py became a
+    # package, and a state saved then must still load.
+    import functools
+    import pickle
+    from loadr.state import fingerprint
+    F = loadr_fns
+    fns = [F.decode_jpeg(size=64), F.random_resized_crop(size=32), F.flip(), F.normalize(),
+           F.sample_frames(num=3), F.label_to_index(mapping={'a': 0}), F.select(keys=['image']),
+           functools.partial(F.flip, p=1.0)]
+    assert fingerprint([{'x': 1}] * 3, fns, 3, True, 2, 2)['fns'] == [
+        'fb18af', '3dd94e', 'd0f51d', '94945b', '555ff6', 'd5ccbd', 'df1b0d', 'ec7367']
+    # Workers and old pickles find every fn class at its public path.
+    assert b'\x8c\tloadr.fns\x94\x8c\x04flip' in pickle.dumps(F.flip(), protocol=4)
+    for fn in fns[:-1]:
+        assert type(fn).__module__ == 'loadr.fns'
+        assert pickle.loads(pickle.dumps(fn)) == fn
