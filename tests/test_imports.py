@@ -2,7 +2,8 @@
 
 Run alone: ``python -m pytest -q tests/test_imports.py``. Every ``import``
 in every module counts, also one inside a function (a lazy import is still
-an arrow); a submodule's implicit import of its parent package does not.
+an arrow); a submodule's implicit import of its parent package does not, nor
+does one under ``if TYPE_CHECKING:`` (it never runs: a name for annotations).
 """
 
 from __future__ import annotations
@@ -28,6 +29,15 @@ def modules() -> dict[str, tuple[pathlib.Path, bool]]:
     return out
 
 
+def _type_checking(node) -> bool:
+    """Whether ``node`` is ``if TYPE_CHECKING:`` (or ``if typing.TYPE_CHECKING:``)."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == 'TYPE_CHECKING') or (
+        isinstance(test, ast.Attribute) and test.attr == 'TYPE_CHECKING')
+
+
 def imports() -> dict[str, set[str]]:
     """``{module: the loadr modules it imports}``, read from the source (nothing imported)."""
     mods = modules()
@@ -40,7 +50,12 @@ def imports() -> dict[str, set[str]]:
 
     for name, (path, package) in mods.items():
         here = name if package else name.rpartition('.')[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {id(inner) for node in ast.walk(tree) if _type_checking(node)
+                       for stmt in node.body for inner in ast.walk(stmt)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -118,3 +133,8 @@ def test_storage_never_imports_the_layers_above_it():
 
 def test_a_cycle_is_found():
     assert cycles({'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}}) == [['a', 'b', 'c']]
+
+
+def test_an_import_for_annotations_only_is_no_arrow():
+    tree = ast.parse('from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\n')
+    assert [_type_checking(node) for node in tree.body] == [False, True]
