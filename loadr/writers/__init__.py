@@ -14,11 +14,11 @@ Example::
 
 from __future__ import annotations
 
-from ..readers.bag import BagWriter
-from ..readers.ffrecord import FFRecordWriter
-from ..readers.gulp import GulpWriter
+from ..readers.bag.writer import BagWriter
+from ..readers.ffrecord.writer import FFRecordWriter
+from ..readers.gulp.writer import GulpWriter
 from ..readers.parquet import ParquetWriter
-from ..readers.webdataset import WebDatasetWriter
+from ..readers.webdataset.writer import WebDatasetWriter
 
 __all__ = ['GulpWriter', 'FFRecordWriter', 'BagWriter', 'WebDatasetWriter',
            'ParquetWriter']
