@@ -27,6 +27,14 @@ inside their bags. A bad file raises FormatError (a bad value DecodeError)
 naming the file and the datapoint index; sizes always come from the file
 size, so a lying table never makes us allocate for it.
 
+Its modules, one concern each:
+
+- :mod:`.file`: one bag file, read (:class:`Bag`) and written (:class:`BagFileWriter`).
+- :mod:`.layout`: a dataset and its shards on disk (spec, refs, values decoded).
+- :mod:`.reader`: :class:`BagReader`, with its read-ahead of remote records.
+- :mod:`.writer`: :class:`BagWriter`, and what a conversion into bag becomes.
+- :mod:`.checks`: :func:`check`, and where records lie for the digests.
+
 Example::
 
     with BagWriter('data/train', {'image': 'jpg', 'label': 'int'}) as w:

@@ -1,5 +1,4 @@
-"""``loadr check`` of a bag dataset, and where its records lie (for the digests).
-"""
+"""``loadr check`` of a bag dataset, and where its records lie (for the digests)."""
 
 from __future__ import annotations
 

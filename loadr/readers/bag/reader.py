@@ -1,5 +1,4 @@
-"""The bag reader, and its read-ahead of remote records on one thread per process.
-"""
+"""The bag reader, and its read-ahead of remote records on one thread per process."""
 
 from __future__ import annotations
 

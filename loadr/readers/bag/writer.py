@@ -1,5 +1,4 @@
-"""The bag writer, byte-identical to granular's, and its conversion planning.
-"""
+"""The bag writer, byte-identical to granular's, and its conversion planning."""
 
 from __future__ import annotations
 

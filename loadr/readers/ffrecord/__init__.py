@@ -12,6 +12,14 @@ old ffrecord version: it is read, with a warning. A directory means its
 
 Samples are opaque bytes; ``decode`` says how to turn them into a datapoint.
 
+Its modules, one concern each:
+
+- :mod:`.layout`: a file's preamble and table, CRC32, coalesced runs of samples.
+- :mod:`.samples`: what a sample's bytes hold (msgpack with numpy values, JSON).
+- :mod:`.reader`: :class:`FFRecordReader`.
+- :mod:`.writer`: :class:`FFRecordWriter`, and what a conversion into ffrecord becomes.
+- :mod:`.checks`: :func:`check`, and where samples lie for the digests.
+
 Example::
 
     with FFRecordWriter('train.ffr', n=2) as w:

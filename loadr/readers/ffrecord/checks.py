@@ -1,5 +1,4 @@
-"""``loadr check`` of FFRecord files, and where their samples lie (for the digests).
-"""
+"""``loadr check`` of FFRecord files, and where their samples lie (for the digests)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The FFRecord reader: samples as bytes or decoded, a batch read in coalesced runs.
-"""
+"""The FFRecord reader: samples as bytes or decoded, a batch read in coalesced runs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The FFRecord writer and its conversion planning.
-"""
+"""The FFRecord writer and its conversion planning."""
 
 from __future__ import annotations
 

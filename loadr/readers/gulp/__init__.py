@@ -21,6 +21,13 @@ built with ``allow_pickle=True``, and even then only the two classes
 gulpio2 pickles (``collections.OrderedDict``, ``gulpio2.fileio.ImgInfo``)
 are allowed.
 
+Its modules, one concern each:
+
+- :mod:`.layout`: the chunks and their ``.gmeta`` index on disk, where each frame lies.
+- :mod:`.reader`: :class:`GulpReader`.
+- :mod:`.writer`: :class:`GulpWriter`, and what a conversion into gulp becomes.
+- :mod:`.checks`: :func:`check`, and where frames lie for the digests.
+
 Example::
 
     r = GulpReader('../shared/fixtures/gulp')

@@ -1,5 +1,4 @@
-"""``loadr check`` of a gulp directory, and where its frames lie (for the digests).
-"""
+"""``loadr check`` of a gulp directory, and where its frames lie (for the digests)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The gulp reader: a datapoint per video, frames decoded or as JPEG bytes.
-"""
+"""The gulp reader: a datapoint per video, frames decoded or as JPEG bytes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The gulp writer, gulpio2's layout, and its conversion planning.
-"""
+"""The gulp writer, gulpio2's layout, and its conversion planning."""
 
 from __future__ import annotations
 
