@@ -6,7 +6,6 @@ import bisect
 import os
 from typing import Sequence
 
-
 from ...convert.records import Source
 from ...errors import ConfigError, FormatError
 from ...sources import Warming
