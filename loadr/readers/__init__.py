@@ -1,7 +1,8 @@
 """Readers for the on-disk formats, and ``open(path)`` that picks one.
 
-A fourth format is one new module here that defines ``FORMAT`` (a
-:class:`~loadr.readers.base.Format`) and one entry in ``FORMATS``.
+A fourth format is one new module or package here (as ``bag/``: layout, reader,
+writer, checks) that defines ``FORMAT`` (a :class:`~loadr.readers.base.Format`)
+and one entry in ``FORMATS``.
 
 Example::
 

@@ -1,4 +1,8 @@
-"""Writers for the on-disk formats; each lives beside its reader in ``loadr.readers``.
+"""Writers for the on-disk formats: where users import them from.
+
+Each is defined in its format's package, beside the reader and the byte
+layout they share (``loadr.readers.bag.writer``, ``loadr.readers.gulp.writer``,
+…): a change to a format's bytes is one folder. This module names them all.
 
 Every writer writes under a hidden temporary name and renames on success, so
 an interrupted write never leaves a file that opens as a complete dataset;
@@ -14,11 +18,11 @@ Example::
 
 from __future__ import annotations
 
-from ..readers.bag import BagWriter
-from ..readers.ffrecord import FFRecordWriter
-from ..readers.gulp import GulpWriter
+from ..readers.bag.writer import BagWriter
+from ..readers.ffrecord.writer import FFRecordWriter
+from ..readers.gulp.writer import GulpWriter
 from ..readers.parquet import ParquetWriter
-from ..readers.webdataset import WebDatasetWriter
+from ..readers.webdataset.writer import WebDatasetWriter
 
 __all__ = ['GulpWriter', 'FFRecordWriter', 'BagWriter', 'WebDatasetWriter',
            'ParquetWriter']

@@ -186,8 +186,8 @@ ALLOWED = {
     ('loadr/workers/pool.py', 'WorkerPool._receive', 'pickle.loads'),      # assigned peers only
     ('loadr/workers/protocol.py', 'Failure.capture', 'pickle.loads'),      # our own dumps
     ('loadr/workers/protocol.py', 'Failure.exception', 'pickle.loads'),    # from a worker
-    ('loadr/readers/ffrecord.py', 'FFRecordReader._decoded', 'pickle.loads'),  # decode='pickle'
-    ('loadr/readers/gulp.py', '_GulpUnpickler', 'pickle.Unpickler'),        # allow_pickle=True
+    ('loadr/readers/ffrecord/reader.py', 'FFRecordReader._decoded', 'pickle.loads'),  # 'pickle'
+    ('loadr/readers/gulp/layout.py', '_GulpUnpickler', 'pickle.Unpickler'),  # allow_pickle
     ('loadr/shared.py', 'decode', 'pickle.loads'),          # the main process's own items
     ('loadr/readers/webdataset/reader.py', 'decode_member', 'pickle.loads'),  # allow_pickle
 }

@@ -777,7 +777,7 @@ def test_check_reports_layout_problems_of_sharded_datasets(fixtures, tmp_path):
 
 @pytest.mark.parametrize('chunk', [1, 2, 3, 1 << 20])
 def test_check_validates_tables_across_chunks(tmp_path, monkeypatch, chunk):
-    from loadr.readers import bag as bag_module
+    from loadr.readers.bag import file as bag_module
     monkeypatch.setattr(bag_module, 'VALIDATE_CHUNK_ENTRIES', chunk)   # small chunks, same code
     path = tmp_path / 'x.bag'
     with BagFileWriter(path) as w:

@@ -677,7 +677,7 @@ def test_check_finds_every_flipped_sample(fixtures, manifest, tmp_path):
 
 
 def test_check_streams_big_samples(tmp_path, monkeypatch):
-    monkeypatch.setattr(ffrecord, 'CHECK_BLOCK_BYTES', 1000)
+    monkeypatch.setattr(ffrecord.checks, 'CHECK_BLOCK_BYTES', 1000)
     rng = np.random.default_rng(3)
     samples = [rng.bytes(n) for n in (10, 3500, 20, 30, 999, 1001)]
     path = write_ffr(tmp_path / 'x.ffr', samples)
@@ -737,8 +737,8 @@ def test_check_streams_the_table_of_a_huge_sparse_file(tmp_path):
 def test_check_across_table_pieces_and_its_problem_limit(tmp_path):
     # More samples than one piece of the table: the metadata CRC summed over the pieces,
     # a bad sample just past the first piece and an offset at the seam are all found.
-    n = ffrecord.CHECK_TABLE_ENTRIES + 10
-    seam = ffrecord.CHECK_TABLE_ENTRIES
+    n = ffrecord.checks.CHECK_TABLE_ENTRIES + 10
+    seam = ffrecord.checks.CHECK_TABLE_ENTRIES
     path = tmp_path / 'many.ffr'
     # Written here in one go (a million write_one calls take long): samples are empty but
     # for one byte in each of a few around the seam, and 5000 at the start.
@@ -755,9 +755,9 @@ def test_check_across_table_pieces_and_its_problem_limit(tmp_path):
         f.seek(int(offsets[seam + 3]))             # sample 2^20 + 3's one byte
         f.write(b'\0')
     assert [(p.index, 'CRC32' in p.message) for p in check(path)] == [
-        (ffrecord.CHECK_TABLE_ENTRIES + 3, True)]
+        (ffrecord.checks.CHECK_TABLE_ENTRIES + 3, True)]
     with open(path, 'r+b') as f:                  # the first offset of the second piece
-        f.seek(12 + 4 * n + 8 * ffrecord.CHECK_TABLE_ENTRIES)
+        f.seek(12 + 4 * n + 8 * ffrecord.checks.CHECK_TABLE_ENTRIES)
         f.write(struct.pack('<q', 5))
     found = [(p.index, p.message.split('file: ', 1)[-1][:24]) for p in check(path)]
     assert found[0] == (None, 'metadata checksum mismat')
@@ -768,5 +768,5 @@ def test_check_across_table_pieces_and_its_problem_limit(tmp_path):
         f.seek(12)
         f.write(b'\xff' * 4 * 5000)               # 5000 wrong CRCs
     problems = check(path)
-    assert len(problems) == ffrecord.MAX_PROBLEMS_PER_FILE + 1
+    assert len(problems) == ffrecord.checks.MAX_PROBLEMS_PER_FILE + 1
     assert 'more than 1000 problems' in problems[-1].message

@@ -40,9 +40,10 @@ import pickle
 import msgpack
 import numpy as np
 
+from ...convert.records import Source, value_type
 from ...errors import ConfigError, DecodeError, FormatError, LoadrError, SpecError
 from ...storage import is_url, storage_for
-from ..base import Reader, Source, _known, check_index, value_type
+from ..base import Reader, _known, check_index
 from ..patterns import common_root, expand, names_files
 from .index import (BLOCK, SIDECAR_SUFFIX, TarIndex, compressed_error, compressed_kind,
                     header_matches, load_sidecar, scan, sidecar_bytes)
@@ -402,7 +403,7 @@ class WebDatasetReader(Reader):
     @classmethod
     def source(cls, path, **options) -> Source:
         """The shards for copying: members decoded by type (images stay bytes), typed over all."""
-        from ..base import infer_types
+        from ...convert.records import infer_types
         reader = cls(path, **_known(cls, options))
         return Source(str(path), cls.format_name, reader, infer_types(reader))
 

@@ -33,8 +33,9 @@ import tarfile
 
 import numpy as np
 
+from ...convert.records import Plan
 from ...errors import ConfigError, WriterError
-from ..base import Plan, Writer, _known
+from ..base import Writer, _known
 from .index import BLOCK, SIDECAR_SUFFIX, TarIndex, sidecar_bytes
 from .reader import DECODERS, KEY
 

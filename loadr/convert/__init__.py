@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import os
 
-from .errors import ConfigError
-from .readers import detect, formats
-from .readers.base import Plan, Source, value_type
-from .storage import storage_for
+# The readers, as a module: a reader imports .records (Reader.source makes the Source),
+# which runs this package first, while loadr.readers is still being imported; its
+# names are looked up when a conversion runs.
+from .. import readers
+from ..errors import ConfigError
+from ..storage import storage_for
+from .records import Plan, Source, infer_types, join_types, value_type
 
 __all__ = ['TARGETS', 'Plan', 'Source', 'plan_conversion', 'convert', 'open_source',
-           'infer_type']
+           'infer_type', 'infer_types', 'join_types', 'value_type']
 
-TARGETS = tuple(f.name for f in formats())
 READ_BATCH = 64           # datapoints read at once (FFRecord coalesces the reads)
 
 # The bag type that stores a value; kept under its old name.
@@ -48,14 +50,22 @@ def open_source(path: str | os.PathLike, decode: str = 'auto', **options) -> Sou
     {'id': 'utf8', 'frames': 'jpg[]', 'meta': 'msgpack'}
     """
     path = os.fspath(path)
-    return detect(path).reader.source(path, decode=decode, **options)
+    return readers.detect(path).reader.source(path, decode=decode, **options)
+
+
+def __getattr__(name: str):
+    # TARGETS: the names of the detection table's formats, once loadr.readers is whole.
+    if name == 'TARGETS':
+        return tuple(f.name for f in readers.formats())
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
 def _format(target: str):
-    for fmt in formats():
+    for fmt in readers.formats():
         if fmt.name == target:
             return fmt
-    raise ConfigError(f'unknown target format {target!r}; use one of {", ".join(TARGETS)}')
+    targets = ', '.join(f.name for f in readers.formats())
+    raise ConfigError(f'unknown target format {target!r}; use one of {targets}')
 
 
 def plan_conversion(source: Source | str, dst: str | os.PathLike, target: str,

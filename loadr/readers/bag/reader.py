@@ -1,0 +1,231 @@
+"""The bag reader, and its read-ahead of remote records on one thread per process."""
+
+from __future__ import annotations
+
+import bisect
+import os
+from typing import Sequence
+
+from ...convert.records import Source
+from ...errors import ConfigError, FormatError
+from ...sources import Warming
+from ...storage import storage_for
+from ..base import Reader, _known, check_index, open_each
+from .file import ENTRY_BYTES, REFS_KEY, SPEC_NAME
+from .layout import _Dataset, _list_shards, _read_headers, _read_tables
+
+
+_ahead_executor = None
+_ahead_pid = None
+
+
+def _read_ahead_thread():
+    """This process's thread for the second step of reading ahead (one, made on first use)."""
+    global _ahead_executor, _ahead_pid
+    if _ahead_executor is None or _ahead_pid != os.getpid():
+        import concurrent.futures
+        _ahead_executor = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix='loadr-bag-ahead')
+        _ahead_pid = os.getpid()
+    return _ahead_executor
+
+
+class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the reads
+    """A granular dataset directory, or a sharded directory of them, as a Reader.
+
+    ``verify`` checks every record read against the digests that ``loadr
+    check --write-digests`` recorded (:mod:`loadr.digests`).
+    ``cache_index`` keeps every bag's index table in memory (8 bytes per
+    record), ``cache_keys`` keeps the named bags (``'refs'`` included)
+    whole in memory; both fill lazily, once per process, and are never
+    pickled. ``decode_images=False`` leaves ``jpg``/``png`` values (and
+    their sequence elements) as their encoded bytes. ``size`` is the bytes
+    of every bag and spec.json. Subclasses may set ``files_class`` to a
+    storage class (for example a :class:`~loadr.storage.LocalStorage`
+    subclass that counts reads); by default the path's storage is used.
+
+    Example::
+
+        r = BagReader('../shared/fixtures/bag', cache_keys=('refs', 'idx'))
+        r.available(1)                               # {'feat': True, 'frames': range(4), …}
+        r[1, {'frames': [0, 3], 'idx': True}]        # frames 0..3 in one read, picks 0 and 3
+    """
+
+    files_class: type | None = None
+    format_name = 'bag'
+
+    def __init__(self, path: str | os.PathLike, cache_index: bool = True,
+                 cache_keys: Sequence[str] = (), decode_images: bool = True,
+                 storage_options: dict | None = None, verify: bool = False):
+        self.path = os.fspath(path)
+        if isinstance(cache_keys, str) or not all(isinstance(k, str) for k in cache_keys):
+            raise ConfigError(f'cache_keys must be a list of key names, not {cache_keys!r}')
+        self.cache_index = bool(cache_index)
+        self.cache_keys = tuple(cache_keys)
+        self.decode_images = bool(decode_images)
+        self._files = (storage_for(self.path, storage_options) if self.files_class is None
+                       else self.files_class())
+        dirs, fatal, _ = _list_shards(self._files, self.path)
+        if fatal:
+            raise FormatError(fatal[0].message, fatal[0].path)
+        self._shards: list[_Dataset] = []
+        start = 0
+        # Behind a URL the shards open concurrently (their round trips wait together).
+        opened = open_each(self._files, lambda d: _Dataset.open(
+            d, self._files, self.cache_index, self.cache_keys, 0), dirs)
+        for directory, shard in zip(dirs, opened):
+            shard.start = start
+            if self._shards and shard.spec_dict != self._shards[0].spec_dict:
+                raise FormatError(f'spec differs from the first shard\'s '
+                                  f'{self._shards[0].spec_dict}', os.path.join(directory,
+                                                                               SPEC_NAME))
+            self._shards.append(shard)
+            start += len(shard)
+        self._length = start
+        self._stops = [s.start + len(s) for s in self._shards]
+        unknown = [k for k in self.cache_keys if k != REFS_KEY and k not in self.spec]
+        if unknown:
+            raise ConfigError(f'cache_keys names {unknown[0]!r}, which is not in the spec '
+                              f'{sorted(self.spec)} (or "refs")')
+        self.size = sum(self._identity_files().values())
+        self.verify = bool(verify)
+        if self.verify:
+            # The digests of each bag travel with it to workers (8 bytes a record).
+            from ...digests import load
+            recorded = load(self.path, storage_options, required=True)
+            for shard in self._shards:
+                for bag in shard.bags.values():
+                    bag.digests = recorded.for_file(bag.path)
+
+    def _identity_files(self) -> dict[str, int]:
+        out = {}
+        for s in self._shards:
+            out[os.path.join(s.path, SPEC_NAME)] = s.spec_size
+            out.update((b.path, b.size) for b in s.bags.values())
+        return out
+
+    @property
+    def spec(self) -> dict:
+        """``{key: type}`` with sorted keys, as spec.json."""
+        return self._shards[0].spec_dict
+
+    def details(self) -> dict:
+        return {'shards': self.shards}
+
+    @classmethod
+    def source(cls, path: str, **options) -> Source:
+        """The dataset with images as their encoded bytes, typed by its spec."""
+        reader = cls(path, **dict(_known(cls, options), decode_images=False))
+        return Source(path, cls.format_name, reader, dict(reader.spec))
+
+    @property
+    def shards(self) -> int:
+        """How many dataset directories this reader spans (1 when not sharded)."""
+        return len(self._shards)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _locate(self, index: int) -> tuple[_Dataset, int]:
+        shard = self._shards[bisect.bisect_right(self._stops, index)]
+        return shard, index - shard.start
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop('_ahead', None)       # read-ahead jobs of this process
+        return state
+
+    def _get(self, index: int, mask: dict | None) -> dict:
+        ahead = self.__dict__.get('_ahead')
+        if ahead:
+            job = ahead.pop(index, None)
+            if job is not None:
+                # Its value ranges are being asked for: wait until they are (the
+                # refs came first anyway), or this read would fetch them again.
+                try:
+                    job.result(getattr(self._files, 'settings', {}).get('timeout_s', 60) + 5)
+                except Exception:
+                    pass            # a hint: the read below reports what is wrong
+        shard, local = self._locate(index)
+        return shard.read(local, mask, self.decode_images)
+
+    def prefetch(self, indices) -> None:
+        """Start reading the records of ``indices``; returns at once (see Reader.prefetch).
+
+        Two steps: the refs records, then the value records they name. The
+        second waits a round trip for the first, so it runs on a thread of
+        its own (one per process); a read of a datapoint whose second step is
+        under way waits for it, so no range is fetched twice.
+        """
+        storage = self._files
+        if not storage.remote:
+            return
+        try:
+            located = self._refs_ahead([check_index(i, len(self)) for i in indices])
+        except Exception:
+            return
+        job = _read_ahead_thread().submit(self._values_ahead, located)
+        ahead = self.__dict__.setdefault('_ahead', {})
+        if len(ahead) > 4 * len(located) + 4096:      # left by tasks never read (cancelled)
+            for key in [k for k, j in ahead.items() if j.done()]:
+                del ahead[key]
+        for _, _, index in located:
+            ahead[index] = job
+
+    def warm(self) -> None:
+        """Read the index tables a process keeps, all at once: for a dataset behind
+        a URL one round trip instead of one per bag, before the first batch."""
+        storage = self._files
+        if not storage.remote:
+            return
+        # The value bags' headers first (opened lazily), their tables with them.
+        _read_headers(storage, [b for shard in self._shards for b in shard.bags.values()])
+        bags = [b for shard in self._shards for b in shard.bags.values()
+                if b is not None and b.cache_index and not b.cache_data
+                and b._table is None and b._len]
+        storage.prefetch([(b.path, b._ends_at, ENTRY_BYTES * b._len) for b in bags])
+        for bag in bags:
+            bag._load_table(None)
+
+    def _values_ahead(self, located: list) -> None:
+        shards = {id(shard): shard for shard, _, _ in located}.values()
+        _read_headers(self._files, [b for shard in shards for b in shard.bags.values()])
+        self._files.prefetch(self._value_ranges(located), cache_root=self.path)
+
+    def _refs_ahead(self, indices: list[int]) -> list[tuple]:
+        """Ask for the refs records of ``indices``; ``(shard, local, index)`` each."""
+        located = [(*self._locate(index), index) for index in indices]
+        # The refs tables of shards not read yet in this process, all at once.
+        shards = {id(shard): shard for shard, _, _ in located}.values()
+        _read_tables(self._files, [shard.bags[REFS_KEY] for shard in shards])
+        refs = []
+        for shard, local, index in located:
+            bag = shard.bags[REFS_KEY]
+            a, b = bag._bounds(local, local + 1, index)
+            refs.append((bag.path, a, b - a, index))
+        self._files.prefetch(refs)
+        return located
+
+    def _ranges(self, indices: list[int]) -> list[tuple]:
+        return self._value_ranges(self._refs_ahead(indices))
+
+    def _value_ranges(self, located: list) -> list[tuple]:
+        """``(path, offset, length, index)`` of the value records the refs name."""
+        out = []
+        for shard, local, index in located:
+            # Read here, kept for the datapoint's read: each range asked ahead is
+            # read once (loadr.storage.remote counts on it to free what it holds).
+            for (key, _), ref in zip(shard.spec, shard.refs_ahead(local)):
+                bag = shard.bags[key]
+                lo, hi = (ref, ref + 1) if not shard._types[key][1] else \
+                    (ref[0], ref[0] + ref[1]) if ref else (0, 0)
+                if bag.cache_data or hi <= lo:
+                    continue
+                bounds = bag._bounds(lo, hi, index)
+                out.append((bag.path, bounds[0], bounds[-1] - bounds[0], index))
+        return out
+
+    def available(self, index: int) -> dict:
+        """``{key: True | range(n)}`` for datapoint ``index``, from refs.bag alone."""
+        shard, local = self._locate(check_index(index, self._length))
+        return shard.available(local)
