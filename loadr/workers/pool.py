@@ -168,11 +168,20 @@ def _send(held: _Held, identity: bytes, frames: list, flags: int = 0) -> None:
     held.cut = False
 
 
+def _kill(process) -> None:
+    """SIGKILL ``process`` (the caller reaps it); one already gone is no error."""
+    try:
+        os.kill(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def _release(held: _Held) -> None:
     """The shutdown order, written down once; every step can be run again if an
     earlier run was cut short:
 
     1. ask every worker to STOP (non-blocking), so idle ones exit between tasks;
+       SIGKILL at once one that is not connected (it could never be told);
     2. give them JOIN_TIMEOUT_S together, then SIGKILL whatever is left and reap
        it: a hung or stopped worker cannot be asked;
     3. close the socket with linger 0 and end the context, so nothing waits on
@@ -189,17 +198,18 @@ def _release(held: _Held) -> None:
                 for w in live:
                     try:
                         _send(held, w.identity, protocol.stop(), zmq.NOBLOCK)
-                    except zmq.ZMQError:
-                        pass
+                    except zmq.ZMQError as exc:
+                        if exc.errno == zmq.EHOSTUNREACH:
+                            # Not connected (still starting, or gone): it cannot get
+                            # the STOP and has nothing to finish. Waiting for it cost
+                            # every close that came early the whole JOIN_TIMEOUT_S.
+                            _kill(w.process)
             deadline = time.monotonic() + JOIN_TIMEOUT_S
             for w in live:
                 w.process.join(max(0.0, deadline - time.monotonic()))
             for w in live:
                 if w.process.exitcode is None:
-                    try:
-                        os.kill(w.process.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    _kill(w.process)
                     w.process.join(JOIN_TIMEOUT_S)
             held.workers[:] = [None] * len(held.workers)
             if held.stats_rows is not None:
