@@ -53,3 +53,12 @@ def pytest_runtest_makereport(item, call):
 
 
 _SKIP_AT = require_fixtures.__code__
+
+
+def pytest_addoption(parser):
+    # pyproject's addopts runs the suite on pytest-xdist's workers (`-n`): it waits on
+    # processes and servers far more than it computes. Without pytest-xdist (an install
+    # without the 'test' extra) `--numprocesses` is accepted and the run is serial.
+    if importlib.util.find_spec('xdist') is None:
+        parser.addoption('--numprocesses', dest='numprocesses', default=None,
+                         help='worker processes (ignored: pytest-xdist is not installed)')
