@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 
 import pytest
 
@@ -62,3 +63,13 @@ def pytest_addoption(parser):
     if importlib.util.find_spec('xdist') is None:
         parser.addoption('--numprocesses', dest='numprocesses', default=None,
                          help='worker processes (ignored: pytest-xdist is not installed)')
+
+
+def pytest_configure(config):
+    # pytest-xdist's workers start with SIGINT ignored (execnet does it), and a child
+    # process inherits an ignored signal across exec: its Python then installs no
+    # KeyboardInterrupt handler, and a test that presses Ctrl-C on a child (test_cli,
+    # tests/faults) waits on a child that cannot be interrupted. A worker gets back the
+    # handler a plain pytest run has.
+    if hasattr(config, 'workerinput') and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
