@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 
 import pytest
 
@@ -55,3 +56,22 @@ def pytest_runtest_makereport(item, call):
 
 
 _SKIP_AT = require_fixtures.__code__
+
+
+def pytest_addoption(parser):
+    # pyproject's addopts runs the suite on pytest-xdist's workers (`-n`): it waits on
+    # processes and servers far more than it computes. Without pytest-xdist (an install
+    # without the 'test' extra) `--numprocesses` is accepted and the run is serial.
+    if importlib.util.find_spec('xdist') is None:
+        parser.addoption('--numprocesses', dest='numprocesses', default=None,
+                         help='worker processes (ignored: pytest-xdist is not installed)')
+
+
+def pytest_configure(config):
+    # pytest-xdist's workers start with SIGINT ignored (execnet does it), and a child
+    # process inherits an ignored signal across exec: its Python then installs no
+    # KeyboardInterrupt handler, and a test that presses Ctrl-C on a child (test_cli,
+    # tests/faults) waits on a child that cannot be interrupted. A worker gets back the
+    # handler a plain pytest run has.
+    if hasattr(config, 'workerinput') and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -12,6 +12,9 @@ import sys
 
 import pytest
 
+# The benchmarks run as scripts, end to end (CI runs them: -m '').
+pytestmark = pytest.mark.slow
+
 pytest.importorskip('torch')
 pytest.importorskip('psutil')
 

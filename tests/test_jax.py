@@ -22,6 +22,9 @@ import pytest
 
 from .conftest import in_ci
 
+# Jobs of several processes and a child pytest (CI runs them: -m '').
+pytestmark = pytest.mark.slow
+
 if importlib.util.find_spec('jax') is None:
     if in_ci():
         raise ImportError('jax is not installed, and CI must run these tests')
@@ -70,6 +73,7 @@ def test_two_processes_build_global_arrays_from_their_halves_and_resume(tmp_path
 def test_one_process_checks_and_the_modules_examples_in_a_child_pytest():
     env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'LOADR_JAX_DOCTESTS': '1'}
     done = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+                           '--numprocesses=0', '-m', '',     # one process, every test
                            '--doctest-modules', 'loadr/jax.py', 'tests/dist/jax_local.py'],
                           cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=JOB_TIMEOUT_S)

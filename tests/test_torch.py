@@ -841,6 +841,7 @@ def demo_images(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow                   # the example run as a script (CI: -m '')
 def test_train_torch_example_killed_and_resumed_ends_with_the_same_weights(tmp_path,
                                                                            demo_images):
     example = load_example('train_torch')
@@ -858,6 +859,7 @@ def test_train_torch_example_killed_and_resumed_ends_with_the_same_weights(tmp_p
     assert resumed.stdout.split()[-1] == straight
 
 
+@pytest.mark.slow                   # the example run as a script (CI: -m '')
 def test_lightning_example_resumes_the_data_through_lightnings_checkpoint(tmp_path,
                                                                           demo_images):
     try:

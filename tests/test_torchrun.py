@@ -21,6 +21,9 @@ import pytest
 
 from .conftest import in_ci
 
+# Jobs of several processes (CI runs them: -m '').
+pytestmark = pytest.mark.slow
+
 try:
     import torch.distributed as dist
 except ImportError:

@@ -40,8 +40,11 @@ def run_pytest(tmp_path, *args, ci: bool = False,
         env.update(LOADR_FIXTURES=str(tmp_path / 'no-fixtures'), TMPDIR=tmp)
         if ci:
             env['CI'] = 'true'
+        # In one process (a few files: workers would cost more than they save), and every
+        # test of the files asked for, those marked slow too.
         done = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-ra', '-p',
-                               'no:cacheprovider', '--basetemp', str(tmp_path / 'basetemp'),
+                               'no:cacheprovider', '--numprocesses=0', '-m', '',
+                               '--basetemp', str(tmp_path / 'basetemp'),
                                *(str(ROOT / a) for a in args)], cwd=cwd, env=env,
                               capture_output=True, text=True, timeout=TIMEOUT_S)
         return done, sorted(os.listdir(tmp))

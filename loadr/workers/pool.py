@@ -68,6 +68,8 @@ __all__ = ['WorkerPool', 'MAX_TASKS_PER_WORKER', 'MAX_TASKS_READING_AHEAD',
 log = logging.getLogger('loadr')
 
 JOIN_TIMEOUT_S = 2.0
+# How often close() asks a worker that has not connected yet to STOP.
+STOP_RETRY_S = 0.005
 # A worker seen stopped or frozen, its heartbeat still, for this long is replaced.
 # Heartbeats come every PARENT_CHECK_S (0.2 s): a live worker's moves 5 times meanwhile.
 FROZEN_AFTER_S = 1.0
@@ -168,11 +170,22 @@ def _send(held: _Held, identity: bytes, frames: list, flags: int = 0) -> None:
     held.cut = False
 
 
+def _told_to_stop(held: _Held, w: '_Worker') -> bool:
+    """Send ``w`` its STOP (non-blocking); False while it has not connected."""
+    try:
+        _send(held, w.identity, protocol.stop(), zmq.NOBLOCK)
+    except zmq.ZMQError as exc:
+        # ROUTER_MANDATORY: an identity that has not connected (yet) is unreachable.
+        return exc.errno != zmq.EHOSTUNREACH
+    return True
+
+
 def _release(held: _Held) -> None:
     """The shutdown order, written down once; every step can be run again if an
     earlier run was cut short:
 
     1. ask every worker to STOP (non-blocking), so idle ones exit between tasks;
+       one still starting is asked again as soon as it has connected;
     2. give them JOIN_TIMEOUT_S together, then SIGKILL whatever is left and reap
        it: a hung or stopped worker cannot be asked;
     3. close the socket with linger 0 and end the context, so nothing waits on
@@ -185,13 +198,16 @@ def _release(held: _Held) -> None:
     with _sigint_deferred():
         try:
             live = [w for w in held.workers if w is not None]
-            if held.sock is not None:
-                for w in live:
-                    try:
-                        _send(held, w.identity, protocol.stop(), zmq.NOBLOCK)
-                    except zmq.ZMQError:
-                        pass
             deadline = time.monotonic() + JOIN_TIMEOUT_S
+            if held.sock is not None:
+                # A STOP sent before a worker connects is refused, not queued: one
+                # sent once left a worker that started late waiting for tasks until
+                # it was killed at the deadline (every close that came early).
+                starting = [w for w in live if not _told_to_stop(held, w)]
+                while starting and time.monotonic() < deadline:
+                    time.sleep(STOP_RETRY_S)
+                    starting = [w for w in starting
+                                if w.process.exitcode is None and not _told_to_stop(held, w)]
             for w in live:
                 w.process.join(max(0.0, deadline - time.monotonic()))
             for w in live:

@@ -13,7 +13,7 @@ from loadr.loader import LEASED_SLOTS
 
 from .soaking import growth, soak
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]      # CI runs it: -m ''
 
 RSS_GROWTH_MAX_BYTES = 16 << 20
 

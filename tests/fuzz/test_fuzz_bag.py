@@ -8,7 +8,7 @@ import pytest
 from .conftest import examples
 from .harness import Stats, run_fuzz
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]     # CI runs them: -m ''
 
 
 @pytest.mark.parametrize('name,count', [('bag', 80), ('bag_types', 60), ('bag_sharded', 60)])

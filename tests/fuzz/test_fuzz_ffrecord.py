@@ -8,7 +8,7 @@ from .conftest import examples
 from .harness import Stats, run_fuzz
 
 # A mutation that zeroes the metadata CRC makes an "old-version" file, which warns by design.
-pytestmark = [pytest.mark.timeout(120),
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow,     # CI runs them: -m ''
               pytest.mark.filterwarnings('ignore:.*old-version FFRecord file')]
 
 

@@ -7,7 +7,7 @@ import pytest
 from .conftest import examples
 from .harness import Stats, run_fuzz
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]     # CI runs them: -m ''
 
 
 def test_mutated_gulp_directories_give_correct_data_or_a_loadr_error(workspace):

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import pathlib
+import signal
+import threading
+import time
 
+import numpy as np
 import pytest
 import zmq
 
 import loadr
+from loadr.workers import pool as pool_module
+from loadr.workers.pool import WorkerPool
+from loadr.workers.shm import Layout
 
 from ..loader_helpers import trivial
 
@@ -61,3 +70,46 @@ def test_a_mend_with_nothing_cut_names_no_worker_and_is_dropped():
         assert digests(loader, 2) == expected[2:]
         procs = [w.process for w in loader._pool.workers if w.ready]
     assert [p.exitcode for p in procs] == [0] * len(procs)
+
+
+class Gated(list):
+    """A list of rows whose copy in a spawned worker waits for ``gate`` to exist before
+    the worker can go on (unpickling comes before the worker connects its socket)."""
+
+    def __init__(self, rows, gate):
+        super().__init__(rows)
+        self.gate, self.maker = str(gate), os.getpid()
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        deadline = time.monotonic() + 60
+        while (os.getpid() != self.maker and not os.path.exists(self.gate)
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
+
+
+def test_close_stops_a_worker_that_connects_late_instead_of_waiting_it_out(
+        tmp_path, monkeypatch):
+    # A STOP sent to a worker that has not connected yet is refused (ROUTER_MANDATORY:
+    # EHOSTUNREACH): close used to send it once, and wait JOIN_TIMEOUT_S for a worker
+    # that, connected meanwhile, waited for tasks. A join timeout longer than this test
+    # may run makes such a wait a hang.
+    monkeypatch.setattr(pool_module, 'JOIN_TIMEOUT_S', 600.0)
+    gate = pathlib.Path(tmp_path) / 'gate'
+    spec = {'label': (np.dtype('int64'), ()), 'vec': (np.dtype('float32'), (16,))}
+    pool = WorkerPool(Gated(trivial(16), gate), [], spec, Layout(spec, 4), workers=2, slots=4,
+                      n=16, shuffle=False, on_error='raise', start_method='spawn')
+    procs = [w.process for w in pool.workers]
+    closing = threading.Thread(target=pool.close, daemon=True)
+    closing.start()
+    time.sleep(0.2)                 # (the first STOPs go out while the gate holds the workers)
+    gate.touch()
+    closing.join(30)
+    try:
+        assert not closing.is_alive(), 'close waited for workers that connected late'
+        assert [p.exitcode for p in procs] == [0] * len(procs)     # by STOP, not SIGKILL
+    finally:
+        for p in procs:
+            if p.exitcode is None:
+                os.kill(p.pid, signal.SIGKILL)
+        closing.join(30)
