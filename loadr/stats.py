@@ -49,6 +49,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from .storage import netstats
+
 __all__ = ['Stats', 'WORKER_FIELDS', 'STRIDE', 'MAX_STRIDE', 'TIMED_ROW_COST_US', 'TIMING_SHARE',
            'TIME_EVERY_ROW_US', 'format_table', 'StageClock', 'NOT_BOTTLENECK_FRACTION',
            'fn_names', 'row_width', 'worker_dict', 'cores', 'settle', 'schedstat',
@@ -56,9 +58,9 @@ __all__ = ['Stats', 'WORKER_FIELDS', 'STRIDE', 'MAX_STRIDE', 'TIMED_ROW_COST_US'
 
 # The fixed counters of a worker's row; one counter per fn follows them.
 WORKER_FIELDS = ('busy', 'wait', 'read', 'write', 'batches', 'samples', 'cpu', 'busy_sq',
-                 'runq', 'sampled')
-BUSY, WAIT, READ, WRITE, BATCHES, SAMPLES, CPU, BUSY_SQ, RUNQ, SAMPLED = \
-    range(len(WORKER_FIELDS))
+                 'runq', 'sampled') + netstats.FIELDS     # the remote stage's (issue 26)
+BUSY, WAIT, READ, WRITE, BATCHES, SAMPLES, CPU, BUSY_SQ, RUNQ, SAMPLED = range(10)
+NET = 10
 # A timed row costs about TIMED_ROW_COST_US more than another (clock reads
 # and bookkeeping, measured: 1-2 us in CPython 3.11). Rows are timed every
 # TIMED_ROW_COST_US / (TIMING_SHARE * row_us) rows (at most MAX_STRIDE
@@ -236,6 +238,7 @@ class StageClock:
         row[SAMPLES] += samples
         for i, t in enumerate(fns, len(WORKER_FIELDS)):
             row[i] += t
+        netstats.publish(row, NET)
 
     def totals(self) -> dict:
         return worker_dict(self.row, self.nfns)
@@ -579,6 +582,7 @@ class Stats:
         for i, w in enumerate(self.workers):
             e = earlier.workers[i] if i < len(earlier.workers) else {}
             d = {k: w.get(k, 0.0) - e.get(k, 0.0) for k in WORKER_FIELDS}
+            d.update({k: w.get(k, 0.0) for k in netstats.LEVELS})
             d['fns'] = [a - b for a, b in zip(w['fns'], e.get('fns', [0.0] * len(w['fns'])))]
             if 'uss_bytes' in w:
                 d['uss_bytes'] = w['uss_bytes']     # memory is a level, not a count
@@ -611,6 +615,7 @@ class Stats:
             'worker_io_share': self.io_share,
             'stages_s': self.stages(), 'workers': workers, 'inline': self.inline,
             'cores': self.cores, 'verdict': self.verdict(),
+            'remote': netstats.summary(self.workers, self.samples),
         }
 
     # -- the verdict -----------------------------------------------------
@@ -688,7 +693,13 @@ def format_table(stats: Stats) -> str:
     if uss:
         lines.append('worker private memory (USS): '
                      + ', '.join(f'{b / 2**20:.1f}' for b in uss) + ' MiB')
+    remote = netstats.summary(stats.workers, stats.samples)
+    lines.extend(netstats.lines(remote))
     lines.append(stats.verdict())
+    network = netstats.verdict(remote) if stats.wait_fraction >= NOT_BOTTLENECK_FRACTION \
+        else None
+    if network:
+        lines.append(network)
     return '\n'.join(lines)
 
 
