@@ -232,8 +232,10 @@ class ReadingAhead:
             data = whole.result(self.settings['timeout_s'] + 5)
         except Exception:
             with self._buffer.lock:
-                if self._small.get(path) is whole:      # asked again next time
-                    del self._small[path]
+                if self._small.get(path) is whole:
+                    # Read as ranges from now on: one bad record of it then fails alone,
+                    # and only once, as in a file read range by range.
+                    self._small[path] = None
             return None
         if t0 is not None:
             netstats.waited(time.perf_counter() - t0)
@@ -245,7 +247,9 @@ class ReadingAhead:
         """Start the whole-file reads of the small files among ``fresh``'s (once per
         process); the ranges left to read as ranges."""
         small = int(self.settings['small_file_bytes'])
-        if not small:
+        if not small or self.settings['cache_dir']:
+            # Under a local cache, reads look there range by range (and verify what
+            # they find): a whole file in memory would hide its entries.
             return fresh
         budget = int(self.settings['small_files_bytes'])
         out = []
@@ -253,6 +257,8 @@ class ReadingAhead:
             for r in fresh:
                 path = r[0]
                 if path in self._small:
+                    if self._small[path] is None:       # its whole read failed: ranges
+                        out.append(r)
                     continue
                 size = sizes[path]
                 if 0 < size <= small and self._small_bytes + size <= budget:
@@ -282,7 +288,7 @@ class ReadingAhead:
         with buffer.lock:
             small = self._small
             for r in ranges:
-                if r[0] in small:
+                if small.get(r[0]) is not None:
                     continue
                 if not buffer.claim(r[0], r[1], r[2]) and (
                         cache is None or r[0] not in self._sizes

@@ -139,7 +139,8 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         self._fs = None
         self._generation = _generation
         self._buffer = Buffer(int(self.settings['readahead_bytes']))
-        self._small: dict[str, object] = {}     # path -> future of the whole (small) file
+        # path -> future of the whole (small) file; None: its whole read failed (ranges)
+        self._small: dict[str, object] = {}
         self._small_bytes = 0
         self._semaphore = None
         self._why: dict[str, str] = {}       # path -> why it is missing, for the message

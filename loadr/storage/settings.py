@@ -38,7 +38,8 @@ DEFAULTS = {
     'readahead_bytes': 64 << 20,
     # A file this small is read whole, once per process, the first time a range
     # of it is read ahead (a bag's refs and small value bags: one request per
-    # file and process instead of one per file and batch); 0 turns it off.
+    # file and process instead of one per file and batch); 0 turns it off. Not
+    # under cache_dir (the cache's entries are read range by range).
     'small_file_bytes': 64 << 10,
     # The bytes of such whole files a process keeps, per storage; past it, ranges.
     'small_files_bytes': 32 << 20,
