@@ -28,6 +28,19 @@ Example::
 fraction of the record bytes, evicting the furthest next use or, to compare,
 the least recently used; bytes fetched per epoch.
 
+Issue 26's figures: ``--shardlen``, ``--batch``, ``--batches``, ``--skip``
+(batches before the steady rate), ``--runs`` (local and remote read
+interleaved, medians printed) and ``--also KEY=VALUE`` (one more remote case
+with that storage setting, e.g. ``small_file_bytes=0``, the read-ahead
+before issue 26, in the same runs). Printed per remote case: requests per
+sample, bytes fetched / needed, the most requests in flight (at the proxy
+and in a worker), the round-trip time, and the time reads waited on the
+network (``loader.stats()``'s remote stage), of which the reads no read
+ahead covered::
+
+    python -m benchmarks.remote --images 960 --shardlen 32 --batch 32 --workers 1 \
+        --open-shards 0 --runs 3 --skip 3 --also small_file_bytes=0
+
 ``--open-shards N`` (default 1000; 0: not measured): the time ``loadr.open``
 takes for a bag dataset of ``N`` shards (four files each: spec.json,
 refs.bag and two value bags) through nginx and the proxy at ``--delay-ms``,
@@ -102,6 +115,7 @@ def run_case(name: str, path: str, options: dict | None, n: int, workers: int, b
     ``skip``: batches read before the timed ones (the timed rate starts after them).
     """
     import loadr
+    from loadr.storage import netstats
 
     from .measure import tree_cpu_s
 
@@ -124,6 +138,7 @@ def run_case(name: str, path: str, options: dict | None, n: int, workers: int, b
                 first_s = time.perf_counter() - t0
             if k == max(0, skip - 1):
                 t_first, first_samples = time.perf_counter(), samples
+                at_first = loader.stats()
             if k + 1 == batches:
                 break
         t_end = time.perf_counter()
@@ -135,6 +150,8 @@ def run_case(name: str, path: str, options: dict | None, n: int, workers: int, b
         main_cpu = spent.get(os.getpid(), 0.0)
         stats = _proxy_stats(proxy_url) if proxy_url else {}
         net = loader.stats().as_dict().get('remote')
+        later = loader.stats().since(at_first)
+        steady_net = netstats.summary(later.workers, later.samples)
         fetched, requests = stats.get('body_bytes'), stats.get('requests')
         # The first batch after load() at a far step, on the running loader.
         state = loader.save()
@@ -149,7 +166,7 @@ def run_case(name: str, path: str, options: dict | None, n: int, workers: int, b
     return {'case': name, 'samples': samples, 'open_s': opened_s, 'first_batch_s': first_s,
             'epoch_samples_per_s': samples / total_s, 'steady_samples_per_s': steady,
             'fetched_bytes': fetched, 'far_first_batch_s': far_s,
-            'max_in_flight': stats.get('max_in_flight'), 'net': net,
+            'max_in_flight': stats.get('max_in_flight'), 'net': net, 'steady_net': steady_net,
             'requests': requests, 'loader_cpu_ms_per_sample': 1000 * loader_cpu / samples,
             'main_cpu_ms_per_sample': 1000 * main_cpu / samples,
             'server_cpu_ms_per_sample': 1000 * server_cpu / samples}
@@ -327,6 +344,11 @@ def main(argv=None) -> int:
                       f'network {net["wait_s"]:.2f} s ({100 * net["wait_share"]:.0f}% of '
                       f'worker time) in {net["waits"]} waits, {net["uncovered"]} not read '
                       f'ahead (uncovered round trips)')
+            steady = r['steady_net']
+            if steady:
+                print(f'  after the first {args.skip} batches: waited on the network '
+                      f'{steady["wait_s"]:.2f} s ({100 * steady["wait_share"]:.0f}% of worker '
+                      f'time) in {steady["waits"]} waits, {steady["uncovered"]} not read ahead')
     by_case: dict = {}
     for r in results:
         by_case.setdefault(r['case'], []).append(r)

@@ -6,6 +6,12 @@ once; their bytes wait in a small per-process buffer (``readahead_bytes``)
 that the next read of a range inside them consumes (:meth:`ReadingAhead._take`).
 :func:`merge` is the one plan of requests, used by reads and read-ahead alike:
 ranges of a file within ``merge_gap_bytes`` of each other go in one request.
+
+A file of at most ``small_file_bytes`` (a bag's refs, a small value bag) is
+read whole the first time a range of it is read ahead, and kept for the
+process (``small_files_bytes`` in all): its later ranges cost no request. A
+bag of many shards read shuffled otherwise asks every shard's small files
+again for every batch, a round trip each that the read-ahead rarely hides.
 """
 
 from __future__ import annotations
