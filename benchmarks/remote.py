@@ -136,7 +136,7 @@ def run_case(name: str, path: str, options: dict | None, n: int, workers: int, b
             samples += len(batch['label'])
             if first_s is None:
                 first_s = time.perf_counter() - t0
-            if k == max(0, skip - 1):
+            if k == 0 or k == skip - 1:     # the steady rate: after `skip` batches, or one
                 t_first, first_samples = time.perf_counter(), samples
                 at_first = loader.stats()
             if k + 1 == batches:
@@ -151,7 +151,7 @@ def run_case(name: str, path: str, options: dict | None, n: int, workers: int, b
         stats = _proxy_stats(proxy_url) if proxy_url else {}
         net = loader.stats().as_dict().get('remote')
         later = loader.stats().since(at_first)
-        steady_net = netstats.summary(later.workers, later.samples)
+        steady_net = netstats.summary(later.workers, later.samples) if later.samples else None
         fetched, requests = stats.get('body_bytes'), stats.get('requests')
         # The first batch after load() at a far step, on the running loader.
         state = loader.save()
@@ -346,7 +346,8 @@ def main(argv=None) -> int:
                       f'ahead (uncovered round trips)')
             steady = r['steady_net']
             if steady:
-                print(f'  after the first {args.skip} batches: waited on the network '
+                after = args.skip if 1 <= args.skip <= batches else 1
+                print(f'  after the first {after} batches: waited on the network '
                       f'{steady["wait_s"]:.2f} s ({100 * steady["wait_share"]:.0f}% of worker '
                       f'time) in {steady["waits"]} waits, {steady["uncovered"]} not read ahead')
     by_case: dict = {}
