@@ -28,6 +28,19 @@ Example::
 fraction of the record bytes, evicting the furthest next use or, to compare,
 the least recently used; bytes fetched per epoch.
 
+Issue 26's figures: ``--shardlen``, ``--batch``, ``--batches``, ``--skip``
+(batches before the steady rate), ``--runs`` (local and remote read
+interleaved, medians printed) and ``--also KEY=VALUE`` (one more remote case
+with that storage setting, e.g. ``small_file_bytes=0``, the read-ahead
+before issue 26, in the same runs). Printed per remote case: requests per
+sample, bytes fetched / needed, the most requests in flight (at the proxy
+and in a worker), the round-trip time, and the time reads waited on the
+network (``loader.stats()``'s remote stage), of which the reads no read
+ahead covered::
+
+    python -m benchmarks.remote --images 960 --shardlen 32 --batch 32 --workers 1 \
+        --open-shards 0 --runs 3 --skip 3 --also small_file_bytes=0
+
 ``--open-shards N`` (default 1000; 0: not measured): the time ``loadr.open``
 takes for a bag dataset of ``N`` shards (four files each: spec.json,
 refs.bag and two value bags) through nginx and the proxy at ``--delay-ms``,
@@ -75,8 +88,8 @@ def _proxy_stats(url: str, reset: bool = False) -> dict:
 def _record_bytes(path: str) -> int:
     """Bytes of every record of the bag dataset at ``path`` (tables and spec left out)."""
     from loadr.readers.bag import Bag
-    return sum(Bag(os.path.join(path, name)).index_offset
-               for name in os.listdir(path) if name.endswith('.bag'))
+    return sum(Bag(os.path.join(top, name)).index_offset
+               for top, _, names in os.walk(path) for name in names if name.endswith('.bag'))
 
 
 def _servers(pids) -> set[int]:
@@ -93,13 +106,16 @@ def _servers(pids) -> set[int]:
 
 
 def run_case(name: str, path: str, options: dict | None, n: int, workers: int, batches: int,
-             far_step: int, proxy_url: str | None, server_pids=()) -> dict:
+             far_step: int, proxy_url: str | None, server_pids=(), batch: int = W.IMAGE_BATCH,
+             skip: int = 0) -> dict:
     """One epoch (or ``batches`` batches) of the JPEG pipeline read from ``path``.
 
     CPU seconds are split between the loader (this process and its workers)
     and the servers (nginx or moto, and the proxy), all on the same cores.
+    ``skip``: batches read before the timed ones (the timed rate starts after them).
     """
     import loadr
+    from loadr.storage import netstats
 
     from .measure import tree_cpu_s
 
@@ -110,7 +126,7 @@ def run_case(name: str, path: str, options: dict | None, n: int, workers: int, b
     opened_s = time.perf_counter() - t_open
     servers = _servers(server_pids)
     cpu0 = tree_cpu_s()
-    loader = loadr.Loader(reader, batch=W.IMAGE_BATCH, fns=[W.image_fn], shuffle=True,
+    loader = loadr.Loader(reader, batch=batch, fns=[W.image_fn], shuffle=True,
                           seed=SEED, workers=workers)
     try:
         t0 = time.perf_counter()
@@ -120,7 +136,9 @@ def run_case(name: str, path: str, options: dict | None, n: int, workers: int, b
             samples += len(batch['label'])
             if first_s is None:
                 first_s = time.perf_counter() - t0
+            if k == 0 or k == skip - 1:     # the steady rate: after `skip` batches, or one
                 t_first, first_samples = time.perf_counter(), samples
+                at_first = loader.stats()
             if k + 1 == batches:
                 break
         t_end = time.perf_counter()
@@ -131,6 +149,9 @@ def run_case(name: str, path: str, options: dict | None, n: int, workers: int, b
         loader_cpu = sum(v for pid, v in spent.items() if pid not in servers)
         main_cpu = spent.get(os.getpid(), 0.0)
         stats = _proxy_stats(proxy_url) if proxy_url else {}
+        net = loader.stats().as_dict().get('remote')
+        later = loader.stats().since(at_first)
+        steady_net = netstats.summary(later.workers, later.samples) if later.samples else None
         fetched, requests = stats.get('body_bytes'), stats.get('requests')
         # The first batch after load() at a far step, on the running loader.
         state = loader.save()
@@ -145,6 +166,7 @@ def run_case(name: str, path: str, options: dict | None, n: int, workers: int, b
     return {'case': name, 'samples': samples, 'open_s': opened_s, 'first_batch_s': first_s,
             'epoch_samples_per_s': samples / total_s, 'steady_samples_per_s': steady,
             'fetched_bytes': fetched, 'far_first_batch_s': far_s,
+            'max_in_flight': stats.get('max_in_flight'), 'net': net, 'steady_net': steady_net,
             'requests': requests, 'loader_cpu_ms_per_sample': 1000 * loader_cpu / samples,
             'main_cpu_ms_per_sample': 1000 * main_cpu / samples,
             'server_cpu_ms_per_sample': 1000 * server_cpu / samples}
@@ -211,6 +233,18 @@ def main(argv=None) -> int:
     p.add_argument('--images', type=int, default=1024, help='images in the dataset')
     p.add_argument('--delay-ms', type=float, default=20.0, help='added to every request')
     p.add_argument('--workers', type=int, default=2)
+    p.add_argument('--batch', type=int, default=W.IMAGE_BATCH)
+    p.add_argument('--shardlen', type=int, default=None,
+                   help='images per shard (default: one shard)')
+    p.add_argument('--batches', type=int, default=None,
+                   help='batches read per case (default: one epoch)')
+    p.add_argument('--skip', type=int, default=1,
+                   help='batches before the steady rate is timed (default 1)')
+    p.add_argument('--also', nargs='*', default=[], metavar='KEY=VALUE',
+                   help='one more remote case per item, with this storage setting (e.g. '
+                        'small_file_bytes=0: the read-ahead as before), interleaved')
+    p.add_argument('--runs', type=int, default=1,
+                   help='local and remote read this many times, interleaved; medians')
     p.add_argument('--far-step', type=int, default=10_000_000,
                    help='the step load() jumps to (default 10 million samples in)')
     p.add_argument('--s3', action='store_true', help="also read from moto's S3 server")
@@ -242,17 +276,27 @@ def main(argv=None) -> int:
 
     results, cache_runs = [], []
     with tempfile.TemporaryDirectory(prefix='loadr-bench-remote-') as tmp:
-        data = W.make_images(tmp, args.images)
+        data = W.make_images(tmp, args.images, args.shardlen)
         needed = _record_bytes(data.path)
-        batches = -(-args.images // W.IMAGE_BATCH)
-        results.append(run_case('local disk', data.path, None, args.images, args.workers,
-                                batches, args.far_step, None))
+        batches = args.batches or -(-args.images // args.batch)
         with start_nginx(tmp, os.path.join(tmp, '.nginx')) as web:
             proxy, url = _proxy(web.url, args.delay_ms)
             try:
-                results.append(run_case(f'nginx + {args.delay_ms:g} ms', f'{url}/images', None,
-                                        args.images, args.workers, batches, args.far_step, url,
-                                        (web.proc.pid, proxy.pid)))
+                for _ in range(args.runs):
+                    results.append(run_case('local disk', data.path, None, args.images,
+                                            args.workers, batches, args.far_step, None,
+                                            batch=args.batch, skip=args.skip))
+                    results.append(run_case(f'nginx + {args.delay_ms:g} ms', f'{url}/images',
+                                            None, args.images, args.workers, batches,
+                                            args.far_step, url, (web.proc.pid, proxy.pid),
+                                            batch=args.batch, skip=args.skip))
+                    for item in args.also:
+                        key, _, value = item.partition('=')
+                        results.append(run_case(
+                            f'nginx {args.delay_ms:g}ms {item}', f'{url}/images',
+                            {'loadr': {key: json.loads(value)}}, args.images, args.workers, batches,
+                            args.far_step, url, (web.proc.pid, proxy.pid), batch=args.batch,
+                            skip=args.skip))
                 fractions = [] if args.cache is None else (args.cache or [0.05])
                 for fraction in fractions:
                     for policy in ('furthest', 'lru'):
@@ -268,11 +312,13 @@ def main(argv=None) -> int:
                 upload(s3.url, 'bench', data.path, 'images')
                 results.append(run_case('moto s3 (direct)', 's3://bench/images',
                                         {'endpoint_url': s3.url}, args.images, args.workers,
-                                        args.s3_batches, args.far_step, None, (s3.proc.pid,)))
+                                        args.s3_batches, args.far_step, None, (s3.proc.pid,),
+                                        batch=args.batch))
     local = results[0]['epoch_samples_per_s']
-    print(f'JPEG pipeline, {args.images} images (375x500), batch {W.IMAGE_BATCH}, '
-          f'{args.workers} workers, shuffle, one epoch from a new loader; '
-          f'record bytes {needed / 1e6:.1f} MB')
+    print(f'JPEG pipeline, {args.images} images (375x500), batch {args.batch}, '
+          f'{args.workers} workers, shuffle, {batches} batches from a new loader '
+          f'(steady: after {args.skip}), shards of {args.shardlen or args.images}; '
+          f'record bytes {needed / 1e6:.1f} MB; {args.runs} interleaved runs')
     head = (f'{"case":<20} {"samples/s":>10} {"steady/s":>9} {"vs local":>8} '
             f'{"1st batch":>9} {"fetched/needed":>14} {"far load() 1st":>14} '
             f'{"CPU ms/sample loader+servers":>29}')
@@ -286,8 +332,41 @@ def main(argv=None) -> int:
               f'{r["loader_cpu_ms_per_sample"]:>20.2f} + {r["server_cpu_ms_per_sample"]:.2f}')
     for r in results:
         if r['requests']:
-            print(f'{r["case"]}: {r["requests"] / r["samples"]:.2f} requests per sample; '
-                  f'CPU of the main process {r["main_cpu_ms_per_sample"]:.2f} ms per sample')
+            net = r['net'] or {}
+            print(f'{r["case"]}: {r["requests"] / r["samples"]:.2f} requests per sample '
+                  f'(the proxy saw, the open included); at most {r["max_in_flight"]} in '
+                  f'flight at the proxy; CPU of the main process '
+                  f'{r["main_cpu_ms_per_sample"]:.2f} ms per sample')
+            if net:
+                print(f'  loader: {net["requests_per_sample"]:.2f} requests per sample, '
+                      f'round trip {1e3 * net["rtt_s"]:.1f} ms, at most '
+                      f'{net["max_in_flight"]} in flight in a worker; reads waited on the '
+                      f'network {net["wait_s"]:.2f} s ({100 * net["wait_share"]:.0f}% of '
+                      f'worker time) in {net["waits"]} waits, {net["uncovered"]} not read '
+                      f'ahead (uncovered round trips)')
+            steady = r['steady_net']
+            if steady:
+                after = args.skip if 1 <= args.skip <= batches else 1
+                print(f'  after the first {after} batches: waited on the network '
+                      f'{steady["wait_s"]:.2f} s ({100 * steady["wait_share"]:.0f}% of worker '
+                      f'time) in {steady["waits"]} waits, {steady["uncovered"]} not read ahead')
+    by_case: dict = {}
+    for r in results:
+        by_case.setdefault(r['case'], []).append(r)
+    if len(by_case.get('local disk', [])) > 1 or args.runs > 1:
+        import statistics
+        print(f'\nMedians of {args.runs} interleaved runs:')
+        med = {c: (statistics.median(x['epoch_samples_per_s'] for x in rs),
+                   statistics.median(x['steady_samples_per_s'] or 0 for x in rs))
+               for c, rs in by_case.items()}
+        for c, (epoch, steady) in med.items():
+            rs = by_case[c]
+            fetched = [x['fetched_bytes'] / needed for x in rs if x['fetched_bytes']]
+            extra = (f'; bytes fetched / needed {statistics.median(fetched):.3f}, requests '
+                     f'per sample {statistics.median(x["requests"] / x["samples"] for x in rs):.2f}'
+                     ) if fetched else ''
+            print(f'{c:<20} {epoch:>7.0f} samples/s ({epoch / med["local disk"][0]:.2f}x), '
+                  f'steady {steady:>5.0f} ({steady / med["local disk"][1]:.2f}x){extra}')
     if cache_runs:
         print('\nLocal cache, each epoch by a new loader (a resumed run), bytes the proxy '
               'passed (MB), epoch 0 from a cold cache:')

@@ -130,12 +130,13 @@ def distinct_pictures(n: int, seed: int = 1):
         yield np.clip(img.astype(np.int16) + grain[y:y + h, x:x + w], 0, 255).astype(np.uint8)
 
 
-def make_images(root: str, n: int) -> Data:
-    """A bag dataset of ``n`` distinct 375×500 q90 JPEGs (~97 KB) with int labels."""
+def make_images(root: str, n: int, shardlen: int | None = None) -> Data:
+    """A bag dataset of ``n`` distinct 375×500 q90 JPEGs (~97 KB) with int labels
+    (in shards of ``shardlen`` images, if given)."""
     import loadr
     from loadr.writers import BagWriter
     path = os.path.join(root, 'images')
-    with BagWriter(path, {'image': 'jpg', 'label': 'int'}) as w:
+    with BagWriter(path, {'image': 'jpg', 'label': 'int'}, shardlen=shardlen) as w:
         for i, picture in enumerate(distinct_pictures(n)):
             w.append({'image': _jpeg(picture), 'label': i % 1000})
     reader = loadr.open(path, decode_images=False)

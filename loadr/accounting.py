@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import time
 
+from .storage import netstats
+
 # The fixed counters of a worker's row; one counter per fn follows them.
 WORKER_FIELDS = ('busy', 'wait', 'read', 'write', 'batches', 'samples', 'cpu', 'busy_sq',
-                 'runq', 'sampled')
-BUSY, WAIT, READ, WRITE, BATCHES, SAMPLES, CPU, BUSY_SQ, RUNQ, SAMPLED = \
-    range(len(WORKER_FIELDS))
+                 'runq', 'sampled') + netstats.FIELDS     # then the remote stage's
+BUSY, WAIT, READ, WRITE, BATCHES, SAMPLES, CPU, BUSY_SQ, RUNQ, SAMPLED = range(10)
+NET = 10
 # A timed row costs about TIMED_ROW_COST_US more than another (clock reads
 # and bookkeeping, measured: 1-2 us in CPython 3.11). Rows are timed every
 # TIMED_ROW_COST_US / (TIMING_SHARE * row_us) rows (at most MAX_STRIDE
@@ -185,6 +187,7 @@ class StageClock:
         row[SAMPLES] += samples
         for i, t in enumerate(fns, len(WORKER_FIELDS)):
             row[i] += t
+        netstats.publish(row, NET)
 
     def totals(self) -> dict:
         return worker_dict(self.row, self.nfns)

@@ -483,7 +483,11 @@ class Assembler:
             return
         key = (id(order), start, count)
         if key in self._ahead:
-            self._ahead.discard(key)        # fill's call: this task's reads are on their way
+            # Its reads are on their way. Fill's call ends the mark; another call ahead
+            # (the task still queued behind a new one) leaves it: asked again, every
+            # range would be planned again and claimed twice, read once.
+            if indices is not None:
+                self._ahead.discard(key)
             return
         if indices is None:                 # a call ahead of fill: fill's call skips
             if len(self._ahead) > 16:       # tasks asked ahead but never filled (cancelled)

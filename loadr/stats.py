@@ -54,6 +54,7 @@ from .accounting import (CONTENDED_SHARE, IO_BOUND_SHARE, MAX_STRIDE, STRIDE, TI
                          TIMED_ROW_COST_US, TIMING_SHARE, WORKER_FIELDS, FillTimer, StageClock,
                          cores, fn_names, process_times, row_width, schedstat, worker_dict)
 from .settle import settle
+from .storage import netstats
 
 __all__ = ['Stats', 'WORKER_FIELDS', 'STRIDE', 'MAX_STRIDE', 'TIMED_ROW_COST_US', 'TIMING_SHARE',
            'TIME_EVERY_ROW_US', 'format_table', 'StageClock', 'NOT_BOTTLENECK_FRACTION',
@@ -221,6 +222,7 @@ class Stats:
         for i, w in enumerate(self.workers):
             e = earlier.workers[i] if i < len(earlier.workers) else {}
             d = {k: w.get(k, 0.0) - e.get(k, 0.0) for k in WORKER_FIELDS}
+            d.update({k: w.get(k, 0.0) for k in netstats.LEVELS})
             d['fns'] = [a - b for a, b in zip(w['fns'], e.get('fns', [0.0] * len(w['fns'])))]
             if 'uss_bytes' in w:
                 d['uss_bytes'] = w['uss_bytes']     # memory is a level, not a count
@@ -253,6 +255,7 @@ class Stats:
             'worker_io_share': self.io_share,
             'stages_s': self.stages(), 'workers': workers, 'inline': self.inline,
             'cores': self.cores, 'verdict': self.verdict(),
+            'remote': netstats.summary(self.workers, self.samples),
         }
 
     # -- the verdict -----------------------------------------------------
@@ -330,5 +333,11 @@ def format_table(stats: Stats) -> str:
     if uss:
         lines.append('worker private memory (USS): '
                      + ', '.join(f'{b / 2**20:.1f}' for b in uss) + ' MiB')
+    remote = netstats.summary(stats.workers, stats.samples)
+    lines.extend(netstats.lines(remote))
     lines.append(stats.verdict())
+    network = netstats.verdict(remote) if stats.wait_fraction >= NOT_BOTTLENECK_FRACTION \
+        else None
+    if network:
+        lines.append(network)
     return '\n'.join(lines)

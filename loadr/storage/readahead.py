@@ -6,6 +6,12 @@ once; their bytes wait in a small per-process buffer (``readahead_bytes``)
 that the next read of a range inside them consumes (:meth:`ReadingAhead._take`).
 :func:`merge` is the one plan of requests, used by reads and read-ahead alike:
 ranges of a file within ``merge_gap_bytes`` of each other go in one request.
+
+A file of at most ``small_file_bytes`` (a bag's refs, a small value bag) is
+read whole the first time a range of it is read ahead, and kept for the
+process (``small_files_bytes`` in all): its later ranges cost no request. A
+bag of many shards read shuffled otherwise asks every shard's small files
+again for every batch, a round trip each that the read-ahead rarely hides.
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ import bisect
 import collections
 import concurrent.futures
 import threading
+import time
 from typing import Iterable, Sequence
 
 from ..errors import LoadrError, ReadError
+from . import netstats
 from .errors import for_record
 
 __all__ = ['Span', 'Buffer', 'Part', 'merge', 'index_of', 'ReadingAhead']
@@ -112,6 +120,7 @@ class Buffer:
         self.bytes += span.end - span.start
         while self.bytes > self.max_bytes and len(self.age) > 1:
             self.drop(next(iter(self.age.values())))
+        netstats.ahead(self.bytes)
         if len(self.claims) > 4 * len(self.age) + 1024:     # claims of dropped spans
             self.claims = {k: v for k, v in self.claims.items() if self.live(v[0])}
 
@@ -122,12 +131,14 @@ class Buffer:
         k = spans.index(span)
         del starts[k], spans[k]
         self.bytes -= span.end - span.start
+        netstats.ahead(self.bytes)
 
     def clear(self) -> None:
         for span in self.age.values():
             span.future.cancel()
         self.by_path, self.age, self.bytes = {}, collections.OrderedDict(), 0
         self.claims = {}
+        netstats.ahead(0)
 
 
 def merge(ranges: list[tuple[str, int, int]], gap: int, max_bytes: int
@@ -186,11 +197,20 @@ class ReadingAhead:
         request that carried it failed along with other ranges (asked alone then)."""
         buffer = self._buffer
         with buffer.lock:
-            span = buffer.take(path, offset, length)
-            if span is None:
+            whole = self._small.get(path) if self._small else None
+            span = buffer.take(path, offset, length) if whole is None else None
+            if span is None and whole is None:
                 return None
+        if whole is not None:
+            return self._take_small(path, whole, offset, length)
         try:
-            data = span.future.result(self.settings['timeout_s'] + 5)
+            if span.future.future.done() if isinstance(span.future, Part) else \
+                    span.future.done():
+                data = span.future.result(0)
+            else:
+                t0 = time.perf_counter()
+                data = span.future.result(self.settings['timeout_s'] + 5)
+                netstats.waited(time.perf_counter() - t0)
         except concurrent.futures.CancelledError:
             return None
         except concurrent.futures.TimeoutError:
@@ -206,6 +226,54 @@ class ReadingAhead:
             # Its own request, tried alone after its retries: the error, for this record.
             raise for_record(exc, path, index) from None
         return data[offset - span.start:offset - span.start + length]
+
+    def _take_small(self, path: str, whole, offset: int, length: int) -> bytes | None:
+        """The range from the whole small file ``whole`` (a future) read ahead; None
+        when that read failed (the range is then asked alone, and reports the error)."""
+        if whole.done():
+            t0 = None
+        else:
+            t0 = time.perf_counter()
+        try:
+            data = whole.result(self.settings['timeout_s'] + 5)
+        except Exception:
+            with self._buffer.lock:
+                if self._small.get(path) is whole:
+                    # Read as ranges from now on: one bad record of it then fails alone,
+                    # and only once, as in a file read range by range.
+                    self._small[path] = None
+            return None
+        if t0 is not None:
+            netstats.waited(time.perf_counter() - t0)
+        if offset + length > len(data):
+            return None
+        return data[offset:offset + length]
+
+    def _read_small(self, fresh: list, sizes: dict, loop) -> list:
+        """Start the whole-file reads of the small files among ``fresh``'s (once per
+        process); the ranges left to read as ranges."""
+        small = int(self.settings['small_file_bytes'])
+        if not small or self.settings['cache_dir']:
+            # Under a local cache, reads look there range by range (and verify what
+            # they find): a whole file in memory would hide its entries.
+            return fresh
+        budget = int(self.settings['small_files_bytes'])
+        out = []
+        with self._buffer.lock:
+            for r in fresh:
+                path = r[0]
+                if path in self._small:
+                    if self._small[path] is None:       # its whole read failed: ranges
+                        out.append(r)
+                    continue
+                size = sizes[path]
+                if 0 < size <= small and self._small_bytes + size <= budget:
+                    self._small[path] = asyncio.run_coroutine_threadsafe(
+                        self._fetch(path, 0, size, index_of(r)), loop)
+                    self._small_bytes += size
+                    continue
+                out.append(r)
+        return out
 
     def prefetch(self, ranges: Iterable[Sequence], cache_root: str | None = None) -> None:
         """Start reading ``(path, offset, length[, index])`` ranges now; returns at once.
@@ -224,7 +292,10 @@ class ReadingAhead:
         elif self._clock is not None:
             cache = self._clock[0]
         with buffer.lock:
+            small = self._small
             for r in ranges:
+                if small.get(r[0]) is not None:
+                    continue
                 if not buffer.claim(r[0], r[1], r[2]) and (
                         cache is None or r[0] not in self._sizes
                         or not cache.has(self._cache_path(r[0]), r[1], r[2])):
@@ -239,6 +310,9 @@ class ReadingAhead:
         if not fresh:
             return
         loop = self._loop_of()
+        fresh = self._read_small(fresh, sizes, loop)
+        if not fresh:
+            return
         requests = merge(fresh, int(self.settings['merge_gap_bytes']),
                           int(self.settings['max_request_bytes']))
         with buffer.lock:

@@ -56,6 +56,7 @@ import time
 from typing import Iterable, Sequence
 
 from ..errors import ConfigError, FormatError, LoadrError, ReadError
+from . import netstats
 from .base import Storage
 from .caching import CacheHookup
 from .errors import KIND_TEXT, for_record, kind, one_line, remote_error
@@ -138,6 +139,9 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         self._fs = None
         self._generation = _generation
         self._buffer = Buffer(int(self.settings['readahead_bytes']))
+        # path -> future of the whole (small) file; None: its whole read failed (ranges)
+        self._small: dict[str, object] = {}
+        self._small_bytes = 0
         self._semaphore = None
         self._why: dict[str, str] = {}       # path -> why it is missing, for the message
         self._random = random.Random()
@@ -286,7 +290,16 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(int(self.settings['max_concurrency']) or 1)
         async with self._semaphore:
-            return await coro_fn()
+            t0 = netstats.started()
+            nbytes = 0
+            try:
+                got = await coro_fn()
+                nbytes = len(got) if isinstance(got, (bytes, bytearray, memoryview)) else \
+                    sum(len(g) for g in got if isinstance(g, (bytes, bytearray))) \
+                    if isinstance(got, list) else 0
+                return got
+            finally:
+                netstats.ended(t0, nbytes)
 
     async def _fetch(self, path: str, start: int, end: int, index: int | None) -> bytes:
         """Bytes ``[start, end)`` of ``path``, exactly, retried."""
@@ -396,7 +409,9 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
             self._check_bounds(path, offset, length, index)
             if length == 0:
                 return b''
+            t0 = time.perf_counter()
             data = self._run(self._fetch(path, offset, offset + length, index))
+            netstats.waited(time.perf_counter() - t0, uncovered=True)
         self._fetched_now(path, offset, length, index, data)
         return data
 
@@ -424,8 +439,10 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         if todo:
             requests = merge([ranges[k] for k in todo], int(self.settings['merge_gap_bytes']),
                               int(self.settings['max_request_bytes']))
+            t0 = time.perf_counter()
             datas = self._run(self._fetch_all(
                 requests, lambda k: index_of(ranges[todo[requests[k][3][0]]])))
+            netstats.waited(time.perf_counter() - t0, uncovered=True)
             alone: dict[tuple, list[int]] = {}      # (path, offset, length) -> positions
             for (path, start, end, members), data in zip(requests, datas):
                 for m in members:
@@ -600,6 +617,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
     def close(self) -> None:
         with self._buffer.lock:
             self._buffer.clear()
+            self._small, self._small_bytes = {}, 0
 
     # -- writing ------------------------------------------------------------------------
 

@@ -36,6 +36,13 @@ DEFAULTS = {
     # Bytes read ahead and not yet consumed, per process and storage; the
     # oldest are dropped beyond it.
     'readahead_bytes': 64 << 20,
+    # A file this small is read whole, once per process, the first time a range
+    # of it is read ahead (a bag's refs and small value bags: one request per
+    # file and process instead of one per file and batch); 0 turns it off. Not
+    # under cache_dir (the cache's entries are read range by range).
+    'small_file_bytes': 64 << 10,
+    # The bytes of such whole files a process keeps, per storage; past it, ranges.
+    'small_files_bytes': 32 << 20,
     # HTTP(S): the ranges of one file that a batch needs go in one request
     # (``Range: bytes=a-b,c-d,...``, answered multipart/byteranges), at most
     # this many per request; 0 turns it off. A server that answers a
@@ -97,6 +104,8 @@ NUMBERS = {
     'merge_gap_bytes': (True, 0, 1 << 40),
     'max_request_bytes': (True, 1, 1 << 40),
     'readahead_bytes': (True, 0, 1 << 50),
+    'small_file_bytes': (True, 0, 1 << 40),
+    'small_files_bytes': (True, 0, 1 << 50),
     'max_ranges': (True, 0, 1 << 16),
 }
 

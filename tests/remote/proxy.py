@@ -55,15 +55,18 @@ class Proxy:
     covers a byte of ``[a, b)`` (a bad record: every request that carries it
     fails, whatever else it carries). ``whole_for_many_ranges``: a
     multi-range request is passed on without its Range (the whole file comes
-    back, as from a server that does not do multi-range). Settings may be
-    changed while it runs.
+    back, as from a server that does not do multi-range). ``slow``: the
+    fraction of requests (chosen by their method, target and Range, the same
+    in every run) held ``slow_s`` more than the others, as a server that
+    answers some ranges late. Settings may be changed while it runs.
     """
 
     def __init__(self, upstream: str, delay_s: float = 0.0, error: float = 0.0,
                  short: float = 0.0, reset: float = 0.0, seed: int = 0, max_faults: int = 2,
                  hang: bool = False, port: int = 0, refuse: str | None = None,
                  whole_for_many_ranges: bool = False, wrong: float = 0.0, total: float = 0.0,
-                 refuse_bytes: tuple[int, int] | None = None):
+                 refuse_bytes: tuple[int, int] | None = None, slow: float = 0.0,
+                 slow_s: float = 0.0):
         parts = urllib.parse.urlsplit(upstream if '//' in upstream else f'http://{upstream}')
         self.upstream = (parts.hostname or '127.0.0.1', parts.port or 80)
         self.delay_s, self.error, self.short, self.reset = delay_s, error, short, reset
@@ -71,6 +74,7 @@ class Proxy:
         self.refuse = refuse          # requests whose target holds this are always 503
         self.refuse_bytes = refuse_bytes    # ... and whose Range covers one of these bytes
         self.wrong, self.total = wrong, total
+        self.slow, self.slow_s = slow, slow_s
         # As a server without multi-range support: such a request gets the whole file (200).
         self.whole_for_many_ranges = whole_for_many_ranges
         self._port = port
@@ -90,7 +94,7 @@ class Proxy:
     def reset_stats(self) -> None:
         """Zero the counters (and forget past attempts, so faults repeat from the start)."""
         self.stats = {'requests': 0, 'body_bytes': 0, 'error': 0, 'short': 0, 'reset': 0,
-                      'wrong': 0, 'total': 0, 'hung': 0, 'max_in_flight': 0}
+                      'wrong': 0, 'total': 0, 'hung': 0, 'max_in_flight': 0, 'slow': 0}
         self._in_flight = 0
         self.log: list[tuple[str, str, str]] = []      # (method, target, Range) of each request
         self._attempts = {}
@@ -166,6 +170,12 @@ class Proxy:
             u -= p
         return None
 
+    def _slow(self, method: str, target: str, range_: str) -> bool:
+        """Whether this request is one of the ``slow`` fraction (the same in every run)."""
+        digest = hashlib.blake2b(repr(('slow', self.seed, method, target, range_)).encode(),
+                                 digest_size=8).digest()
+        return int.from_bytes(digest, 'little') / 2 ** 64 < self.slow
+
     # ----------------------------------------------------------------- serving
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self._writers.add(writer)
@@ -205,12 +215,16 @@ class Proxy:
         if self.hang:
             self.stats['hung'] += 1
             await asyncio.Event().wait()          # until the proxy stops and cancels us
-        if self.delay_s:
+        delay = self.delay_s
+        if self.slow and self._slow(method, target, h.get('range', '')):
+            self.stats['slow'] += 1
+            delay += self.slow_s
+        if delay:
             # Requests waiting here at once: how many a client keeps in flight.
             self._in_flight += 1
             self.stats['max_in_flight'] = max(self.stats['max_in_flight'], self._in_flight)
             try:
-                await asyncio.sleep(self.delay_s)
+                await asyncio.sleep(delay)
             finally:
                 self._in_flight -= 1
         fault = self._fault(method, target, h.get('range', ''))

@@ -14,6 +14,7 @@ import loadr
 import loadr.convert
 from loadr.errors import FormatError
 from loadr.readers import BagReader, FFRecordReader, GulpReader
+from loadr.stats import format_table
 from loadr.storage import using_storage_options
 
 from ..loader_helpers import stream_digests
@@ -259,7 +260,9 @@ def test_reads_of_a_batch_and_the_next_are_in_flight_together(nginx, served_root
     with loadr.Loader(reader, batch=4, fns=pipeline, seed=2, workers=0) as loader:
         expected = stream_digests(loader, 8)
     with Proxy(nginx.url, delay_s=0.05) as proxy:
-        with using_storage_options({'loadr': {'max_ranges': max_ranges}}):
+        # The fixture's files are small (read whole once otherwise): read as ranges here.
+        with using_storage_options({'loadr': {'max_ranges': max_ranges,
+                                              'small_file_bytes': 0}}):
             reader, pipeline = _remote_pipeline('ffrecord', proxy.url)
         with loadr.Loader(reader, batch=4, fns=pipeline, seed=2, workers=1) as loader:
             assert stream_digests(loader, 8) == expected
@@ -529,3 +532,27 @@ def test_of_shards_opened_together_the_first_broken_one_is_named(nginx, served_r
             assert there.value.path == f'{nginx.url}/{name}/000003/spec.json'
     finally:
         shutil.rmtree(served_root / name, ignore_errors=True)
+
+
+@pytest.mark.parametrize('small', [None, 0])
+@pytest.mark.parametrize('workers', [0, 1])
+def test_a_server_slow_for_some_ranges_gives_the_local_stream(nginx, served_root, small,
+                                                              workers):
+    """Read-ahead (small files whole, or range by range) with a third of the requests
+    answered 60 ms late: the batch digests of the local read, and the remote stage
+    in loader.stats()."""
+    reader, pipeline = PIPELINES['bag_sharded'](served_root)
+    with loadr.Loader(reader, batch=4, fns=pipeline, seed=5, workers=0) as loader:
+        expected = stream_digests(loader, 8)
+    settings = {} if small is None else {'small_file_bytes': small}
+    with Proxy(nginx.url, delay_s=0.005, slow=0.3, slow_s=0.06, seed=3) as proxy:
+        with using_storage_options({'loadr': settings}):
+            reader, pipeline = _remote_pipeline('bag_sharded', proxy.url)
+        with loadr.Loader(reader, batch=4, fns=pipeline, seed=5, workers=workers) as loader:
+            assert stream_digests(loader, 8) == expected
+            remote = loader.stats().as_dict()['remote']
+            table = format_table(loader.stats())
+        assert proxy.stats['slow'] > 0, proxy.stats
+    assert remote['requests'] > 0 and remote['rtt_s'] > 0.005, remote
+    assert remote['max_in_flight'] >= 1 and remote['bytes'] > 0, remote
+    assert 'remote: ' in table and 'round trip' in table, table

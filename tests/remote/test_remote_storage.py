@@ -567,3 +567,46 @@ def test_overlapping_read_ahead_serves_every_range_once_without_refetching(nginx
     assert storage._buffer.bytes == 0 and not storage._buffer.claims
     storage.read(*first[0])
     assert storage.requests == sent + 1
+
+
+@pytest.mark.parametrize('small', [None, 0])
+def test_a_small_file_is_read_whole_once_per_process(nginx, served_root, small):
+    """Ranges of a small file read ahead in separate calls (batch after batch): one
+    request for the whole file, the ranges sliced from it; ``small_file_bytes=0``:
+    a request per call, as before."""
+    rel = 'bag_sharded/' + sorted(p.name for p in (served_root / 'bag_sharded').iterdir()
+                                  if p.is_dir())[0] + '/refs.bag'
+    data = (served_root / rel).read_bytes()
+    settings = dict(FAST, **({} if small is None else {'small_file_bytes': small}))
+    with Proxy(nginx.url) as proxy:
+        storage = remote_storage(proxy.url, {'loadr': settings})
+        url = f'{proxy.url}/{rel}'
+        storage.size(url)
+        proxy.reset_stats()
+        for offset, length in [(0, 8), (len(data) - 9, 9), (3, 5)]:
+            storage.prefetch([(url, offset, length)])
+            assert storage.read(url, offset, length) == data[offset:offset + length]
+        assert storage.read(url, 1, 4) == data[1:5]      # not read ahead: from the file too
+        assert proxy.stats['requests'] == (1 if small is None else 4), proxy.log
+
+
+def test_a_small_file_whose_whole_read_fails_is_read_as_ranges(nginx, served_root):
+    """A bad byte in a small file fails its whole read: the good ranges are then read
+    alone, and only the range that holds the bad byte fails, naming its record."""
+    rel = 'bag_sharded/' + sorted(p.name for p in (served_root / 'bag_sharded').iterdir()
+                                  if p.is_dir())[0] + '/refs.bag'
+    data = (served_root / rel).read_bytes()
+    bad = len(data) - 3
+    with Proxy(nginx.url, refuse='refs.bag', refuse_bytes=(bad, bad + 1)) as proxy:
+        storage = remote_storage(proxy.url, {'loadr': dict(FAST, retries=1)})
+        url = f'{proxy.url}/{rel}'
+        storage.prefetch([(url, 0, 8, 1)])
+        assert storage.read(url, 0, 8, 1) == data[:8]
+        storage.prefetch([(url, 2, 4, 2), (url, bad - 1, 2, 7)])
+        assert storage.read(url, 2, 4, 2) == data[2:6]
+        with pytest.raises(ReadError) as info:
+            storage.read(url, bad - 1, 2, 7)
+        assert info.value.index == 7 and 'refs.bag' in str(info.value)
+        # The whole read: tried (and retried once), then never again.
+        assert 1 <= len([r for _, _, r in proxy.log if r == f'bytes=0-{len(data) - 1}']) \
+            <= 2, proxy.log

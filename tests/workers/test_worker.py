@@ -155,6 +155,23 @@ def test_reading_ahead_starts_the_task_in_hand_then_the_live_queued_ones():
     assert data.asked == [[8, 9], [24, 25]]
 
 
+def test_a_queued_task_is_read_ahead_once_however_many_tasks_come_before_it():
+    """Three tasks held: the last is queued through two read-aheads, then taken in hand
+    and filled; its reads are asked for once (a second ask re-plans every sample's
+    ranges and leaves claims on the read-ahead buffer that no read gives back)."""
+    data = ReadsAhead(trivial(64))
+    steps = make_steps(data, shuffle=False)
+    tasks = [Task(k, k, 0, 0, 8 * k, 2) for k in range(4)]
+    frames = [protocol.task(t) for t in tasks]
+    steps.read_ahead(tasks[0], frames[1:3])
+    steps.fill(tasks[0])
+    steps.read_ahead(tasks[1], frames[2:4])
+    steps.fill(tasks[1])
+    steps.read_ahead(tasks[2], frames[3:4])
+    steps.fill(tasks[2])
+    assert data.asked == [[0, 1], [8, 9], [16, 17], [24, 25]]
+
+
 def test_an_idle_worker_trims_its_heap_once_after_the_idle_time():
     for steady in (True, False):
         steps = make_steps(trivial(16), steady_memory=steady)

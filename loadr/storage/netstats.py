@@ -1,0 +1,139 @@
+"""The remote stage's counters (issue 26): requests in flight, round-trip time, bytes
+ahead, and the time reads waited on the network.
+
+One set of counters per process (a worker's are its own: they start at zero
+in each new process). :class:`~loadr.storage.remote.RemoteStorage` counts
+into them; the worker's stage clock copies them into its row of shared
+counters once per batch (:func:`publish`, called by :mod:`loadr.stats`),
+so the main process's :meth:`loadr.Loader.stats` sees every worker's.
+
+A read *waits on the network* when the bytes it needs are not there yet:
+its read-ahead request is still out (:func:`waited`), or no read ahead
+covered it and it fetched them itself (an uncovered round trip). That
+time, over the workers' busy time, is the share the verdict names.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+__all__ = ['FIELDS', 'started', 'ended', 'waited', 'ahead', 'publish', 'summary', 'lines',
+           'verdict', 'rtt_s', 'counters']
+
+# The remote stage's counters in a worker's row of loadr.stats (after its own fields).
+FIELDS = ('net_requests', 'net_bytes', 'net_request_s', 'net_in_flight', 'net_max_in_flight',
+          'net_wait_s', 'net_waits', 'net_uncovered', 'net_ahead_bytes')
+# Levels, not counts: Stats.since keeps the latest value of these.
+LEVELS = ('net_in_flight', 'net_max_in_flight', 'net_ahead_bytes')
+_REQUESTS, _BYTES, _REQUEST_S, _IN_FLIGHT, _MAX_IN_FLIGHT, _WAIT_S, _WAITS, _UNCOVERED, \
+    _AHEAD = range(len(FIELDS))
+
+# A wait on the network shorter than this is not counted as one (a future that
+# finished while its reader was being woken).
+WAIT_FLOOR_S = 0.0005
+# Above this share of the workers' busy time spent waiting on the network, the
+# verdict says the network is the bottleneck.
+NETWORK_BOUND_SHARE = 0.1
+
+_pid = None
+_values: list = []
+
+
+def counters() -> list:
+    """This process's counters (:data:`FIELDS`, in order), zero in a new process."""
+    global _pid, _values
+    if _pid != os.getpid():
+        _pid, _values = os.getpid(), [0.0] * len(FIELDS)
+    return _values
+
+
+def started() -> float:
+    """A request goes out: its start time, for :func:`ended`."""
+    c = counters()
+    c[_IN_FLIGHT] += 1
+    if c[_IN_FLIGHT] > c[_MAX_IN_FLIGHT]:
+        c[_MAX_IN_FLIGHT] = c[_IN_FLIGHT]
+    return time.perf_counter()
+
+
+def ended(t0: float, nbytes: int) -> None:
+    """The request started at ``t0`` is answered (or failed) with ``nbytes`` bytes."""
+    c = counters()
+    c[_IN_FLIGHT] -= 1
+    c[_REQUESTS] += 1
+    c[_BYTES] += nbytes
+    c[_REQUEST_S] += time.perf_counter() - t0
+
+
+def waited(seconds: float, uncovered: bool = False) -> None:
+    """A read waited ``seconds`` for its bytes; ``uncovered``: no read ahead held them."""
+    c = counters()
+    if uncovered:
+        c[_UNCOVERED] += 1
+    if seconds >= WAIT_FLOOR_S or uncovered:
+        c[_WAIT_S] += seconds
+        c[_WAITS] += 1
+
+
+def ahead(nbytes: int) -> None:
+    """The read-ahead buffer now holds ``nbytes`` (asked or received, not yet read)."""
+    counters()[_AHEAD] = nbytes
+
+
+def rtt_s() -> float:
+    """This process's mean time a request took so far (0.0 before any)."""
+    c = counters()
+    return c[_REQUEST_S] / c[_REQUESTS] if c[_REQUESTS] else 0.0
+
+
+def publish(row, at: int) -> None:
+    """Copy this process's counters into ``row[at:at + len(FIELDS)]`` (a worker's row)."""
+    c = counters()
+    for k, v in enumerate(c):
+        row[at + k] = v
+
+
+def summary(workers: list, samples: int) -> dict | None:
+    """The remote stage over the workers' dicts (with :data:`FIELDS`); None where no
+    request was made."""
+    total = {f: sum(w.get(f, 0.0) for w in workers) for f in FIELDS}
+    if not total['net_requests'] and not total['net_waits']:
+        return None
+    busy = sum(w.get('busy', 0.0) for w in workers)
+    requests = total['net_requests']
+    return {
+        'requests': int(requests),
+        'requests_per_sample': requests / samples if samples else 0.0,
+        'bytes': int(total['net_bytes']),
+        'rtt_s': total['net_request_s'] / requests if requests else 0.0,
+        'in_flight': int(total['net_in_flight']),
+        'max_in_flight': int(max((w.get('net_max_in_flight', 0.0) for w in workers),
+                                 default=0.0)),
+        'bytes_ahead': int(total['net_ahead_bytes']),
+        'wait_s': total['net_wait_s'],
+        'waits': int(total['net_waits']),
+        'uncovered': int(total['net_uncovered']),
+        'wait_share': total['net_wait_s'] / busy if busy > 0 else 0.0,
+    }
+
+
+def lines(remote: dict | None) -> list[str]:
+    """The remote stage as lines of :func:`loadr.stats.format_table`."""
+    if not remote:
+        return []
+    return [f"remote: {remote['requests']} requests ({remote['requests_per_sample']:.2f} a "
+            f"sample), {remote['bytes'] / 1e6:.1f} MB, round trip {1e3 * remote['rtt_s']:.1f} "
+            f"ms, in flight {remote['in_flight']} (at most {remote['max_in_flight']} in a "
+            f"worker), {remote['bytes_ahead'] / 1e6:.1f} MB ahead; reads waited on the "
+            f"network {remote['wait_s']:.2f} s ({100 * remote['wait_share']:.0f}% of worker "
+            f"time, {remote['waits']} waits, {remote['uncovered']} not read ahead)"]
+
+
+def verdict(remote: dict | None) -> str | None:
+    """A verdict line when the network is the bottleneck, else None."""
+    if not remote or remote['wait_share'] < NETWORK_BOUND_SHARE:
+        return None
+    return (f"waiting on the network {100 * remote['wait_share']:.0f}% of the time: raise "
+            f"max_concurrency or readahead_bytes (round trip {1e3 * remote['rtt_s']:.0f} ms, "
+            f"at most {remote['max_in_flight']} requests in flight)")
