@@ -15,6 +15,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / 'loadr'
 # Layers that storage must never import: it sits under them.
 ABOVE_STORAGE = ('loadr.readers', 'loadr.workers', 'loadr.loader')
+# Layers that the readers must never import: a reader reads records, what drives it sits
+# above it (the loader, its workers and assembly, Mix, pipelines, the command, the adapters).
+ABOVE_READERS = ('loadr.loader', 'loadr.workers', 'loadr.assemble', 'loadr.mix', 'loadr.config',
+                 'loadr.cli', 'loadr.torch', 'loadr.jax')
 
 
 def modules() -> dict[str, tuple[pathlib.Path, bool]]:
@@ -138,3 +142,11 @@ def test_a_cycle_is_found():
 def test_an_import_for_annotations_only_is_no_arrow():
     tree = ast.parse('from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\n')
     assert [_type_checking(node) for node in tree.body] == [False, True]
+
+
+def test_readers_never_import_the_layers_above_them():
+    up = {(name, target) for name, targets in imports().items()
+          if name == 'loadr.readers' or name.startswith('loadr.readers.')
+          for target in targets
+          if any(target == a or target.startswith(a + '.') for a in ABOVE_READERS)}
+    assert up == set()
