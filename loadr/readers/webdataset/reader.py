@@ -253,19 +253,6 @@ class WebDatasetReader(Reader):
     def _identity_root(self) -> str:
         # Tars named by a pattern or a list: the folder that holds them all.
         return self._root if self._named else super()._identity_root()
-        from ..base import IDENTITY_MAX_FILES
-        import hashlib
-        root = self._root.rstrip('/') + '/'
-        files = {p[len(root):] if p.startswith(root) else p: int(size)
-                 for p, size in sorted(self._identity_files().items())}
-        out = {'format': self.format_name, 'datapoints': len(self)}
-        if len(files) <= IDENTITY_MAX_FILES:
-            out['files'] = files
-        else:
-            listing = json.dumps(sorted(files.items()), separators=(',', ':')).encode()
-            out.update(file_count=len(files), bytes=sum(files.values()),
-                       files_sha256=hashlib.sha256(listing).hexdigest())
-        return out
 
     # -- reading ---------------------------------------------------------------------
 
