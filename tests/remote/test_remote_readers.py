@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import struct
+import time
 
 import pytest
 
@@ -556,3 +557,41 @@ def test_a_server_slow_for_some_ranges_gives_the_local_stream(nginx, served_root
     assert remote['requests'] > 0 and remote['rtt_s'] > 0.005, remote
     assert remote['max_in_flight'] >= 1 and remote['bytes'] > 0, remote
     assert 'remote: ' in table and 'round trip' in table, table
+
+
+
+def _net_wait_s() -> float:
+    from loadr.storage import netstats
+    return netstats.counters()[netstats.FIELDS.index('net_wait_s')]
+
+
+def test_a_bag_counts_its_wait_on_the_read_ahead_job_not_the_jobs_own(nginx, served_root):
+    """The network waits are the reader's: its wait for the read-ahead job (the refs'
+    round trip) counts; the job's thread waiting while the reader works does not."""
+    with Proxy(nginx.url, delay_s=0.04) as proxy:
+        with using_storage_options({'loadr': {'small_file_bytes': 0}}):
+            reader = BagReader(f'{proxy.url}/bag')
+        # Values whole in memory: the only round trip left per datapoint is its refs'.
+        reader = BagReader(reader.path, cache_keys=sorted(reader.spec),
+                           storage_options={'loadr': {'small_file_bytes': 0}})
+        reader[0]
+        before = _net_wait_s()
+        reader.prefetch([1])
+        reader[1]                       # at once: waits for the job's refs round trip
+        assert _net_wait_s() > before
+        before = _net_wait_s()
+        reader.prefetch([2])
+        time.sleep(0.3)                 # the reader works while the job waits
+        reader[2]
+        assert _net_wait_s() == before
+
+
+def test_a_loader_of_a_bag_over_a_slow_server_reports_its_network_wait(nginx, served_root):
+    """loader.stats() of a bag read ahead behind a slow server shows the reads' waits."""
+    with Proxy(nginx.url, delay_s=0.03) as proxy:
+        with using_storage_options({'loadr': {'small_file_bytes': 0}}):
+            reader, pipeline = _remote_pipeline('bag_sharded', proxy.url)
+        with loadr.Loader(reader, batch=4, fns=pipeline, seed=5, workers=1) as loader:
+            stream_digests(loader, 8)
+            remote = loader.stats().as_dict()['remote']
+    assert remote['wait_s'] > 0 and remote['waits'] > 0, remote

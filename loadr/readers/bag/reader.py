@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import bisect
 import os
+import time
 from typing import Sequence
 
 from ...convert.records import Source
 from ...errors import ConfigError, FormatError
 from ...sources import Warming
-from ...storage import storage_for
+from ...storage import netstats, storage_for
 from ..base import Reader, _known, check_index, open_each
 from .file import ENTRY_BYTES, REFS_KEY, SPEC_NAME
 from .layout import _Dataset, _list_shards, _read_headers, _read_tables
@@ -25,7 +26,7 @@ def _read_ahead_thread():
     if _ahead_executor is None or _ahead_pid != os.getpid():
         import concurrent.futures
         _ahead_executor = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix='loadr-bag-ahead')
+            1, thread_name_prefix='loadr-bag-ahead', initializer=netstats.reading_ahead)
         _ahead_pid = os.getpid()
     return _ahead_executor
 
@@ -142,10 +143,14 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
             if job is not None:
                 # Its value ranges are being asked for: wait until they are (the
                 # refs came first anyway), or this read would fetch them again.
+                # That wait is on the network (its refs' round trip): counted.
+                t0 = None if job.done() else time.perf_counter()
                 try:
                     job.result(getattr(self._files, 'settings', {}).get('timeout_s', 60) + 5)
                 except Exception:
                     pass            # a hint: the read below reports what is wrong
+                if t0 is not None:
+                    netstats.waited(time.perf_counter() - t0)
         shard, local = self._locate(index)
         return shard.read(local, mask, self.decode_images)
 
