@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -595,3 +596,17 @@ def test_a_loader_of_a_bag_over_a_slow_server_reports_its_network_wait(nginx, se
             stream_digests(loader, 8)
             remote = loader.stats().as_dict()['remote']
     assert remote['wait_s'] > 0 and remote['waits'] > 0, remote
+
+
+def test_warm_reads_each_small_bag_once_whole(nginx, served_root):
+    """A bag's small files come whole at warm(), one request each: header, table and
+    records together, never asked again for the reads ahead and the reads."""
+    with Proxy(nginx.url, delay_s=0.005) as proxy:
+        reader = BagReader(f'{proxy.url}/bag_sharded', cache_keys=())
+        proxy.reset_stats()
+        reader.warm()
+        reader.prefetch(range(len(reader)))
+        for i in range(len(reader)):
+            reader[i]
+        targets = collections.Counter(t for _, t, _ in proxy.log)
+    assert targets and all(n == 1 for n in targets.values()), targets

@@ -179,12 +179,26 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
 
     def warm(self) -> None:
         """Read the index tables a process keeps, all at once: for a dataset behind
-        a URL one round trip instead of one per bag, before the first batch."""
+        a URL one round trip instead of one per bag, before the first batch; a
+        small bag (``small_file_bytes``) is read whole with them."""
         storage = self._files
         if not storage.remote:
             return
+        every = [b for shard in self._shards for b in shard.bags.values() if b is not None]
+        # Small bags whole, one request each (the storage keeps them for the process):
+        # header, table and records together, instead of a wave of headers, then one
+        # of tables, then the records' own.
+        settings = getattr(storage, 'settings', {})
+        small, budget = settings.get('small_file_bytes', 0), settings.get('small_files_bytes', 0)
+        if small and not settings.get('cache_dir'):
+            whole = []
+            for bag in every:
+                if 0 < bag.size <= small and bag.size <= budget:
+                    whole.append((bag.path, 0, bag.size))
+                    budget -= bag.size
+            storage.prefetch(whole)
         # The value bags' headers first (opened lazily), their tables with them.
-        _read_headers(storage, [b for shard in self._shards for b in shard.bags.values()])
+        _read_headers(storage, every)
         bags = [b for shard in self._shards for b in shard.bags.values()
                 if b is not None and b.cache_index and not b.cache_data
                 and b._table is None and b._len]
