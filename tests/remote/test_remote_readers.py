@@ -257,7 +257,8 @@ def test_checksum_mismatch_is_never_retried_into_success(nginx, served_root):
 @pytest.mark.parametrize('max_ranges', [0, 64])
 def test_reads_of_a_batch_and_the_next_are_in_flight_together(nginx, served_root, max_ranges):
     """Read-ahead: one worker keeps the requests of a batch and of the next in flight
-    at once (one per record range by range; one per file and batch multi-range)."""
+    at once (the tasks it holds are planned together: records of a file next to each
+    other in one request, its other ranges in one multi-range request)."""
     reader, pipeline = PIPELINES['ffrecord'](served_root)
     with loadr.Loader(reader, batch=4, fns=pipeline, seed=2, workers=0) as loader:
         expected = stream_digests(loader, 8)
@@ -269,10 +270,9 @@ def test_reads_of_a_batch_and_the_next_are_in_flight_together(nginx, served_root
         with loadr.Loader(reader, batch=4, fns=pipeline, seed=2, workers=1) as loader:
             assert stream_digests(loader, 8) == expected
         multi = [r for _, _, r in proxy.log if ',' in r]
-        if max_ranges:
-            assert multi and proxy.stats['max_in_flight'] >= 2, proxy.stats
-        else:
-            assert not multi and proxy.stats['max_in_flight'] > 4, proxy.stats
+        assert proxy.stats['max_in_flight'] >= 2, proxy.stats
+        if not max_ranges:
+            assert not multi, multi
 
 
 def _image_label(dp, seed):
