@@ -88,7 +88,9 @@ def test_index_tables_are_read_once_per_process(nginx, served_root):
     """A second pass over a reader asks the server for records only, never a table again."""
     with Proxy(nginx.url) as proxy:
         for rel in ['gulp', 'ffrecord/multi', 'bag_sharded']:
-            reader = loadr.open(f'{proxy.url}/{rel}')
+            # Files as ranges (small ones would come whole, and nothing be asked again).
+            reader = loadr.open(f'{proxy.url}/{rel}',
+                                storage_options={'loadr': {'small_file_bytes': 0}})
             for i in range(len(reader)):
                 reader[i]
             proxy.reset_stats()
@@ -608,5 +610,17 @@ def test_warm_reads_each_small_bag_once_whole(nginx, served_root):
         reader.prefetch(range(len(reader)))
         for i in range(len(reader)):
             reader[i]
+        targets = collections.Counter(t for _, t, _ in proxy.log)
+    assert targets and all(n == 1 for n in targets.values()), targets
+
+
+def test_a_first_read_of_a_shard_not_read_ahead_asks_each_bag_once(nginx, served_root):
+    """The loader's spec probe (datapoint 0, no read ahead): the shard's small bags come
+    whole in one concurrent round trip, not a header then a record per bag in turn."""
+    local = BagReader(served_root / 'bag_sharded')
+    with Proxy(nginx.url, delay_s=0.005) as proxy:
+        reader = BagReader(f'{proxy.url}/bag_sharded')
+        proxy.reset_stats()
+        assert_equal(reader[0], local[0])
         targets = collections.Counter(t for _, t, _ in proxy.log)
     assert targets and all(n == 1 for n in targets.values()), targets

@@ -152,6 +152,11 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
                 if t0 is not None:
                     netstats.waited(time.perf_counter() - t0)
         shard, local = self._locate(index)
+        if not ahead and self._files.remote and any(
+                b is not None and '_len' not in b.__dict__ for b in shard.bags.values()):
+            # A first read of a shard not read ahead (the loader's spec probe): its
+            # bags in one concurrent round trip, not a header and a record each in turn.
+            self._open_bags(list(shard.bags.values()))
         return shard.read(local, mask, self.decode_images)
 
     def prefetch(self, indices) -> None:
@@ -184,27 +189,30 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
         storage = self._files
         if not storage.remote:
             return
-        every = [b for shard in self._shards for b in shard.bags.values() if b is not None]
-        # Small bags whole, one request each (the storage keeps them for the process):
-        # header, table and records together, instead of a wave of headers, then one
-        # of tables, then the records' own.
-        settings = getattr(storage, 'settings', {})
-        small, budget = settings.get('small_file_bytes', 0), settings.get('small_files_bytes', 0)
-        if small and not settings.get('cache_dir'):
-            whole = []
-            for bag in every:
-                if 0 < bag.size <= small and bag.size <= budget:
-                    whole.append((bag.path, 0, bag.size))
-                    budget -= bag.size
-            storage.prefetch(whole)
-        # The value bags' headers first (opened lazily), their tables with them.
-        _read_headers(storage, every)
+        self._open_bags([b for shard in self._shards for b in shard.bags.values()])
         bags = [b for shard in self._shards for b in shard.bags.values()
                 if b is not None and b.cache_index and not b.cache_data
                 and b._table is None and b._len]
         storage.prefetch([(b.path, b._ends_at, ENTRY_BYTES * b._len) for b in bags])
         for bag in bags:
             bag._load_table(None)
+
+    def _open_bags(self, bags: list) -> None:
+        """Behind a URL, the small ``bags`` whole (one request each, kept by the storage
+        for the process: header, table and records together) and the others'
+        headers (tables with them), all at once."""
+        storage = self._files
+        bags = [b for b in bags if b is not None]
+        settings = getattr(storage, 'settings', {})
+        small, budget = settings.get('small_file_bytes', 0), settings.get('small_files_bytes', 0)
+        if small and not settings.get('cache_dir'):
+            whole = []
+            for bag in bags:
+                if 0 < bag.size <= small and bag.size <= budget:
+                    whole.append((bag.path, 0, bag.size))
+                    budget -= bag.size
+            storage.prefetch(whole)
+        _read_headers(storage, bags)
 
     def _values_ahead(self, located: list) -> None:
         shards = {id(shard): shard for shard, _, _ in located}.values()
