@@ -499,6 +499,29 @@ class Assembler:
         except Exception as exc:            # a hint: the reads themselves report any trouble
             log.debug('loadr: read-ahead of positions %d.. failed: %r', start, exc)
 
+    def prefetch_tasks(self, tasks: list) -> None:
+        """:meth:`prefetch` of several tasks ``(order, start, count)`` (a worker's next
+        and those queued behind it) with one call of the reader's: their ranges are
+        planned together, so that a file's ranges of every batch go in one request."""
+        prefetch = self._prefetch
+        if prefetch is None:
+            return
+        if len(self._ahead) > 16 + len(tasks):     # tasks asked ahead, never filled
+            self._ahead.clear()
+        indices: list = []
+        for order, start, count in tasks:
+            key = (id(order), start, count)
+            if key in self._ahead:          # asked already: its reads are on their way
+                continue
+            self._ahead.add(key)
+            indices.extend(order.indices(start, count).tolist())
+        if not indices:
+            return
+        try:
+            prefetch(indices)
+        except Exception as exc:            # a hint: the reads themselves report any trouble
+            log.debug('loadr: read-ahead of %d positions failed: %r', len(indices), exc)
+
     def _write(self, dp: dict, row: int, index: int, arrays: dict, extras: dict) -> None:
         """Write one datapoint into ``row``: :meth:`_write_rows`, or where it refuses it,
         :meth:`_write_checked` (which raises the error)."""

@@ -637,3 +637,31 @@ def test_no_candidate_that_fits_names_the_index():
     asm = Assembler(data, [], TRIVIAL, 'skip')          # not one fits
     with pytest.raises(loadr.LoadrError, match='fits the spec found to replace index 3'):
         asm.fill(Order(8, seed=0, shuffle=False), 3, 1, slots(TRIVIAL, 1))
+
+
+class ReadsAhead(list):
+    """A list source that reads ahead, recording each call of its prefetch."""
+
+    prefetches = True
+
+    def prefetch(self, indices) -> None:
+        self.calls.append(list(indices))
+
+
+def test_the_tasks_a_worker_holds_are_read_ahead_in_one_call():
+    # One call for every task queued: the reader plans their requests together (a
+    # file's ranges of every batch in one request), and no task is asked twice.
+    source = ReadsAhead(trivial(48))
+    source.calls = []
+    spec = infer_spec(source[0])
+    asm = Assembler(source, [], spec)
+    order = Order(len(source), 3, shuffle=True)
+    asm.prefetch_tasks([(order, 0, 8), (order, 8, 8), (order, 16, 8)])
+    assert source.calls == [order.indices(0, 24).tolist()]
+    asm.prefetch_tasks([(order, 8, 8), (order, 16, 8), (order, 24, 8)])
+    assert source.calls[1:] == [order.indices(24, 8).tolist()]
+    for start in (0, 8, 16, 24):
+        asm.fill(order, start, 8, slots(spec, 8))
+    assert len(source.calls) == 2           # fill does not ask again
+    asm.fill(order, 32, 8, slots(spec, 8))
+    assert source.calls[2:] == [order.indices(32, 8).tolist()]

@@ -10,16 +10,20 @@ so the main process's :meth:`loadr.Loader.stats` sees every worker's.
 A read *waits on the network* when the bytes it needs are not there yet:
 its read-ahead request is still out (:func:`waited`), or no read ahead
 covered it and it fetched them itself (an uncovered round trip). That
-time, over the workers' busy time, is the share the verdict names.
+time, over the workers' busy time, is the share the verdict names. Only the
+reader's own waits count: a thread that reads ahead for it
+(:func:`reading_ahead`) waits while the reader works, and the reader's wait
+for that thread's job is counted where the reader makes it.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 __all__ = ['FIELDS', 'started', 'ended', 'waited', 'ahead', 'publish', 'summary', 'lines',
-           'verdict', 'rtt_s', 'counters']
+           'verdict', 'rtt_s', 'counters', 'reading_ahead']
 
 # The remote stage's counters in a worker's row of loadr.stats (after its own fields).
 FIELDS = ('net_requests', 'net_bytes', 'net_request_s', 'net_in_flight', 'net_max_in_flight',
@@ -38,6 +42,7 @@ NETWORK_BOUND_SHARE = 0.1
 
 _pid = None
 _values: list = []
+_thread = threading.local()         # .ahead: this thread reads ahead (its waits are not reads')
 
 
 def counters() -> list:
@@ -68,12 +73,21 @@ def ended(t0: float, nbytes: int) -> None:
 
 def waited(seconds: float, uncovered: bool = False) -> None:
     """A read waited ``seconds`` for its bytes; ``uncovered``: no read ahead held them."""
+    if getattr(_thread, 'ahead', False):
+        return
     c = counters()
     if uncovered:
         c[_UNCOVERED] += 1
     if seconds >= WAIT_FLOOR_S or uncovered:
         c[_WAIT_S] += seconds
         c[_WAITS] += 1
+
+
+def reading_ahead() -> None:
+    """This thread reads ahead for a reader (an executor's ``initializer``): its waits
+    are not counted, since the reader works meanwhile; the reader counts its own
+    wait for the thread's job with :func:`waited`."""
+    _thread.ahead = True
 
 
 def ahead(nbytes: int) -> None:

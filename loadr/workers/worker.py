@@ -208,12 +208,14 @@ class Steps:
         return None
 
     def read_ahead(self, task, queued: list) -> None:
-        """Start the reads of ``task``, then of every live task in ``queued`` (frames)."""
-        self.asm.prefetch(self.order_of(task.seed), task.start, task.count)
+        """Start the reads of ``task`` and of every live task in ``queued`` (frames),
+        with one call of the reader's (their requests planned together)."""
+        tasks = [(self.order_of(task.seed), task.start, task.count)]
         for frames in queued:
             kind, more = protocol.parse(frames[0])
             if kind == protocol.TASK and more.task_id > self.cancelled[0]:
-                self.asm.prefetch(self.order_of(more.seed), more.start, more.count)
+                tasks.append((self.order_of(more.seed), more.start, more.count))
+        self.asm.prefetch_tasks(tasks)
 
     def fill(self, task) -> list:
         """Make ``task``'s rows in its slot: the reply (DONE, or FAIL naming the sample)."""

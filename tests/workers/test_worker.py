@@ -150,9 +150,9 @@ def test_reading_ahead_starts_the_task_in_hand_then_the_live_queued_ones():
               protocol.mend(),
               protocol.task(Task(2, 1, 0, 0, 24, 2))]
     steps.read_ahead(Task(0, 0, 0, 0, 8, 2), queued)
-    assert data.asked == [[8, 9], [24, 25]]
+    assert data.asked == [[8, 9, 24, 25]]                    # in one call
     steps.fill(Task(0, 0, 0, 0, 8, 2))                      # its reads were started: not again
-    assert data.asked == [[8, 9], [24, 25]]
+    assert data.asked == [[8, 9, 24, 25]]
 
 
 def test_a_queued_task_is_read_ahead_once_however_many_tasks_come_before_it():
@@ -169,7 +169,7 @@ def test_a_queued_task_is_read_ahead_once_however_many_tasks_come_before_it():
     steps.fill(tasks[1])
     steps.read_ahead(tasks[2], frames[3:4])
     steps.fill(tasks[2])
-    assert data.asked == [[0, 1], [8, 9], [16, 17], [24, 25]]
+    assert data.asked == [[0, 1, 8, 9, 16, 17], [24, 25]]
 
 
 def test_an_idle_worker_trims_its_heap_once_after_the_idle_time():

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import bisect
 import os
+import time
 from typing import Sequence
 
 from ...convert.records import Source
 from ...errors import ConfigError, FormatError
 from ...sources import Warming
-from ...storage import storage_for
+from ...storage import netstats, storage_for
 from ..base import Reader, _known, check_index, open_each
 from .file import ENTRY_BYTES, REFS_KEY, SPEC_NAME
 from .layout import _Dataset, _list_shards, _read_headers, _read_tables
@@ -25,7 +26,7 @@ def _read_ahead_thread():
     if _ahead_executor is None or _ahead_pid != os.getpid():
         import concurrent.futures
         _ahead_executor = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix='loadr-bag-ahead')
+            1, thread_name_prefix='loadr-bag-ahead', initializer=netstats.reading_ahead)
         _ahead_pid = os.getpid()
     return _ahead_executor
 
@@ -142,11 +143,20 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
             if job is not None:
                 # Its value ranges are being asked for: wait until they are (the
                 # refs came first anyway), or this read would fetch them again.
+                # That wait is on the network (its refs' round trip): counted.
+                t0 = None if job.done() else time.perf_counter()
                 try:
                     job.result(getattr(self._files, 'settings', {}).get('timeout_s', 60) + 5)
                 except Exception:
                     pass            # a hint: the read below reports what is wrong
+                if t0 is not None:
+                    netstats.waited(time.perf_counter() - t0)
         shard, local = self._locate(index)
+        if not ahead and self._files.remote and any(
+                b is not None and '_len' not in b.__dict__ for b in shard.bags.values()):
+            # A first read of a shard not read ahead (the loader's spec probe): its
+            # bags in one concurrent round trip, not a header and a record each in turn.
+            self._open_bags(list(shard.bags.values()))
         return shard.read(local, mask, self.decode_images)
 
     def prefetch(self, indices) -> None:
@@ -174,18 +184,35 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
 
     def warm(self) -> None:
         """Read the index tables a process keeps, all at once: for a dataset behind
-        a URL one round trip instead of one per bag, before the first batch."""
+        a URL one round trip instead of one per bag, before the first batch; a
+        small bag (``small_file_bytes``) is read whole with them."""
         storage = self._files
         if not storage.remote:
             return
-        # The value bags' headers first (opened lazily), their tables with them.
-        _read_headers(storage, [b for shard in self._shards for b in shard.bags.values()])
+        self._open_bags([b for shard in self._shards for b in shard.bags.values()])
         bags = [b for shard in self._shards for b in shard.bags.values()
                 if b is not None and b.cache_index and not b.cache_data
                 and b._table is None and b._len]
         storage.prefetch([(b.path, b._ends_at, ENTRY_BYTES * b._len) for b in bags])
         for bag in bags:
             bag._load_table(None)
+
+    def _open_bags(self, bags: list) -> None:
+        """Behind a URL, the small ``bags`` whole (one request each, kept by the storage
+        for the process: header, table and records together) and the others'
+        headers (tables with them), all at once."""
+        storage = self._files
+        bags = [b for b in bags if b is not None]
+        settings = getattr(storage, 'settings', {})
+        small, budget = settings.get('small_file_bytes', 0), settings.get('small_files_bytes', 0)
+        if small and not settings.get('cache_dir'):
+            whole = []
+            for bag in bags:
+                if 0 < bag.size <= small and bag.size <= budget:
+                    whole.append((bag.path, 0, bag.size))
+                    budget -= bag.size
+            storage.prefetch(whole)
+        _read_headers(storage, bags)
 
     def _values_ahead(self, located: list) -> None:
         shards = {id(shard): shard for shard, _, _ in located}.values()
