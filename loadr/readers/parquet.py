@@ -40,8 +40,8 @@ import numpy as np
 
 from ..errors import ConfigError, DecodeError, FormatError, LoadrError, SpecError, WriterError
 from ..storage import storage_for
-from .base import Format, Problem, Reader, Writer, check_index
-from .patterns import common_root, expand, names_files
+from .base import Format, Problem, Reader, Writer, check_index, select_keys
+from .patterns import dataset_files, expand, names_files
 
 __all__ = ['ParquetReader', 'FORMAT', 'check', 'detect']
 
@@ -143,17 +143,7 @@ def _open(storage, path: str):
 
 def list_files(path, storage_options: dict | None = None) -> tuple[str, list[str]]:
     """``(root, files)``: the Parquet files ``path`` names."""
-    if names_files(path, storage_options):
-        files = expand(path, storage_options)
-        return common_root(files), files
-    path = os.fspath(path)
-    storage = storage_for(path, storage_options)
-    if storage.isdir(path):
-        names = [n for n in storage.list(path) if n.endswith(SUFFIX) and not n.startswith('.')]
-        if not names:
-            raise FormatError(f'directory holds no *{SUFFIX} files', path)
-        return path, [f'{path.rstrip("/")}/{n}' for n in names]
-    return os.path.dirname(path) or '.', [path]
+    return dataset_files(path, (SUFFIX,), f'*{SUFFIX}', storage_options)
 
 
 class ParquetReader(Reader):
@@ -312,18 +302,8 @@ class ParquetReader(Reader):
         dp = self._row(index)
         if mask is None:
             return dict(dp)
-        out = {}
-        for key, want in mask.items():
-            if want is False:
-                continue
-            if want is not True:
-                raise TypeError(f'mask value for {key!r} must be True or False; Parquet '
-                                f'columns are read whole')
-            if key not in dp:
-                raise SpecError(f'no column {key!r} (read: {self.columns})', self._locate(
-                    index)[0].path, index)
-            out[key] = dp[key]
-        return out
+        return select_keys(dp, mask, 'Parquet columns are read whole', lambda key: SpecError(
+            f'no column {key!r} (read: {self.columns})', self._locate(index)[0].path, index))
 
     # -- the positions ahead (the loader tells) ------------------------------------
 

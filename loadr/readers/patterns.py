@@ -18,10 +18,11 @@ import fnmatch
 import os
 import re
 
-from ..errors import ConfigError, FormatError
+from ..errors import ConfigError, FormatError, LoadrError
 from ..storage import storage_for
 
-__all__ = ['expand', 'expand_braces', 'is_pattern', 'names_files', 'common_root']
+__all__ = ['expand', 'expand_braces', 'is_pattern', 'names_files', 'common_root',
+           'dataset_files']
 
 _BRACE = re.compile(r'\{([^{}]*)\}')
 _RANGE = re.compile(r'(-?\d+)\.\.(-?\d+)\Z')
@@ -132,3 +133,35 @@ def common_root(files: list[str]) -> str:
     if root.endswith(':/') or root.endswith(':'):       # 'http://' split into 'http:', ''
         root = files[0].rsplit('/', 1)[0]
     return root or '.'
+
+
+def dataset_files(path, suffixes: tuple, what: str,
+                  storage_options: dict | None = None) -> tuple[str, list[str]]:
+    """``(root, files)``: the files ``path`` names, and the directory they are named
+    relative to: a pattern or a list (:func:`expand`), a directory (its files ending in
+    ``suffixes``, hidden ones left out), or one file. ``what`` names the files in the
+    error of a directory that holds none.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / 'a.tar').write_bytes(b''), (d / '.b.tar').write_bytes(b'')
+    >>> root, files = dataset_files(str(d), ('.tar',), '.tar')
+    >>> root == str(d), [pathlib.Path(f).name for f in files]
+    (True, ['a.tar'])
+    """
+    if names_files(path, storage_options):
+        files = expand(path, storage_options)
+        return common_root(files), files
+    path = os.fspath(path)
+    storage = storage_for(path, storage_options)
+    if storage.isdir(path):
+        try:
+            names = storage.list(path)
+        except LoadrError as exc:
+            raise FormatError(f'cannot list directory: {exc.message}', path) from exc
+        files = [f'{path.rstrip("/")}/{n}' for n in names
+                 if n.endswith(suffixes) and not n.startswith('.')]
+        if not files:
+            raise FormatError(f'directory holds no {what} files', path)
+        return path, files
+    return os.path.dirname(path) or '.', [path]

@@ -44,7 +44,7 @@ from ...convert.records import Source, value_type
 from ...errors import ConfigError, DecodeError, FormatError, LoadrError, SpecError
 from ...storage import is_url, storage_for
 from ..base import Reader, _known, check_index
-from ..patterns import common_root, expand, names_files
+from ..patterns import dataset_files, names_files
 from .index import (BLOCK, SIDECAR_SUFFIX, TarIndex, compressed_error, compressed_kind,
                     header_matches, load_sidecar, scan, sidecar_bytes)
 
@@ -110,22 +110,7 @@ def list_shards(path, storage_options: dict | None = None) -> tuple[str, list[st
 
     ``root`` is the directory the dataset's files are named relative to.
     """
-    if names_files(path, storage_options):
-        files = expand(path, storage_options)
-        return common_root(files), files
-    path = os.fspath(path)
-    storage = storage_for(path, storage_options)
-    if storage.isdir(path):
-        try:
-            names = storage.list(path)
-        except LoadrError as exc:
-            raise FormatError(f'cannot list directory: {exc.message}', path) from exc
-        tars = [f'{path.rstrip("/")}/{n}' for n in names
-                if n.endswith(SUFFIXES + COMPRESSED_SUFFIXES) and not n.startswith('.')]
-        if not tars:
-            raise FormatError('directory holds no .tar files', path)
-        return path, tars
-    return os.path.dirname(path) or '.', [path]
+    return dataset_files(path, SUFFIXES + COMPRESSED_SUFFIXES, '.tar', storage_options)
 
 
 def index_shard(storage, tar: str, write: bool | str = 'local', progress=None,
