@@ -52,7 +52,7 @@ from ..storage import LocalStorage as Files
 from ..storage import read_error, storage_for
 
 __all__ = ['Reader', 'Writer', 'Files', 'Format', 'Problem', 'check_index', 'read_error',
-           'open_each', 'remote']
+           'open_each', 'remote', 'select_keys']
 
 # Above this many files, identity() lists them by a hash of their names and sizes.
 IDENTITY_MAX_FILES = 16
@@ -93,6 +93,28 @@ def open_each(storage, fn: Callable, items: Sequence) -> list:
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
+    return out
+
+
+def select_keys(dp: dict, mask: dict, whole: str, missing) -> dict:
+    """The keys of ``dp`` that ``mask`` asks for, in a format whose values are read whole
+    (no parts of a sequence to select): ``True`` keeps a key, ``False`` leaves it out.
+
+    ``whole`` ends the TypeError of any other mask value; ``missing(key)`` makes the error
+    (naming the file and index) for a key ``dp`` does not have.
+
+    >>> select_keys({'a': 1, 'b': 2}, {'a': True, 'b': False}, 'read whole', KeyError)
+    {'a': 1}
+    """
+    out = {}
+    for key, want in mask.items():
+        if want is False:
+            continue
+        if want is not True:
+            raise TypeError(f'mask value for {key!r} must be True or False; {whole}')
+        if key not in dp:
+            raise missing(key)
+        out[key] = dp[key]
     return out
 
 

@@ -17,7 +17,7 @@ from ...errors import ChecksumError, ConfigError, DecodeError, FormatError, Read
 from ...digests import check_record
 from ...sources import BatchSource
 from ...storage import storage_for
-from ..base import Reader, _known, check_index, open_each
+from ..base import Reader, _known, check_index, open_each, select_keys
 from .layout import (_Header, _checked_indices, _describe, _list_files, _load_header,
                      _lone_and_adjacent, _read_table, _runs, crc32, header_bytes)
 from .samples import _detect_decode, _unpack_numpy
@@ -336,19 +336,10 @@ class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per
     def _masked(self, index: int, dp: dict, mask: dict | None) -> dict:
         if mask is None:
             return dp
-        out = {}
-        for key, want in mask.items():
-            if want is False:
-                continue
-            if want is not True:
-                raise TypeError(f'mask value for {key!r} must be True or False; FFRecord '
-                                f'datapoints have no sequence keys')
-            if key not in dp:
-                h, _ = self._locate(index)
-                raise SpecError(f'datapoint has no key {key!r} (it has {sorted(map(str, dp))})',
-                                h.path, index)
-            out[key] = dp[key]
-        return out
+        return select_keys(dp, mask, 'FFRecord datapoints have no sequence keys', lambda key:
+                           SpecError(f'datapoint has no key {key!r} (it has '
+                                     f'{sorted(map(str, dp))})', self._locate(index)[0].path,
+                                     index))
 
     def _get(self, index: int, mask: dict | None) -> dict:
         return self._masked(index, self._decoded(index, self.read_one(index)), mask)
