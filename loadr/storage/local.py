@@ -136,6 +136,10 @@ class LocalStorage(Storage):
 
     def _forget(self) -> None:
         """In a forked child: drop (and close our copies of) the parent's descriptors."""
+        self._close_fds()
+        self._generation = _generation
+
+    def _close_fds(self) -> None:
         for fd in self._fds.values():
             try:
                 os.close(fd)
@@ -143,7 +147,6 @@ class LocalStorage(Storage):
                 pass
         self._fds = {}
         self._opened = []
-        self._generation = _generation
 
     # -- reading ----------------------------------------------------------------------
 
@@ -269,13 +272,10 @@ class LocalStorage(Storage):
 
     def close(self) -> None:
         if self._generation == _generation:
-            for fd in self._fds.values():
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self._fds = {}
-        self._opened = []
+            self._close_fds()
+        else:                   # another process's descriptors: not ours to close
+            self._fds = {}
+            self._opened = []
 
     def __del__(self):
         try:
