@@ -34,6 +34,12 @@ __all__ = ['HTTPStorage', 'WHOLE_FILE_MAX_BYTES']
 WHOLE_FILE_MAX_BYTES = 64 << 20
 
 
+
+async def _client(connector_limit: int = 100, **kwargs):
+    """fsspec's ``get_client``: an aiohttp session of ``connector_limit`` connections."""
+    import aiohttp
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connector_limit), **kwargs)
+
 class HTTPStorage(RemoteStorage):
     """The storage of ``http://`` and ``https://`` URLs (read-only); see the module docstring."""
 
@@ -51,6 +57,11 @@ class HTTPStorage(RemoteStorage):
         # never of a compressed rendering of them.
         client = dict(options.get('client_kwargs') or {})
         client.setdefault('read_bufsize', 1 << 20)
+        if 'get_client' not in options and 'connector' not in client:
+            # aiohttp's connector holds 100 connections unless told: as many as
+            # max_concurrency lets be in flight.
+            client['connector_limit'] = int(self.settings['max_concurrency'])
+            options['get_client'] = _client
         options['client_kwargs'] = client
         options.setdefault('headers', {'Accept-Encoding': 'identity'})
         return options

@@ -195,14 +195,31 @@ class ReadingAhead:
     def _take(self, path: str, offset: int, length: int, index: int | None) -> bytes | None:
         """The range from the read-ahead buffer; None when it is not there, or when the
         request that carried it failed along with other ranges (asked alone then)."""
+        claim = self._claim(path, offset, length)
+        return None if claim is None else self._taken(claim, path, offset, length, index)
+
+    def _claim(self, path: str, offset: int, length: int):
+        """What read ahead will serve the range (a whole small file's read, or a span,
+        claimed), without waiting for it; None when nothing read ahead holds it.
+
+        A reader of several ranges claims them all first and asks for the others
+        before it waits (:meth:`~loadr.storage.remote.RemoteStorage.read_many`): a
+        range read ahead then costs no round trip of its own before the rest go out.
+        """
         buffer = self._buffer
         with buffer.lock:
             whole = self._small.get(path) if self._small else None
-            span = buffer.take(path, offset, length) if whole is None else None
-            if span is None and whole is None:
-                return None
-        if whole is not None:
-            return self._take_small(path, whole, offset, length)
+            if whole is not None:
+                return True, whole
+            span = buffer.take(path, offset, length)
+        return None if span is None else (False, span)
+
+    def _taken(self, claim, path: str, offset: int, length: int,
+               index: int | None) -> bytes | None:
+        """The bytes of a range :meth:`_claim` claimed, waited for (see :meth:`_take`)."""
+        small, span = claim
+        if small:
+            return self._take_small(path, span, offset, length)
         try:
             if span.future.future.done() if isinstance(span.future, Part) else \
                     span.future.done():

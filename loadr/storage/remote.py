@@ -90,6 +90,13 @@ if hasattr(os, 'register_at_fork'):
     os.register_at_fork(after_in_child=_after_fork)
 
 
+
+def _named(value):
+    """A function among a filesystem's options, by its name (json's ``default``)."""
+    if callable(value) and hasattr(value, '__qualname__'):
+        return f'{value.__module__}.{value.__qualname__}'
+    raise TypeError(f'not JSON: {type(value).__name__}')
+
 class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
     """The storage of URLs of one fsspec protocol; see the module docstring.
     Made by :func:`loadr.storage.remote_storage`, which picks the subclass of
@@ -213,7 +220,8 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         environment = tuple(sorted((k, v) for k, v in os.environ.items()
                                    if k.startswith(_ENVIRONMENT_PREFIXES)))
         try:
-            key = (_generation, self.protocol, json.dumps(options, sort_keys=True), environment)
+            key = (_generation, self.protocol, json.dumps(options, sort_keys=True, default=_named),
+                   environment)
         except (TypeError, ValueError):
             key = None
         fs = _filesystems.get(key) if key is not None else None
@@ -418,59 +426,93 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
     def read_many(self, ranges: Iterable[Sequence]) -> list[bytes]:
         """The bytes of each ``(path, offset, length[, index])``, fetched concurrently.
 
-        A merged request that fails is asked again range by range: the error
+        Ranges read ahead are claimed first and the others asked for before any
+        wait, so that a range still on its way costs the rest no round trip. A
+        merged request that fails is asked again range by range: the error
         raised is that of the first range (in the order given) that fails on
         its own, naming its record.
         """
         self._this_process()
         ranges = [tuple(r) for r in ranges]
         out: list = [None] * len(ranges)
-        todo = []
+        claims, todo = {}, []
         for k, r in enumerate(ranges):
-            index = r[3] if len(r) > 3 else None
-            out[k] = self._take(r[0], r[1], r[2], index)
-            if out[k] is not None:
-                self._fetched_now(r[0], r[1], r[2], index, out[k])
-                continue
-            out[k] = self._cached(r[0], r[1], r[2])
-            if out[k] is None:
-                self._check_bounds(r[0], r[1], r[2], index)
+            claim = self._claim(r[0], r[1], r[2])
+            if claim is not None:
+                claims[k] = claim
+            elif self._missing(ranges, k, out):
                 todo.append(k)
-        if todo:
-            requests = merge([ranges[k] for k in todo], int(self.settings['merge_gap_bytes']),
-                              int(self.settings['max_request_bytes']))
-            t0 = time.perf_counter()
-            datas = self._run(self._fetch_all(
-                requests, lambda k: index_of(ranges[todo[requests[k][3][0]]])))
-            netstats.waited(time.perf_counter() - t0, uncovered=True)
-            alone: dict[tuple, list[int]] = {}      # (path, offset, length) -> positions
-            for (path, start, end, members), data in zip(requests, datas):
-                for m in members:
-                    k = todo[m]
-                    r = ranges[k]
-                    if isinstance(data, LoadrError):
-                        if (r[1], r[1] + r[2]) == (start, end) or getattr(
-                                data, 'deadline_spent', False):
-                            out[k] = data               # its own request failed, or timed out
-                        else:
-                            alone.setdefault(tuple(r[:3]), []).append(k)
-                        continue
-                    out[k] = data[r[1] - start:r[1] - start + r[2]]
-                    self._fetched_now(r[0], r[1], r[2], index_of(r), out[k])
-            if alone:
-                # Merged requests that failed: each of their ranges alone, so that only
-                # a range that fails by itself fails its record.
-                firsts = [ks[0] for ks in alone.values()]
-                got = self._run(self._fetch_each([ranges[k] for k in firsts]))
-                for ks, data in zip(alone.values(), got):
-                    for k in ks:
-                        out[k] = data
-                        if not isinstance(data, LoadrError):
-                            self._fetched_now(*ranges[k][:3], index_of(ranges[k]), data)
-            for k, data in enumerate(out):
-                if isinstance(data, LoadrError):
-                    raise for_record(data, ranges[k][0], index_of(ranges[k])) from None
+        fetching = self._start_fetch(ranges, todo)
+        late = []
+        for k, claim in claims.items():
+            r = ranges[k]
+            out[k] = self._taken(claim, r[0], r[1], r[2], index_of(r))
+            if out[k] is not None:
+                self._fetched_now(r[0], r[1], r[2], index_of(r), out[k])
+            elif self._missing(ranges, k, out):
+                late.append(k)      # its read ahead failed with others': asked alone below
+        self._end_fetch(ranges, todo, fetching, out)
+        if late:
+            self._end_fetch(ranges, late, self._start_fetch(ranges, late), out)
+        for k, data in enumerate(out):
+            if isinstance(data, LoadrError):
+                raise for_record(data, ranges[k][0], index_of(ranges[k])) from None
         return out
+
+    def _missing(self, ranges: list, k: int, out: list) -> bool:
+        """Whether range ``k`` must be fetched (not in the local cache; ``out[k]`` set
+        when it is); raises when it lies outside its file."""
+        r = ranges[k]
+        out[k] = self._cached(r[0], r[1], r[2])
+        if out[k] is not None:
+            return False
+        self._check_bounds(r[0], r[1], r[2], index_of(r))
+        return True
+
+    def _start_fetch(self, ranges: list, todo: list):
+        """Start fetching ``ranges[k]`` for each ``k`` of ``todo`` (merged into requests);
+        (requests, future), or None for nothing to fetch."""
+        if not todo:
+            return None
+        requests = merge([ranges[k] for k in todo], int(self.settings['merge_gap_bytes']),
+                         int(self.settings['max_request_bytes']))
+        future = asyncio.run_coroutine_threadsafe(self._fetch_all(
+            requests, lambda k: index_of(ranges[todo[requests[k][3][0]]])), self._loop_of())
+        return requests, future
+
+    def _end_fetch(self, ranges: list, todo: list, fetching, out: list) -> None:
+        """Wait for :meth:`_start_fetch`'s requests and put each range's bytes (or its
+        LoadrError) in ``out``; ranges of a failed merged request are asked alone."""
+        if fetching is None:
+            return
+        requests, future = fetching
+        t0 = time.perf_counter()
+        datas = future.result()
+        netstats.waited(time.perf_counter() - t0, uncovered=True)
+        alone: dict[tuple, list[int]] = {}      # (path, offset, length) -> positions
+        for (path, start, end, members), data in zip(requests, datas):
+            for m in members:
+                k = todo[m]
+                r = ranges[k]
+                if isinstance(data, LoadrError):
+                    if (r[1], r[1] + r[2]) == (start, end) or getattr(
+                            data, 'deadline_spent', False):
+                        out[k] = data               # its own request failed, or timed out
+                    else:
+                        alone.setdefault(tuple(r[:3]), []).append(k)
+                    continue
+                out[k] = data[r[1] - start:r[1] - start + r[2]]
+                self._fetched_now(r[0], r[1], r[2], index_of(r), out[k])
+        if alone:
+            # Merged requests that failed: each of their ranges alone, so that only
+            # a range that fails by itself fails its record.
+            firsts = [ks[0] for ks in alone.values()]
+            got = self._run(self._fetch_each([ranges[k] for k in firsts]))
+            for ks, data in zip(alone.values(), got):
+                for k in ks:
+                    out[k] = data
+                    if not isinstance(data, LoadrError):
+                        self._fetched_now(*ranges[k][:3], index_of(ranges[k]), data)
 
     async def _fetch_each(self, ranges: list[Sequence]) -> list:
         """The bytes of each ``(path, offset, length[, index])`` alone (or its LoadrError)."""

@@ -557,7 +557,9 @@ def test_a_server_slow_for_some_ranges_gives_the_local_stream(nginx, served_root
             remote = loader.stats().as_dict()['remote']
             table = format_table(loader.stats())
         assert proxy.stats['slow'] > 0, proxy.stats
-    assert remote['requests'] > 0 and remote['rtt_s'] > 0.005, remote
+    # The proxy holds each request 5 ms; asyncio's timers may wake up to a clock
+    # resolution early, so the round trips measured are a little under it at times.
+    assert remote['requests'] > 0 and remote['rtt_s'] > 0.003, remote
     assert remote['max_in_flight'] >= 1 and remote['bytes'] > 0, remote
     assert 'remote: ' in table and 'round trip' in table, table
 

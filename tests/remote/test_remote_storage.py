@@ -610,3 +610,49 @@ def test_a_small_file_whose_whole_read_fails_is_read_as_ranges(nginx, served_roo
         # The whole read: tried (and retried once), then never again.
         assert 1 <= len([r for _, _, r in proxy.log if r == f'bytes=0-{len(data) - 1}']) \
             <= 2, proxy.log
+
+
+def test_read_many_asks_for_the_rest_before_waiting_for_a_read_ahead(nginx, served_root):
+    """A range still on its way from the read-ahead (a small file read whole) costs the
+    other ranges of the same ``read_many`` no round trip: they are asked for at once,
+    so both requests are in flight together (before: one after the other)."""
+    shard = sorted(p.name for p in (served_root / 'bag_sharded').iterdir() if p.is_dir())[0]
+    small, other = f'bag_sharded/{shard}/refs.bag', FILE
+    data = {rel: (served_root / rel).read_bytes() for rel in (small, other)}
+    with Proxy(nginx.url, delay_s=0.3) as proxy:
+        storage = remote_storage(proxy.url, {'loadr': FAST})
+        urls = {rel: f'{proxy.url}/{rel}' for rel in data}
+        for url in urls.values():
+            storage.size(url)
+        proxy.reset_stats()
+        storage.prefetch([(urls[small], 0, 8)])         # the whole small file, on its way
+        got = storage.read_many([(urls[small], 0, 8), (urls[other], 4, 16)])
+        assert got == [data[small][:8], data[other][4:20]]
+        assert proxy.stats['requests'] == 2 and proxy.stats['max_in_flight'] == 2, proxy.log
+
+
+@pytest.mark.parametrize('protocol', ['http', 's3'])
+def test_requests_in_flight_reach_max_concurrency(protocol, request, served_root):
+    """The connection pools hold max_concurrency connections: botocore's default of 10
+    and aiohttp's of 100 no longer cap the requests in flight below it."""
+    rels = sorted(p.relative_to(served_root).as_posix()
+                  for p in served_root.rglob('*') if p.is_file() and p.stat().st_size >= 4)[:24]
+    if protocol == 'http':
+        upstream = request.getfixturevalue('nginx').url
+    else:
+        upstream = request.getfixturevalue('moto').url
+    with Proxy(upstream, delay_s=0.3) as proxy:
+        if protocol == 'http':
+            storage = remote_storage(proxy.url, {'loadr': dict(FAST, max_concurrency=20)})
+            base = proxy.url
+        else:
+            storage = remote_storage('s3://fixtures', {'endpoint_url': proxy.url,
+                                                       'loadr': dict(FAST, max_concurrency=20)})
+            base = 's3://fixtures'
+        urls = [f'{base}/{rel}' for rel in rels]
+        for url in urls:
+            storage.size(url)
+        proxy.reset_stats()
+        got = storage.read_many([(url, 0, 4) for url in urls])
+        assert got == [(served_root / rel).read_bytes()[:4] for rel in rels]
+        assert proxy.stats['max_in_flight'] == 20, proxy.stats
