@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import os
 
-__all__ = ['targets', 'markdown', 'plot_scaling', 'write_benchmarks_md', 'NOTES_MARKER']
+__all__ = ['targets', 'markdown', 'plot_scaling', 'write_benchmarks_md', 'RUN_START', 'RUN_END']
 
-# Everything after this line in BENCHMARKS.md is written by hand and kept by every run.
-NOTES_MARKER = ('<!-- Hand-written notes below this line are kept when the benchmark '
-                'rewrites the file. -->')
+# BENCHMARKS.md is written by hand; a run replaces only what lies between these two
+# lines (the full side-by-side run's section), and nothing when they are missing.
+RUN_START = '<!-- python -m benchmarks writes from here ... -->'
+RUN_END = '<!-- ... to here; the rest of this file is written by hand. -->'
 
 TITLES = {
     'trivial': ("trivial datapoints {'label': int, 'vec': float32[16]}, batch 256 "
@@ -265,46 +266,40 @@ def plot_scaling(res: dict, path: str) -> str | None:
     return path
 
 
-HEADER = """# Benchmarks
+def write_benchmarks_md(res: dict, table: str, path: str) -> bool:
+    r"""Put the run's tables (``table``, from :func:`markdown`) between :data:`RUN_START`
+    and :data:`RUN_END` in BENCHMARKS.md, every other byte kept; False, and the file
+    untouched, where it lacks them (the hand-written file is never overwritten).
 
-loadr against the loaders people use now, on the same data with the same
-per-sample function, in one command:
-
-```sh
-python -m pip install -e '.[bench]'
-python -m pip install --no-deps gulpio2     # it pins Pillow-SIMD; its imports come with [bench]
-python -m benchmarks                        # < 10 min on 2 cores; --scale N grows it
-python -m benchmarks.readers                # the reader table alone
-```
-
-How it measures: every workload's data is made by the benchmark in a temp
-dir (page cache warm). Each loader gets 5 runs; in each round every loader
-runs once, in an order rotated per round, so the drift of a shared machine
-falls on all of them alike. A run: start the loader, time the first batch,
-2 warm-up batches, then batches for at least 0.7 s; samples/s is over that
-stretch. CPU ms/sample is user+system time of the whole process tree over
-it; RSS is the peak of the main process and the peak of the workers'
-summed RSS (shared pages count in each process); /dev/shm is the peak rise
-of its used bytes (machine-wide). "limit" is the ceiling for W workers: W
-plain loops at once, each in its own process, reading random datapoints and
-calling the same per-sample function, with glibc's malloc thresholds set as
-loadr's workers set them (steady memory); its CPU ms/sample is theirs (raw:
-one os.pread per record, no checksum, one process, times W). The image data
-are distinct 375×500 q90 JPEGs of ~97 KB. Tables, JSON and plot:
-`benchmarks/out/`.
-
-![throughput by worker count](benchmarks/scaling.png)
-
-"""
-
-
-def write_benchmarks_md(res: dict, table: str, path: str) -> None:
-    """Rewrite BENCHMARKS.md: header, the latest results, and the hand-written notes kept."""
-    notes = ''
-    if os.path.exists(path):
-        with open(path, encoding='utf-8') as f:
-            old = f.read()
-        if NOTES_MARKER in old:
-            notes = old.split(NOTES_MARKER, 1)[1]
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), 'B.md')
+    >>> _ = open(path, 'w').write('intro\n' + RUN_START + '\nold\n' + RUN_END + '\nnotes\n')
+    >>> write_benchmarks_md({}, '## Results\n\n### images\n', path)
+    True
+    >>> print(open(path).read())
+    intro
+    <!-- python -m benchmarks writes from here ... -->
+    ### The full side-by-side run
+    <BLANKLINE>
+    #### images
+    <BLANKLINE>
+    <!-- ... to here; the rest of this file is written by hand. -->
+    notes
+    <BLANKLINE>
+    """
+    if not os.path.exists(path):
+        return False
+    with open(path, encoding='utf-8') as f:
+        old = f.read()
+    if old.count(RUN_START) != 1 or old.count(RUN_END) != 1 or \
+            old.index(RUN_START) > old.index(RUN_END):
+        return False
+    head, rest = old.split(RUN_START, 1)
+    tail = rest.split(RUN_END, 1)[1]
+    # The run's headings sit under "Details by topic": two levels down.
+    lines = ['### The full side-by-side run' if line == '## Results' else
+             '#' + line if line.startswith('### ') else line for line in table.splitlines()]
     with open(path, 'w', encoding='utf-8') as f:
-        f.write(HEADER + table + '\n' + NOTES_MARKER + notes)
+        f.write(head + RUN_START + '\n' + '\n'.join(lines).rstrip('\n') + '\n\n' + RUN_END
+                + tail)
+    return True

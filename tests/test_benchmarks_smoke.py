@@ -181,3 +181,37 @@ def test_formats_benchmark_runs_at_its_smallest(tmp_path):
     assert 0 < results['index_build']['fraction_read'] < 1
     assert results['parquet']['row_group_reads'] >= results['parquet']['row_groups']
     assert 'of bag' in proc.stdout and 'row group reads' in proc.stdout
+
+
+def test_decode_loaders_prints_its_table():
+    cmd = [sys.executable, '-m', 'benchmarks.decode_loaders', '--workers', '1', '--batches',
+           '1', '--runs', '1', '--only', 'center']
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = [line for line in proc.stdout.splitlines() if line.startswith('| resize256')]
+    assert len(row) == 1 and row[0].count('|') == 9, proc.stdout
+    loadr_fused, unfused, plain = (float(c.replace(',', '')) for c in row[0].split('|')[3:6])
+    assert loadr_fused > 0 and unfused > 0 and plain > 0
+
+
+def test_a_run_rewrites_only_its_section_of_benchmarks_md(tmp_path):
+    """BENCHMARKS.md is written by hand: a run replaces what lies between the run
+    markers, every other byte kept, and leaves a file without them untouched."""
+    from benchmarks.report import RUN_END, RUN_START, write_benchmarks_md
+    table = '## Results\n\nCommand: `python -m benchmarks`\n\n### images\n\n| loader |\n'
+    bare = tmp_path / 'bare.md'
+    bare.write_text('# Benchmarks\n\nhand-written\n')
+    assert not write_benchmarks_md({}, table, str(bare))
+    assert bare.read_text() == '# Benchmarks\n\nhand-written\n'
+    marked = tmp_path / 'marked.md'
+    head, tail = '# Benchmarks\n\nintro\n\n', '\n\n### Hand-written topic\n\nfigures\n'
+    marked.write_text(head + RUN_START + '\nold tables\n' + RUN_END + tail)
+    assert write_benchmarks_md({}, table, str(marked))
+    text = marked.read_text()
+    assert text.startswith(head + RUN_START + '\n### The full side-by-side run\n')
+    assert text.endswith(RUN_END + tail) and 'old tables' not in text
+    assert '#### images' in text
+    # The repository's own file has its markers.
+    root = __import__('pathlib').Path(__file__).resolve().parents[1]
+    own = (root / 'BENCHMARKS.md').read_text(encoding='utf-8')
+    assert own.count(RUN_START) == 1 and own.count(RUN_END) == 1
