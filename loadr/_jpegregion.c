@@ -12,7 +12,9 @@
  *   channels: 1 (L) or 3 (RGB).
  * Returns the rows top..top+height (exactly) and the columns x..x+w, which cover
  * left..left+width: libjpeg widens a crop to iMCU boundaries, so x <= left.
- * A file libjpeg cannot decode raises ValueError; libjpeg's warnings are not printed.
+ * A file libjpeg cannot decode raises ValueError, and so does one it would only warn
+ * about (corrupt or truncated data): the caller then decodes it the way it did without
+ * this module (simplejpeg stops on warnings too), with the same outcome. Nothing is printed.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -33,8 +35,12 @@ static void error_exit(j_common_ptr cinfo) {
     longjmp(err->jump, 1);
 }
 
-/* Warnings (a corrupt but decodable stream) would go to stderr: the caller's business. */
-static void output_message(j_common_ptr cinfo) { (void)cinfo; }
+/* A warning (level -1: corrupt data, a premature end) is an error here; trace messages
+ * (level >= 0) are dropped rather than printed. */
+static void emit_message(j_common_ptr cinfo, int level) {
+    if (level < 0)
+        error_exit(cinfo);
+}
 
 typedef struct {
     struct jpeg_decompress_struct cinfo;
@@ -139,7 +145,7 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
     j->top = top, j->height = height, j->left = left, j->width = width;
     j->cinfo.err = jpeg_std_error(&j->err.pub);
     j->err.pub.error_exit = error_exit;
-    j->err.pub.output_message = output_message;
+    j->err.pub.emit_message = emit_message;
     jpeg_create_decompress(&j->cinfo);
 
     Py_BEGIN_ALLOW_THREADS
