@@ -22,6 +22,12 @@
 #include <stdio.h>
 #include <jpeglib.h>
 
+/* Partial decompression is libjpeg-turbo's, not IJG libjpeg's: with another libjpeg the
+ * build fails here and setup.py's optional=True leaves the module out (tested: 2.1.5). */
+#ifndef LIBJPEG_TURBO_VERSION_NUMBER
+#error "loadr._jpegregion needs libjpeg-turbo (jpeg_crop_scanline, jpeg_skip_scanlines)"
+#endif
+
 typedef struct {
     struct jpeg_error_mgr pub;
     jmp_buf jump;
