@@ -51,6 +51,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import os
@@ -87,8 +88,10 @@ def _simplejpeg():
     return simplejpeg
 
 
+@functools.cache
 def _jpegregion():
     # loadr's optional C extension (setup.py): absent where libjpeg-turbo's header was not.
+    # Cached: where it is absent, a failed import per sample would search the path each time.
     try:
         from . import _jpegregion
     except ImportError:
