@@ -10,11 +10,15 @@ grain, as ``benchmarks.workloads``) and makes the same crops:
 - ``loadr``: loadr's pipeline as users write it (``decode_jpeg``,
   ``random_resized_crop(224)``, ``flip``; or ``resize(256)``,
   ``center_crop(224)``), fused as a Loader runs it (:mod:`loadr.decode`).
+- ``loadr, whole-image decode``: the fused pipeline without loadr's region
+  decoder (as where ``loadr._jpegregion`` is not built): simplejpeg decodes the
+  whole image at the DCT scale.
 - ``loadr unfused``: the same fns one after the other (``LOADR_FUSE=0``).
 - each decoder candidate, decode + crop + resize to the same boxes at the
   DCT scale the fused path picks: Pillow ``draft``, simplejpeg, pyvips
-  (shrink-on-load + crop), PyTurboJPEG (needs a system libturbojpeg) and
-  imagecodecs (no DCT scaling: full decode) where installed.
+  (shrink-on-load + crop), PyTurboJPEG (needs a system libturbojpeg),
+  imagecodecs (no DCT scaling: full decode) where installed, and loadr's own
+  ``loadr._jpegregion`` (only the region's rows and columns) where built.
 - ``loadr, ingest --max-side 640`` (the 1600×1200 case): the fused
   pipeline on the same photos stored shrunk by ``loadr ingest images
   --max-side 640`` (the crop is then drawn on the smaller image).
@@ -192,6 +196,13 @@ def cand_turbojpeg(data, plan, full):
     return _finish(arr, plan, full)
 
 
+def cand_jpegregion(data, plan, full):
+    from loadr.decode import decode_region
+    box, out, flipped = plan
+    arr = decode_region(data, _scale(plan), 'RGB', box, full, out)
+    return np.ascontiguousarray(arr[:, ::-1]) if flipped else arr
+
+
 def cand_imagecodecs(data, plan, full):
     import imagecodecs
     return _finish(imagecodecs.jpeg8_decode(data), plan, full)
@@ -247,6 +258,9 @@ def candidates() -> dict:
             out['imagecodecs (full decode)'] = cand_imagecodecs
     except ImportError:
         pass
+    from loadr.decode import _jpegregion
+    if _jpegregion() is not None:
+        out['loadr._jpegregion (region)'] = cand_jpegregion
     return out
 
 
@@ -288,6 +302,14 @@ def run_case(name: str, hw: tuple, kind: str, images: int, samples: int, runs: i
 
     items = [(fused, datas[s % images], s) for s in seeds]
     rows['loadr'] = _cpu_per_sample(through, items, runs)
+    import loadr.decode
+    if loadr.decode._jpegregion() is not None:
+        # The same fused fns where the extension is not built: simplejpeg's whole image.
+        region, loadr.decode._jpegregion = loadr.decode._jpegregion, lambda: None
+        try:
+            rows['loadr, whole-image decode'] = _cpu_per_sample(through, items, runs)
+        finally:
+            loadr.decode._jpegregion = region
     items = [(pipeline, datas[s % images], s) for s in seeds]
     rows['loadr unfused'] = _cpu_per_sample(through, items, runs)
     if max(hw) > MAX_SIDE:

@@ -21,8 +21,15 @@ count and across a resume. The list keeps its length: the geometric fns' places
 hold pass-throughs, and the stage names (``loader.stats()``) say what ran
 there, e.g. ``decode_jpeg+random_resized_crop`` then ``random_resized_crop(fused)``.
 
-The decoder is simplejpeg (libjpeg-turbo, bundled in its wheel) where it is
-installed, else Pillow's draft mode (the libjpeg-turbo in Pillow's wheel).
+The decoder is loadr's own extension ``loadr._jpegregion`` where it was built
+(``setup.py``, against the system libjpeg-turbo): it decodes only the rows and
+columns the resize reads (:func:`decode_region`). Without it (or on a file it
+refuses) simplejpeg (libjpeg-turbo, bundled in its wheel) decodes the whole
+image at the DCT scale, else Pillow's draft mode (the libjpeg-turbo in Pillow's
+wheel). The three give the same decoded pixels; the resized output of the
+region path differs from the others' by at most 1 (Pillow's resize weights,
+computed from the box's coordinates in the region rather than in the image,
+round differently now and then).
 Anything the fast path does not take (PNG, CMYK, a mode other than RGB or L,
 an already decoded array, frames of different sizes, a crop that does not
 fit, a file simplejpeg will not decode, one above Pillow's pixel limit)
@@ -44,6 +51,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import os
@@ -53,7 +61,7 @@ import numpy as np
 from .errors import DecodeError, LoadrError
 
 __all__ = ['fuse', 'Fused', 'FUSE_ENV', 'fusion_enabled', 'jpeg_size', 'decode_scaled',
-           'resize_region', 'DCT_SCALES']
+           'decode_region', 'resize_region', 'DCT_SCALES']
 
 FUSE_ENV = 'LOADR_FUSE'
 # libjpeg-turbo's SIMD IDCTs: the fast scales (the M/8 in between use generic C code).
@@ -78,6 +86,17 @@ def _simplejpeg():
     except ImportError:
         return None
     return simplejpeg
+
+
+@functools.cache
+def _jpegregion():
+    # loadr's optional C extension (setup.py): absent where libjpeg-turbo's header was not.
+    # Cached: where it is absent, a failed import per sample would search the path each time.
+    try:
+        from . import _jpegregion
+    except ImportError:
+        return None
+    return _jpegregion
 
 
 # ---------------------------------------------------------------------------
@@ -188,6 +207,50 @@ def decode_scaled(data: bytes, k: int, mode: str) -> np.ndarray:
         raise DecodeError(f'cannot decode JPEG: {exc}') from exc
 
 
+def decode_region(data: bytes, k: int, mode: str, box: tuple, full: tuple[int, int],
+                  out: tuple[int, int]) -> np.ndarray | None:
+    """The region ``box`` (y, x, h, w in the coordinates of the ``full`` (h, w) image) of a
+    JPEG decoded at 1/``k`` in ``mode`` ('RGB' or 'L') and resized to ``out`` (h, w) as
+    :func:`resize_region` does, decoding only the rows and columns the resize reads; None
+    where the extension ``loadr._jpegregion`` is not built, or the file does not end with
+    an EOI marker. Raises :class:`DecodeError` on data libjpeg finds corrupt (it would
+    only warn).
+
+    >>> from loadr.codecs import encode_image
+    >>> data = encode_image(np.zeros((300, 400, 3), np.uint8))
+    >>> r = decode_region(data, 2, 'RGB', (10, 20, 200, 300), (300, 400), (50, 60))
+    >>> r is None or r.shape == (50, 60, 3)
+    True
+    """
+    jr = _jpegregion()
+    # The rows below the region are never read: a file cut short there would decode without
+    # an error that the whole-image decoders (and the unfused decode_jpeg) raise.
+    if jr is None or data[-2:] != b'\xff\xd9':
+        return None
+    from PIL import Image
+    sh, sw = -(-full[0] // k), -(-full[1] // k)     # libjpeg's size at 1/k: sides rounded up
+    fy, fx = sh / full[0], sw / full[1]
+    y, x, h, w = box
+    # Pillow's antialiased bilinear reads up to max(1, box/out) + 0.5 pixels beyond the box,
+    # and libjpeg's fancy upsampling of subsampled chroma makes the outermost row and column
+    # of a cut differ from the full decode: 2 pixels more keep both out of the output.
+    my, mx = max(1.0, h * fy / out[0]) + 2, max(1.0, w * fx / out[1]) + 2
+    top, left = max(0, math.floor(y * fy - my)), max(0, math.floor(x * fx - mx))
+    bottom = min(sh, math.ceil((y + h) * fy + my))
+    right = min(sw, math.ceil((x + w) * fx + mx))
+    try:
+        buf, rh, rw, x0 = jr.decode_region(data, k, top, bottom - top, left, right - left,
+                                           1 if mode == 'L' else 3)
+    except ValueError as exc:
+        raise DecodeError(str(exc)) from exc
+    # The region's columns start at x0 <= left: libjpeg widens a crop to iMCU boundaries.
+    img = Image.frombuffer(mode, (rw, rh), buf, 'raw', mode, 0, 1)
+    pil_box = (x * fx - x0, y * fy - top, (x + w) * fx - x0, (y + h) * fy - top)
+    if out == (rh, rw) and pil_box == (0, 0, rw, rh):
+        return np.asarray(img)
+    return np.asarray(img.resize((out[1], out[0]), Image.Resampling.BILINEAR, box=pil_box))
+
+
 def resize_region(arr: np.ndarray, box: tuple, full: tuple[int, int], out: tuple[int, int]
                   ) -> np.ndarray:
     """The region ``box`` (y, x, h, w in the coordinates of a ``full`` (h, w) image) of
@@ -262,12 +325,17 @@ class Fused:
         out = (region.h, region.w)
         k = dct_scale(region.box[2], region.box[3], *out)
         pixels = []
-        for i, data in enumerate(frames):
+        for data in frames:
             try:
-                arr = decode_scaled(data, k, mode)
+                pixels.append(decode_region(data, k, mode, region.box, full, out))
             except DecodeError:
-                return self._slow(dp, seed)     # names the frame and the fn, as always
-            pixels.append(resize_region(arr, region.box, full, out))
+                pixels.append(None)     # a file libjpeg refuses: simplejpeg's or Pillow's turn
+            if pixels[-1] is None:
+                try:
+                    arr = decode_scaled(data, k, mode)
+                except DecodeError:
+                    return self._slow(dp, seed)     # names the frame and the fn, as always
+                pixels[-1] = resize_region(arr, region.box, full, out)
         return {**dp, self.key: pixels if isinstance(value, (list, tuple)) else pixels[0]}
 
 

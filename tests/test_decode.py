@@ -11,8 +11,8 @@ from PIL import Image
 
 import loadr
 import loadr.fns as F
-from loadr.decode import (Done, Fused, Region, dct_scale, decode_scaled, fuse, jpeg_size,
-                          resize_region)
+from loadr.decode import (Done, Fused, Region, _jpegregion, dct_scale, decode_region,
+                          decode_scaled, fuse, jpeg_size, resize_region)
 from loadr.stats import fn_names
 
 from .loader_helpers import stream_digests
@@ -63,11 +63,18 @@ def reference(data: bytes, box: tuple, out: tuple) -> np.ndarray:
     return np.asarray(img.resize((out[1], out[0]), Image.Resampling.BILINEAR))
 
 
-def fused_region(data: bytes, box: tuple, out: tuple) -> np.ndarray:
-    """What the fused path makes of a fixed crop box and output size."""
+def fused_region(data: bytes, box: tuple, out: tuple, region: bool = True) -> np.ndarray:
+    """What the fused path makes of a fixed crop box and output size: with loadr._jpegregion
+    where it is built (and ``region``), else the whole image at the DCT scale."""
     h, w, _ = jpeg_size(data)
     k = dct_scale(box[2], box[3], *out)
-    return resize_region(decode_scaled(data, k, 'RGB'), tuple(map(float, box)), (h, w), out)
+    box = tuple(map(float, box))
+    got = decode_region(data, k, 'RGB', box, (h, w), out) if region else None
+    return resize_region(decode_scaled(data, k, 'RGB'), box, (h, w), out) if got is None else got
+
+
+needs_region = pytest.mark.skipif(_jpegregion() is None,
+                                  reason='loadr._jpegregion is not built (setup.py, libjpeg)')
 
 
 # (image h, w), crop (top, left, h, w), output (h, w)
@@ -90,6 +97,89 @@ def test_fused_output_is_within_35_db_of_full_decode_crop_resize(subsampling, pr
         got, want = fused_region(data, box, out), reference(data, box, out)
         assert got.shape == want.shape == (*out, 3)
         assert psnr(got, want) >= 35, (hw, box, out, psnr(got, want))
+
+
+@needs_region
+@pytest.mark.parametrize('subsampling', [0, 1, 2], ids=['444', '422', '420'])
+@pytest.mark.parametrize('progressive', [False, True], ids=['baseline', 'progressive'])
+def test_the_region_path_is_the_whole_image_path_within_1(subsampling, progressive):
+    # The same decoded pixels (test_a_region_decode_has_the_full_decodes_pixels); Pillow's
+    # resize weights, computed from the box's coordinates in the region rather than in the
+    # whole image, round differently now and then: 1 at most.
+    for i, (hw, box, out) in enumerate(QUALITY_CASES):
+        data = jpeg(natural(*hw, seed=i), subsampling, progressive)
+        got, whole = fused_region(data, box, out), fused_region(data, box, out, region=False)
+        assert got.shape == whole.shape == (*out, 3)
+        assert np.abs(got.astype(int) - whole).max() <= 1, (hw, box, out)
+
+
+def region_jpeg(hw: tuple, kind: str, progressive: bool, seed: int) -> bytes:
+    arr = natural(*hw, seed=seed)
+    if kind == 'gray':
+        buf = io.BytesIO()
+        Image.fromarray(arr).convert('L').save(buf, 'JPEG', quality=90, progressive=progressive)
+        return buf.getvalue()
+    return jpeg(arr, {'444': 0, '422': 1, '420': 2}[kind], progressive)
+
+
+@needs_region
+@pytest.mark.parametrize('kind', ['444', '422', '420', 'gray'])
+@pytest.mark.parametrize('progressive', [False, True], ids=['baseline', 'progressive'])
+def test_a_region_decode_has_the_full_decodes_pixels(kind, progressive):
+    from loadr import _jpegregion as jr
+    rng = np.random.default_rng(0)
+    for i, hw in enumerate([(375, 500), (601, 803), (17, 23), (8, 8)]):
+        data = region_jpeg(hw, kind, progressive, i)
+        for k in (1, 2, 4, 8):
+            for mode in ('RGB', 'L'):
+                full = decode_scaled(data, k, mode)        # simplejpeg's whole image
+                H, W = full.shape[:2]
+                boxes = [(0, H, 0, W), (0, 1, 0, 1), (H - 1, 1, W - 1, 1), (H // 2, H - H // 2,
+                                                                            W // 3, W - W // 3)]
+                for _ in range(8):
+                    top, left = int(rng.integers(0, H)), int(rng.integers(0, W))
+                    boxes.append((top, int(rng.integers(1, H - top + 1)),
+                                  left, int(rng.integers(1, W - left + 1))))
+                for top, h, left, w in boxes:
+                    buf, rh, rw, x = jr.decode_region(data, k, top, h, left, w,
+                                                      1 if mode == 'L' else 3)
+                    assert rh == h and x <= left and left + w <= x + rw <= W
+                    got = np.frombuffer(buf, np.uint8).reshape(full[:rh, :rw].shape)
+                    want = full[top:top + h, x:x + rw]
+                    if kind in ('422', '420') and mode == 'RGB':
+                        # Fancy upsampling of subsampled chroma has no neighbour beyond a
+                        # cut: its outermost row/column (not an image edge) may differ.
+                        # decode_region keeps 2 pixels more than the resize reads.
+                        y0, x0 = int(top > 0), int(x > 0)
+                        y1, x1 = rh - int(top + h < H), rw - int(x + rw < W)
+                        got, want = got[y0:y1, x0:x1], want[y0:y1, x0:x1]
+                    assert np.array_equal(got, want), (hw, k, mode, (top, h, left, w))
+
+
+@needs_region
+def test_files_the_region_decoder_refuses_decode_as_without_it():
+    from loadr import _jpegregion as jr
+    data = jpeg(natural(375, 500))
+    for bad in (b'', b'\xff\xd8\xff\xe0 not really', data[:len(data) // 2]):
+        with pytest.raises(ValueError):
+            jr.decode_region(bad, 1, 300, 10, 0, 10, 3)     # rows the half file lacks
+    with pytest.raises(ValueError, match='outside'):
+        jr.decode_region(data, 2, 180, 10, 0, 10, 3)
+    # Cut short below the region: never read there, so decode_region leaves the file to the
+    # whole-image decoders, and the fused pipeline raises the unfused decode_jpeg's error.
+    cut = data[:len(data) - 200]
+    assert decode_region(cut, 1, 'RGB', (0., 0., 50., 50.), (375, 500), (20, 20)) is None
+    pipeline = [F.decode_jpeg(), F.random_resized_crop(size=32)]
+    for bad in (cut, data[:len(data) // 2]):
+        with pytest.raises(loadr.errors.DecodeError, match='decode_jpeg'):
+            run(fuse(pipeline), {'image': bad}, 0)
+    # The fused pipeline takes the region path.
+    fused = run(fuse(pipeline), {'image': data}, 3)['image']
+    region = Region(375, 500)
+    pipeline[1].plan(region, 3)
+    k = dct_scale(region.box[2], region.box[3], region.h, region.w)
+    want = decode_region(data, k, 'RGB', region.box, (375, 500), (region.h, region.w))
+    assert np.array_equal(fused, want)
 
 
 def test_the_scale_is_the_largest_that_keeps_the_output_resolution():

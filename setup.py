@@ -1,0 +1,12 @@
+"""The optional C extension loadr._jpegregion (region decoding of JPEGs, loadr.decode).
+
+Everything else is in pyproject.toml. The extension needs libjpeg-turbo's header and
+library (Debian/Ubuntu: ``apt-get install libjpeg62-turbo-dev`` or ``libjpeg-turbo8-dev``);
+without them the build of the extension fails quietly (``optional=True``), loadr installs
+without it and the fused decode uses simplejpeg instead.
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension('loadr._jpegregion', ['loadr/_jpegregion.c'], libraries=['jpeg'],
+                             optional=True)])
