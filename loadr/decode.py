@@ -93,10 +93,10 @@ def _jpegregion():
     # loadr's optional C extension (setup.py): absent where libjpeg-turbo's header was not.
     # Cached: where it is absent, a failed import per sample would search the path each time.
     try:
-        from . import _jpegregion
+        import loadr._jpegregion as module
     except ImportError:
         return None
-    return _jpegregion
+    return module
 
 
 # ---------------------------------------------------------------------------

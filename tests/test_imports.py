@@ -22,9 +22,10 @@ ABOVE_READERS = ('loadr.loader', 'loadr.workers', 'loadr.assemble', 'loadr.mix',
 
 
 def modules() -> dict[str, tuple[pathlib.Path, bool]]:
-    """``{dotted name: (file, is a package)}`` of every module of loadr/."""
+    """``{dotted name: (file, is a package)}`` of every module of loadr/ (a C
+    extension's source stands for the extension: it imports nothing of loadr)."""
     out = {}
-    for path in sorted(PACKAGE.rglob('*.py')):
+    for path in sorted([*PACKAGE.rglob('*.py'), *PACKAGE.rglob('*.c')]):
         parts = list(path.relative_to(ROOT).with_suffix('').parts)
         package = parts[-1] == '__init__'
         if package:
@@ -53,6 +54,8 @@ def imports() -> dict[str, set[str]]:
         return name or None
 
     for name, (path, package) in mods.items():
+        if path.suffix != '.py':
+            continue
         here = name if package else name.rpartition('.')[0]
         tree = ast.parse(path.read_text(), str(path))
         typing_only = {id(inner) for node in ast.walk(tree) if _type_checking(node)
