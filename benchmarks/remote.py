@@ -340,7 +340,8 @@ def main(argv=None) -> int:
             if net:
                 print(f'  loader: {net["requests_per_sample"]:.2f} requests per sample, '
                       f'round trip {1e3 * net["rtt_s"]:.1f} ms, at most '
-                      f'{net["max_in_flight"]} in flight in a worker; reads waited on the '
+                      f'{net["max_in_flight"]} in flight in a worker, up to '
+                      f'{net.get("tasks_ahead", "?")} tasks held; reads waited on the '
                       f'network {net["wait_s"]:.2f} s ({100 * net["wait_share"]:.0f}% of '
                       f'worker time) in {net["waits"]} waits, {net["uncovered"]} not read '
                       f'ahead (uncovered round trips)')

@@ -114,7 +114,9 @@ class StatusCells:
     Per worker the stream position and dataset index in hand (2 int64, -1:
     none; the worker writes), then the id of the last cancelled task (1
     int64; the pool writes, every worker reads), then per worker a heartbeat
-    counter (1 int64; the worker's watchdog thread bumps it).
+    counter (1 int64; the worker's watchdog thread bumps it), then per worker
+    the tasks it asks to hold at once (1 int64; the pool sets where it starts,
+    a worker that reads ahead sets it to what its round trips need).
 
     >>> import numpy as np
     >>> cells = StatusCells(bytearray(StatusCells.nbytes(2)), 2)
@@ -127,7 +129,7 @@ class StatusCells:
 
     @staticmethod
     def nbytes(workers: int) -> int:
-        return 16 * workers + 8 + 8 * workers
+        return 16 * workers + 8 + 16 * workers
 
     # Memoryviews for the worker: it sets progress twice per sample, and a
     # memoryview's item assignment costs a third of numpy's.
@@ -143,6 +145,9 @@ class StatusCells:
     def heartbeat(self, wid: int) -> memoryview:
         return self._cells(16 * self.workers + 8 + 8 * wid, 8)
 
+    def wants(self, wid: int) -> memoryview:
+        return self._cells(24 * self.workers + 8 + 8 * wid, 8)
+
     # Arrays for the pool, which reads them a row at a time.
     def progress_rows(self) -> np.ndarray:
         return np.ndarray((self.workers, 2), dtype=np.int64, buffer=self.buf)
@@ -150,6 +155,10 @@ class StatusCells:
     def heartbeats(self) -> np.ndarray:
         return np.ndarray((self.workers,), dtype=np.int64, buffer=self.buf,
                           offset=16 * self.workers + 8)
+
+    def wants_rows(self) -> np.ndarray:
+        return np.ndarray((self.workers,), dtype=np.int64, buffer=self.buf,
+                          offset=24 * self.workers + 8)
 
 
 class Segment:

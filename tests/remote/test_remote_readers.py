@@ -17,7 +17,7 @@ import loadr.convert
 from loadr.errors import FormatError
 from loadr.readers import BagReader, FFRecordReader, GulpReader
 from loadr.stats import format_table
-from loadr.storage import using_storage_options
+from loadr.storage import netstats, using_storage_options
 
 from ..loader_helpers import stream_digests
 from ..readers.common import assert_equal, check_reader_contract
@@ -561,6 +561,28 @@ def test_a_server_slow_for_some_ranges_gives_the_local_stream(nginx, served_root
     assert remote['max_in_flight'] >= 1 and remote['bytes'] > 0, remote
     assert 'remote: ' in table and 'round trip' in table, table
 
+
+
+@pytest.mark.parametrize('workers', [1, 2])
+def test_read_ahead_grows_with_the_round_trip_and_keeps_the_local_stream(nginx, served_root,
+                                                                         workers):
+    """Round trips of 40 ms (a third of the ranges 60 ms later still) against tasks of a
+    few ms: each worker asks to hold more tasks than the first three (the remote stage
+    of loader.stats() says how many), and the batches are still the local read's."""
+    reader, pipeline = PIPELINES['bag_sharded'](served_root)
+    with loadr.Loader(reader, batch=4, fns=pipeline, seed=5, workers=0) as loader:
+        expected = stream_digests(loader, 10)
+    with Proxy(nginx.url, delay_s=0.04, slow=0.3, slow_s=0.06, seed=3) as proxy:
+        with using_storage_options({'loadr': {'small_file_bytes': 0}}):
+            reader, pipeline = _remote_pipeline('bag_sharded', proxy.url)
+        with loadr.Loader(reader, batch=4, fns=pipeline, seed=5, workers=workers) as loader:
+            assert stream_digests(loader, 10) == expected
+            remote = loader.stats().as_dict()['remote']
+            table = format_table(loader.stats())
+        assert proxy.stats['slow'] > 0, proxy.stats
+    assert remote['tasks_ahead'] > netstats.FEWEST_TASKS_AHEAD, remote
+    assert remote['tasks_ahead'] <= netstats.MOST_TASKS_AHEAD, remote
+    assert f"up to {remote['tasks_ahead']} tasks held" in table, table
 
 
 def _net_wait_s() -> float:

@@ -159,7 +159,11 @@ def test_the_status_cells_are_the_same_for_the_worker_and_the_pool():
     assert rows.tolist() == [[-1, -1], [40, 7], [-1, -1]]
     assert pool_side.heartbeats().tolist() == [0, 0, 5]
     assert worker_side.cancelled()[0] == 99
-    assert len(buf) == 3 * 16 + 8 + 3 * 8
+    pool_side.wants_rows()[:] = 3
+    worker_side.wants(1)[0] = 6
+    assert pool_side.wants_rows().tolist() == [3, 6, 3]
+    assert pool_side.heartbeats().tolist() == [0, 0, 5] and rows[2].tolist() == [-1, -1]
+    assert len(buf) == 3 * 16 + 8 + 3 * 8 + 3 * 8
 
 
 # -- the budget ------------------------------------------------------------------------------
