@@ -101,6 +101,22 @@ def test_prefetched_ranges_are_read_without_new_requests(remote, served_root):
     assert storage.requests == before + sent + 1
 
 
+def test_s3_keeps_as_many_requests_in_flight_as_max_concurrency_allows(moto, served_root):
+    """botocore's pool holds 10 connections unless told: 20 ranges read ahead behind a
+    slow proxy are all in flight at once, not 10 and then 10."""
+    data = (served_root / FILE).read_bytes()
+    with Proxy(moto.url, delay_s=0.1) as proxy:
+        storage = remote_storage('s3://fixtures', {'endpoint_url': proxy.url, 'loadr': FAST})
+        url = f's3://fixtures/{FILE}'
+        storage.size(url)
+        ranges = [(url, off, 1000, k) for k, off in enumerate(range(0, 100_000, 5000))]
+        proxy.reset_stats()
+        storage.prefetch(ranges)
+        assert [storage.read(*r) for r in ranges] == [data[o:o + 1000] for _, o, _, _ in ranges]
+        assert proxy.stats['requests'] == len(ranges), proxy.stats
+        assert proxy.stats['max_in_flight'] > 10, proxy.stats
+
+
 def test_one_multi_range_request_per_file_over_http(nginx, served_root):
     storage = remote_storage(nginx.url, {'loadr': {'max_ranges': 7}})
     files = [FILE, 'bag/image.bag']
