@@ -29,7 +29,8 @@ import threading
 import time
 
 __all__ = ['FIELDS', 'started', 'ended', 'waited', 'ahead', 'publish', 'summary', 'lines',
-           'verdict', 'rtt_s', 'rtt_p90_s', 'wait_s', 'counters', 'reading_ahead', 'tasks_ahead',
+           'verdict', 'rtt_s', 'rtt_p90_s', 'wait_s', 'fetched_bytes',
+           'set_ahead_budget', 'ahead_budget', 'counters', 'reading_ahead', 'tasks_ahead',
            'holding', 'FEWEST_TASKS_AHEAD', 'MOST_TASKS_AHEAD']
 
 # The remote stage's counters in a worker's row of loadr.stats (after its own fields).
@@ -57,15 +58,17 @@ RECENT_REQUESTS = 64
 _pid = None
 _values: list = []
 _recent: collections.deque = collections.deque(maxlen=RECENT_REQUESTS)    # seconds a request
+_budget = 0                         # bytes: the largest read-ahead buffer of this process
 _thread = threading.local()         # .ahead: this thread reads ahead (its waits are not reads')
 
 
 def counters() -> list:
     """This process's counters (:data:`FIELDS`, in order), zero in a new process."""
-    global _pid, _values, _recent
+    global _pid, _values, _recent, _budget
     if _pid != os.getpid():
         _pid, _values = os.getpid(), [0.0] * len(FIELDS)
         _recent = collections.deque(maxlen=RECENT_REQUESTS)
+        _budget = 0
     return _values
 
 
@@ -119,6 +122,11 @@ def rtt_s() -> float:
     return c[_REQUEST_S] / c[_REQUESTS] if c[_REQUESTS] else 0.0
 
 
+def fetched_bytes() -> float:
+    """This process's bytes received so far (:func:`ended`)."""
+    return counters()[_BYTES]
+
+
 def wait_s() -> float:
     """This process's time spent waiting on the network so far (:func:`waited`)."""
     return counters()[_WAIT_S]
@@ -133,18 +141,42 @@ def rtt_p90_s() -> float:
     return times[(9 * (len(times) - 1)) // 10]
 
 
-def tasks_ahead(rtt_s: float, task_s: float) -> int:
+def tasks_ahead(rtt_s: float, task_s: float, task_bytes: float = 0.0,
+                budget_bytes: float | None = None) -> int:
     """The tasks a reading-ahead worker holds to hide round trips of ``rtt_s`` when a
     task takes it ``task_s``: the one in hand, the next, and as many more as the
     round trip lasts tasks (their reads start that much earlier), within
     [:data:`FEWEST_TASKS_AHEAD`, :data:`MOST_TASKS_AHEAD`]. The one place that decides it.
 
+    No more than the read-ahead buffer holds (``budget_bytes``, this process's
+    ``readahead_bytes`` by default) of tasks fetching ``task_bytes`` each beside
+    the one in hand: past it, the buffer would drop the spans needed soonest.
+
     >>> tasks_ahead(0.02, 0.04), tasks_ahead(0.05, 0.036), tasks_ahead(0.2, 0.01)
     (3, 4, 8)
+    >>> tasks_ahead(0.2, 0.01, task_bytes=10e6, budget_bytes=50e6)
+    6
     """
     if not task_s > 0 or not rtt_s > 0:
         return FEWEST_TASKS_AHEAD
-    return max(FEWEST_TASKS_AHEAD, min(MOST_TASKS_AHEAD, 2 + math.ceil(rtt_s / task_s)))
+    need = 2 + math.ceil(rtt_s / task_s)
+    budget = ahead_budget() if budget_bytes is None else budget_bytes
+    if task_bytes > 0 and budget > 0:
+        need = min(need, 1 + int(budget // task_bytes))
+    return max(FEWEST_TASKS_AHEAD, min(MOST_TASKS_AHEAD, need))
+
+
+def set_ahead_budget(nbytes: int) -> None:
+    """A read-ahead buffer of ``nbytes`` was made in this process (the largest counts)."""
+    global _budget
+    counters()
+    _budget = max(_budget, nbytes)
+
+
+def ahead_budget() -> int:
+    """The largest read-ahead buffer made in this process, in bytes (0: none)."""
+    counters()
+    return _budget
 
 
 def holding(tasks: int) -> None:

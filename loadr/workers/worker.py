@@ -173,6 +173,7 @@ class Steps:
         # early (MAX_TASKS_READING_AHEAD), so that their reads start early.
         self.reads_ahead = self.asm.hooks.prefetch is not None
         self.task_s = None          # a task's time, its waits on the network left out
+        self.task_bytes = None      # the bytes fetched a task
         if self.reads_ahead:
             netstats.holding(MAX_TASKS_READING_AHEAD)
         self.init_failure = None
@@ -242,7 +243,8 @@ class Steps:
         progress, wid = self.progress, self.args.wid
         count, row = task.count, task.row
         if self.reads_ahead:
-            t0, waited0 = time.perf_counter(), netstats.wait_s()
+            t0, waited0, bytes0 = time.perf_counter(), netstats.wait_s(), \
+                netstats.fetched_bytes()
         try:
             arrays = self.views[task.slot] if row == 0 else \
                 {key: view[row:row + count] for key, view in self.views[task.slot].items()}
@@ -252,7 +254,8 @@ class Steps:
                 cancel=(self.cancelled, task.task_id))
             reply = protocol.done(task.task_id, extras, replaced)
             if self.reads_ahead:
-                self._size_read_ahead(time.perf_counter() - t0 - (netstats.wait_s() - waited0))
+                self._size_read_ahead(time.perf_counter() - t0 - (netstats.wait_s() - waited0),
+                                      netstats.fetched_bytes() - bytes0)
         except Cancelled:
             reply = protocol.done(task.task_id, {}, [])
         except SampleFailure as f:
@@ -268,15 +271,18 @@ class Steps:
         self.clock.finish()
         return reply
 
-    def _size_read_ahead(self, task_s: float) -> None:
-        """After a task that took ``task_s`` (its network waits left out): ask the pool
-        for as many tasks as the round trips need (:func:`netstats.tasks_ahead`)."""
+    def _size_read_ahead(self, task_s: float, task_bytes: float) -> None:
+        """After a task that took ``task_s`` (its network waits left out) while ``task_bytes``
+        came in (for the tasks read ahead): ask the pool for as many tasks as the round
+        trips need and the read-ahead buffer holds (:func:`netstats.tasks_ahead`)."""
         if task_s > 0:
             self.task_s = task_s if self.task_s is None else \
                 (1 - TASK_TIME_WEIGHT) * self.task_s + TASK_TIME_WEIGHT * task_s
+        self.task_bytes = task_bytes if self.task_bytes is None else \
+            (1 - TASK_TIME_WEIGHT) * self.task_bytes + TASK_TIME_WEIGHT * task_bytes
         rtt = netstats.rtt_p90_s()
         if rtt > 0 and self.task_s:
-            held = netstats.tasks_ahead(rtt, self.task_s)
+            held = netstats.tasks_ahead(rtt, self.task_s, self.task_bytes)
             self.wants[0] = held
             netstats.holding(held)
 
