@@ -319,9 +319,9 @@ class WorkerPool:
         # fit), an error before anything is made if not one per worker plus one.
         status_bytes = StatusCells.nbytes(workers)
         self.slot_count = plan_slots(layout.nbytes, slots, workers,
-                                     shm_budget(shm_bytes, memfd), status_bytes)
+                                     shm_budget(shm_bytes, memfd), status_bytes, needed_slots)
         # Slots past ``needed_slots`` are the loader's room for more read-ahead: had
-        # only where the budget holds them, with no warning.
+        # only where the budget holds them (and READ_AHEAD_ROOM_BYTES), with no warning.
         if self.slot_count < min(slots, needed_slots or slots):
             log.warning('loadr: the shared-memory budget holds %d of the %d batch slots asked '
                         'for (%s each); the prefetch window shrinks to fit (raise shm_bytes '

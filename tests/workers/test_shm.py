@@ -29,8 +29,9 @@ from loadr.pids import me
 from loadr.workers import shm
 from loadr.workers.pool import WorkerPool
 from loadr.workers.protocol import Done, Task
-from loadr.workers.shm import (MARKER, SHM_DIR, Layout, Segment, StatusCells, owned_dir,
-                               owner_of, plan_slots, reclaim_stale, remove_owned, shm_budget)
+from loadr.workers.shm import (MARKER, READ_AHEAD_ROOM_BYTES, SHM_DIR, Layout, Segment,
+                               StatusCells, owned_dir, owner_of, plan_slots, reclaim_stale,
+                               remove_owned, shm_budget)
 
 from ..faults.helpers import ROOT, children, memfds, wait_until_gone
 from ..loader_helpers import trivial
@@ -171,6 +172,12 @@ def test_the_status_cells_are_the_same_for_the_worker_and_the_pool():
 def test_the_budget_decides_the_slot_count_and_refuses_below_one_per_worker_plus_one():
     assert plan_slots(1000, wanted=6, workers=2, budget=(10**9, 'x')) == 6
     assert plan_slots(1000, wanted=6, workers=2, budget=(4500, 'x')) == 4
+    # Past the needed slots, room to read ahead: as the budget and READ_AHEAD_ROOM_BYTES hold.
+    room = READ_AHEAD_ROOM_BYTES
+    assert plan_slots(1000, wanted=20, workers=2, budget=(10**9, 'x'), needed=5) == 20
+    assert plan_slots(room // 2, wanted=20, workers=2, budget=(10**12, 'x'), needed=5) == 7
+    assert plan_slots(room * 2, wanted=20, workers=2, budget=(10**12, 'x'), needed=5) == 5
+    assert plan_slots(1000, wanted=20, workers=2, budget=(8500, 'x'), needed=5) == 8
     assert plan_slots(1000, wanted=6, workers=2, budget=(4500, 'x'), extra_bytes=600) == 3
     with pytest.raises(ResourceError) as info:
         plan_slots(3 * 2**20, wanted=6, workers=2, budget=(8 * 2**20, 'shm_bytes=8388608'))
