@@ -8,9 +8,12 @@ read three ways, each by a new Loader (no warm cache), for one epoch:
 - ``nginx + 20 ms``: the same directory served by nginx on loopback, through
   our proxy (``tests/remote/proxy.py``, in its own process) that holds every
   request for ``--delay-ms`` before passing it on, as a far server would;
-- ``moto s3`` (``--s3``): moto's S3 server, direct (it spends milliseconds of
-  CPU per request on a small machine, so it serves correctness, not speed;
-  only ``--s3-batches`` batches are read).
+- ``moto s3`` (``--s3``): moto's S3 server behind the same delaying proxy
+  (its own process), read in the same runs as the others, so that its ratios
+  compare with HTTP's (requests per sample, bytes fetched / needed, the
+  CPU split). moto spends milliseconds of CPU per request: on a small
+  machine it takes the loader's cores, which the CPU column shows.
+  ``--s3-direct``: moto with no proxy, as before (``--s3-batches`` batches).
 
 Per case: samples/s over the epoch (from the loader's creation) and in the
 steady state (after the first batch), the bytes the proxy passed (the
@@ -53,6 +56,7 @@ the requests it sent, and that its datapoints equal the local read.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -77,6 +81,11 @@ def _proxy(upstream: str, delay_ms: float):
         proc.kill()
         raise RuntimeError('the proxy did not start')
     return proc, url
+
+
+def _stop(proc) -> None:
+    proc.terminate()
+    proc.wait(10)
 
 
 def _proxy_stats(url: str, reset: bool = False) -> dict:
@@ -247,7 +256,10 @@ def main(argv=None) -> int:
                    help='local and remote read this many times, interleaved; medians')
     p.add_argument('--far-step', type=int, default=10_000_000,
                    help='the step load() jumps to (default 10 million samples in)')
-    p.add_argument('--s3', action='store_true', help="also read from moto's S3 server")
+    p.add_argument('--s3', action='store_true',
+                   help="also read from moto's S3 server behind the proxy at --delay-ms")
+    p.add_argument('--s3-direct', action='store_true',
+                   help="also read --s3-batches batches from moto's S3 server, no proxy")
     p.add_argument('--s3-batches', type=int, default=4)
     p.add_argument('--cache', type=float, nargs='*', default=None, metavar='FRACTION',
                    help='also compare the local cache (cache_dir) evicting the furthest '
@@ -279,34 +291,45 @@ def main(argv=None) -> int:
         data = W.make_images(tmp, args.images, args.shardlen)
         needed = _record_bytes(data.path)
         batches = args.batches or -(-args.images // args.batch)
-        with start_nginx(tmp, os.path.join(tmp, '.nginx')) as web:
+        with contextlib.ExitStack() as stack:
+            web = stack.enter_context(start_nginx(tmp, os.path.join(tmp, '.nginx')))
+            s3 = s3_proxy = None
+            if args.s3:
+                os.environ.update(S3_ENV)
+                s3 = stack.enter_context(start_moto(os.path.join(tmp, '.moto-proxied')))
+                upload(s3.url, 'bench', data.path, 'images')
+                s3_proxy, s3_url = _proxy(s3.url, args.delay_ms)
+                stack.callback(_stop, s3_proxy)
             proxy, url = _proxy(web.url, args.delay_ms)
-            try:
-                for _ in range(args.runs):
-                    results.append(run_case('local disk', data.path, None, args.images,
-                                            args.workers, batches, args.far_step, None,
-                                            batch=args.batch, skip=args.skip))
-                    results.append(run_case(f'nginx + {args.delay_ms:g} ms', f'{url}/images',
-                                            None, args.images, args.workers, batches,
-                                            args.far_step, url, (web.proc.pid, proxy.pid),
-                                            batch=args.batch, skip=args.skip))
-                    for item in args.also:
-                        key, _, value = item.partition('=')
-                        results.append(run_case(
-                            f'nginx {args.delay_ms:g}ms {item}', f'{url}/images',
-                            {'loadr': {key: json.loads(value)}}, args.images, args.workers, batches,
-                            args.far_step, url, (web.proc.pid, proxy.pid), batch=args.batch,
-                            skip=args.skip))
-                fractions = [] if args.cache is None else (args.cache or [0.05])
-                for fraction in fractions:
-                    for policy in ('furthest', 'lru'):
-                        cache_runs.append((fraction, policy, run_cache(
-                            url, needed, fraction, policy, args.workers, args.cache_epochs,
-                            os.path.join(tmp, f'cache-{fraction}-{policy}'))))
-            finally:
-                proxy.terminate()
-                proxy.wait(10)
-        if args.s3:
+            stack.callback(_stop, proxy)
+            for _ in range(args.runs):
+                results.append(run_case('local disk', data.path, None, args.images,
+                                        args.workers, batches, args.far_step, None,
+                                        batch=args.batch, skip=args.skip))
+                results.append(run_case(f'nginx + {args.delay_ms:g} ms', f'{url}/images',
+                                        None, args.images, args.workers, batches,
+                                        args.far_step, url, (web.proc.pid, proxy.pid),
+                                        batch=args.batch, skip=args.skip))
+                for item in args.also:
+                    key, _, value = item.partition('=')
+                    results.append(run_case(
+                        f'nginx {args.delay_ms:g}ms {item}', f'{url}/images',
+                        {'loadr': {key: json.loads(value)}}, args.images, args.workers, batches,
+                        args.far_step, url, (web.proc.pid, proxy.pid), batch=args.batch,
+                        skip=args.skip))
+                if s3 is not None:
+                    results.append(run_case(
+                        f'moto s3 + {args.delay_ms:g} ms', 's3://bench/images',
+                        {'endpoint_url': s3_url}, args.images, args.workers, batches,
+                        args.far_step, s3_url, (s3.proc.pid, s3_proxy.pid),
+                        batch=args.batch, skip=args.skip))
+            fractions = [] if args.cache is None else (args.cache or [0.05])
+            for fraction in fractions:
+                for policy in ('furthest', 'lru'):
+                    cache_runs.append((fraction, policy, run_cache(
+                        url, needed, fraction, policy, args.workers, args.cache_epochs,
+                        os.path.join(tmp, f'cache-{fraction}-{policy}'))))
+        if args.s3_direct:
             os.environ.update(S3_ENV)
             with start_moto(os.path.join(tmp, '.moto')) as s3:
                 upload(s3.url, 'bench', data.path, 'images')
@@ -340,7 +363,8 @@ def main(argv=None) -> int:
             if net:
                 print(f'  loader: {net["requests_per_sample"]:.2f} requests per sample, '
                       f'round trip {1e3 * net["rtt_s"]:.1f} ms, at most '
-                      f'{net["max_in_flight"]} in flight in a worker; reads waited on the '
+                      f'{net["max_in_flight"]} in flight in a worker, up to '
+                      f'{net.get("tasks_ahead", "?")} tasks held; reads waited on the '
                       f'network {net["wait_s"]:.2f} s ({100 * net["wait_share"]:.0f}% of '
                       f'worker time) in {net["waits"]} waits, {net["uncovered"]} not read '
                       f'ahead (uncovered round trips)')

@@ -50,7 +50,7 @@ from .sources import hooks_of
 from .stats import StageClock, Stats, cores, fn_names, row_width
 from .workers import protocol
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
-from .workers.worker import tasks_held
+from .workers.worker import most_tasks_held, tasks_held
 from .settings import (MAX_BATCH, MAX_PREFETCH, MAX_WORKERS, _normalize_spec, _real,
                        _start_methods, _whole, default_start_method)
 from .batches import _Batches, _raise_failure
@@ -89,7 +89,9 @@ class Loader(LoaderState, LoaderStats):
       seed: any int in [0, 2**64).
       workers: processes; 0 runs everything in this process, same output.
         ``'auto'``: sized by itself (see below).
-      prefetch: batches in flight (default ``2 * workers``); ``'auto'``: sized by itself.
+      prefetch: batches in flight (default ``2 * workers``; for a reader that reads
+        ahead, room for up to ``8 * workers``, each worker holding as many tasks as its
+        round trips need); ``'auto'``: sized by itself.
       shard_id, num_shards: split each global batch between hosts.
       spec: ``{key: (dtype, shape)}``; default: from the first datapoint.
       ring: yield views into shared memory, valid only until the next batch;
@@ -196,10 +198,14 @@ class Loader(LoaderState, LoaderStats):
         self.fns = list(fns)
         self.shuffle = bool(shuffle)
         self.workers = int(workers)
-        # As many batches in flight as the workers hold tasks (a remote reader's
-        # workers hold a third, whose reads start a task ahead of the work).
+        # As many batches in flight as the workers may hold tasks (a remote reader's
+        # workers hold more where their round trips last longer than a task: see
+        # netstats.tasks_ahead; their slots, past the first tasks_held, are made
+        # where the shared-memory budget holds them, with no warning).
         self.prefetch = (int(prefetch) if prefetch is not None
-                         else max(2, tasks_held(reader) * self.workers))
+                         else max(2, most_tasks_held(reader) * self.workers))
+        self._default_prefetch = (self.prefetch, max(2, tasks_held(reader) * self.workers)) \
+            if prefetch is None else None
         self.shard_id, self.num_shards = int(shard_id), int(num_shards)
         self.ring = bool(ring)
         self.on_error = on_error
@@ -504,10 +510,13 @@ class Loader(LoaderState, LoaderStats):
             from .shared import share
             self._source = share(self.reader)
         slots = self.prefetch + (1 if self.ring else LEASED_SLOTS)
+        needed = slots
+        if self._default_prefetch is not None and self._default_prefetch[0] == self.prefetch:
+            needed = self._default_prefetch[1] + (1 if self.ring else LEASED_SLOTS)
         self._pool = WorkerPool(self._source, self.fns, spec, Layout(fields, self.batch),
                                 self.workers, slots, self.n, self.shuffle, self.on_error,
                                 self.start_method, self.timeout, self.order_version,
-                                init_fn=self._worker_init_fn)
+                                init_fn=self._worker_init_fn, needed_slots=needed)
         self._finalizer = weakref.finalize(self, self._pool.close)
         list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
         self._window = Window(self._pool, self.prefetch, self.workers, list_keys, self.ring)

@@ -61,6 +61,7 @@ class Buffer:
         self.claims: dict[tuple, list] = {}         # (path, offset, length) -> [span, count]
         self.bytes = 0
         self.lock = threading.Lock()
+        netstats.set_ahead_budget(max_bytes)      # bounds the tasks a worker holds
 
     def find(self, path: str, offset: int, length: int) -> Span | None:
         found = self.by_path.get(path)

@@ -59,8 +59,8 @@ from .ledger import MAX_DEATHS_PER_POSITION, Ledger, exit_text
 from .memory import frozen_for_fork, private_bytes, resident, steady_memory_default
 from .shm import (SHM_DIR, Segment, StatusCells, owned_dir, plan_slots, reclaim_stale,
                   remove_owned, shm_budget, size_text, use_memfd)
-from .worker import (MAX_TASKS_PER_WORKER, MAX_TASKS_READING_AHEAD, WorkerArgs, run,
-                     tasks_held)
+from .worker import (MAX_TASKS_PER_WORKER, MAX_TASKS_READING_AHEAD, WorkerArgs,
+                     most_tasks_held, run, tasks_held)
 
 __all__ = ['WorkerPool', 'MAX_TASKS_PER_WORKER', 'MAX_TASKS_READING_AHEAD',
            'MAX_DEATHS_PER_POSITION', 'JOIN_TIMEOUT_S', 'FROZEN_AFTER_S']
@@ -284,7 +284,7 @@ class WorkerPool:
                  shuffle: bool, on_error: str, start_method: str = 'spawn',
                  task_timeout_s: float | None = None, order_version: int | None = None,
                  steady_memory: bool | None = None, shm_bytes: int | None = None,
-                 init_fn=None):
+                 init_fn=None, needed_slots: int | None = None):
         import multiprocess
 
         self.closed = False
@@ -305,13 +305,13 @@ class WorkerPool:
             with _sigint_deferred():
                 self._open(reader, fns, spec, layout, workers, slots, n, shuffle, on_error,
                            multiprocess.get_context(start_method), task_timeout_s,
-                           order_version, steady_memory, shm_bytes)
+                           order_version, steady_memory, shm_bytes, needed_slots)
         except BaseException:
             self.close()
             raise
 
     def _open(self, reader, fns, spec, layout, workers, slots, n, shuffle, on_error, mp,
-              task_timeout_s, order_version, steady_memory, shm_bytes) -> None:
+              task_timeout_s, order_version, steady_memory, shm_bytes, needed_slots) -> None:
         held = self._held
         reclaim_stale()
         memfd = use_memfd()
@@ -319,8 +319,10 @@ class WorkerPool:
         # fit), an error before anything is made if not one per worker plus one.
         status_bytes = StatusCells.nbytes(workers)
         self.slot_count = plan_slots(layout.nbytes, slots, workers,
-                                     shm_budget(shm_bytes, memfd), status_bytes)
-        if self.slot_count < slots:
+                                     shm_budget(shm_bytes, memfd), status_bytes, needed_slots)
+        # Slots past ``needed_slots`` are the loader's room for more read-ahead: had
+        # only where the budget holds them (and READ_AHEAD_ROOM_BYTES), with no warning.
+        if self.slot_count < min(slots, needed_slots or slots):
             log.warning('loadr: the shared-memory budget holds %d of the %d batch slots asked '
                         'for (%s each); the prefetch window shrinks to fit (raise shm_bytes '
                         'for more)', self.slot_count, slots, size_text(layout.nbytes))
@@ -367,6 +369,11 @@ class WorkerPool:
         self._cancelled = cells.cancelled()
         self._cancelled[0] = -1
         self._beats = cells.heartbeats()
+        # The tasks each worker asks to hold at once: where it starts; a worker that
+        # reads ahead raises it to what its round trips need, up to max_tasks.
+        self._wants = cells.wants_rows()
+        self._first_wants = tasks_held(reader)
+        self._wants[:] = self._first_wants
         self._liveness_at = self._exits_at = time.monotonic()
         self._polled, self._poller_held = None, None
         self.layout = layout
@@ -381,7 +388,7 @@ class WorkerPool:
             order_version=order_version, init_fn=self._init_fn,
             steady_memory=steady_memory_default() if steady_memory is None else steady_memory)
         self.task_timeout_s = task_timeout_s
-        self.max_tasks = tasks_held(reader)
+        self.max_tasks = most_tasks_held(reader)
         # Files the dataset holds open now: every forked worker would share each one
         # (one file offset), and their reads would interleave. Said once here, and
         # by every error of a worker (see inherited.py).
@@ -408,6 +415,7 @@ class WorkerPool:
         # assigned, so another process of ours that can reach the socket still
         # cannot pose as the next worker (see SECURITY.md).
         identity = b'w%d.%d.%s' % (wid, self._incarnations, secrets.token_hex(8).encode())
+        self._wants[wid] = self._first_wants        # a replacement starts afresh
         args = WorkerArgs(wid=wid, identity=identity, **self._template)
         proc = self._mp.Process(target=run, args=(args,), name=f'loadr-worker-{wid}', daemon=True)
         # Ctrl-C waits until the worker is started and recorded: one arriving
@@ -511,14 +519,17 @@ class WorkerPool:
 
     # -- tasks -------------------------------------------------------------
 
+    def _room(self, w: _Worker) -> bool:
+        """Whether ``w`` takes another task now: fewer than it asks to hold (its status
+        cell, at most ``depth``)."""
+        return w.ready and len(w.tasks) < min(self.depth, max(1, int(self._wants[w.wid])))
+
     def can_submit(self) -> bool:
-        return any(w is not None and w.ready and len(w.tasks) < self.depth
-                   for w in self.workers)
+        return any(w is not None and self._room(w) for w in self.workers)
 
     def submit(self, task: protocol.Task) -> bool:
         """Send ``task`` to the least busy ready worker; False if none can take it."""
-        candidates = [w for w in self.workers
-                      if w is not None and w.ready and len(w.tasks) < self.depth]
+        candidates = [w for w in self.workers if w is not None and self._room(w)]
         if not candidates:
             return False
         w = min(candidates, key=lambda w: len(w.tasks))
@@ -678,5 +689,5 @@ class WorkerPool:
         to call twice, and a Ctrl-C meanwhile waits until it is done."""
         self.closed = True
         self.views = []
-        self.progress = self._cancelled = self._beats = self._stats_rows = None
+        self.progress = self._cancelled = self._beats = self._wants = self._stats_rows = None
         _release(self._held)

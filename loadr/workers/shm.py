@@ -65,7 +65,7 @@ from ..pids import cgroup_dir, me, owner_gone
 
 __all__ = ['SHM_DIR', 'PREFIX', 'MARKER', 'DEFAULT_SHM_FRACTION', 'Layout', 'Segment',
            'StatusCells', 'owned_dir', 'remove_owned', 'owner_of', 'reclaim_stale', 'use_memfd',
-           'available_memory', 'shm_budget', 'plan_slots', 'free_bytes']
+           'available_memory', 'shm_budget', 'plan_slots', 'free_bytes', 'READ_AHEAD_ROOM_BYTES']
 
 SHM_DIR = '/dev/shm'
 PREFIX = 'loadr-'
@@ -75,6 +75,8 @@ TOKEN_HEX = 32                  # 128 random bits: a name nobody picks by chance
 _OWNED = re.compile(r'^loadr-(\d+)-([0-9a-f]{%d})$' % TOKEN_HEX)
 _MARKER_MAX_BYTES = 4096
 DEFAULT_SHM_FRACTION = 0.25     # of the memory available, when no budget is given
+# The shared memory that slots past the needed ones (room to read further ahead) may take.
+READ_AHEAD_ROOM_BYTES = 256 << 20
 
 
 class Layout:
@@ -114,7 +116,9 @@ class StatusCells:
     Per worker the stream position and dataset index in hand (2 int64, -1:
     none; the worker writes), then the id of the last cancelled task (1
     int64; the pool writes, every worker reads), then per worker a heartbeat
-    counter (1 int64; the worker's watchdog thread bumps it).
+    counter (1 int64; the worker's watchdog thread bumps it), then per worker
+    the tasks it asks to hold at once (1 int64; the pool sets where it starts,
+    a worker that reads ahead sets it to what its round trips need).
 
     >>> import numpy as np
     >>> cells = StatusCells(bytearray(StatusCells.nbytes(2)), 2)
@@ -127,7 +131,7 @@ class StatusCells:
 
     @staticmethod
     def nbytes(workers: int) -> int:
-        return 16 * workers + 8 + 8 * workers
+        return 16 * workers + 8 + 16 * workers
 
     # Memoryviews for the worker: it sets progress twice per sample, and a
     # memoryview's item assignment costs a third of numpy's.
@@ -143,6 +147,9 @@ class StatusCells:
     def heartbeat(self, wid: int) -> memoryview:
         return self._cells(16 * self.workers + 8 + 8 * wid, 8)
 
+    def wants(self, wid: int) -> memoryview:
+        return self._cells(24 * self.workers + 8 + 8 * wid, 8)
+
     # Arrays for the pool, which reads them a row at a time.
     def progress_rows(self) -> np.ndarray:
         return np.ndarray((self.workers, 2), dtype=np.int64, buffer=self.buf)
@@ -150,6 +157,10 @@ class StatusCells:
     def heartbeats(self) -> np.ndarray:
         return np.ndarray((self.workers,), dtype=np.int64, buffer=self.buf,
                           offset=16 * self.workers + 8)
+
+    def wants_rows(self) -> np.ndarray:
+        return np.ndarray((self.workers,), dtype=np.int64, buffer=self.buf,
+                          offset=24 * self.workers + 8)
 
 
 class Segment:
@@ -385,12 +396,20 @@ def shm_budget(shm_bytes: int | None = None, memfd: bool = True) -> tuple[int, s
 
 
 def plan_slots(slot_bytes: int, wanted: int, workers: int, budget: tuple[int, str],
-               extra_bytes: int = 0) -> int:
+               extra_bytes: int = 0, needed: int | None = None) -> int:
     """How many slots of ``slot_bytes`` to make: ``wanted``, or as many as the budget
     holds; ResourceError if that is less than one per worker plus one.
 
+    Slots past ``needed`` are room for reading further ahead (a remote reader's
+    workers may hold more tasks): at most :data:`READ_AHEAD_ROOM_BYTES` of them.
+    Small batches make short tasks, which need that room; large ones make long
+    tasks, which hide a round trip with the first slots.
+
     >>> plan_slots(100, wanted=10, workers=2, budget=(650, 'shm_bytes=650'))
     6
+    >>> plan_slots(READ_AHEAD_ROOM_BYTES // 4, wanted=20, workers=2, budget=(2**62, 'x'),
+    ...            needed=5)
+    9
     >>> plan_slots(100, wanted=10, workers=8, budget=(650, 'x'))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
@@ -411,6 +430,8 @@ than the budget of 650 B (x); lower batch or workers, or raise shm_bytes (or LOA
             f'{text(slot_bytes)} for each of the {workers} workers, plus one{status}), more '
             f'than the budget of {text(budget[0])} ({budget[1]}); lower batch or workers, or '
             'raise shm_bytes (or LOADR_SHM_BYTES)')
+    if needed is not None and wanted > needed:
+        wanted = max(needed, min(wanted, needed + READ_AHEAD_ROOM_BYTES // max(1, slot_bytes)))
     return min(wanted, fits)
 
 

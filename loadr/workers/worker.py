@@ -32,22 +32,26 @@ from ..assemble import Assembler, Cancelled, SampleFailure
 from ..order import ORDER_VERSION, order_for
 from ..sources import hooks_of
 from ..stats import StageClock, row_width, schedstat
+from ..storage import netstats
 from . import memory, protocol
 from .shm import Segment, StatusCells
 
-__all__ = ['WorkerArgs', 'Steps', 'Link', 'serve', 'run', 'tasks_held', 'PARENT_CHECK_S',
-           'MAX_TASKS_PER_WORKER', 'MAX_TASKS_READING_AHEAD']
+__all__ = ['WorkerArgs', 'Steps', 'Link', 'serve', 'run', 'tasks_held', 'most_tasks_held',
+           'PARENT_CHECK_S', 'MAX_TASKS_PER_WORKER', 'MAX_TASKS_READING_AHEAD']
 
 PARENT_CHECK_S = 0.2
 RECV_POLL_MS = 500
 MAX_TASKS_PER_WORKER = 2          # one in hand, one queued: no idle gap between tasks
-# ... and one more where the reader reads ahead (remote files): a worker starts
-# the reads of every task it holds, so each task's reads begin a task earlier.
-MAX_TASKS_READING_AHEAD = 3
+# ... and at first one more where the reader reads ahead (remote files): a worker
+# starts the reads of every task it holds, so each task's reads begin a task
+# earlier. Then as many as its round trips need (netstats.tasks_ahead).
+MAX_TASKS_READING_AHEAD = netstats.FEWEST_TASKS_AHEAD
+# How fast a worker's measure of its task time follows a change (per task).
+TASK_TIME_WEIGHT = 0.3
 
 
 def tasks_held(reader) -> int:
-    """The tasks a worker holds at once (in hand and queued) for ``reader``.
+    """The tasks a worker holds at once (in hand and queued) for ``reader``, at first.
 
     >>> class Remote:
     ...     prefetches = True
@@ -57,6 +61,18 @@ def tasks_held(reader) -> int:
     (2, 3)
     """
     return MAX_TASKS_READING_AHEAD if hooks_of(reader).prefetch is not None \
+        else MAX_TASKS_PER_WORKER
+
+
+def most_tasks_held(reader) -> int:
+    """The most tasks a worker may ask to hold for ``reader``: a reader that reads ahead
+    asks for more when its round trips last longer than a task
+    (:func:`~loadr.storage.netstats.tasks_ahead`).
+
+    >>> most_tasks_held([])
+    2
+    """
+    return netstats.MOST_TASKS_AHEAD if hooks_of(reader).prefetch is not None \
         else MAX_TASKS_PER_WORKER
 
 
@@ -142,6 +158,7 @@ class Steps:
         # memoryview's item assignment costs a third of numpy's.
         self.progress = cells.progress(args.wid)
         self.cancelled = cells.cancelled()      # the last cancelled task id
+        self.wants = cells.wants(args.wid)      # the tasks we ask the pool to hold at once
         self.asm = Assembler(args.reader, args.fns, args.spec, args.on_error)
         # This worker's stage counters: a float64 row after the status cells (pool.py).
         width = 8 * row_width(len(args.fns))
@@ -155,6 +172,10 @@ class Steps:
         # A remote reader's records are read ahead: tasks are taken off the socket
         # early (MAX_TASKS_READING_AHEAD), so that their reads start early.
         self.reads_ahead = self.asm.hooks.prefetch is not None
+        self.task_s = None          # a task's time, its waits on the network left out
+        self.task_bytes = None      # the bytes fetched a task
+        if self.reads_ahead:
+            netstats.holding(MAX_TASKS_READING_AHEAD)
         self.init_failure = None
         self.last_task, self.trimmed = time.monotonic(), True
 
@@ -221,6 +242,9 @@ class Steps:
         """Make ``task``'s rows in its slot: the reply (DONE, or FAIL naming the sample)."""
         progress, wid = self.progress, self.args.wid
         count, row = task.count, task.row
+        if self.reads_ahead:
+            t0, waited0, bytes0 = time.perf_counter(), netstats.wait_s(), \
+                netstats.fetched_bytes()
         try:
             arrays = self.views[task.slot] if row == 0 else \
                 {key: view[row:row + count] for key, view in self.views[task.slot].items()}
@@ -229,6 +253,9 @@ class Steps:
                 batch_read=not task.flags & protocol.READ_ONE_BY_ONE,
                 cancel=(self.cancelled, task.task_id))
             reply = protocol.done(task.task_id, extras, replaced)
+            if self.reads_ahead:
+                self._size_read_ahead(time.perf_counter() - t0 - (netstats.wait_s() - waited0),
+                                      netstats.fetched_bytes() - bytes0)
         except Cancelled:
             reply = protocol.done(task.task_id, {}, [])
         except SampleFailure as f:
@@ -243,6 +270,21 @@ class Steps:
             reply = protocol.fail(task.task_id, failure)
         self.clock.finish()
         return reply
+
+    def _size_read_ahead(self, task_s: float, task_bytes: float) -> None:
+        """After a task that took ``task_s`` (its network waits left out) while ``task_bytes``
+        came in (for the tasks read ahead): ask the pool for as many tasks as the round
+        trips need and the read-ahead buffer holds (:func:`netstats.tasks_ahead`)."""
+        if task_s > 0:
+            self.task_s = task_s if self.task_s is None else \
+                (1 - TASK_TIME_WEIGHT) * self.task_s + TASK_TIME_WEIGHT * task_s
+        self.task_bytes = task_bytes if self.task_bytes is None else \
+            (1 - TASK_TIME_WEIGHT) * self.task_bytes + TASK_TIME_WEIGHT * task_bytes
+        rtt = netstats.rtt_p90_s()
+        if rtt > 0 and self.task_s:
+            held = netstats.tasks_ahead(rtt, self.task_s, self.task_bytes)
+            self.wants[0] = held
+            netstats.holding(held)
 
     def flush(self) -> None:
         """On the way out: a caching reader keeps the last batch's ranges for the next run."""

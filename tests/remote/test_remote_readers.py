@@ -17,9 +17,9 @@ import loadr.convert
 from loadr.errors import FormatError
 from loadr.readers import BagReader, FFRecordReader, GulpReader
 from loadr.stats import format_table
-from loadr.storage import using_storage_options
+from loadr.storage import netstats, using_storage_options
 
-from ..loader_helpers import stream_digests
+from ..loader_helpers import batch_digest, stream_digests
 from ..readers.common import assert_equal, check_reader_contract
 from ..test_loader_readers import PIPELINES
 from .proxy import Proxy
@@ -563,6 +563,92 @@ def test_a_server_slow_for_some_ranges_gives_the_local_stream(nginx, served_root
     assert remote['max_in_flight'] >= 1 and remote['bytes'] > 0, remote
     assert 'remote: ' in table and 'round trip' in table, table
 
+
+
+@pytest.mark.parametrize('workers', [1, 2])
+def test_read_ahead_grows_with_the_round_trip_and_keeps_the_local_stream(nginx, served_root,
+                                                                         workers):
+    """Round trips of 40 ms (a third of the ranges 60 ms later still) against tasks of a
+    few ms: each worker asks to hold more tasks than the first three (the remote stage
+    of loader.stats() says how many), and the batches are still the local read's."""
+    reader, pipeline = PIPELINES['bag_sharded'](served_root)
+    with loadr.Loader(reader, batch=4, fns=pipeline, seed=5, workers=0) as loader:
+        expected = stream_digests(loader, 10)
+    with Proxy(nginx.url, delay_s=0.04, slow=0.3, slow_s=0.06, seed=3) as proxy:
+        with using_storage_options({'loadr': {'small_file_bytes': 0}}):
+            reader, pipeline = _remote_pipeline('bag_sharded', proxy.url)
+        with loadr.Loader(reader, batch=4, fns=pipeline, seed=5, workers=workers) as loader:
+            it, got, held = iter(loader), [], []
+            for _ in range(10):
+                got.append(batch_digest(next(it)))
+                # The tasks the pool has out with each worker: more than the first three.
+                held.append(max(len(w.tasks) for w in loader._pool.workers))
+            assert got == expected
+            remote = loader.stats().as_dict()['remote']
+            table = format_table(loader.stats())
+        assert proxy.stats['slow'] > 0, proxy.stats
+    assert max(held) > netstats.FEWEST_TASKS_AHEAD, held
+    assert remote['tasks_ahead'] > netstats.FEWEST_TASKS_AHEAD, remote
+    assert remote['tasks_ahead'] <= netstats.MOST_TASKS_AHEAD, remote
+    assert f"up to {remote['tasks_ahead']} tasks held" in table, table
+
+
+def _blob_array(dp, seed):
+    import numpy as np
+    return {'blob': np.frombuffer(dp['blob'], np.uint8), 'label': dp['label']}
+
+
+def _fetched_twice(log: list, size_of) -> list:
+    """Bytes that two requests of the proxy's ``log`` both carried, by file; a read of a
+    file's last bytes (a bag's header and table, read once per process) left out."""
+    spans: dict = collections.defaultdict(list)
+    for _, target, header in log:
+        if header.startswith('bytes='):
+            for part in header[len('bytes='):].split(','):
+                a, b = part.split('-')
+                spans[target].append((int(a), int(b) + 1))
+        else:
+            spans[target].append((0, size_of(target)))
+    twice = []
+    for target, got in spans.items():
+        got = sorted(r for r in got if r[1] != size_of(target))
+        twice += [(target, r, q) for r, q in zip(got, got[1:]) if q[0] < r[1]]
+    return twice
+
+
+@pytest.mark.parametrize('workers', [1, 2])
+def test_no_record_is_fetched_twice_in_an_epoch(nginx, served_root, workers):
+    """Value bags too big to read whole, a server slow for some ranges: over an epoch
+    no two requests carry the same bytes of a file (a read finds the range in flight
+    or buffered and waits for it; tasks held together are planned together), and the
+    batches are the local read's."""
+    from loadr.writers import BagWriter
+
+    name = f'bag_big_{workers}'
+    path = served_root / name
+    with BagWriter(str(path), {'blob': 'bytes', 'label': 'int'}, shardlen=16) as w:
+        for i in range(48):
+            w.append({'blob': bytes([i % 251]) * 5000 + i.to_bytes(4, 'little'), 'label': i})
+    try:
+        spec = {'blob': ('uint8', (5004,)), 'label': ('int64', ())}
+        local = loadr.open(path)
+        with loadr.Loader(local, batch=8, fns=[_blob_array], seed=4, workers=0,
+                          spec=spec) as loader:
+            expected = [batch_digest(b) for b in loader.epoch(0)]
+        with Proxy(nginx.url, delay_s=0.03, slow=0.3, slow_s=0.08, seed=7) as proxy:
+            reader = loadr.open(f'{proxy.url}/{name}')
+            proxy.reset_stats()
+            with loadr.Loader(reader, batch=8, fns=[_blob_array], seed=4, workers=workers,
+                              spec=spec) as loader:
+                # One epoch, and no more: the next one reads every record again.
+                assert [batch_digest(b) for b in loader.epoch(0)] == expected
+            log = list(proxy.log)
+        assert any('value' in t or 'blob' in t for _, t, _ in log), log
+        sizes = {f'/{name}/{p.relative_to(path).as_posix()}': p.stat().st_size
+                 for p in path.rglob('*') if p.is_file()}
+        assert _fetched_twice(log, sizes.__getitem__) == []
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _net_wait_s() -> float:

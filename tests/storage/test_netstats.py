@@ -56,3 +56,25 @@ def test_counters_are_per_process_and_reach_the_worker_row():
     p.start()
     assert q.get(timeout=30) == [0.0] * len(netstats.FIELDS)     # a new process: zero
     p.join(30)
+
+
+def test_the_tasks_held_follow_the_round_trip_within_the_buffer_and_the_bounds():
+    few, most = netstats.FEWEST_TASKS_AHEAD, netstats.MOST_TASKS_AHEAD
+    # Round trips shorter than a task: the first three; longer: one more per task they last.
+    assert netstats.tasks_ahead(0.02, 0.04, budget_bytes=0) == few
+    assert [netstats.tasks_ahead(rtt, 0.01, budget_bytes=0) for rtt in (0.02, 0.04, 0.06)] \
+        == [4, 6, 8]
+    assert netstats.tasks_ahead(1.0, 0.01, budget_bytes=0) == most
+    # Unknown yet (no request, or no task timed): the first three.
+    assert netstats.tasks_ahead(0.0, 0.01) == netstats.tasks_ahead(0.05, 0.0) == few
+    # No more than the read-ahead buffer holds beside the task in hand.
+    assert netstats.tasks_ahead(1.0, 0.01, task_bytes=8e6, budget_bytes=40e6) == 6
+    assert netstats.tasks_ahead(1.0, 0.01, task_bytes=80e6, budget_bytes=40e6) == few
+
+
+def test_the_round_trip_percentile_is_of_the_latest_requests():
+    for _ in range(netstats.RECENT_REQUESTS):
+        netstats.ended(netstats.started() - 1.0, 0)         # a second each, long ago
+    for _ in range(netstats.RECENT_REQUESTS):
+        netstats.ended(netstats.started(), 0)               # then fast ones only
+    assert netstats.rtt_p90_s() < 0.5                       # the mean keeps the slow ones

@@ -29,8 +29,9 @@ from loadr.pids import me
 from loadr.workers import shm
 from loadr.workers.pool import WorkerPool
 from loadr.workers.protocol import Done, Task
-from loadr.workers.shm import (MARKER, SHM_DIR, Layout, Segment, StatusCells, owned_dir,
-                               owner_of, plan_slots, reclaim_stale, remove_owned, shm_budget)
+from loadr.workers.shm import (MARKER, READ_AHEAD_ROOM_BYTES, SHM_DIR, Layout, Segment,
+                               StatusCells, owned_dir, owner_of, plan_slots, reclaim_stale,
+                               remove_owned, shm_budget)
 
 from ..faults.helpers import ROOT, children, memfds, wait_until_gone
 from ..loader_helpers import trivial
@@ -159,7 +160,11 @@ def test_the_status_cells_are_the_same_for_the_worker_and_the_pool():
     assert rows.tolist() == [[-1, -1], [40, 7], [-1, -1]]
     assert pool_side.heartbeats().tolist() == [0, 0, 5]
     assert worker_side.cancelled()[0] == 99
-    assert len(buf) == 3 * 16 + 8 + 3 * 8
+    pool_side.wants_rows()[:] = 3
+    worker_side.wants(1)[0] = 6
+    assert pool_side.wants_rows().tolist() == [3, 6, 3]
+    assert pool_side.heartbeats().tolist() == [0, 0, 5] and rows[2].tolist() == [-1, -1]
+    assert len(buf) == 3 * 16 + 8 + 3 * 8 + 3 * 8
 
 
 # -- the budget ------------------------------------------------------------------------------
@@ -167,6 +172,12 @@ def test_the_status_cells_are_the_same_for_the_worker_and_the_pool():
 def test_the_budget_decides_the_slot_count_and_refuses_below_one_per_worker_plus_one():
     assert plan_slots(1000, wanted=6, workers=2, budget=(10**9, 'x')) == 6
     assert plan_slots(1000, wanted=6, workers=2, budget=(4500, 'x')) == 4
+    # Past the needed slots, room to read ahead: as the budget and READ_AHEAD_ROOM_BYTES hold.
+    room = READ_AHEAD_ROOM_BYTES
+    assert plan_slots(1000, wanted=20, workers=2, budget=(10**9, 'x'), needed=5) == 20
+    assert plan_slots(room // 2, wanted=20, workers=2, budget=(10**12, 'x'), needed=5) == 7
+    assert plan_slots(room * 2, wanted=20, workers=2, budget=(10**12, 'x'), needed=5) == 5
+    assert plan_slots(1000, wanted=20, workers=2, budget=(8500, 'x'), needed=5) == 8
     assert plan_slots(1000, wanted=6, workers=2, budget=(4500, 'x'), extra_bytes=600) == 3
     with pytest.raises(ResourceError) as info:
         plan_slots(3 * 2**20, wanted=6, workers=2, budget=(8 * 2**20, 'shm_bytes=8388608'))
