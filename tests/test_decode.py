@@ -182,6 +182,42 @@ def test_files_the_region_decoder_refuses_decode_as_without_it():
     assert np.array_equal(fused, want)
 
 
+@needs_region
+@pytest.mark.parametrize('progressive', [False, True])
+def test_damaged_files_give_pixels_or_a_value_error_never_a_crash(progressive):
+    """Bytes flipped, cut or spliced anywhere in a JPEG (headers, tables, entropy data):
+    the region decoder returns a region of the asked size or raises ValueError; the
+    process never crashes, and nothing is written outside the buffer it returns."""
+    from loadr import _jpegregion as jr
+    rng = np.random.default_rng(7)
+    good = jpeg(natural(120, 160), progressive=progressive)
+    raised = 0
+    for trial in range(300):
+        data = bytearray(good)
+        kind = trial % 3
+        if kind == 0:                       # a few bytes flipped
+            for at in rng.integers(2, len(data), rng.integers(1, 6)):
+                data[at] ^= int(rng.integers(1, 256))
+        elif kind == 1:                     # cut short, then the EOI put back
+            data = data[:int(rng.integers(2, len(data)))] + b'\xff\xd9'
+        else:                               # a stretch of another place spliced in
+            a, b = sorted(rng.integers(2, len(data), 2))
+            c = int(rng.integers(2, len(data) - (b - a) + 1))
+            data[a:b] = good[c:c + (b - a)]
+        denom = int(rng.choice([1, 2, 4, 8]))
+        sh, sw = -(-120 // denom), -(-160 // denom)
+        top, left = int(rng.integers(0, sh)), int(rng.integers(0, sw))
+        h, w = int(rng.integers(1, sh - top + 1)), int(rng.integers(1, sw - left + 1))
+        try:
+            buf, oh, ow, x = jr.decode_region(bytes(data), denom, top, h, left, w, 3)
+        except ValueError:
+            raised += 1
+            continue
+        # A header damaged into other sizes can decode: the shape is what it says.
+        assert len(buf) == oh * ow * 3 and 0 <= x and oh == h, (trial, oh, h)
+    assert 0 < raised < 300
+
+
 def test_the_scale_is_the_largest_that_keeps_the_output_resolution():
     assert dct_scale(1200, 1600, 224, 224) == 4
     assert dct_scale(1800, 1800, 224, 224) == 8
