@@ -221,6 +221,7 @@ class Loader(LoaderState, LoaderStats):
         self._tuple_batches = None
         self._pool = None
         self._window = None
+        self._warming = None            # the reader warming before the fork (a thread)
         self._finalizer = None
         # Called with no argument just before a worker pool is closed (a restart:
         # workers='auto' settling, a load with another order version; close()):
@@ -378,6 +379,7 @@ class Loader(LoaderState, LoaderStats):
     def _stream(self, epoch, drop_last):
         if self.closed:
             raise LoadrError('this loader is closed')
+        self._warming = self._warm_before_fork()     # joined before the fork
         spec = self.spec
         self._tuples                    # known before the first batch: _batch_from reads it
         window = gen = None
@@ -492,6 +494,30 @@ class Loader(LoaderState, LoaderStats):
 
     # -- the window ----------------------------------------------------------
 
+    def _warm_before_fork(self):
+        """Before the first fork of a reader that warms (a remote dataset's index tables),
+        warm it here, on a thread beside the spec probe: forked workers inherit what it
+        read and start their tasks at once, instead of each spending round trips on the
+        same reads after the probe. A thread (to join), or None where workers do not fork
+        or nothing warms. Warming is a hint: what fails is left to the reads to report.
+        """
+        if self._window is not None or self.workers == 0 or self.start_method != 'fork':
+            return None
+        warm = hooks_of(self.reader).warm
+        if warm is None:
+            return None
+        import threading
+
+        def run():
+            try:
+                warm()
+            except Exception as exc:
+                log.debug('loadr: warming the reader before the fork failed: %r', exc)
+        thread = threading.Thread(target=run, name='loadr-warm', daemon=True)
+        thread.start()
+        return thread
+
+
     def _ensure_window(self, spec):
         if self._window is not None:
             return self._window
@@ -506,6 +532,9 @@ class Loader(LoaderState, LoaderStats):
             return self._window
         from .workers.pool import WorkerPool
         from .workers.shm import Layout
+        warming, self._warming = self._warming, None
+        if warming is not None:
+            warming.join()      # no fork while its reads are under way
         if self._source is None:
             from .shared import share
             self._source = share(self.reader)

@@ -48,6 +48,7 @@ Settings: :mod:`loadr.storage.settings`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import random
@@ -89,6 +90,19 @@ def _after_fork() -> None:
 if hasattr(os, 'register_at_fork'):
     os.register_at_fork(after_in_child=_after_fork)
 
+
+
+def _kept_small(small: dict | None) -> dict:
+    """The whole small files of ``small`` that were read (a parent's, at a fork), as
+    futures of this process; reads under way or failed are left out."""
+    kept = {}
+    for path, future in (small or {}).items():
+        if future is None or not future.done() or future.cancelled() or future.exception():
+            continue
+        mine = concurrent.futures.Future()
+        mine.set_result(future.result())
+        kept[path] = mine
+    return kept
 
 
 def _named(value):
@@ -146,9 +160,11 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         self._fs = None
         self._generation = _generation
         self._buffer = Buffer(int(self.settings['readahead_bytes']))
-        # path -> future of the whole (small) file; None: its whole read failed (ranges)
-        self._small: dict[str, object] = {}
-        self._small_bytes = 0
+        # path -> future of the whole (small) file; None: its whole read failed (ranges).
+        # A forked child keeps the ones its parent had read (bytes, no request in flight:
+        # the loader warms before it forks, so that its workers need not each warm).
+        self._small: dict[str, object] = _kept_small(getattr(self, '_small', None))
+        self._small_bytes = sum(len(f.result()) for f in self._small.values())
         self._semaphore = None
         self._why: dict[str, str] = {}       # path -> why it is missing, for the message
         self._random = random.Random()

@@ -557,6 +557,11 @@ def test_a_server_slow_for_some_ranges_gives_the_local_stream(nginx, served_root
             remote = loader.stats().as_dict()['remote']
             table = format_table(loader.stats())
         assert proxy.stats['slow'] > 0, proxy.stats
+    if workers and small is None:
+        # Every file of this dataset is small: the loader's warm-up before the fork read
+        # them all whole, and the forked worker, inheriting them, asks for nothing.
+        assert remote is None, remote
+        return
     # The proxy holds each request 5 ms; asyncio's timers may wake up to a clock
     # resolution early, so the round trips measured are a little under it at times.
     assert remote['requests'] > 0 and remote['rtt_s'] > 0.003, remote
@@ -712,3 +717,24 @@ def test_a_first_read_of_a_shard_not_read_ahead_asks_each_bag_once(nginx, served
         assert_equal(reader[0], local[0])
         targets = collections.Counter(t for _, t, _ in proxy.log)
     assert targets and all(n == 1 for n in targets.values()), targets
+
+
+def test_forked_workers_inherit_what_the_loader_warmed(nginx, served_root):
+    """With forked workers the loader warms the reader itself (beside the spec probe),
+    before the fork: the index tables and small files are read once, not once more by
+    each worker after the probe, and the batches are the local read's."""
+    reader, pipeline = PIPELINES['bag_sharded'](served_root)
+    with loadr.Loader(reader, batch=4, fns=pipeline, seed=2, workers=0) as loader:
+        expected = stream_digests(loader, 6)
+    small = {p.relative_to(served_root).as_posix(): p.stat().st_size
+             for p in (served_root / 'bag_sharded').rglob('refs.bag')}
+    with Proxy(nginx.url) as proxy:
+        reader, pipeline = _remote_pipeline('bag_sharded', proxy.url)
+        proxy.reset_stats()
+        with loadr.Loader(reader, batch=4, fns=pipeline, seed=2, workers=2,
+                          start_method='fork') as loader:
+            assert stream_digests(loader, 6) == expected
+        log = list(proxy.log)
+    for rel, size in small.items():
+        whole = [r for _, t, r in log if t.endswith(rel) and r == f'bytes=0-{size - 1}']
+        assert len(whole) == 1, (rel, whole, log)
