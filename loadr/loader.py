@@ -511,6 +511,9 @@ class Loader(LoaderState, LoaderStats):
         def run():
             try:
                 warm()
+                # The pool's modules (pyzmq: ~20 ms on a first import) while the probe
+                # still waits on the network, not after it.
+                from .workers import pool  # noqa: F401
             except Exception as exc:
                 log.debug('loadr: warming the reader before the fork failed: %r', exc)
         thread = threading.Thread(target=run, name='loadr-warm', daemon=True)
