@@ -97,10 +97,16 @@ def _kept_small(small: dict | None) -> dict:
     futures of this process; reads under way or failed are left out."""
     kept = {}
     for path, future in (small or {}).items():
-        if future is None or not future.done() or future.cancelled() or future.exception():
+        # Read without the future's lock: a thread of the parent may have held it at the
+        # fork (an IO thread finishing another read), and the child would wait forever.
+        if getattr(future, '_state', None) != 'FINISHED' or \
+                getattr(future, '_exception', True) is not None:
+            continue
+        data = getattr(future, '_result', None)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
             continue
         mine = concurrent.futures.Future()
-        mine.set_result(future.result())
+        mine.set_result(data)
         kept[path] = mine
     return kept
 
