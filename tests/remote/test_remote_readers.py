@@ -559,8 +559,9 @@ def test_a_server_slow_for_some_ranges_gives_the_local_stream(nginx, served_root
         assert proxy.stats['slow'] > 0, proxy.stats
     if workers and small is None:
         # Every file of this dataset is small: the loader's warm-up before the fork read
-        # them all whole, and the forked worker, inheriting them, asks for nothing.
-        assert remote is None, remote
+        # them all whole, and the forked worker, inheriting them, asks for nothing (it
+        # may still have waited on its own read-ahead thread: a stage with 0 requests).
+        assert remote is None or remote['requests'] == 0, remote
         return
     # The proxy holds each request 5 ms; asyncio's timers may wake up to a clock
     # resolution early, so the round trips measured are a little under it at times.
