@@ -135,8 +135,12 @@ def test_loader_names_the_url_when_the_server_goes_away(nginx, served_root, how)
     """A clear error from the workers within timeout_s (the test's own timeout: a hang)."""
     proxy = Proxy(nginx.url).start()
     try:
+        # A read-ahead buffer smaller than the file: the workers must ask the server again
+        # (a buffer that holds the whole 144 KB file serves every later epoch from memory,
+        # and a server gone after the first batch is then never noticed).
         reader = loadr.open(f'{proxy.url}/ffrecord/single.ffr', decode='msgpack',
-                            storage_options={'loadr': {**FAST, 'retries': 2, 'timeout_s': 2}})
+                            storage_options={'loadr': {**FAST, 'retries': 2, 'timeout_s': 2,
+                                                       'readahead_bytes': 1 << 14}})
         with loadr.Loader(reader, batch=4, fns=PIPELINES['ffrecord'](served_root)[1], seed=0,
                           workers=2) as loader:
             it = iter(loader)
