@@ -503,6 +503,8 @@ class Loader(LoaderState, LoaderStats):
         """
         if self._window is not None or self.workers == 0 or self.start_method != 'fork':
             return None
+        if self._warming is not None and self._warming.is_alive():
+            return self._warming    # a first try's (its probe failed): joined before the fork
         warm = hooks_of(self.reader).warm
         if warm is None:
             return None
