@@ -43,6 +43,7 @@ import json
 import os
 
 from ..errors import ConfigError
+from . import forks
 from .base import Storage
 from .errors import TRANSIENT_ERRNOS, mapped, read_error, transient
 from .local import RECHECK_INTERVAL_S, LocalStorage
@@ -54,18 +55,6 @@ __all__ = ['Storage', 'LocalStorage', 'StagedFile', 'StagedDir', 'WriteFile', 's
            'with_cache_settings', 'using_storage_options', 'merged_options', 'TRANSIENT_ERRNOS',
            'RECHECK_INTERVAL_S', 'storage_class']
 
-# Bumped in the child of every fork: the storages shared by an open of the parent
-# (their filesystems, their read-ahead) are not the child's.
-_generation = 0
-
-
-def _after_fork() -> None:
-    global _generation
-    _generation += 1
-
-
-if hasattr(os, 'register_at_fork'):
-    os.register_at_fork(after_in_child=_after_fork)
 
 
 # Reader options that are settings of a URL's storage (its local cache, storage.caching):
@@ -149,7 +138,7 @@ def using_storage_options(storage_options: dict | None):
     {'anon': True}
     """
     token = _OPTIONS.set(merged_options(_OPTIONS.get(), storage_options))
-    scope = _SCOPE.set(_SCOPE.get() or (_generation, {}))
+    scope = _SCOPE.set(_SCOPE.get() or (forks.generation, {}))
     try:
         yield
     finally:
@@ -188,7 +177,7 @@ def remote_storage(url: str, storage_options: dict | None = None):
     """
     cls = storage_class(url)
     shared = _SCOPE.get()
-    if shared is None or shared[0] != _generation:   # none, or a forked parent's
+    if shared is None or shared[0] != forks.generation:   # none, or a forked parent's
         return cls(url, storage_options)
     try:
         key = (cls.__name__, url.partition('://')[0].lower(),

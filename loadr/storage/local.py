@@ -22,6 +22,7 @@ import time
 from typing import Iterable
 
 from ..errors import FormatError, LoadrError, ReadError
+from . import forks
 from .base import Storage
 from .errors import mapped, read_error
 from .staging import StagedDir, StagedFile
@@ -37,20 +38,6 @@ RECHECK_MAX_FILES = 64
 
 _O_CLOEXEC = getattr(os, 'O_CLOEXEC', 0)
 
-# Bumped in the child of every fork: a storage made before it holds the
-# parent's descriptors, which it must not share (file positions aside, a
-# close in one process would not close the other's). Cheaper than a getpid()
-# per read.
-_generation = 0
-
-
-def _after_fork() -> None:
-    global _generation
-    _generation += 1
-
-
-if hasattr(os, 'register_at_fork'):
-    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:
@@ -79,7 +66,7 @@ class LocalStorage(Storage):
 
     def __init__(self):
         self._fds: dict[str, int] = {}
-        self._generation = _generation
+        self._generation = forks.generation
         # path -> (device, inode) as first seen by whoever made us; pickled
         self._seen: dict[str, tuple[int, int, int]] = {}
         self._opened: list[str] = []          # paths with a descriptor here, in open order
@@ -97,7 +84,7 @@ class LocalStorage(Storage):
 
     def fd(self, path: str, index: int | None = None) -> int:
         """The cached descriptor of ``path``; ReadError (naming ``index``) if it cannot open."""
-        if self._generation != _generation:
+        if self._generation != forks.generation:
             self._forget()
         fd = self._fds.get(path)
         if fd is None:
@@ -137,7 +124,7 @@ class LocalStorage(Storage):
     def _forget(self) -> None:
         """In a forked child: drop (and close our copies of) the parent's descriptors."""
         self._close_fds()
-        self._generation = _generation
+        self._generation = forks.generation
 
     def _close_fds(self) -> None:
         for fd in self._fds.values():
@@ -271,7 +258,7 @@ class LocalStorage(Storage):
         return True
 
     def close(self) -> None:
-        if self._generation == _generation:
+        if self._generation == forks.generation:
             self._close_fds()
         else:                   # another process's descriptors: not ours to close
             self._fds = {}

@@ -57,7 +57,7 @@ import time
 from typing import Iterable, Sequence
 
 from ..errors import ConfigError, FormatError, LoadrError, ReadError
-from . import netstats
+from . import forks, netstats
 from .base import Storage
 from .caching import CacheHookup
 from .errors import KIND_TEXT, for_record, kind, one_line, remote_error
@@ -69,7 +69,6 @@ from .versions import Versions, info_version
 
 __all__ = ['RemoteStorage']
 
-_generation = 0
 _timeout = getattr(asyncio, 'timeout', None)
 # The fsspec filesystems of this process, never dropped (see _make_fs).
 _filesystems: dict[tuple, object] = {}
@@ -80,10 +79,9 @@ _ENVIRONMENT_PREFIXES = ('AWS_', 'GOOGLE_', 'GCS', 'FSSPEC', 'HTTP_PROXY', 'HTTP
 
 
 def _after_fork() -> None:
-    # A forked child must not use the parent's filesystem objects (their
-    # sessions belong to the parent's IO thread) nor its read-ahead futures.
-    global _generation, _filesystems_lock
-    _generation += 1
+    # A forked child must not use the parent's filesystem objects (their sessions
+    # belong to the parent's IO thread) nor its read-ahead futures: forks.generation.
+    global _filesystems_lock
     _filesystems_lock = threading.Lock()    # another thread may have held it at fork
 
 
@@ -164,7 +162,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
 
     def _init_process(self) -> None:
         self._fs = None
-        self._generation = _generation
+        self._generation = forks.generation
         self._buffer = Buffer(int(self.settings['readahead_bytes']))
         # path -> future of the whole (small) file; None: its whole read failed (ranges).
         # A forked child keeps the ones its parent had read (bytes, no request in flight:
@@ -185,11 +183,11 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
     def _this_process(self) -> None:
         """Start afresh in a forked child (the parent's filesystem, buffer and cache
         clock are not ours)."""
-        if self._generation != _generation:
+        if self._generation != forks.generation:
             self._init_process()
 
     def _same_process(self) -> bool:
-        return self._generation == _generation
+        return self._generation == forks.generation
 
     def __repr__(self) -> str:
         return f'RemoteStorage({self.protocol}://)'
@@ -242,8 +240,8 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         environment = tuple(sorted((k, v) for k, v in os.environ.items()
                                    if k.startswith(_ENVIRONMENT_PREFIXES)))
         try:
-            key = (_generation, self.protocol, json.dumps(options, sort_keys=True, default=_named),
-                   environment)
+            key = (forks.generation, self.protocol,
+                   json.dumps(options, sort_keys=True, default=_named), environment)
         except (TypeError, ValueError):
             key = None
         fs = _filesystems.get(key) if key is not None else None
