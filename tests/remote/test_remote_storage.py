@@ -662,3 +662,25 @@ def test_http_requests_in_flight_reach_max_concurrency(nginx, served_root):
         got = storage.read_many([(url, 0, 4) for url in urls])
         assert got == [(served_root / rel).read_bytes()[:4] for rel in rels]
         assert proxy.stats['max_in_flight'] == 20, proxy.stats
+
+
+def test_read_many_with_a_failed_read_ahead_asks_alone_and_names_the_bad_record(
+        nginx, served_root):
+    """A small file whose whole read (claimed by a read_many) fails on one bad byte: its
+    other ranges are asked alone and come back right; the range holding the bad byte
+    raises a ReadError naming the file and its record; another file's range is untouched."""
+    rel = 'bag_sharded/' + sorted(p.name for p in (served_root / 'bag_sharded').iterdir()
+                                  if p.is_dir())[0] + '/refs.bag'
+    data, other = (served_root / rel).read_bytes(), (served_root / FILE).read_bytes()
+    bad = len(data) - 3
+    with Proxy(nginx.url, refuse='refs.bag', refuse_bytes=(bad, bad + 1)) as proxy:
+        storage = remote_storage(proxy.url, {'loadr': dict(FAST, retries=1)})
+        url, url2 = f'{proxy.url}/{rel}', f'{proxy.url}/{FILE}'
+        storage.size(url2)
+        storage.prefetch([(url, 0, 8, 1)])          # the whole file, which will fail
+        assert storage.read_many([(url, 0, 8, 1), (url2, 4, 16, 9), (url, 2, 4, 2)]) == \
+            [data[:8], other[4:20], data[2:6]]
+        storage.prefetch([(url, 0, 8, 1)])
+        with pytest.raises(ReadError) as info:
+            storage.read_many([(url, 0, 8, 1), (url, bad - 1, 2, 7), (url2, 4, 16, 9)])
+        assert info.value.index == 7 and 'refs.bag' in str(info.value)
