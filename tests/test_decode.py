@@ -354,6 +354,32 @@ def test_batches_are_the_same_for_any_worker_count_and_across_a_resume():
         assert stream_digests(loader, 7) == digests[0][5:]
 
 
+def test_damaged_images_are_skipped_alike_for_any_worker_count():
+    """A JPEG cut in half and one with its entropy data scrambled, under
+    on_error='skip' through the fused (region) path: replaced alike for workers 0 and
+    2; under on_error='raise' the error is a DecodeError naming the fn, chained to one
+    naming the dataset index."""
+    data = [{'image': jpeg(natural(90, 120, seed=i)), 'label': i} for i in range(16)]
+    data[3]['image'] = data[3]['image'][:len(data[3]['image']) // 2]
+    scrambled = bytearray(data[9]['image'])
+    scrambled[700:900] = bytes(200)
+    data[9]['image'] = bytes(scrambled)
+    fns = [F.decode_jpeg(), F.random_resized_crop(size=32), F.flip()]
+    digests, errors = [], []
+    for workers in (0, 2):
+        with loadr.Loader(data, batch=4, fns=fns, seed=3, workers=workers, on_error='skip',
+                          max_error_fraction=0.5) as loader:
+            digests.append(stream_digests(loader, 8))
+            errors.append(loader.errors)
+    assert digests[0] == digests[1] and errors[0] == errors[1] >= 2, errors
+    with loadr.Loader(data, batch=4, fns=fns, seed=3, workers=2) as loader:
+        with pytest.raises(loadr.errors.LoadrError, match='decode_jpeg') as info:
+            stream_digests(loader, 8)
+    # The fn's own error, chained to the WorkerError that says where (the dataset index).
+    assert info.value.loadr_index in (3, 9), info.value
+    assert f'dataset index {info.value.loadr_index}' in str(info.value.__cause__)
+
+
 def test_gulp_video_frames_are_decoded_fused_and_deterministically(local_data):
     reader = loadr.open(local_data / 'gulp', decode_images=False)
     fns = [F.sample_frames(key='frames', num=3, mode='tsn'), F.decode_jpeg(key='frames'),
