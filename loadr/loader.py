@@ -66,6 +66,9 @@ MIN_ERRORS_BEFORE_RAISE = 4
 # The error budget under on_error='skip' is counted over windows of at least this many
 # stream positions (an epoch, if longer): see Loader._count_errors.
 ERROR_WINDOW_POSITIONS = 100_000
+# The most datapoints whose records the loader reads for its workers before it forks
+# them (the first batches': see Loader._warm_before_fork).
+_FIRST_INDICES_MOST = 4096
 
 
 class Loader(LoaderState, LoaderStats):
@@ -379,7 +382,7 @@ class Loader(LoaderState, LoaderStats):
     def _stream(self, epoch, drop_last):
         if self.closed:
             raise LoadrError('this loader is closed')
-        self._warming = self._warm_before_fork()     # joined before the fork
+        self._warming = self._warm_before_fork(epoch, drop_last)    # joined before the fork
         spec = self.spec
         self._tuples                    # known before the first batch: _batch_from reads it
         window = gen = None
@@ -494,12 +497,14 @@ class Loader(LoaderState, LoaderStats):
 
     # -- the window ----------------------------------------------------------
 
-    def _warm_before_fork(self):
+    def _warm_before_fork(self, epoch, drop_last):
         """Before the first fork of a reader that warms (a remote dataset's index tables),
         warm it here, on a thread beside the spec probe: forked workers inherit what it
         read and start their tasks at once, instead of each spending round trips on the
-        same reads after the probe. A thread (to join), or None where workers do not fork
-        or nothing warms. Warming is a hint: what fails is left to the reads to report.
+        same reads after the probe. It reads the records of the first batches too (one
+        per worker, and the first): each worker finds its first in memory. A thread
+        (to join), or None where workers do not fork or nothing warms. Warming is a
+        hint: what fails is left to the reads to report.
         """
         if self._window is not None or self.workers == 0 or self.start_method != 'fork':
             return None
@@ -508,11 +513,12 @@ class Loader(LoaderState, LoaderStats):
         warm = hooks_of(self.reader).warm
         if warm is None:
             return None
+        first = self._first_indices(epoch, drop_last)
         import threading
 
         def run():
             try:
-                warm()
+                warm(first)
                 # The pool's modules (pyzmq: ~20 ms on a first import) while the probe
                 # still waits on the network, not after it.
                 from .workers import pool  # noqa: F401
@@ -522,6 +528,15 @@ class Loader(LoaderState, LoaderStats):
         thread.start()
         return thread
 
+    def _first_indices(self, epoch, drop_last) -> list[int]:
+        """The datapoints of the first ``workers + 1`` batches the workers will make."""
+        schedule, order, out = self._schedule(epoch, drop_last), self._order(), []
+        for j in range(self.workers + 1):
+            plan = schedule.plan(j)
+            if plan is None or len(out) + plan.count > _FIRST_INDICES_MOST:
+                break
+            out.extend(order.indices(plan.start, plan.count).tolist())
+        return out
 
     def _ensure_window(self, spec):
         if self._window is not None:

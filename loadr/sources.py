@@ -42,7 +42,7 @@ True
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 __all__ = ['Source', 'BatchSource', 'SeededSource', 'ErrorNaming', 'Prefetching', 'Caching',
            'Warming', 'Ordering', 'Identified', 'Composite', 'Sharing', 'OPTIONAL', 'Hooks',
@@ -104,9 +104,11 @@ class Caching(Protocol):
 
 @runtime_checkable
 class Warming(Protocol):
-    """Something a worker does once before its first task (a remote index read)."""
+    """Something a worker does once before its first task (a remote index read); the
+    loader, where it forks its workers, does it for them with ``first``, the datapoints
+    of the first batches, whose records it may read too (the workers inherit them)."""
 
-    def warm(self) -> None: ...
+    def warm(self, first: Sequence[int] = ()) -> None: ...
 
 
 @runtime_checkable

@@ -65,6 +65,13 @@ class Storage:
         """Start reading ``(path, offset, length[, index])`` ranges now (a hint; nothing
         for local files)."""
 
+    def hold(self) -> None:
+        """Keep what is read ahead after it is read, for children about to be forked."""
+
+    def settle(self, timeout_s: float | None = None) -> bool:
+        """Wait for the reads ahead under way (before a fork); whether they all ended."""
+        return True
+
     # -- the local cache of a remote storage (loadr.storage.caching) ------------------
     # A storage without one says so here: a reader asks these, never probes for them.
 

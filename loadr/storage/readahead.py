@@ -20,18 +20,37 @@ import asyncio
 import bisect
 import collections
 import concurrent.futures
+import os
 import threading
 import time
+import weakref
 from typing import Iterable, Sequence
 
 from ..errors import LoadrError, ReadError
 from . import netstats
 from .errors import for_record
 
-__all__ = ['Span', 'Buffer', 'Part', 'merge', 'index_of', 'ReadingAhead']
+__all__ = ['Span', 'Buffer', 'Part', 'merge', 'index_of', 'finished', 'kept_spans',
+           'ReadingAhead']
 
 # Overlapping spans looked at, latest start first, to find one holding a range.
 _LOOK_BACK = 16
+# The uses of a span a child kept from its parent: never worn out by reads.
+_KEPT_USES = 1 << 40
+# The buffers that keep what was read for the children of the next fork (hold()).
+_holding: weakref.WeakSet = weakref.WeakSet()
+
+
+def _end_holds() -> None:
+    for buffer in list(_holding):
+        buffer.keep = False
+    _holding.clear()
+
+
+if hasattr(os, 'register_at_fork'):
+    # The parent's hold ends with the fork it was for (the pool forks its workers in a
+    # row: none of them reads in the parent in between, so all keep the same spans).
+    os.register_at_fork(after_in_parent=_end_holds, after_in_child=_end_holds)
 
 
 class Span:
@@ -60,6 +79,9 @@ class Buffer:
         self.age: collections.OrderedDict[int, Span] = collections.OrderedDict()
         self.claims: dict[tuple, list] = {}         # (path, offset, length) -> [span, count]
         self.bytes = 0
+        # While set, a span whose reads are done stays (until the buffer is full): a
+        # process that reads for the children it is about to fork (ReadingAhead.hold).
+        self.keep = False
         self.lock = threading.Lock()
         netstats.set_ahead_budget(max_bytes)      # bounds the tasks a worker holds
 
@@ -108,7 +130,7 @@ class Buffer:
         if held[1] <= 0:
             del self.claims[key]
         span.uses -= 1
-        if span.uses <= 0:
+        if span.uses <= 0 and not self.keep:
             self.drop(span)
         return span
 
@@ -182,6 +204,46 @@ class Part:
 
     def cancel(self) -> bool:
         return self.future.cancel()
+
+
+def finished(future) -> bytes | None:
+    """The bytes a read (a future, or a :class:`Part` of one) fetched, or None while it is
+    under way, or where it failed; read without the future's lock, which a thread of a
+    parent process may have held when this child forked (waiting on it hangs forever)."""
+    k = None
+    if isinstance(future, Part):
+        future, k = future.future, future.k
+    if getattr(future, '_state', None) != 'FINISHED' or \
+            getattr(future, '_exception', True) is not None:
+        return None
+    data = getattr(future, '_result', None)
+    if k is not None:
+        data = data[k] if isinstance(data, list) and k < len(data) else None
+    return data if isinstance(data, (bytes, bytearray, memoryview)) else None
+
+
+def kept_spans(buffer: Buffer | None) -> list[Span]:
+    """The spans of ``buffer`` (a parent's, at a fork) that were fetched, as spans of
+    this process, oldest first; those under way or failed are left out.
+
+    The loader reads a worker's first records before it forks (see
+    :meth:`ReadingAhead.settle`): the child's first batch then waits on no round trip.
+    """
+    if buffer is None:
+        return []
+    out = []
+    # Not under the buffer's lock: as for the future's, a parent's thread may have held it.
+    for span in list(buffer.age.values()):
+        data = finished(span.future)
+        if data is None or len(data) != span.end - span.start:
+            continue
+        mine = concurrent.futures.Future()
+        mine.set_result(data)
+        # Its reads in this child are not known (the parent's claims are the parent's): a
+        # first read must not drop a span that holds other records a later task reads.
+        # It stays until the buffer needs the room (oldest first).
+        out.append(Span(span.path, span.start, span.end, mine, _KEPT_USES))
+    return out
 
 
 def index_of(r: Sequence) -> int | None:
@@ -292,6 +354,34 @@ class ReadingAhead:
                     continue
                 out.append(r)
         return out
+
+    def hold(self) -> None:
+        """Until this process next forks, keep what is read ahead once it has been read
+        too (up to ``readahead_bytes``): for the children it is about to fork, which
+        keep it (:func:`kept_spans`). The loader's warm-up before the fork reads the
+        first batches' records so, while its own spec probe reads one of them. What
+        was kept stays in this process until its buffer needs the room."""
+        self._this_process()
+        self._buffer.keep = True
+        _holding.add(self._buffer)
+
+    def settle(self, timeout_s: float | None = None) -> bool:
+        """Wait until the reads ahead under way (spans and small files) have ended, at most
+        ``timeout_s`` (default the ``timeout_s`` setting); whether they all did.
+
+        A process about to fork calls it: a forked child keeps what its parent
+        fetched ahead (:func:`kept_spans`), never what was still on its way.
+        """
+        self._this_process()
+        with self._buffer.lock:
+            futures = [s.future.future if isinstance(s.future, Part) else s.future
+                       for s in self._buffer.age.values()]
+            futures += [f for f in (self._small or {}).values() if f is not None]
+        if not futures:
+            return True
+        timeout = self.settings['timeout_s'] + 5 if timeout_s is None else timeout_s
+        _, left = concurrent.futures.wait(futures, timeout)
+        return not left
 
     def prefetch(self, ranges: Iterable[Sequence], cache_root: str | None = None) -> None:
         """Start reading ``(path, offset, length[, index])`` ranges now; returns at once.

@@ -62,7 +62,7 @@ from .base import Storage
 from .caching import CacheHookup
 from .errors import KIND_TEXT, for_record, kind, one_line, remote_error
 from .ranges import check_part
-from .readahead import Buffer, ReadingAhead, index_of, merge
+from .readahead import Buffer, ReadingAhead, finished, index_of, kept_spans, merge
 from .settings import install_hint, settings_of, split_url
 from .staging import RemoteStagedDir, RemoteStagedFile
 from .versions import Versions, info_version
@@ -95,13 +95,8 @@ def _kept_small(small: dict | None) -> dict:
     futures of this process; reads under way or failed are left out."""
     kept = {}
     for path, future in (small or {}).items():
-        # Read without the future's lock: a thread of the parent may have held it at the
-        # fork (an IO thread finishing another read), and the child would wait forever.
-        if getattr(future, '_state', None) != 'FINISHED' or \
-                getattr(future, '_exception', True) is not None:
-            continue
-        data = getattr(future, '_result', None)
-        if not isinstance(data, (bytes, bytearray, memoryview)):
+        data = finished(future) if future is not None else None
+        if data is None:
             continue
         mine = concurrent.futures.Future()
         mine.set_result(data)
@@ -163,7 +158,12 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
     def _init_process(self) -> None:
         self._fs = None
         self._generation = forks.generation
+        # A forked child keeps the spans its parent had fetched ahead (the loader reads
+        # the first batches' records before it forks) and its small files.
+        parents = getattr(self, '_buffer', None)
         self._buffer = Buffer(int(self.settings['readahead_bytes']))
+        for span in kept_spans(parents):
+            self._buffer.add(span)
         # path -> future of the whole (small) file; None: its whole read failed (ranges).
         # A forked child keeps the ones its parent had read (bytes, no request in flight:
         # the loader warms before it forks, so that its workers need not each warm).

@@ -743,3 +743,27 @@ def test_forked_workers_inherit_what_the_loader_warmed(nginx, served_root):
     for rel, size in small.items():
         whole = [r for _, t, r in log if t.endswith(rel) and r == f'bytes=0-{size - 1}']
         assert len(whole) == 1, (rel, whole, log)
+
+
+
+@pytest.mark.parametrize('workers', [1, 2])
+def test_forked_workers_inherit_the_first_batches_records(nginx, served_root, workers):
+    """The loader reads the records of the first ``workers + 1`` batches before it forks
+    (every file read as ranges here: ``small_file_bytes=0``): the workers make them
+    with no request of their own, and the stream is the local read's."""
+    reader, pipeline = PIPELINES['bag_sharded'](served_root)
+    with loadr.Loader(reader, batch=4, fns=pipeline, seed=2, workers=0) as loader:
+        expected = stream_digests(loader, 6)
+    with Proxy(nginx.url) as proxy:
+        with using_storage_options({'loadr': {'small_file_bytes': 0}}):
+            reader, pipeline = _remote_pipeline('bag_sharded', proxy.url)
+        # prefetch=1: a batch is asked for once the one before is handed out, so after
+        # the first, the workers have made it and the second (both read before the fork).
+        with loadr.Loader(reader, batch=4, fns=pipeline, seed=2, workers=workers,
+                          start_method='fork', prefetch=1) as loader:
+            it = iter(loader)
+            got = [batch_digest(next(it))]
+            remote = loader.stats().as_dict()['remote']
+            got += [batch_digest(next(it)) for _ in range(5)]
+    assert got == expected
+    assert remote is None or remote['requests'] == 0, remote

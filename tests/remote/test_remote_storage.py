@@ -684,3 +684,45 @@ def test_read_many_with_a_failed_read_ahead_asks_alone_and_names_the_bad_record(
         with pytest.raises(ReadError) as info:
             storage.read_many([(url, 0, 8, 1), (url, bad - 1, 2, 7), (url2, 4, 16, 9)])
         assert info.value.index == 7 and 'refs.bag' in str(info.value)
+
+
+def _read_forked(storage, ranges, conn):
+    """In a forked child: the ranges read, and the requests that took."""
+    try:
+        got = [storage.read(*r) for r in ranges[:-1]]
+        try:
+            storage.read(*ranges[-1])
+            err = None
+        except ReadError as exc:
+            err = (exc.index, str(exc))
+        conn.send((got, storage.requests, err))
+    finally:
+        conn.close()
+
+
+def test_a_forked_child_keeps_what_its_parent_read_ahead_and_settled(nginx, served_root):
+    """A process that reads ahead and settles before it forks: the child reads those
+    ranges with no request of its own (the loader's first batches), and a range whose
+    read ahead failed is asked again by the child, which names its record."""
+    data = (served_root / FILE).read_bytes()
+    with Proxy(nginx.url, refuse='single.ffr', refuse_bytes=(90_000, 90_001)) as proxy:
+        storage = remote_storage(proxy.url, {'loadr': {**FAST, 'retries': 0,
+                                                        'small_file_bytes': 0}})
+        url = f'{proxy.url}/{FILE}'
+        storage.size(url)
+        good = [(url, off, 1000, k) for k, off in enumerate(range(0, 60_000, 5000))]
+        bad = (url, 89_500, 1000, 99)
+        storage.prefetch(good)
+        storage.prefetch([bad])             # a request of its own, refused
+        assert storage.settle(10)
+        parent, child = multiprocess.get_context('fork').Pipe()
+        proc = multiprocess.get_context('fork').Process(
+            target=_read_forked, args=(storage, good + [bad], child))
+        proc.start()
+        got, requests, err = parent.recv()
+        proc.join(30)
+        refused = [r for _, _, r in proxy.log if r.startswith('bytes=89500')]
+    assert got == [data[o:o + 1000] for _, o, _, _ in good]
+    assert requests == 1, requests          # the bad range alone, asked again by the child
+    assert err is not None and err[0] == 99 and 'single.ffr' in err[1], err
+    assert len(refused) == 2, proxy.log     # the parent's try and the child's
