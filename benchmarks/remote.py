@@ -261,8 +261,9 @@ def main(argv=None) -> int:
     p.add_argument('--skip', type=int, default=1,
                    help='batches before the steady rate is timed (default 1)')
     p.add_argument('--also', nargs='*', default=[], metavar='KEY=VALUE',
-                   help='one more remote case per item, with this storage setting (e.g. '
-                        'small_file_bytes=0: the read-ahead as before), interleaved')
+                   help='one more remote case per item (over S3 too with --s3), with this '
+                        'storage setting (e.g. small_file_bytes=0: the read-ahead as before; '
+                        's3_presigned=false: a get_object per range), interleaved')
     p.add_argument('--runs', type=int, default=1,
                    help='local and remote read this many times, interleaved; medians')
     p.add_argument('--far-step', type=int, default=10_000_000,
@@ -330,10 +331,15 @@ def main(argv=None) -> int:
                         {'loadr': {key: json.loads(value)}}, args.images, args.workers, batches,
                         args.far_step, url, (web.proc.pid, proxy.pid), batch=args.batch,
                         skip=args.skip, second_epoch=args.second_epoch))
-                if s3 is not None:
+                for item in [None, *args.also] if s3 is not None else ():
+                    # The --also settings over S3 too (e.g. s3_presigned=false: a botocore
+                    # get_object per range, as before issue 26's presigned GETs).
+                    key, _, value = (item or '').partition('=')
                     results.append(run_case(
-                        f'moto s3 + {args.delay_ms:g} ms', 's3://bench/images',
-                        {'endpoint_url': s3_url}, args.images, args.workers, batches,
+                        f'moto s3 + {args.delay_ms:g} ms' + (f' {item}' if item else ''),
+                        's3://bench/images', {'endpoint_url': s3_url, **(
+                            {'loadr': {key: json.loads(value)}} if item else {})},
+                        args.images, args.workers, batches,
                         args.far_step, s3_url, (s3.proc.pid, s3_proxy.pid),
                         batch=args.batch, skip=args.skip, second_epoch=args.second_epoch))
             fractions = [] if args.cache is None else (args.cache or [0.05])

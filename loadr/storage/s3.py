@@ -1,16 +1,35 @@
 """S3 (``s3://``, ``s3a://``): the remote storage over s3fs, with what S3 does differently.
 
 botocore's own retries are turned off (ours are the whole policy, and
-counted); a range is a ``get_object`` with ``Range`` and ``IfMatch`` (the
-version the reader opened), its ``ContentRange`` and ETag checked.
+counted). A range is a GET of the object's presigned URL with ``Range`` and
+``If-Match`` (the version the reader opened), its ``Content-Range`` and ETag
+checked (:mod:`loadr.storage.s3gets`: a signature per object, not per
+range); where that cannot carry the options, or with
+``storage_options['loadr']['s3_presigned'] = False``, a ``get_object``.
 """
 
 from __future__ import annotations
+
+import os
+import threading
 
 from .ranges import check_part, content_range
 from .remote import RemoteStorage
 
 __all__ = ['S3Storage']
+
+# The presigned GETs of each filesystem (one per process and options: see _make_fs).
+_gets: dict[int, object] = {}
+_gets_lock = threading.Lock()
+
+
+def _after_fork() -> None:
+    global _gets_lock
+    _gets_lock = threading.Lock()       # a thread of the parent may have held it at the fork
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 class S3Storage(RemoteStorage):
@@ -27,22 +46,58 @@ class S3Storage(RemoteStorage):
         options['config_kwargs'] = config
         return options
 
+    def _init_process(self) -> None:
+        super()._init_process()
+        self._no_presign: set[str] = set()      # buckets that redirect a presigned GET
+
+    def _presigned(self, bucket: str):
+        """The filesystem's :class:`~loadr.storage.s3gets.PresignedGets`, or None where a
+        range is a ``get_object`` (the setting, the options, or a redirecting bucket)."""
+        if not self.settings.get('s3_presigned', True) or bucket in self._no_presign:
+            return None
+        fs = self.fs
+        gets = _gets.get(id(fs))
+        if gets is None or gets.fs is not fs:
+            from .s3gets import PresignedGets, presignable
+            if not presignable(self.options):
+                return None
+            with _gets_lock:
+                gets = _gets.get(id(fs))
+                if gets is None or gets.fs is not fs:
+                    gets = _gets[id(fs)] = PresignedGets(
+                        fs, self.options, int(self.settings['max_concurrency']))
+        return gets
+
     async def _range_once(self, path: str, start: int, end: int, index: int | None) -> bytes:
         """One attempt at bytes ``[start, end)`` of an S3 object, its ContentRange checked."""
         fs = self.fs
         bucket, key, version = fs.split_path(path)
         self.requests += 1
-        answer = await fs._call_s3('get_object', Bucket=bucket, Key=key,
-                                   Range=f'bytes={start}-{end - 1}',
-                                   **({'VersionId': version} if version else {}),
-                                   **self._s3_conditions(path))
-        try:
-            self._check_version(path, answer.get('ETag'))
-            body = await answer['Body'].read()
-        finally:
-            answer['Body'].close()
+        gets = self._presigned(bucket)
+        if gets is not None:
+            from .s3gets import Redirected
+            headers = {'Range': f'bytes={start}-{end - 1}', **self._conditions(path)}
+            headers.pop('If-Unmodified-Since', None)    # get_object's path sends IfMatch alone
+            try:
+                answer, body = await gets.get(bucket, key, version, headers)
+            except Redirected:
+                self._no_presign.add(bucket)
+                return await self._range_once(path, start, end, index)
+            etag, header = answer.get('ETag'), answer.get('Content-Range')
+        else:
+            answer = await fs._call_s3('get_object', Bucket=bucket, Key=key,
+                                       Range=f'bytes={start}-{end - 1}',
+                                       **({'VersionId': version} if version else {}),
+                                       **self._s3_conditions(path))
+            try:
+                etag = answer.get('ETag')
+                self._check_version(path, etag)
+                body = await answer['Body'].read()
+            finally:
+                answer['Body'].close()
+            header = answer.get('ContentRange')
+        self._check_version(path, etag)
         self.bytes_fetched += len(body)
-        header = answer.get('ContentRange')
         got = content_range(header) if header else (start, start + len(body), None)
         check_part((start, end), got, len(body), self._sizes.get(path))
         return body

@@ -454,7 +454,8 @@ def test_numeric_settings_in_range_are_taken():
     from loadr.storage.settings import DEFAULTS
     from loadr.storage.settings import NUMBERS as _NUMBERS
     # Every numeric default has its bounds (a new setting cannot slip past the check).
-    assert {k for k, v in DEFAULTS.items() if isinstance(v, (int, float))} == set(_NUMBERS)
+    assert {k for k, v in DEFAULTS.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)} == set(_NUMBERS)
     import numpy as np
     storage = remote_storage('s3://b/x', {'loadr': {'retries': 3.0, 'timeout_s': 2,
                                                    'readahead_bytes': np.int64(0),
@@ -726,3 +727,79 @@ def test_a_forked_child_keeps_what_its_parent_read_ahead_and_settled(nginx, serv
     assert requests == 1, requests          # the bad range alone, asked again by the child
     assert err is not None and err[0] == 99 and 'single.ffr' in err[1], err
     assert len(refused) == 2, proxy.log     # the parent's try and the child's
+
+
+# ---------------------------------------------------------------------------
+# S3 ranges as GETs of presigned URLs (loadr/storage/s3gets.py)
+
+
+def _s3_through(proxy, presigned=True, **settings):
+    return remote_storage('s3://fixtures', {'endpoint_url': proxy.url, 'loadr': {
+        **FAST, 's3_presigned': presigned, 'small_file_bytes': 0, 'max_concurrency': 4,
+        **settings}})
+
+
+def test_presigned_gets_read_what_get_object_reads(moto, served_root):
+    """The fast path (a GET of the object's presigned URL per range, signed once per
+    object) against the general one (a botocore get_object per range): the same bytes
+    for every range, and one signature for all the ranges of an object."""
+    rels = ['ffrecord/single.ffr', 'bag/refs.bag']
+    with Proxy(moto.url) as proxy:
+        got = {}
+        for presigned in (True, False):
+            storage = _s3_through(proxy, presigned)
+            proxy.reset_stats()
+            ranges = [(f's3://fixtures/{rel}', off, 100, k) for rel in rels
+                      for k, off in enumerate(range(0, 4000, 1000))
+                      if (served_root / rel).stat().st_size >= off + 100]
+            got[presigned] = storage.read_many(ranges) + [storage.read(*ranges[0])]
+            signatures = {t.rpartition('?')[0]: t.rpartition('?')[2] for _, t, _ in proxy.log
+                          if '?' in t}
+            if presigned:
+                # Every range of an object through the same URL: one signature each.
+                assert sorted(signatures) == sorted(f'/fixtures/{r}' for r in rels), proxy.log
+                assert len([t for _, t, _ in proxy.log if '?' in t]) == len(ranges) + 1
+            else:
+                assert not signatures, proxy.log
+    expected = [(served_root / r[0][len('s3://fixtures/'):]).read_bytes()[r[1]:r[1] + 100]
+                for r in ranges] + [(served_root / rels[0]).read_bytes()[:100]]
+    assert got[True] == got[False] == expected
+
+
+def test_an_expired_presigned_url_is_signed_again_once(moto, served_root):
+    """A 403 to a URL signed a while ago (credentials or URL expired) is signed again, in
+    the same attempt; a 403 to a URL just signed is access denied, naming the record."""
+    data = (served_root / FILE).read_bytes()
+    with Proxy(moto.url, refuse='expired=1', refuse_status=403) as proxy:
+        storage = _s3_through(proxy, retries=0)
+        url = f's3://fixtures/{FILE}'
+        assert storage.read(url, 0, 10) == data[:10]
+        gets = storage._presigned('fixtures')
+        (name, (signed, at)), = gets.urls.items()
+        gets.urls[name] = (signed + '&expired=1', at - 10)      # signed 10 s ago, refused
+        assert storage.read(url, 10, 10, 3) == data[10:20]
+        assert proxy.stats['refused'] == 1
+        # Refused again at once: the URL was just signed, so the refusal stands.
+        proxy.refuse = 'Signature'
+        gets.urls.clear()
+        with pytest.raises(ReadError, match=r'access denied.*HTTP 403') as info:
+            storage.read(url, 20, 10, 4)
+        assert info.value.index == 4 and FILE in str(info.value)
+        assert proxy.stats['refused'] == 2
+
+
+def test_a_bucket_that_redirects_presigned_gets_is_read_with_get_object(moto, served_root):
+    """S3 redirects a request for a bucket of another region; botocore's get_object follows
+    where a presigned GET cannot: that bucket's ranges are read so from then on."""
+    data = (served_root / FILE).read_bytes()
+    with Proxy(moto.url, refuse='Signature', refuse_status=301) as proxy:
+        storage = _s3_through(proxy)
+        url = f's3://fixtures/{FILE}'
+        assert storage.read(url, 5, 10) == data[5:15]
+        assert storage.read(url, 50, 10) == data[50:60]
+        assert proxy.stats['refused'] == 1, proxy.log
+
+
+def test_s3_presigned_must_be_a_bool():
+    with pytest.raises(ConfigError, match='s3_presigned must be True or False'):
+        remote_storage('s3://fixtures', {'loadr': {'s3_presigned': 'yes'}})
