@@ -17,6 +17,7 @@ version checks and sorted here like the libraries' own.
 from __future__ import annotations
 
 import errno
+import re
 
 from ..errors import LoadrError, ReadError
 
@@ -192,8 +193,21 @@ KIND_TEXT = {
 }
 
 
+# The parts of a presigned URL that grant access (S3's SigV2 and SigV4 query strings):
+# never in a message, where a log would keep them for the hour the URL is good for.
+_SECRET_QUERY = re.compile(r'((?:X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|'
+                           r'Signature|AWSAccessKeyId|x-amz-security-token)=)[^&\s\'"]+')
+
+
 def one_line(exc: BaseException) -> str:
+    """``ClassName: message`` on one line, at most 200 characters of message, the
+    signatures of presigned URLs taken out.
+
+    >>> one_line(OSError('GET http://h/b/k?Signature=abc%2B&Expires=9 failed'))
+    'OSError: GET http://h/b/k?Signature=...&Expires=9 failed'
+    """
     text = ' '.join(str(exc).split()) or type(exc).__name__
+    text = _SECRET_QUERY.sub(r'\1...', text)
     return f'{type(exc).__name__}: {text[:200]}'
 
 
