@@ -661,6 +661,32 @@ def test_no_record_is_fetched_twice_in_an_epoch(nginx, served_root, workers):
         shutil.rmtree(path, ignore_errors=True)
 
 
+
+def test_a_resumed_loader_reads_the_batches_it_resumes_at_before_the_fork(nginx, served_root):
+    """After ``load(state)`` the first batches the loader reads before the fork are those
+    of the saved step, not of the stream's start: the worker makes its first batch with
+    no request of its own, and the stream goes on as it would have."""
+    reader, pipeline = PIPELINES['bag_sharded'](served_root)
+    with loadr.Loader(reader, batch=4, fns=pipeline, seed=6, workers=0) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        state = loader.save()
+        expected = [batch_digest(next(it)) for _ in range(3)]
+    with Proxy(nginx.url) as proxy:
+        with using_storage_options({'loadr': {'small_file_bytes': 0}}):
+            reader, pipeline = _remote_pipeline('bag_sharded', proxy.url)
+        with loadr.Loader(reader, batch=4, fns=pipeline, seed=6, workers=1,
+                          start_method='fork', prefetch=1) as loader:
+            loader.load(state)
+            it = iter(loader)
+            got = [batch_digest(next(it))]
+            remote = loader.stats().as_dict()['remote']
+            got += [batch_digest(next(it)) for _ in range(2)]
+    assert got == expected
+    assert remote is None or remote['requests'] == 0, remote
+
+
 def _net_wait_s() -> float:
     from loadr.storage import netstats
     return netstats.counters()[netstats.FIELDS.index('net_wait_s')]
