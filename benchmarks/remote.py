@@ -94,6 +94,21 @@ def _proxy_stats(url: str, reset: bool = False) -> dict:
         return json.loads(r.read())
 
 
+def _quiet(url: str, most_s: float = 10.0) -> None:
+    """Wait until the proxy passes no more bytes (0.25 s without a change): the requests a
+    closed loader left in flight (its read-ahead, the far load()'s batches) would otherwise
+    be counted in the next case's bytes."""
+    end = time.monotonic() + most_s
+    last = None
+    while time.monotonic() < end:
+        now = _proxy_stats(url)
+        seen = (now['requests'], now['body_bytes'])
+        if seen == last:
+            return
+        last = seen
+        time.sleep(0.25)
+
+
 def _record_bytes(path: str) -> int:
     """Bytes of every record of the bag dataset at ``path`` (tables and spec left out)."""
     from loadr.readers.bag import Bag
@@ -131,6 +146,7 @@ def run_case(name: str, path: str, options: dict | None, n: int, workers: int, b
     from .measure import tree_cpu_s
 
     if proxy_url:
+        _quiet(proxy_url)
         _proxy_stats(proxy_url, reset=True)
     t_open = time.perf_counter()
     reader = loadr.open(path, decode_images=False, storage_options=options)
@@ -200,6 +216,7 @@ def run_cache(url: str, needed: int, fraction: float, policy: str, workers: int,
                         cache_bytes=int(fraction * needed), cache_policy=policy)
     fetched = []
     for epoch in range(epochs):
+        _quiet(url)
         _proxy_stats(url, reset=True)
         with loadr.Loader(reader, batch=W.IMAGE_BATCH, fns=[W.image_fn], shuffle=True,
                           seed=SEED, workers=workers) as loader:

@@ -182,6 +182,7 @@ def run_streaming(name: str, dataset_cls: type, remote: str | None, local: str, 
     """One epoch of the JPEG pipeline through streaming, timed from the dataset's creation."""
     from torch.utils.data import DataLoader
     if proxy_url:
+        R._quiet(proxy_url)
         R._proxy_stats(proxy_url, reset=True)
     cpu0 = _cpu_s()
     t0 = time.perf_counter()
