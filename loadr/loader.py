@@ -566,6 +566,11 @@ class Loader(LoaderState, LoaderStats):
                                 self.workers, slots, self.n, self.shuffle, self.on_error,
                                 self.start_method, self.timeout, self.order_version,
                                 init_fn=self._worker_init_fn, needed_slots=needed)
+        if warming is not None:
+            # Forked: what the warm-up kept for the workers is theirs now.
+            forked = hooks_of(self.reader).forked
+            if forked is not None:
+                forked()
         self._finalizer = weakref.finalize(self, self._pool.close)
         list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
         self._window = Window(self._pool, self.prefetch, self.workers, list_keys, self.ring)

@@ -16,7 +16,7 @@ ErrorNaming       ``name_error(exc, index)``                   the assembler (a 
 Prefetching       ``prefetches: bool``, ``prefetch(indices)``  assembler, worker
 Caching           ``caches: bool``, ``cache_clock(order,       assembler, worker,
                   start, count)``, ``cache_flush()``           loader
-Warming           ``warm()``                                   worker
+Warming           ``warm(first)``, ``forked()``                 loader, worker
 Ordering          ``make_order(seed, shuffle, version)``       order, loader
 Identified        ``identity() -> dict``                       state, Mix
 Composite         ``source_fns() -> {name: [fn, ...]}``        state, loader
@@ -106,9 +106,12 @@ class Caching(Protocol):
 class Warming(Protocol):
     """Something a worker does once before its first task (a remote index read); the
     loader, where it forks its workers, does it for them with ``first``, the datapoints
-    of the first batches, whose records it may read too (the workers inherit them)."""
+    of the first batches, whose records it may read too (the workers inherit them), and
+    calls ``forked()`` once they are forked: what was kept only for them can go."""
 
     def warm(self, first: Sequence[int] = ()) -> None: ...
+
+    def forked(self) -> None: ...
 
 
 @runtime_checkable
@@ -189,7 +192,7 @@ class Hooks:
     does not have the hook or does not use it (``prefetches``/``caches`` false)."""
 
     __slots__ = ('read_batch', 'read_seeded', 'name_error', 'prefetch', 'cache_clock',
-                 'cache_flush', 'warm', 'make_order', 'identity', 'source_fns')
+                 'cache_flush', 'warm', 'forked', 'make_order', 'identity', 'source_fns')
 
     def __init__(self, **hooks):
         for name in self.__slots__:
@@ -221,7 +224,9 @@ def hooks_of(source) -> Hooks:
     if isinstance(source, Caching) and source.caches:
         found['cache_clock'] = source.cache_clock
         found['cache_flush'] = source.cache_flush
-    for name, protocol in (('warm', Warming), ('make_order', Ordering),
+    if isinstance(source, Warming):
+        found['warm'], found['forked'] = source.warm, source.forked
+    for name, protocol in (('make_order', Ordering),
                            ('identity', Identified), ('source_fns', Composite)):
         if isinstance(source, protocol):
             found[name] = getattr(source, name)

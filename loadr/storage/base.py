@@ -68,6 +68,9 @@ class Storage:
     def hold(self) -> None:
         """Keep what is read ahead after it is read, for children about to be forked."""
 
+    def release(self) -> None:
+        """Drop what :meth:`hold` kept, once the children are forked."""
+
     def settle(self, timeout_s: float | None = None) -> bool:
         """Wait for the reads ahead under way (before a fork); whether they all ended."""
         return True

@@ -43,7 +43,7 @@ _holding: weakref.WeakSet = weakref.WeakSet()
 
 def _end_holds() -> None:
     for buffer in list(_holding):
-        buffer.keep = False
+        buffer.keep = False         # what was kept stays, for the forks to come (release)
     _holding.clear()
 
 
@@ -82,6 +82,7 @@ class Buffer:
         # While set, a span whose reads are done stays (until the buffer is full): a
         # process that reads for the children it is about to fork (ReadingAhead.hold).
         self.keep = False
+        self.held: list[Span] = []      # the spans added while keeping (ReadingAhead.release)
         self.lock = threading.Lock()
         netstats.set_ahead_budget(max_bytes)      # bounds the tasks a worker holds
 
@@ -140,6 +141,8 @@ class Buffer:
         starts.insert(k, span.start)
         spans.insert(k, span)
         self.age[id(span)] = span
+        if self.keep:
+            self.held.append(span)
         self.bytes += span.end - span.start
         while self.bytes > self.max_bytes and len(self.age) > 1:
             self.drop(next(iter(self.age.values())))
@@ -364,6 +367,17 @@ class ReadingAhead:
         self._this_process()
         self._buffer.keep = True
         _holding.add(self._buffer)
+
+    def release(self) -> None:
+        """Drop what :meth:`hold` kept, once the children it was kept for are forked (they
+        have their own copy): this process does not read it."""
+        self._this_process()
+        buffer = self._buffer
+        with buffer.lock:
+            buffer.keep = False
+            for span in buffer.held:
+                buffer.drop(span)
+            buffer.held = []
 
     def settle(self, timeout_s: float | None = None) -> bool:
         """Wait until the reads ahead under way (spans and small files) have ended, at most

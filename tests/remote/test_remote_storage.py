@@ -803,3 +803,29 @@ def test_a_bucket_that_redirects_presigned_gets_is_read_with_get_object(moto, se
 def test_s3_presigned_must_be_a_bool():
     with pytest.raises(ConfigError, match='s3_presigned must be True or False'):
         remote_storage('s3://fixtures', {'loadr': {'s3_presigned': 'yes'}})
+
+
+def test_what_a_parent_held_for_its_children_goes_once_they_are_forked(nginx, served_root):
+    """hold(): a range read ahead stays once this process has read it too, so that a
+    child forked after still has it; release() (the children are forked) lets it go:
+    read again here, it is asked again."""
+    data = (served_root / FILE).read_bytes()
+    storage = remote_storage(nginx.url, {'loadr': {**FAST, 'small_file_bytes': 0}})
+    url = f'{nginx.url}/{FILE}'
+    storage.size(url)
+    ranges = [(url, off, 1000, k) for k, off in enumerate(range(0, 30_000, 5000))]
+    storage.hold()
+    storage.prefetch(ranges)
+    assert storage.settle(10)
+    assert storage.read(*ranges[0]) == data[:1000]          # read here too: still kept
+    parent, child = multiprocess.get_context('fork').Pipe()
+    proc = multiprocess.get_context('fork').Process(
+        target=_read_forked, args=(storage, ranges + [ranges[0]], child))
+    proc.start()
+    got, requests, err = parent.recv()
+    proc.join(30)
+    assert got == [data[o:o + 1000] for _, o, _, _ in ranges] and requests == 0 and err is None
+    before = storage.requests
+    storage.release()
+    assert storage.read(*ranges[1]) == data[5000:6000]
+    assert storage.requests == before + 1

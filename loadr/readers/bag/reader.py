@@ -215,6 +215,12 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
             finally:
                 storage.settle()
 
+    def forked(self) -> None:
+        """The workers are forked: the first batches' records that :meth:`warm` kept for
+        them go (this process does not read them). Example: ``reader.forked()``."""
+        if self._files.remote:
+            self._files.release()
+
     def _open_bags(self, bags: list) -> None:
         """Behind a URL, the small ``bags`` whole (one request each, kept by the storage
         for the process: header, table and records together) and the others'
