@@ -363,7 +363,8 @@ class ReadingAhead:
         too (up to ``readahead_bytes``): for the children it is about to fork, which
         keep it (:func:`kept_spans`). The loader's warm-up before the fork reads the
         first batches' records so, while its own spec probe reads one of them. What
-        was kept stays in this process until its buffer needs the room."""
+        was kept stays in this process until :meth:`release` (or until the buffer
+        needs the room)."""
         self._this_process()
         self._buffer.keep = True
         _holding.add(self._buffer)
