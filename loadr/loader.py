@@ -553,8 +553,6 @@ class Loader(LoaderState, LoaderStats):
         from .workers.pool import WorkerPool
         from .workers.shm import Layout
         warming, self._warming = self._warming, None
-        if warming is not None:
-            warming.join()      # no fork while its reads are under way
         if self._source is None:
             from .shared import share
             self._source = share(self.reader)
@@ -562,10 +560,17 @@ class Loader(LoaderState, LoaderStats):
         needed = slots
         if self._default_prefetch is not None and self._default_prefetch[0] == self.prefetch:
             needed = self._default_prefetch[1] + (1 if self.ring else LEASED_SLOTS)
-        self._pool = WorkerPool(self._source, self.fns, spec, Layout(fields, self.batch),
-                                self.workers, slots, self.n, self.shuffle, self.on_error,
-                                self.start_method, self.timeout, self.order_version,
-                                init_fn=self._worker_init_fn, needed_slots=needed)
+        try:
+            self._pool = WorkerPool(
+                self._source, self.fns, spec, Layout(fields, self.batch), self.workers, slots,
+                self.n, self.shuffle, self.on_error, self.start_method, self.timeout,
+                self.order_version, init_fn=self._worker_init_fn, needed_slots=needed,
+                # No fork while the warm-up's reads are under way; it goes on while the
+                # pool makes its shared memory.
+                before_fork=None if warming is None else warming.join)
+        except BaseException:
+            self._warming = warming         # a next try joins it (if it still runs)
+            raise
         if warming is not None:
             # Forked: what the warm-up kept for the workers is theirs now.
             forked = hooks_of(self.reader).forked

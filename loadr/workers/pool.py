@@ -284,7 +284,7 @@ class WorkerPool:
                  shuffle: bool, on_error: str, start_method: str = 'spawn',
                  task_timeout_s: float | None = None, order_version: int | None = None,
                  steady_memory: bool | None = None, shm_bytes: int | None = None,
-                 init_fn=None, needed_slots: int | None = None):
+                 init_fn=None, needed_slots: int | None = None, before_fork=None):
         import multiprocess
 
         self.closed = False
@@ -301,6 +301,9 @@ class WorkerPool:
         self._uss = None                    # (when, {worker id: USS bytes}): private_memory()
         self.stats_width = row_width(len(fns))
         self._init_fn = init_fn             # each worker calls it once with its id
+        # Called once the shared memory is made, before the first worker starts: the
+        # loader's warm-up of a remote reader ends there, beside the allocation.
+        self._before_fork = before_fork
         try:
             with _sigint_deferred():
                 self._open(reader, fns, spec, layout, workers, slots, n, shuffle, on_error,
@@ -378,6 +381,8 @@ class WorkerPool:
         self._polled, self._poller_held = None, None
         self.layout = layout
         self.views = [layout.views(seg.buf) for seg in self._segments[:slots]]
+        if self._before_fork is not None:
+            self._before_fork()
         me = pids.proc_stat(os.getpid())
         self._template = dict(
             reader=reader, fns=list(fns), spec=spec, layout=layout,
