@@ -440,8 +440,26 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
             t0 = time.perf_counter()
             data = self._run(self._fetch(path, offset, offset + length, index))
             netstats.waited(time.perf_counter() - t0, uncovered=True)
+            self._keep_whole(path, offset, data)
         self._fetched_now(path, offset, length, index, data)
         return data
+
+    def _keep_whole(self, path: str, offset: int, data: bytes) -> None:
+        """Keep a small file that a read fetched whole as the read-ahead keeps one it reads
+        whole (``small_file_bytes``): the open reads a small bag's header so (its last
+        bytes are all of it), and the warm-up and the workers then ask for it again."""
+        small = int(self.settings['small_file_bytes'])
+        if offset or not small or len(data) > small or self.settings['cache_dir'] \
+                or self._sizes.get(path) != len(data):
+            return
+        with self._buffer.lock:
+            if path in self._small or self._small_bytes + len(data) > \
+                    int(self.settings['small_files_bytes']):
+                return
+            whole = concurrent.futures.Future()
+            whole.set_result(data)
+            self._small[path] = whole
+            self._small_bytes += len(data)
 
     def read_many(self, ranges: Iterable[Sequence]) -> list[bytes]:
         """The bytes of each ``(path, offset, length[, index])``, fetched concurrently.
@@ -522,6 +540,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
                         alone.setdefault(tuple(r[:3]), []).append(k)
                     continue
                 out[k] = data[r[1] - start:r[1] - start + r[2]]
+                self._keep_whole(r[0], r[1], out[k])
                 self._fetched_now(r[0], r[1], r[2], index_of(r), out[k])
         if alone:
             # Merged requests that failed: each of their ranges alone, so that only

@@ -829,3 +829,33 @@ def test_what_a_parent_held_for_its_children_goes_once_they_are_forked(nginx, se
     storage.release()
     assert storage.read(*ranges[1]) == data[5000:6000]
     assert storage.requests == before + 1
+
+
+@pytest.mark.parametrize('small', [None, 0])
+def test_a_small_file_read_whole_is_kept_as_read_ahead_keeps_it(nginx, served_root, small):
+    """A read that fetches a whole small file (the open reads a small bag's header so:
+    its last 16 KiB are all of it) keeps it: the read-ahead and the reads of its ranges
+    then ask for nothing, in this process and in a forked one. A part of it is not
+    kept; ``small_file_bytes=0``: nothing is."""
+    rel = 'bag_sharded/' + sorted(p.name for p in (served_root / 'bag_sharded').iterdir()
+                                  if p.is_dir())[0] + '/refs.bag'
+    data = (served_root / rel).read_bytes()
+    settings = dict(FAST, **({} if small is None else {'small_file_bytes': small}))
+    with Proxy(nginx.url) as proxy:
+        storage = remote_storage(proxy.url, {'loadr': settings})
+        url = f'{proxy.url}/{rel}'
+        storage.size(url)
+        assert storage.read(url, 1, len(data) - 1) == data[1:]      # a part: not kept
+        assert storage.read_many([(url, 0, len(data))]) == [data]   # the whole: kept
+        proxy.reset_stats()
+        storage.prefetch([(url, 3, 5)])
+        assert storage.read(url, 3, 5) == data[3:8]
+        parent, child = multiprocess.get_context('fork').Pipe()
+        proc = multiprocess.get_context('fork').Process(
+            target=_read_forked, args=(storage, [(url, 0, 8), (url, 2, 4)], child))
+        proc.start()
+        got, requests, err = parent.recv()
+        proc.join(30)
+        assert got == [data[:8]] and err is None
+        # small=0: the parent's read ahead, and each of the child's reads.
+        assert (proxy.stats['requests'], requests) == ((0, 0) if small is None else (3, 2))
