@@ -43,6 +43,9 @@ class S3Storage(RemoteStorage):
         # (the read-ahead keeps up to max_concurrency) queued for one, which showed as
         # round trips of 200 ms behind a 20 ms proxy.
         config.setdefault('max_pool_connections', int(self.settings['max_concurrency']))
+        # botocore presigns with Signature Version 2 where a region still takes it (its
+        # requests are SigV4 already): S3 refuses SigV2 for buckets made after June 2020.
+        config.setdefault('signature_version', 's3v4')
         options['config_kwargs'] = config
         return options
 

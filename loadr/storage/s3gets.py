@@ -35,6 +35,9 @@ _RENEW_BEFORE_S = 300
 # A 403 to a URL signed longer ago than this is taken for an expired one (signed again).
 FRESH_SECONDS = 1.0
 
+# S3's answers to a URL signed for another region than the bucket's.
+_OTHER_REGION = frozenset({'AuthorizationQueryParametersError', 'AuthorizationHeaderMalformed',
+                           'PermanentRedirect', 'TemporaryRedirect'})
 # s3fs options that change the request in ways a presigned GET does not carry.
 _NOT_PRESIGNABLE = ('requester_pays', 's3_additional_kwargs', 'session')
 # The sessions made, (pid, loop, session), never dropped before the exit (a session
@@ -73,8 +76,9 @@ class S3Answer(Exception):
 
 
 class Redirected(Exception):
-    """S3 answered a presigned GET with a redirect (a bucket of another region): botocore's
-    ``get_object``, which follows it, reads that bucket."""
+    """S3 answered a presigned GET with a redirect, or said the URL was signed for another
+    region (a bucket of another region): botocore's ``get_object``, which finds the
+    bucket's region, reads that bucket."""
 
 
 def presignable(options: dict) -> bool:
@@ -107,11 +111,11 @@ class PresignedGets:
 
     def __init__(self, fs, options: dict, connections: int):
         self.fs = fs
-        self.urls: dict[tuple, tuple[str, float]] = {}      # (bucket, key, version) -> url, at
+        self.urls: dict[tuple, tuple] = {}      # (bucket, key, version) -> (yarl URL, signed at)
         self.ssl = _ssl_of(options)
         self.connections = connections
         self.session = None
-        self.proxies: dict[str, str | None] = {}
+        self.proxies: dict[tuple, str | None] = {}
 
     async def _session(self):
         if self.session is None:
@@ -125,17 +129,14 @@ class PresignedGets:
             _kept.append((os.getpid(), asyncio.get_running_loop(), self.session))
         return self.session
 
-    def _proxy_of(self, url: str) -> str | None:
+    def _proxy_of(self, url) -> str | None:
         """The proxy of the environment (``HTTPS_PROXY``, ``NO_PROXY``, as botocore reads
-        them) for the host of ``url``, found once per scheme and host."""
-        origin = url.split('/', 3)[:3]
-        key = '/'.join(origin)
+        them) for the host of ``url`` (a yarl URL), found once per scheme and host."""
+        key = (url.scheme, url.host, url.port)
         if key not in self.proxies:
             import urllib.request
-            host = origin[2].rpartition('@')[2]
-            proxies = urllib.request.getproxies()
-            proxy = proxies.get(origin[0].rstrip(':'))
-            if proxy and urllib.request.proxy_bypass(host.partition(':')[0]):
+            proxy = urllib.request.getproxies().get(url.scheme)
+            if proxy and urllib.request.proxy_bypass(url.host or ''):
                 proxy = None
             self.proxies[key] = proxy or None
         return self.proxies[key]
@@ -153,6 +154,10 @@ class PresignedGets:
             params['VersionId'] = version
         url = await client.generate_presigned_url('get_object', Params=params,
                                                   ExpiresIn=URL_SECONDS)
+        # Sent as signed, byte for byte: aiohttp would otherwise requote the key's
+        # escapes (%3D as =, %2C as ,), and the server's signature check could fail.
+        import yarl
+        url = yarl.URL(url, encoded=True)
         self.urls[name] = (url, now)
         if len(self.urls) > 1 << 16:            # a dataset of very many objects: the oldest go
             for old in list(self.urls)[:1 << 14]:
@@ -173,10 +178,14 @@ class PresignedGets:
                 if r.status < 400:
                     raise Redirected(f'HTTP {r.status} to a presigned GET of s3://{bucket}')
                 text = (await r.read())[:4096].decode('utf-8', 'replace')
+            code = _tag(text, 'Code') or r.reason or ''
+            if code in _OTHER_REGION:
+                # A URL signed for the client's region, the bucket in another: S3 says so
+                # with a 400 (SigV4), where get_object's redirect handling finds the region.
+                raise Redirected(f'HTTP {r.status} {code} to a presigned GET of s3://{bucket}')
             if r.status == 403 and not again and time.monotonic() - signed > FRESH_SECONDS:
                 again = True                # expired credentials or URL: signed again, once
                 continue
-            code = _tag(text, 'Code') or r.reason or ''
             raise S3Answer(r.status, code, _tag(text, 'Message'))
 
 

@@ -54,7 +54,8 @@ class Proxy:
     with ``refuse_bytes=(a, b)`` only those of its requests whose Range
     covers a byte of ``[a, b)`` (a bad record: every request that carries it
     fails, whatever else it carries); ``refuse_status``: the status they get
-    instead (403: an expired presigned URL; 301: a bucket of another region).
+    instead (403: an expired presigned URL; 301: a bucket of another region),
+    with the S3 error code ``refuse_code``.
     ``whole_for_many_ranges``: a multi-range request is passed on without its
     Range (the whole file comes back, as from a server that does not do
     multi-range). ``slow``: the
@@ -68,7 +69,7 @@ class Proxy:
                  hang: bool = False, port: int = 0, refuse: str | None = None,
                  whole_for_many_ranges: bool = False, wrong: float = 0.0, total: float = 0.0,
                  refuse_bytes: tuple[int, int] | None = None, slow: float = 0.0,
-                 slow_s: float = 0.0, refuse_status: int = 503):
+                 slow_s: float = 0.0, refuse_status: int = 503, refuse_code: str = 'Refused'):
         parts = urllib.parse.urlsplit(upstream if '//' in upstream else f'http://{upstream}')
         self.upstream = (parts.hostname or '127.0.0.1', parts.port or 80)
         self.delay_s, self.error, self.short, self.reset = delay_s, error, short, reset
@@ -76,6 +77,7 @@ class Proxy:
         self.refuse = refuse          # requests whose target holds this are always 503
         self.refuse_bytes = refuse_bytes    # ... and whose Range covers one of these bytes
         self.refuse_status = refuse_status  # ... answered with this status
+        self.refuse_code = refuse_code      # ... and this S3 error code (not for a 503)
         self.wrong, self.total = wrong, total
         self.slow, self.slow_s = slow, slow_s
         # As a server without multi-range support: such a request gets the whole file (200).
@@ -236,7 +238,8 @@ class Proxy:
             fault = 'error'
             if self.refuse_status != 503:
                 self.stats['refused'] = self.stats.get('refused', 0) + 1
-                body = b'<Error><Code>Refused</Code><Message>by the test proxy</Message></Error>'
+                body = (f'<Error><Code>{self.refuse_code}</Code><Message>by the test proxy'
+                        f'</Message></Error>').encode()
                 writer.write(b'HTTP/1.1 %d Refused\r\nContent-Length: %d\r\n'
                              b'Location: http://127.0.0.1:9/\r\n\r\n%s'
                              % (self.refuse_status, len(body), body))
