@@ -892,3 +892,23 @@ def test_a_presigned_url_is_sent_byte_for_byte_as_signed(moto):
         (_, (signed, _)), = storage._presigned(bucket).urls.items()
         sent = [t for _, t, _ in proxy.log if 'X-Amz-Signature' in t]
     assert sent == [str(signed).split(proxy.url, 1)[1]], (sent, str(signed))
+
+
+@pytest.mark.parametrize('presigned', [True, False])
+def test_anonymous_reads_are_unsigned_both_ways(moto, served_root, presigned):
+    """``anon=True`` (a public bucket): no credentials are looked for, the ranges go
+    unsigned over either path, and read the object's bytes."""
+    data = (served_root / FILE).read_bytes()
+    client = s3_client(moto.url)
+    bucket = 'public-data'
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+        client.create_bucket(Bucket=bucket, ACL='public-read')
+    client.put_object(Bucket=bucket, Key=FILE, Body=data, ACL='public-read')
+    with Proxy(moto.url) as proxy:
+        storage = remote_storage(f's3://{bucket}', {
+            'endpoint_url': proxy.url, 'anon': True,
+            'loadr': {**FAST, 's3_presigned': presigned, 'small_file_bytes': 0}})
+        url = f's3://{bucket}/{FILE}'
+        assert storage.read(url, 100, 50, 1) == data[100:150]
+        gets = [t for m, t, _ in proxy.log if m == 'GET' and FILE in t]
+    assert gets and not any('Signature' in t for t in gets), gets
