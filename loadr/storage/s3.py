@@ -32,6 +32,18 @@ if hasattr(os, 'register_at_fork'):
     os.register_at_fork(after_in_child=_after_fork)
 
 
+def _profile_signature(options: dict) -> str | None:
+    """The S3 signature version the AWS config file's profile sets (``s3 =
+    signature_version = ...``), if any."""
+    try:
+        import botocore.session
+        scoped = botocore.session.Session(profile=options.get('profile')).get_scoped_config()
+    except Exception:           # a profile that does not exist: s3fs says so when it opens
+        return None
+    s3 = scoped.get('s3')
+    return s3.get('signature_version') if isinstance(s3, dict) else None
+
+
 class S3Storage(RemoteStorage):
     """The storage of ``s3://`` URLs (any S3-compatible store: ``endpoint_url``)."""
 
@@ -45,7 +57,9 @@ class S3Storage(RemoteStorage):
         config.setdefault('max_pool_connections', int(self.settings['max_concurrency']))
         # botocore presigns with Signature Version 2 where a region still takes it (its
         # requests are SigV4 already): S3 refuses SigV2 for buckets made after June 2020.
-        config.setdefault('signature_version', 's3v4')
+        # A version the profile sets (a store that needs another) is left to rule both.
+        if 'signature_version' not in config and not _profile_signature(options):
+            config['signature_version'] = 's3v4'
         options['config_kwargs'] = config
         return options
 

@@ -912,3 +912,18 @@ def test_anonymous_reads_are_unsigned_both_ways(moto, served_root, presigned):
         assert storage.read(url, 100, 50, 1) == data[100:150]
         gets = [t for m, t, _ in proxy.log if m == 'GET' and FILE in t]
     assert gets and not any('Signature' in t for t in gets), gets
+
+
+def test_a_signature_version_the_profile_sets_is_kept(moto, tmp_path, monkeypatch):
+    """loadr asks for SigV4 (its presigned URLs would be SigV2 in some regions otherwise),
+    unless the storage options or the AWS config file's profile name a version (a store
+    that needs another): then that one rules, for every request."""
+    def asked(**options):
+        storage = remote_storage('s3://fixtures', {'endpoint_url': moto.url, **options})
+        return storage.fs.config_kwargs.get('signature_version')
+    assert asked() == 's3v4'
+    assert asked(config_kwargs={'signature_version': 's3'}) == 's3'
+    config = tmp_path / 'aws_config'
+    config.write_text('[default]\ns3 =\n    signature_version = s3\n')
+    monkeypatch.setenv('AWS_CONFIG_FILE', str(config))
+    assert asked() is None              # botocore reads the profile's
