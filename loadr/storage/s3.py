@@ -34,14 +34,23 @@ if hasattr(os, 'register_at_fork'):
 
 def _profile_signature(options: dict) -> str | None:
     """The S3 signature version the AWS config file's profile sets (``s3 =
-    signature_version = ...``), if any."""
-    try:
-        import botocore.session
-        scoped = botocore.session.Session(profile=options.get('profile')).get_scoped_config()
-    except Exception:           # a profile that does not exist: s3fs says so when it opens
-        return None
-    s3 = scoped.get('s3')
-    return s3.get('signature_version') if isinstance(s3, dict) else None
+    signature_version = ...``), if any; read once per profile and config file (a forked
+    worker has its parent's answer)."""
+    key = (options.get('profile'), os.environ.get('AWS_CONFIG_FILE'),
+           os.environ.get('AWS_PROFILE'))
+    if key not in _profile_signatures:
+        try:
+            import botocore.session
+            scoped = botocore.session.Session(profile=key[0]).get_scoped_config()
+            s3 = scoped.get('s3')
+            found = s3.get('signature_version') if isinstance(s3, dict) else None
+        except Exception:       # a profile that does not exist: s3fs says so when it opens
+            found = None
+        _profile_signatures[key] = found
+    return _profile_signatures[key]
+
+
+_profile_signatures: dict[tuple, str | None] = {}
 
 
 class S3Storage(RemoteStorage):
