@@ -31,7 +31,7 @@ from . import netstats
 from .errors import for_record
 
 __all__ = ['Span', 'Buffer', 'Part', 'merge', 'index_of', 'finished', 'kept_spans',
-           'ReadingAhead']
+           'kept_small', 'resolved', 'ReadingAhead']
 
 # Overlapping spans looked at, latest start first, to find one holding a range.
 _LOOK_BACK = 16
@@ -240,13 +240,30 @@ def kept_spans(buffer: Buffer | None) -> list[Span]:
         data = finished(span.future)
         if data is None or len(data) != span.end - span.start:
             continue
-        mine = concurrent.futures.Future()
-        mine.set_result(data)
         # Its reads in this child are not known (the parent's claims are the parent's): a
         # first read must not drop a span that holds other records a later task reads.
         # It stays until the buffer needs the room (oldest first).
-        out.append(Span(span.path, span.start, span.end, mine, _KEPT_USES))
+        out.append(Span(span.path, span.start, span.end, resolved(data), _KEPT_USES))
     return out
+
+
+def kept_small(small: dict | None) -> dict:
+    """The whole small files of ``small`` (path -> future; a parent's, at a fork) that
+    were read, as futures of this process; reads under way or failed are left out."""
+    kept = {}
+    for path, future in (small or {}).items():
+        data = finished(future) if future is not None else None
+        if data is not None:
+            kept[path] = resolved(data)
+    return kept
+
+
+def resolved(data) -> concurrent.futures.Future:
+    """A future that holds ``data`` already: what a finished read gives, made in this
+    process (a parent's futures are not waited on; see :func:`finished`)."""
+    future = concurrent.futures.Future()
+    future.set_result(data)
+    return future
 
 
 def index_of(r: Sequence) -> int | None:

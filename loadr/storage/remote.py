@@ -48,7 +48,6 @@ Settings: :mod:`loadr.storage.settings`.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import os
 import random
@@ -62,7 +61,7 @@ from .base import Storage
 from .caching import CacheHookup
 from .errors import KIND_TEXT, for_record, kind, one_line, remote_error
 from .ranges import check_part
-from .readahead import Buffer, ReadingAhead, finished, index_of, kept_spans, merge
+from .readahead import Buffer, ReadingAhead, index_of, kept_small, kept_spans, merge, resolved
 from .settings import install_hint, settings_of, split_url
 from .staging import RemoteStagedDir, RemoteStagedFile
 from .versions import Versions, info_version
@@ -89,26 +88,12 @@ if hasattr(os, 'register_at_fork'):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-
-def _kept_small(small: dict | None) -> dict:
-    """The whole small files of ``small`` that were read (a parent's, at a fork), as
-    futures of this process; reads under way or failed are left out."""
-    kept = {}
-    for path, future in (small or {}).items():
-        data = finished(future) if future is not None else None
-        if data is None:
-            continue
-        mine = concurrent.futures.Future()
-        mine.set_result(data)
-        kept[path] = mine
-    return kept
-
-
 def _named(value):
     """A function among a filesystem's options, by its name (json's ``default``)."""
     if callable(value) and hasattr(value, '__qualname__'):
         return f'{value.__module__}.{value.__qualname__}'
     raise TypeError(f'not JSON: {type(value).__name__}')
+
 
 class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
     """The storage of URLs of one fsspec protocol; see the module docstring.
@@ -167,7 +152,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         # path -> future of the whole (small) file; None: its whole read failed (ranges).
         # A forked child keeps the ones its parent had read (bytes, no request in flight:
         # the loader warms before it forks, so that its workers need not each warm).
-        self._small: dict[str, object] = _kept_small(getattr(self, '_small', None))
+        self._small: dict[str, object] = kept_small(getattr(self, '_small', None))
         self._small_bytes = sum(len(f.result()) for f in self._small.values())
         self._semaphore = None
         self._why: dict[str, str] = {}       # path -> why it is missing, for the message
@@ -456,9 +441,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
             if path in self._small or self._small_bytes + len(data) > \
                     int(self.settings['small_files_bytes']):
                 return
-            whole = concurrent.futures.Future()
-            whole.set_result(data)
-            self._small[path] = whole
+            self._small[path] = resolved(data)
             self._small_bytes += len(data)
 
     def read_many(self, ranges: Iterable[Sequence]) -> list[bytes]:
