@@ -571,11 +571,12 @@ class Loader(LoaderState, LoaderStats):
         except BaseException:
             self._warming = warming         # a next try joins it (if it still runs)
             raise
-        if warming is not None:
-            # Forked: what the warm-up kept for the workers is theirs now.
-            forked = hooks_of(self.reader).forked
-            if forked is not None:
-                forked()
+        finally:
+            if warming is not None:
+                # Forked (or failed to): what the warm-up kept for the workers goes here.
+                forked = hooks_of(self.reader).forked
+                if forked is not None:
+                    forked()
         self._finalizer = weakref.finalize(self, self._pool.close)
         list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
         self._window = Window(self._pool, self.prefetch, self.workers, list_keys, self.ring)

@@ -107,7 +107,8 @@ class Warming(Protocol):
     """Something a worker does once before its first task (a remote index read); the
     loader, where it forks its workers, does it for them with ``first``, the datapoints
     of the first batches, whose records it may read too (the workers inherit them), and
-    calls ``forked()`` once they are forked: what was kept only for them can go."""
+    calls ``forked()`` once they are forked (or failed to start): what was kept only
+    for them can go."""
 
     def warm(self, first: Sequence[int] = ()) -> None: ...
 

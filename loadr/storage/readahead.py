@@ -20,10 +20,8 @@ import asyncio
 import bisect
 import collections
 import concurrent.futures
-import os
 import threading
 import time
-import weakref
 from typing import Iterable, Sequence
 
 from ..errors import LoadrError, ReadError
@@ -37,20 +35,6 @@ __all__ = ['Span', 'Buffer', 'Part', 'merge', 'index_of', 'finished', 'kept_span
 _LOOK_BACK = 16
 # The uses of a span a child kept from its parent: never worn out by reads.
 _KEPT_USES = 1 << 40
-# The buffers that keep what was read for the children of the next fork (hold()).
-_holding: weakref.WeakSet = weakref.WeakSet()
-
-
-def _end_holds() -> None:
-    for buffer in list(_holding):
-        buffer.keep = False         # what was kept stays, for the forks to come (release)
-    _holding.clear()
-
-
-if hasattr(os, 'register_at_fork'):
-    # The parent's hold ends with the fork it was for (the pool forks its workers in a
-    # row: none of them reads in the parent in between, so all keep the same spans).
-    os.register_at_fork(after_in_parent=_end_holds, after_in_child=_end_holds)
 
 
 class Span:
@@ -376,15 +360,13 @@ class ReadingAhead:
         return out
 
     def hold(self) -> None:
-        """Until this process next forks, keep what is read ahead once it has been read
-        too (up to ``readahead_bytes``): for the children it is about to fork, which
-        keep it (:func:`kept_spans`). The loader's warm-up before the fork reads the
-        first batches' records so, while its own spec probe reads one of them. What
-        was kept stays in this process until :meth:`release` (or until the buffer
-        needs the room)."""
+        """Until :meth:`release`, keep what is read ahead once it has been read too (up
+        to ``readahead_bytes``): for the children this process is about to fork, which
+        keep it (:func:`kept_spans`; a child's buffer is its own, not holding). The
+        loader's warm-up before the fork reads the first batches' records so, while its
+        own spec probe reads one of them."""
         self._this_process()
         self._buffer.keep = True
-        _holding.add(self._buffer)
 
     def release(self) -> None:
         """Drop what :meth:`hold` kept, once the children it was kept for are forked (they
