@@ -591,19 +591,31 @@ def test_overlapping_read_ahead_serves_every_range_once_without_refetching(nginx
     assert storage.requests == sent + 1
 
 
+def _small_file(served_root) -> tuple[str, bytes]:
+    """(path under the served root, bytes) of a small file: a bag shard's refs.bag."""
+    rel = 'bag_sharded/' + sorted(p.name for p in (served_root / 'bag_sharded').iterdir()
+                                  if p.is_dir())[0] + '/refs.bag'
+    return rel, (served_root / rel).read_bytes()
+
+
+def _small_file_through(proxy, served_root, small: int | None) -> tuple:
+    """(storage, URL, bytes) of :func:`_small_file` through ``proxy``, its size known;
+    ``small_file_bytes=small`` unless None (the default)."""
+    rel, data = _small_file(served_root)
+    settings = dict(FAST, **({} if small is None else {'small_file_bytes': small}))
+    storage = remote_storage(proxy.url, {'loadr': settings})
+    url = f'{proxy.url}/{rel}'
+    storage.size(url)
+    return storage, url, data
+
+
 @pytest.mark.parametrize('small', [None, 0])
 def test_a_small_file_is_read_whole_once_per_process(nginx, served_root, small):
     """Ranges of a small file read ahead in separate calls (batch after batch): one
     request for the whole file, the ranges sliced from it; ``small_file_bytes=0``:
     a request per call, as before."""
-    rel = 'bag_sharded/' + sorted(p.name for p in (served_root / 'bag_sharded').iterdir()
-                                  if p.is_dir())[0] + '/refs.bag'
-    data = (served_root / rel).read_bytes()
-    settings = dict(FAST, **({} if small is None else {'small_file_bytes': small}))
     with Proxy(nginx.url) as proxy:
-        storage = remote_storage(proxy.url, {'loadr': settings})
-        url = f'{proxy.url}/{rel}'
-        storage.size(url)
+        storage, url, data = _small_file_through(proxy, served_root, small)
         proxy.reset_stats()
         for offset, length in [(0, 8), (len(data) - 9, 9), (3, 5)]:
             storage.prefetch([(url, offset, length)])
@@ -615,9 +627,7 @@ def test_a_small_file_is_read_whole_once_per_process(nginx, served_root, small):
 def test_a_small_file_whose_whole_read_fails_is_read_as_ranges(nginx, served_root):
     """A bad byte in a small file fails its whole read: the good ranges are then read
     alone, and only the range that holds the bad byte fails, naming its record."""
-    rel = 'bag_sharded/' + sorted(p.name for p in (served_root / 'bag_sharded').iterdir()
-                                  if p.is_dir())[0] + '/refs.bag'
-    data = (served_root / rel).read_bytes()
+    rel, data = _small_file(served_root)
     bad = len(data) - 3
     with Proxy(nginx.url, refuse='refs.bag', refuse_bytes=(bad, bad + 1)) as proxy:
         storage = remote_storage(proxy.url, {'loadr': dict(FAST, retries=1)})
@@ -850,14 +860,8 @@ def test_a_small_file_read_whole_is_kept_as_read_ahead_keeps_it(nginx, served_ro
     its last 16 KiB are all of it) keeps it: the read-ahead and the reads of its ranges
     then ask for nothing, in this process and in a forked one. A part of it is not
     kept; ``small_file_bytes=0``: nothing is."""
-    rel = 'bag_sharded/' + sorted(p.name for p in (served_root / 'bag_sharded').iterdir()
-                                  if p.is_dir())[0] + '/refs.bag'
-    data = (served_root / rel).read_bytes()
-    settings = dict(FAST, **({} if small is None else {'small_file_bytes': small}))
     with Proxy(nginx.url) as proxy:
-        storage = remote_storage(proxy.url, {'loadr': settings})
-        url = f'{proxy.url}/{rel}'
-        storage.size(url)
+        storage, url, data = _small_file_through(proxy, served_root, small)
         assert storage.read(url, 1, len(data) - 1) == data[1:]      # a part: not kept
         assert storage.read_many([(url, 0, len(data))]) == [data]   # the whole: kept
         proxy.reset_stats()
