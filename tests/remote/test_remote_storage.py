@@ -804,6 +804,10 @@ def test_an_expired_presigned_url_is_signed_again_once(moto, served_root):
             storage.read(url, 20, 10, 4)
         assert info.value.index == 4 and FILE in str(info.value)
         assert proxy.stats['refused'] == 2
+        # The refusal changed nothing: lifted, the same read goes the same way and reads.
+        proxy.refuse = None
+        assert storage.read(url, 20, 10, 4) == data[20:30]
+        assert storage._presigned('fixtures') is gets
 
 
 @pytest.mark.parametrize('status,code', [(301, 'PermanentRedirect'),
