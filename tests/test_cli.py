@@ -837,6 +837,26 @@ def test_common_options_count_before_the_command_too(tmp_path, capsys):
     assert args.storage_option + args.storage_option_after == ['a=1', 'b=2']
 
 
+def test_inspect_writes_nothing_beside_the_data(tmp_path, capsys):
+    from .readers.test_webdataset import write_shards
+    pytest.importorskip('webdataset')
+    shards = tmp_path / 'shards'
+    write_shards(shards, shards=2, per=3)
+    pattern = str(shards / 'train-{000000..000001}.tar')
+
+    def listing() -> dict:
+        return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in shards.iterdir()}
+    before = listing()
+    assert main(['inspect', pattern]) == 0
+    assert 'webdataset, 6 datapoints' in capsys.readouterr().out
+    assert main(['inspect', str(shards / 'train-000001.tar'), '--json', '--index', '2']) == 0
+    assert json.loads(capsys.readouterr().out)['datapoint']['index'] == 2
+    assert listing() == before                      # no .loadr-index beside the tars
+    loadr.open(pattern).close()                     # opening to read still keeps one
+    assert sorted(listing()) == sorted([*before, 'train-000000.tar.loadr-index',
+                                        'train-000001.tar.loadr-index'])
+
+
 def test_index_inspect_check_and_convert_the_formats_users_have(tmp_path, capsys):
     from .readers.test_parquet import write as write_parquet
     from .readers.test_webdataset import write_shards

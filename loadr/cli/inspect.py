@@ -137,7 +137,9 @@ def cmd_inspect(args) -> int:
         return _inspect_mix(args)
     fmt = detect(path)
     # What to show besides the datapoint is the format's to say (its reader's details()).
-    reader = fmt.reader.probe(path, allow_pickle=args.allow_pickle)
+    # A look writes nothing: a format that would keep an index beside its files (WebDataset)
+    # builds it in memory here.
+    reader = fmt.reader.probe(path, allow_pickle=args.allow_pickle, write_index=False)
     with reader:
         n = len(reader)
         extra = reader.details()
