@@ -19,9 +19,12 @@ is kept for what comes next:
 - Read by hand (``r[i]``), the last ``cache_row_groups`` row groups are kept.
 
 A datapoint is ``{column: value}`` as pyarrow gives it in Python (int,
-float, str, bytes, list, dict). A struct column of the Hugging Face
+float, str, bytes, list, dict); a null is an error naming file, row and
+column unless ``nulls='keep'``. A struct column of the Hugging Face
 ``Image`` feature (``{'bytes', 'path'}``) becomes the image's bytes, for
-``decode_jpeg`` and the other image fns.
+``decode_jpeg`` and the other image fns; ``ClassLabel`` names are
+:attr:`ParquetReader.classes`. Every file's columns must read as the first
+file's (docs/FORMATS.md §7).
 
 Example::
 
