@@ -268,3 +268,14 @@ def test_hugging_face_class_label_names_are_the_classes(tmp_path):
     plain.mkdir()
     write(plain / 'p.parquet', 0, 3, 3)
     assert loadr.open(plain).classes is None and loadr.open(plain).class_names == {}
+
+
+def test_check_names_an_image_feature_value_the_image_fns_cannot_decode(tmp_path):
+    out = io.BytesIO()
+    Image.new('RGB', (4, 4)).save(out, 'BMP')
+    table = rows(0, 3)
+    table[1]['image'] = {'bytes': out.getvalue(), 'path': '1.bmp'}
+    pq.write_table(pa.Table.from_pylist(table), tmp_path / 'p.parquet')
+    problems = check(tmp_path / 'p.parquet')
+    assert [(p.path, p.index) for p in problems] == [(str(tmp_path / 'p.parquet'), 1)]
+    assert "'image'" in problems[0].message and 'BMP' in problems[0].message
