@@ -180,3 +180,24 @@ def test_check_reports_a_sample_that_does_not_read_as_the_others(tmp_path):
         for blob in (b'\x00\x01', b'', b'plain bytes'):
             w.write_one(blob)
     assert loadr.check(tmp_path / 'blobs.ffr').ok
+
+
+# -- Parquet: a row is checked for what its read gives, not only for the bytes it holds --------
+
+
+def test_check_fails_a_parquet_image_stored_by_path_only(tmp_path, capsys):
+    pa = pytest.importorskip('pyarrow')
+    pq = pytest.importorskip('pyarrow.parquet')
+
+    from .datasets import jpeg
+    images = [{'bytes': jpeg((8, 8, 3), seed=k), 'path': f'{k}.jpg'} for k in range(4)]
+    images[2] = {'bytes': None, 'path': 'elsewhere/2.jpg'}     # as datasets stores a reference
+    path = tmp_path / 'refs.parquet'
+    pq.write_table(pa.table({'image': images, 'label': [0, 1, 2, 3]}), path)
+    with pytest.raises(loadr.errors.DecodeError):
+        loadr.open(path)[2]
+    report = loadr.check(path)
+    assert [(p.path, p.index) for p in report.problems] == [(str(path), 2)]
+    assert 'elsewhere/2.jpg' in report.problems[0].message
+    assert cli.main(['check', str(path)]) == 1
+    assert f'{path} [index 2]' in capsys.readouterr().out

@@ -837,6 +837,44 @@ def test_common_options_count_before_the_command_too(tmp_path, capsys):
     assert args.storage_option + args.storage_option_after == ['a=1', 'b=2']
 
 
+def test_inspect_writes_nothing_beside_the_data(tmp_path, capsys):
+    from .readers.test_webdataset import write_shards
+    pytest.importorskip('webdataset')
+    shards = tmp_path / 'shards'
+    write_shards(shards, shards=2, per=3)
+    pattern = str(shards / 'train-{000000..000001}.tar')
+
+    def listing() -> dict:
+        return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in shards.iterdir()}
+    before = listing()
+    assert main(['inspect', pattern]) == 0
+    assert 'webdataset, 6 datapoints' in capsys.readouterr().out
+    assert main(['inspect', str(shards / 'train-000001.tar'), '--json', '--index', '2']) == 0
+    assert json.loads(capsys.readouterr().out)['datapoint']['index'] == 2
+    assert listing() == before                      # no .loadr-index beside the tars
+    loadr.open(pattern).close()                     # opening to read still keeps one
+    assert sorted(listing()) == sorted([*before, 'train-000000.tar.loadr-index',
+                                        'train-000001.tar.loadr-index'])
+    # A mix is opened as a run opens it, which keeps the indexes: inspect says so.
+    def age(side) -> None:                      # as if made a second ago, after its tar
+        tar = side.with_suffix('')
+        os.utime(tar, ns=(tar.stat().st_mtime_ns - 2 * 10**9,) * 2)
+        os.utime(side, ns=(side.stat().st_mtime_ns - 10**9,) * 2)
+    for side in shards.glob('*.loadr-index'):
+        age(side)
+    more = tmp_path / 'more'
+    write_shards(more, shards=1, per=4)
+    (tmp_path / 'mix.yaml').write_text('reader:\n  mix:\n    a: {path: shards, weight: 0.5}\n'
+                                       '    b: {path: more, weight: 0.5}\n')
+    assert main(['inspect', str(tmp_path / 'mix.yaml')]) == 0
+    out, err = capsys.readouterr()
+    assert 'a mix of 2 sources' in out
+    assert 'wrote 1 index file beside the tars' in err
+    age(more / 'train-000000.tar.loadr-index')
+    assert main(['inspect', str(tmp_path / 'mix.yaml')]) == 0       # nothing to write now
+    assert 'wrote' not in capsys.readouterr().err
+
+
 def test_index_inspect_check_and_convert_the_formats_users_have(tmp_path, capsys):
     from .readers.test_parquet import write as write_parquet
     from .readers.test_webdataset import write_shards

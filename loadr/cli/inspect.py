@@ -101,10 +101,13 @@ def _inspect_mix(args) -> int:
     """``loadr inspect mix.yaml``: each source's size, weight and epochs per 10^6 samples."""
     from ..config import load_config
     from ..mix import Mix
+    # The slack covers the coarse clock (a tick) that stamps file times.
+    since = time.time_ns() - 20_000_000
     reader = load_config(args.path).build_reader()
     if not isinstance(reader, Mix):
         raise ConfigError(f'{args.path}: inspect takes a pipeline file only for a mix '
                           f'(reader: {{mix: ...}}); give the dataset path itself')
+    wrote = _indexes_written(reader, since)
     per = 10**6
     info = {'path': args.path, 'format': 'mix', 'datapoints': len(reader),
             'source_key': reader.source_key, 'schedule': []}
@@ -114,6 +117,13 @@ def _inspect_mix(args) -> int:
             {'name': name, 'datapoints': size, 'weight': weights[name],
              'epochs_per_million': weights[name] * per / size}
             for name, size in zip(reader.names, reader.sizes)]})
+    if wrote:
+        # A mix's sources are opened as a run opens them, which keeps WebDataset indexes.
+        note = (f'opening the mix wrote {_plural(len(wrote), "index file")} beside the tars of '
+                f'its WebDataset sources, as a run does (loadr inspect on the shards '
+                f'themselves writes nothing)')
+        info['wrote'] = wrote
+        _err(f'loadr inspect: {note}')
     if args.json:
         _out(json.dumps(info, indent=2))
         return EXIT_OK
@@ -129,6 +139,25 @@ def _inspect_mix(args) -> int:
     return EXIT_OK
 
 
+def _indexes_written(mix, since: int) -> list[str]:
+    """The WebDataset index files beside the tars of ``mix``'s sources written since
+    ``since`` (a time.time_ns()): those its opening wrote."""
+    from ..readers.webdataset.index import SIDECAR_SUFFIX
+    out = []
+    for source in mix.sources.values():
+        if getattr(source, 'format_name', None) != 'webdataset':
+            continue
+        for tar in source.files:
+            if is_url(tar):
+                continue
+            try:
+                if os.stat(tar + SIDECAR_SUFFIX).st_mtime_ns >= since:
+                    out.append(tar + SIDECAR_SUFFIX)
+            except OSError:
+                continue
+    return out
+
+
 def cmd_inspect(args) -> int:
     """Describe a dataset and one datapoint: ``loadr inspect data/train --json``."""
     from ..readers import detect
@@ -137,7 +166,9 @@ def cmd_inspect(args) -> int:
         return _inspect_mix(args)
     fmt = detect(path)
     # What to show besides the datapoint is the format's to say (its reader's details()).
-    reader = fmt.reader.probe(path, allow_pickle=args.allow_pickle)
+    # A look writes nothing: a format that would keep an index beside its files (WebDataset)
+    # builds it in memory here.
+    reader = fmt.reader.probe(path, allow_pickle=args.allow_pickle, write_index=False)
     with reader:
         n = len(reader)
         extra = reader.details()

@@ -6,6 +6,7 @@ what is written does not depend on the file system's order.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from typing import NamedTuple
@@ -40,9 +41,11 @@ class ImageScan(NamedTuple):
 def scan_images(root: str) -> ImageScan:
     """Every ``root/<label>/**/<image>``, every class folder, and what is not an image.
 
-    Class folders are the visible (not dot-named) folders in ``root``; their
-    names, sorted, number the labels 0, 1, ... exactly as torchvision's
-    ``ImageFolder`` numbers them (it would also take dot-named folders).
+    Class folders are all the folders in ``root``, dot-named ones included;
+    their names, sorted, number the labels 0, 1, ... exactly as torchvision's
+    ``ImageFolder`` numbers them (a warning names a dot-named class folder
+    that holds images). Inside a class folder, dot-named files and folders
+    are passed over.
 
     Example: ``scan_images('photos').labels`` gives ``['cat', 'dog']``.
     """
@@ -51,8 +54,8 @@ def scan_images(root: str) -> ImageScan:
     items, loose, ignored, labels, empty = [], [], [], [], []
     for name in sorted(os.listdir(root)):
         top = os.path.join(root, name)
-        if name.startswith('.'):
-            ignored.append(f'{name}{"/" if os.path.isdir(top) else ""} (hidden)')
+        if name.startswith('.') and not os.path.isdir(top):
+            ignored.append(f'{name} (hidden)')
         elif not os.path.isdir(top):
             (loose if name.lower().endswith(IMAGE_EXTENSIONS) else ignored).append(name)
             if not name.lower().endswith(IMAGE_EXTENSIONS):
@@ -81,6 +84,12 @@ def scan_images(root: str) -> ImageScan:
         raise ConfigError(f'images lie directly in the folder ({loose[0]!r}, …); put each in '
                           f'a folder named after its label: DIR/<label>/<image>', root)
     ignored.extend(f'{name} (not in a class folder)' for name in loose)
+    hidden = sorted({label for label in labels if label.startswith('.')} - set(empty))
+    if hidden:
+        logging.getLogger('loadr').warning(
+            'loadr: %s: dot-named folder(s) %s hold images: each is a class, as torchvision\'s '
+            'ImageFolder takes it, and counts in the label numbers; move them out of the '
+            'folder if they are not classes', root, ', '.join(map(repr, hidden)))
     if not items:
         raise ConfigError(f'no images found (looked for DIR/<label>/<image> with an extension '
                           f'of {", ".join(IMAGE_EXTENSIONS)})', root)

@@ -1,12 +1,15 @@
 """Image folders read in place: ``photos/<class>/<image>``, labelled as ``loadr ingest`` labels.
 
-The classes are the visible (not dot-named) folders directly in the root,
-numbered 0, 1, … in sorted order: torchvision's ``ImageFolder`` numbering,
-and exactly what ``loadr ingest images`` gives (an empty class folder keeps
-its number). The images are the files under each class folder, at any
-depth, whose extension is one of :data:`loadr.ingest.IMAGE_EXTENSIONS`, in
-the order ingest takes them (each folder's files in natural order, then its
-sub-folders). Nothing is copied or converted.
+The classes are the folders directly in the root, dot-named ones included,
+numbered 0, 1, … in sorted order: torchvision's ``ImageFolder`` numbering
+(a warning names a dot-named class folder that holds images), and exactly
+what ``loadr ingest images`` gives (an empty class folder keeps its
+number). The images are the files under each class folder, at any depth,
+whose extension is one of :data:`loadr.ingest.IMAGE_EXTENSIONS` and whose
+name and folders below the class folder are not dot-named, in the order
+ingest takes them (each folder's files in natural order, then its
+sub-folders). Links to folders are followed, but not one that loops back
+into a folder it lies in. Nothing is copied or converted.
 
 A datapoint is ``ingest``'s, so the same pipeline reads both::
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 
 from ..errors import ConfigError, FormatError, LoadrError, SpecError, WriterError
@@ -35,6 +39,8 @@ from ..storage import storage_for
 from .base import Format, Problem, Reader, check_index
 
 __all__ = ['ImageFolderReader', 'FORMAT', 'check', 'detect', 'scan']
+
+log = logging.getLogger('loadr')
 
 # ingest's extensions and order (imported lazily there: ingest imports readers).
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp', '.tif', '.tiff', '.ppm')
@@ -52,8 +58,31 @@ def _join(root: str, name: str) -> str:
     return f'{root.rstrip("/")}/{name}' if '://' in root else os.path.join(root, name)
 
 
+def _real_dir(storage, path: str):
+    """``(st_dev, st_ino)`` of the directory ``path`` leads to; None behind a URL (no links)."""
+    if storage.remote:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def scan(storage, root: str) -> tuple[list[str], list[tuple[str, int]]]:
     """``(classes, [(relative path, label), ...])`` of the folder at ``root``, as ingest has them.
+
+    The classes are every folder in ``root``, dot-named ones included, in
+    sorted order: torchvision's ``ImageFolder`` numbering (its
+    ``find_classes``), whatever a label counts. A warning names the
+    dot-named class folders that hold images (a ``.ipynb_checkpoints``
+    among them is a class in ``ImageFolder`` too). Inside a class folder,
+    dot-named files and folders are passed over, as ingest passes them over.
+
+    Links to folders are followed, except one that leads back to a folder
+    the walk is inside (the root or one of the folders on the way down): a
+    loop, which would list the same images again and again. A warning names
+    it; the images it leads to are listed once, where they are.
 
     A FormatError names the root when it holds no images.
     """
@@ -61,12 +90,18 @@ def scan(storage, root: str) -> tuple[list[str], list[tuple[str, int]]]:
         names = storage.list(root)
     except LoadrError as exc:
         raise FormatError(f'cannot list the folder: {exc.message}', root) from exc
-    classes = sorted(n for n in names if not n.startswith('.')
-                     and storage.isdir(_join(root, n)))
+    classes = sorted(n for n in names if storage.isdir(_join(root, n)))
     items: list[tuple[str, int]] = []
+    loops: list[str] = []
+    top = _real_dir(storage, root)
 
-    def walk(rel: str, label: int) -> None:
+    def walk(rel: str, label: int, inside: tuple) -> None:
         here = _join(root, rel)
+        real = _real_dir(storage, here)
+        if real is not None and real in inside:
+            loops.append(rel)
+            return
+        inside = inside + (real,) if real is not None else inside
         entries = [n for n in storage.list(here) if not n.startswith('.')]
         dirs = [n for n in entries if storage.isdir(_join(here, n))]
         files = [n for n in entries if n not in dirs]
@@ -74,12 +109,25 @@ def scan(storage, root: str) -> tuple[list[str], list[tuple[str, int]]]:
             if name.lower().endswith(IMAGE_EXTENSIONS):
                 items.append((f'{rel}/{name}', label))
         for name in sorted(dirs, key=_natural):
-            walk(f'{rel}/{name}', label)
+            walk(f'{rel}/{name}', label, inside)
 
     # ingest walks the classes in natural order; the labels are numbered in sorted order.
     number = {name: k for k, name in enumerate(classes)}
     for name in sorted(classes, key=_natural):
-        walk(name, number[name])
+        walk(name, number[name], (top,) if top is not None else ())
+    if loops:
+        log.warning('loadr: %s: %d folder link(s) lead back into a folder they lie in (a loop), '
+                    'not followed (their images are listed once, where they are): %s', root,
+                    len(loops), ', '.join(f'{rel} -> {os.path.realpath(_join(root, rel))}'
+                                          for rel in loops[:5]))
+    hidden = sorted({name for name in classes if name.startswith('.')}
+                    & {rel.split('/', 1)[0] for rel, _ in items})
+    if hidden:
+        log.warning('loadr: %s: dot-named folder(s) %s hold images: each is a class, as '
+                    'torchvision\'s ImageFolder takes it, and counts in the label numbers (%s); '
+                    'move them out of the folder if they are not classes', root,
+                    ', '.join(map(repr, hidden)),
+                    ', '.join(f'{name!r} is label {number[name]}' for name in hidden))
     if not items:
         raise FormatError(f'no images found (looked for DIR/<class>/<image> with an extension '
                           f'of {", ".join(IMAGE_EXTENSIONS)})', root)
@@ -103,10 +151,12 @@ class ImageFolderReader(Reader):
         self.classes, items = scan(self._files, self.path)
         empty = sorted(set(self.classes) - {self.classes[label] for _, label in items})
         if empty and not allow_empty:
+            dot = (' (a dot-named folder is a class there too)'
+                   if any(name.startswith('.') for name in empty) else '')
             raise ConfigError(f'class folder(s) without any image: '
                               f'{", ".join(map(repr, empty))} (torchvision\'s ImageFolder '
-                              f'refuses them too); remove them, or pass allow_empty=True to '
-                              f'keep every label number', self.path)
+                              f'refuses them too{dot}); remove them, or pass allow_empty=True '
+                              f'to keep every label number', self.path)
         self.paths = [rel for rel, _ in items]
         self.labels = [label for _, label in items]
 

@@ -19,9 +19,12 @@ is kept for what comes next:
 - Read by hand (``r[i]``), the last ``cache_row_groups`` row groups are kept.
 
 A datapoint is ``{column: value}`` as pyarrow gives it in Python (int,
-float, str, bytes, list, dict). A struct column of the Hugging Face
+float, str, bytes, list, dict); a null is an error naming file, row and
+column unless ``nulls='keep'``. A struct column of the Hugging Face
 ``Image`` feature (``{'bytes', 'path'}``) becomes the image's bytes, for
-``decode_jpeg`` and the other image fns.
+``decode_jpeg`` and the other image fns; ``ClassLabel`` names are
+:attr:`ParquetReader.classes`. Every file's columns must read as the first
+file's (docs/FORMATS.md §7).
 
 Example::
 
@@ -34,11 +37,13 @@ from __future__ import annotations
 import bisect
 import collections
 import io
+import json
 import os
 
 import numpy as np
 
-from ..errors import ConfigError, DecodeError, FormatError, LoadrError, SpecError, WriterError
+from ..errors import (ConfigError, DataError, DecodeError, FormatError, LoadrError, SpecError,
+                      WriterError)
 from ..storage import storage_for
 from .base import Format, Problem, Reader, Writer, check_index, select_keys
 from .patterns import dataset_files, expand, names_files
@@ -103,6 +108,48 @@ def _is_hf_image(arrow_type) -> bool:
             == {'bytes', 'path'})
 
 
+def _kind(arrow_type):
+    """What a value of ``arrow_type`` is in Python once read (``int``, ``str``, ``bytes``, a
+    list of ..., a struct of ...): two files may differ in width or encoding, not in this."""
+    pa = _pyarrow()
+    t = pa.types
+    if t.is_dictionary(arrow_type):
+        return _kind(arrow_type.value_type)
+    if t.is_integer(arrow_type):
+        return 'int'
+    if t.is_floating(arrow_type):
+        return 'float'
+    if t.is_boolean(arrow_type):
+        return 'bool'
+    if t.is_string(arrow_type) or t.is_large_string(arrow_type):
+        return 'str'
+    if t.is_binary(arrow_type) or t.is_large_binary(arrow_type) \
+            or t.is_fixed_size_binary(arrow_type) or _is_hf_image(arrow_type):
+        return 'bytes'                  # an Image feature's struct is read as its bytes
+    if t.is_list(arrow_type) or t.is_large_list(arrow_type) or t.is_fixed_size_list(arrow_type):
+        return ('list', _kind(arrow_type.value_type))
+    if t.is_struct(arrow_type):
+        return ('struct', tuple((arrow_type.field(k).name, _kind(arrow_type.field(k).type))
+                                for k in range(arrow_type.num_fields)))
+    return str(arrow_type)
+
+
+def class_labels(schema) -> dict[str, list[str]]:
+    """``{column: [class names]}`` of the Hugging Face ``ClassLabel`` columns of ``schema``
+    (from its ``huggingface`` metadata, where ``datasets`` keeps its features); ``{}`` when
+    there are none or the metadata cannot be read."""
+    raw = (schema.metadata or {}).get(b'huggingface')
+    try:
+        features = json.loads(raw)['info']['features']
+    except (TypeError, ValueError, KeyError):
+        return {}
+    if not isinstance(features, dict):
+        return {}
+    return {name: [str(n) for n in feature['names']] for name, feature in features.items()
+            if isinstance(feature, dict) and feature.get('_type') == 'ClassLabel'
+            and isinstance(feature.get('names'), list)}
+
+
 def _bag_type(arrow_type) -> str:
     pa = _pyarrow()
     if pa.types.is_integer(arrow_type):
@@ -152,16 +199,32 @@ class ParquetReader(Reader):
     ``columns`` reads only those columns; ``window_bytes`` bounds the rows
     kept for the positions ahead (in a loader), ``cache_row_groups`` the
     row groups kept otherwise. ``storage_options`` go to the storage of URLs.
+
+    Every file must have the first file's columns, each of the same type as
+    read (an int column may be int32 in one file and int64 in another, not a
+    string); a file that differs is refused when the reader is made, naming
+    the file, the column and both types. ``nulls='error'`` (the default)
+    refuses a row with a null in a column read, naming file, row and column;
+    ``nulls='keep'`` gives ``None`` for it, for fns that handle it.
+
+    The class names of Hugging Face ``ClassLabel`` columns are
+    :attr:`class_names` (``{column: [names]}``); :attr:`classes` is the one
+    column's list, as :attr:`ImageFolderReader.classes
+    <loadr.readers.folder.ImageFolderReader.classes>` is.
     """
 
     format_name = 'parquet'
 
     def __init__(self, path, columns: list | None = None, window_bytes: int = WINDOW_BYTES,
-                 cache_row_groups: int = CACHE_ROW_GROUPS, storage_options: dict | None = None):
+                 cache_row_groups: int = CACHE_ROW_GROUPS, nulls: str = 'error',
+                 storage_options: dict | None = None):
         _pyarrow()
         if columns is not None and (isinstance(columns, str) or not all(
                 isinstance(c, str) for c in columns)):
             raise ConfigError(f'columns must be a list of column names, not {columns!r}')
+        if nulls not in ('error', 'keep'):
+            raise ConfigError(f"nulls must be 'error' or 'keep', not {nulls!r}")
+        self.nulls = nulls
         self.window_bytes = int(window_bytes)
         self.cache_row_groups = max(1, int(cache_row_groups))
         self._root, paths = list_files(path, storage_options)
@@ -170,7 +233,7 @@ class ParquetReader(Reader):
         self.pattern = list(path) if isinstance(path, (list, tuple)) else os.fspath(path)
         self._files = storage_for(paths[0], storage_options)
         self._parts: list[_File] = []
-        base, schema, row_bytes = 0, None, 0
+        base, schema, row_bytes, schemas = 0, None, 0, []
         for p in paths:
             pf = _open(self._files, p)
             meta = pf.metadata
@@ -184,6 +247,7 @@ class ParquetReader(Reader):
             elif names != schema.names:
                 raise FormatError(f'its columns {names} differ from the first file\'s '
                                   f'{schema.names}', p)
+            schemas.append(pf.schema_arrow)
             part = _File(p, base, starts, self._files.size(p))
             part.handle = pf
             self._parts.append(part)
@@ -195,11 +259,45 @@ class ParquetReader(Reader):
         if unknown:
             raise ConfigError(f'columns names {unknown[0]!r}, which the files do not have '
                               f'(they have {schema.names})', self.path)
-        self._images = {c for c in self.columns if _is_hf_image(schema.field(c).type)}
+        self._same_columns(paths, schemas)
+        self._images = {c for c in self.columns
+                        if any(_is_hf_image(one.field(c).type) for one in schemas)}
+        labels = class_labels(schema)
+        self.class_names = {c: labels[c] for c in self.columns if c in labels}
         self._row_bytes = max(1, row_bytes // max(1, self._n))
         self._starts = [p.base for p in self._parts]
         self._reset()
         self.row_group_reads = 0            # this process's, for the benchmark
+
+    def _same_columns(self, paths: list[str], schemas: list) -> None:
+        """Refuse a file whose columns read give other values than the first file's: another
+        type, or other ``ClassLabel`` names (a label would name another class)."""
+        first, labels = schemas[0], class_labels(schemas[0])
+        for p, schema in zip(paths[1:], schemas[1:]):
+            theirs = class_labels(schema)
+            for c in self.columns:
+                a, b = first.field(c).type, schema.field(c).type
+                if _kind(a) != _kind(b):
+                    raise FormatError(f'column {c!r} is {b} in this file but {a} in the first '
+                                      f'file ({paths[0]}): a column must hold one type in '
+                                      f'every file', p)
+                if c in labels and c in theirs and labels[c] != theirs[c]:
+                    raise FormatError(f'column {c!r} has the ClassLabel names {theirs[c]} in '
+                                      f'this file but {labels[c]} in the first file '
+                                      f'({paths[0]}): a label would name another class', p)
+
+    @property
+    def classes(self) -> list[str] | None:
+        """The class names of the one ``ClassLabel`` column read (label ``k`` is
+        ``classes[k]``); None when there is none, or more than one (see
+        :attr:`class_names`)."""
+        return next(iter(self.class_names.values())) if len(self.class_names) == 1 else None
+
+    @property
+    def label2idx(self) -> dict | None:
+        """``{class name: label}`` of :attr:`classes`, as the image folder reader's."""
+        classes = self.classes
+        return None if classes is None else {name: k for k, name in enumerate(classes)}
 
     def _reset(self) -> None:
         self._groups: collections.OrderedDict = collections.OrderedDict()
@@ -280,13 +378,29 @@ class ParquetReader(Reader):
             if self._window is not None:
                 self._keep_ahead(part, group, columns, i)
             row = {name: values[at] for name, values in columns.items()}
+        error = self._row_error(row, i)
+        if error is not None:
+            raise error
+        return row
+
+    def _row_error(self, row: dict, i: int) -> LoadrError | None:
+        """The error a read of row ``i`` (global) raises for ``row``, or None: an image stored
+        by path only, or a null (``nulls='error'``)."""
         for name in self._images:
             if isinstance(row.get(name), dict):
-                raise DecodeError(f'column {name!r} holds no image bytes in this row, only the '
-                                  f'path {row[name].get("path")!r} (an Image feature stored by '
-                                  f'reference): loadr reads images stored in the file',
-                                  self._locate(i)[0].path, i)
-        return row
+                return DecodeError(f'column {name!r} holds no image bytes in this row, only the '
+                                   f'path {row[name].get("path")!r} (an Image feature stored by '
+                                   f'reference): loadr reads images stored in the file',
+                                   self._locate(i)[0].path, i)
+        if self.nulls == 'error':
+            for name, value in row.items():
+                if value is None:
+                    part, _, _ = self._locate(i)
+                    return DataError(f'column {name!r} is null in this row (row {i - part.base} '
+                                     f'of this file): nothing to give for it; leave the column '
+                                     f'out (columns=[...]), or pass nulls=\'keep\' to get None '
+                                     f'and handle it in a fn', part.path, i)
+        return None
 
     def _keep_ahead(self, part: _File, group: int, columns: dict, i: int) -> None:
         """Keep the rows of this group that the positions ahead ask for; drop the group."""
@@ -343,9 +457,12 @@ class ParquetReader(Reader):
         return {c: _bag_type(self.schema.field(c).type) for c in self.columns}
 
     def details(self) -> dict:
-        return {'files': len(self._parts),
-                'row_groups': sum(len(p.starts) - 1 for p in self._parts),
-                'columns': {c: str(self.schema.field(c).type) for c in self.columns}}
+        out = {'files': len(self._parts),
+               'row_groups': sum(len(p.starts) - 1 for p in self._parts),
+               'columns': {c: str(self.schema.field(c).type) for c in self.columns}}
+        if self.class_names:
+            out['classes'] = {c: len(names) for c, names in self.class_names.items()}
+        return out
 
     def __repr__(self) -> str:
         return f'ParquetReader({self.pattern!r}, {self._n} rows)'
@@ -502,7 +619,10 @@ def detect(path) -> bool:
 
 
 def check(path) -> list[Problem]:
-    """Every row group of every file read whole, and every image in it decoded."""
+    """Every row group of every file read whole, and every row checked for what a read of it
+    gives: an image stored by path only and a null are problems, as the read raises for them;
+    every image is decoded (one of an ``Image`` column that is no JPEG or PNG is a problem:
+    the image fns do not decode it)."""
     from ..codecs import decode_image, image_kind
     try:
         reader = ParquetReader(path)
@@ -517,14 +637,28 @@ def check(path) -> list[Problem]:
             except LoadrError as exc:
                 problems.append(Problem(exc.path or part.path, exc.index, exc.message))
                 continue
-            for name, values in columns.items():
-                for k, value in enumerate(values):
-                    if isinstance(value, bytes) and image_kind(value) in ('JPEG', 'PNG'):
-                        try:
-                            decode_image(value)
-                        except DecodeError as exc:
-                            problems.append(Problem(part.path, first + k,
-                                                    f'column {name!r}: {exc.message}'))
+            count = int(part.starts[group + 1] - part.starts[group])
+            for k in range(count):
+                row = {name: values[k] for name, values in columns.items()}
+                error = reader._row_error(row, first + k)
+                if error is not None:
+                    problems.append(Problem(error.path, error.index, error.message))
+                    continue
+                for name, value in row.items():
+                    if not isinstance(value, bytes):
+                        continue
+                    kind = image_kind(value)
+                    if kind not in ('JPEG', 'PNG'):
+                        if name in reader._images:
+                            problems.append(Problem(part.path, first + k, (
+                                f'column {name!r}: not a JPEG or PNG ({kind or "unknown"}): '
+                                f'the image fns will not decode it')))
+                        continue
+                    try:
+                        decode_image(value)
+                    except DecodeError as exc:
+                        problems.append(Problem(part.path, first + k,
+                                                f'column {name!r}: {exc.message}'))
             reader._groups.clear()
     reader.close()
     return problems

@@ -42,7 +42,6 @@ def photos(tmp_path):
             fmt = 'PNG' if name.endswith('png') else 'JPEG'
             path.write_bytes(image(seed, fmt) if not name.endswith('txt') else b'text')
             seed += 1
-    (root / '.cache').mkdir()
     (root / 'loose.txt').write_bytes(b'x')
     return root
 
@@ -95,3 +94,89 @@ def test_a_folder_without_class_folders_is_no_dataset(tmp_path):
     with pytest.raises(loadr.errors.FormatError, match='not a dataset loadr knows'):
         loadr.open(tmp_path / 'flat')
     assert os.listdir(tmp_path / 'flat') == ['a.jpg']
+
+
+def test_a_folder_link_that_loops_lists_each_image_once(photos, tmp_path, caplog):
+    want = loadr.open(photos).paths
+    os.symlink('..', photos / 'cat' / 'up')                 # back to the root
+    os.symlink('..', photos / 'dog' / 'deep' / 'again')     # back to its own class folder
+    outside = tmp_path / 'outside'
+    outside.mkdir()
+    (outside / 'o.jpg').write_bytes(image(50))
+    os.symlink(outside, photos / 'dog' / 'more')            # no loop: followed as before
+    with caplog.at_level('WARNING', logger='loadr'):
+        r = loadr.open(photos)
+    assert r.paths == want + ['dog/more/o.jpg'] and len(r) == 9
+    assert r[8]['image'] == (outside / 'o.jpg').read_bytes()
+    assert 'cat/up' in caplog.text and 'dog/deep/again' in caplog.text and 'loop' in caplog.text
+    assert check(photos) == []
+
+
+def torchvision_numbering(root) -> tuple[list, dict]:
+    """``(classes, {relative path: label})`` by torchvision's ``find_classes`` and
+    ``make_dataset``: the sorted directory entries of the root (dot-named ones too), and
+    every file of a known extension under each, links followed."""
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    number = {name: k for k, name in enumerate(classes)}
+    out = {}
+    for name in sorted(number):
+        for folder, _, files in sorted(os.walk(os.path.join(root, name), followlinks=True)):
+            for file in sorted(files):
+                if file.lower().endswith(('.jpg', '.jpeg', '.png')):
+                    out[os.path.relpath(os.path.join(folder, file), root)] = number[name]
+    return classes, out
+
+
+@pytest.fixture
+def notebook_photos(tmp_path):
+    """Classes with a dot-named one, which sorts first, and names sorted by code point."""
+    root = tmp_path / 'photos'
+    for k, rel in enumerate(['.ipynb_checkpoints/a-checkpoint.jpg', 'cat/1.jpg', 'cat/2.jpg',
+                             'dog/1.jpg', '_x/1.jpg', 'Zebra/9.jpg']):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(image(k))
+    return root
+
+
+def test_dot_named_class_folders_are_numbered_as_torchvision_numbers_them(notebook_photos,
+                                                                          caplog):
+    root = notebook_photos
+    classes, labels = torchvision_numbering(root)
+    assert classes[0] == '.ipynb_checkpoints'
+    with caplog.at_level('WARNING', logger='loadr'):
+        r = loadr.open(root)
+    assert r.classes == classes
+    assert dict(zip(r.paths, r.labels)) == labels
+    assert r[r.paths.index('dog/1.jpg')]['label'] == classes.index('dog')
+    assert "'.ipynb_checkpoints'" in caplog.text and 'label 0' in caplog.text
+
+
+def test_dot_named_class_folders_against_torchvision_itself(notebook_photos):
+    tv = pytest.importorskip('torchvision.datasets')
+    folder = tv.ImageFolder(str(notebook_photos))
+    r = loadr.open(notebook_photos)
+    assert folder.classes == r.classes
+    assert {os.path.relpath(p, notebook_photos): y for p, y in folder.samples} == \
+        dict(zip(r.paths, r.labels))
+
+
+def test_ingest_numbers_dot_named_class_folders_as_the_reader_does(tmp_path):
+    root = tmp_path / 'photos'
+    for k, rel in enumerate(['.hidden/a.jpg', 'cat/1.jpg', 'dog/1.jpg']):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(image(k))
+    ingest_images(str(root), str(tmp_path / 'bag'), workers=1)
+    bag = loadr.open(tmp_path / 'bag', decode_images=False)
+    r = loadr.open(root)
+    assert r.classes == ['.hidden', 'cat', 'dog'] and len(bag) == len(r) == 3
+    for i in range(len(r)):
+        assert_equal(r[i], bag[i], f'datapoint {i}')
+
+
+def test_an_empty_dot_named_folder_is_an_empty_class_as_in_torchvision(photos):
+    (photos / '.cache').mkdir()
+    with pytest.raises(ConfigError, match=r"'\.cache'.*dot-named"):
+        loadr.open(photos)
+    r = loadr.open(photos, allow_empty=True)
+    assert r.classes == ['.cache', 'b10', 'b2', 'cat', 'dog']
+    assert sorted(set(r.labels)) == [1, 2, 3, 4]             # every label one up, as there

@@ -163,3 +163,119 @@ def test_the_writer_writes_what_the_reader_reads_back(tmp_path):
         with ParquetWriter(tmp_path / 'x.parquet', {'label': 'int'}) as w:
             w.append({'label': 'not an int'})
     assert not (tmp_path / 'x.parquet').exists()                    # nothing half-written
+
+
+def test_a_file_whose_column_types_differ_is_refused_naming_file_column_and_types(data):
+    # A label written as a string in the second file: the batch would fail much later.
+    other = rows(40, 3)
+    for row in other:
+        row['label'] = str(row['label'])
+    pq.write_table(pa.Table.from_pylist(other), data / 'train-2.parquet')
+    with pytest.raises(FormatError) as err:
+        loadr.open(data)
+    assert err.value.path == str(data / 'train-2.parquet')
+    assert "'label'" in err.value.message and 'string' in err.value.message \
+        and 'int64' in err.value.message and 'train-0.parquet' in err.value.message
+    assert loadr.open(data, columns=['image', 'text'])[40]['text'] == 'row 40'  # not read
+    assert not loadr.check(data).ok
+
+
+def test_an_image_column_of_another_struct_in_a_later_file_is_refused(data):
+    other = [{'image': {'path': f'{k}.jpg'}, 'label': k, 'text': 't', 'score': 0.5}
+             for k in range(3)]
+    pq.write_table(pa.Table.from_pylist(other), data / 'train-2.parquet')
+    with pytest.raises(FormatError, match="'image'") as err:
+        loadr.open(data)
+    assert err.value.path == str(data / 'train-2.parquet')
+
+
+def test_widths_and_image_encodings_that_read_the_same_are_accepted(tmp_path):
+    # int32 here, int64 there; an Image feature here, plain bytes there: the same values.
+    pq.write_table(pa.table({'image': pa.array([{'bytes': jpeg(0), 'path': None}]),
+                             'label': pa.array([1], pa.int32())}), tmp_path / 'a.parquet')
+    pq.write_table(pa.table({'image': pa.array([jpeg(1)], pa.binary()),
+                             'label': pa.array([2], pa.int64())}), tmp_path / 'b.parquet')
+    r = loadr.open(tmp_path)
+    assert [r[0], r[1]] == [{'image': jpeg(0), 'label': 1}, {'image': jpeg(1), 'label': 2}]
+    pq.write_table(pa.table({'image': pa.array([jpeg(1)], pa.binary()),
+                             'label': pa.array([2], pa.int64())}), tmp_path / 'a.parquet')
+    pq.write_table(pa.table({'image': pa.array([{'bytes': jpeg(0), 'path': None}]),
+                             'label': pa.array([1], pa.int32())}), tmp_path / 'b.parquet')
+    r = loadr.open(tmp_path)        # the Image feature in the second file only
+    assert [r[0], r[1]] == [{'image': jpeg(1), 'label': 2}, {'image': jpeg(0), 'label': 1}]
+
+
+def test_a_null_names_file_row_and_column_and_says_null(data):
+    table = rows(40, 4)
+    table[2]['label'] = None
+    pq.write_table(pa.Table.from_pylist(table), data / 'train-2.parquet')
+    r = loadr.open(data)
+    assert r[41]['label'] == 41 % 5
+    with pytest.raises(loadr.errors.DataError, match="'label' is null") as err:
+        r[42]
+    assert (err.value.path, err.value.index) == (str(data / 'train-2.parquet'), 42)
+    assert 'row 2 of this file' in err.value.message
+    assert loadr.open(data, nulls='keep')[42]['label'] is None
+    assert loadr.open(data, columns=['text'])[42] == {'text': 'row 42'}
+    problems = check(data)
+    assert [(p.path, p.index) for p in problems] == [(str(data / 'train-2.parquet'), 42)]
+    assert 'null' in problems[0].message
+    with loadr.Loader(loadr.open(data, columns=['label']), batch=4, seed=0, workers=0,
+                      shuffle=False) as loader:
+        with pytest.raises(loadr.errors.LoadrError) as err:
+            for _ in zip(range(11), loader):        # positions 0..43
+                pass
+        assert 'null' in str(err.value) and 'train-2.parquet' in str(err.value)
+    with pytest.raises(ConfigError, match='nulls'):
+        loadr.open(data, nulls='zero')
+
+
+HF_FEATURES = {'info': {'features': {
+    'image': {'_type': 'Image'},
+    'label': {'names': ['cat', 'dog', 'eel', 'fox', 'gnu'], '_type': 'ClassLabel'},
+    'text': {'dtype': 'string', '_type': 'Value'},
+    'score': {'dtype': 'float64', '_type': 'Value'}}}}
+
+
+def write_hf(path, first: int, n: int, features=HF_FEATURES) -> None:
+    """As ``datasets`` writes a split: its features in the schema's ``huggingface`` metadata."""
+    import json
+    table = pa.Table.from_pylist(rows(first, n))
+    table = table.replace_schema_metadata({b'huggingface': json.dumps(features).encode()})
+    pq.write_table(table, path, row_group_size=5)
+
+
+def test_hugging_face_class_label_names_are_the_classes(tmp_path):
+    import copy
+    write_hf(tmp_path / 'train-0.parquet', 0, 6)
+    write_hf(tmp_path / 'train-1.parquet', 6, 6)
+    r = loadr.open(tmp_path)
+    names = ['cat', 'dog', 'eel', 'fox', 'gnu']
+    assert r.classes == names and r.class_names == {'label': names}
+    assert r.label2idx == {'cat': 0, 'dog': 1, 'eel': 2, 'fox': 3, 'gnu': 4}
+    assert r.classes[r[7]['label']] == 'eel'
+    assert r.details()['classes'] == {'label': 5}
+    assert loadr.open(tmp_path, columns=['image']).classes is None
+    assert loadr.open(tmp_path / 'train-0.parquet').classes == names
+    # Another file with other names: a label would name another class there.
+    other = copy.deepcopy(HF_FEATURES)
+    other['info']['features']['label']['names'] = ['dog', 'cat', 'eel', 'fox', 'gnu']
+    write_hf(tmp_path / 'train-1.parquet', 6, 6, other)
+    with pytest.raises(FormatError, match='ClassLabel') as err:
+        loadr.open(tmp_path)
+    assert err.value.path == str(tmp_path / 'train-1.parquet')
+    plain = tmp_path / 'plain'
+    plain.mkdir()
+    write(plain / 'p.parquet', 0, 3, 3)
+    assert loadr.open(plain).classes is None and loadr.open(plain).class_names == {}
+
+
+def test_check_names_an_image_feature_value_the_image_fns_cannot_decode(tmp_path):
+    out = io.BytesIO()
+    Image.new('RGB', (4, 4)).save(out, 'BMP')
+    table = rows(0, 3)
+    table[1]['image'] = {'bytes': out.getvalue(), 'path': '1.bmp'}
+    pq.write_table(pa.Table.from_pylist(table), tmp_path / 'p.parquet')
+    problems = check(tmp_path / 'p.parquet')
+    assert [(p.path, p.index) for p in problems] == [(str(tmp_path / 'p.parquet'), 1)]
+    assert "'image'" in problems[0].message and 'BMP' in problems[0].message
