@@ -106,6 +106,32 @@ def test_members_whose_names_the_header_cuts_read_right(tmp_path):
             {'__key__': key, 'cls': 3, 'bin': b'z' * BIG} for key in keys]
 
 
+def _abbreviated(path, keys) -> None:
+    """Members whose header holds a shortened name of a writer's own making (libarchive
+    shortens long names so), the whole name in the pax header before it."""
+    with tarfile.open(path, 'w', format=tarfile.PAX_FORMAT) as t:
+        for key in keys:
+            for ext, data in (('cls', b'3'), ('bin', key.encode() * 4000)):
+                info = tarfile.TarInfo(f'short/{key[-3:]}.{ext}')
+                info.size, info.pax_headers = len(data), {'path': f'{key}.{ext}'}
+                t.addfile(info, io.BytesIO(data))
+
+
+def test_a_header_name_in_a_form_of_its_writers_own_is_checked_by_a_scan(tmp_path):
+    tar = tmp_path / 'abbr.tar'
+    keys = [f'long/{"p" * 120}/{k:03d}' for k in range(3)]
+    _abbreviated(tar, keys)
+    stamp = os.stat(tar)
+    theirs = list(wds.WebDataset(str(tar), shardshuffle=False, empty_check=False))
+    assert [d['__key__'] for d in theirs] == keys
+    r = loadr.open(tar)
+    assert [r[k]['bin'] for k in range(3)] == [key.encode() * 4000 for key in keys]
+    _abbreviated(tar, keys[::-1])                   # the same sizes, names and time
+    os.utime(tar, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    with pytest.raises(FormatError, match='does not match the tar'):
+        loadr.open(tar)[0]
+
+
 # -- truncated tars ---------------------------------------------------------------------
 
 

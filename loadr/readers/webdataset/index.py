@@ -53,7 +53,8 @@ import numpy as np
 from ...errors import FormatError, LoadrError
 
 __all__ = ['TarIndex', 'scan', 'load_sidecar', 'sidecar_bytes', 'SIDECAR_SUFFIX',
-           'compressed_kind', 'split_name']
+           'compressed_kind', 'split_name', 'header_matches', 'header_name', 'header_size',
+           'same_index']
 
 BLOCK = 512
 SIDECAR_SUFFIX = '.loadr-index'
@@ -410,6 +411,13 @@ def header_matches(block: bytes, key: str, ext: str, size: int) -> bool:
 
 def _lower(data: bytes) -> bytes:
     return data.decode('utf-8', 'surrogateescape').lower().encode('utf-8', 'surrogateescape')
+
+
+def same_index(a: TarIndex, b: TarIndex) -> bool:
+    """True if ``a`` and ``b`` say the same of their tar (members, samples, keys)."""
+    return (a.tar_size == b.tar_size and a.exts == b.exts and a.key_bytes == b.key_bytes and
+            all(np.array_equal(getattr(a, f), getattr(b, f))
+                for f in ('offset', 'size', 'ext', 'first', 'key_at')))
 
 
 # ---------------------------------------------------------------------------

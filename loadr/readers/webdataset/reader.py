@@ -46,7 +46,8 @@ from ...storage import is_url, storage_for
 from ..base import Reader, _known, check_index
 from ..patterns import dataset_files, names_files
 from .index import (BLOCK, SIDECAR_SUFFIX, TarIndex, compressed_error, compressed_kind,
-                    header_matches, header_name, header_size, load_sidecar, scan, sidecar_bytes)
+                    header_matches, header_name, header_size, load_sidecar, same_index, scan,
+                    sidecar_bytes)
 
 __all__ = ['WebDatasetReader', 'DECODERS', 'PICKLED', 'list_shards', 'decode_member',
            'index_shard']
@@ -149,11 +150,14 @@ def _older(storage, a: str, b: str) -> bool:
 class _Shard:
     """One tar of the reader: its path, first global index, and its index (per process)."""
 
-    __slots__ = ('path', 'base', 'count', 'index', 'shipped')
+    __slots__ = ('path', 'base', 'count', 'index', 'shipped', 'odd')
 
     def __init__(self, path: str, base: int, index: TarIndex, shipped: bool):
         self.path, self.base, self.count = path, base, index.samples
         self.index, self.shipped = index, shipped
+        # Per process: None until a header's name field came in a form header_matches does
+        # not know; then {member: that field} if a fresh scan gave this very index, or False.
+        self.odd = None
 
     def __getstate__(self):
         # An index read from a sidecar is read again where it is needed (each process
@@ -163,6 +167,7 @@ class _Shard:
 
     def __setstate__(self, state):
         self.path, self.base, self.count, self.index, self.shipped = state
+        self.odd = None
 
 
 class WebDatasetReader(Reader):
@@ -257,7 +262,7 @@ class WebDatasetReader(Reader):
         size): a sidecar of another tar, or a tar changed or replaced after its index was made
         (even with the same size and modification time), is caught where it is read."""
         key, ext, size = index.key(local), index.exts[index.ext[m]], int(index.size[m])
-        if header_matches(block, key, ext, size):
+        if header_matches(block, key, ext, size) or self._known_odd(shard, index, m, block):
             return
         if len(block) == BLOCK:
             found = f'its header says {header_name(block)!r}, {header_size(block)} bytes'
@@ -274,6 +279,20 @@ class WebDatasetReader(Reader):
         raise FormatError(f'the index does not match the tar at member {key}.{ext} (sample '
                           f'{local} of this tar, {size} bytes at byte {int(index.offset[m])}): '
                           f'{found}; {why}', shard.path, i)
+
+    def _known_odd(self, shard: _Shard, index: TarIndex, m: int, block: bytes) -> bool:
+        """True if member ``m``'s header, of the index's size but a name field in a form
+        :func:`header_matches` does not know (a writer may shorten a long name beside its pax
+        ``path`` as it likes), is the tar's as indexed: a fresh scan of the tar's headers,
+        once per process, gives this very index."""
+        if len(block) != BLOCK or header_size(block) != int(index.size[m]):
+            return False
+        if shard.odd is None:
+            shard.odd = {} if same_index(scan(self._files, shard.path), index) else False
+        if shard.odd is False:
+            return False
+        field = shard.odd.setdefault(m, block[:100])
+        return field == block[:100]
 
     def _plan(self, i: int, wanted=None) -> tuple:
         """How sample ``i`` (its members in ``wanted``, or all) is read.
