@@ -46,8 +46,8 @@ from ...storage import is_url, storage_for
 from ..base import Reader, _known, check_index
 from ..patterns import dataset_files, names_files
 from .index import (BLOCK, SIDECAR_SUFFIX, TarIndex, compressed_error, compressed_kind,
-                    header_matches, header_name, header_size, load_sidecar, same_index, scan,
-                    sidecar_bytes)
+                    header_is, header_matches, header_name, header_size, load_sidecar, same_index,
+                    scan, sidecar_bytes)
 
 __all__ = ['WebDatasetReader', 'DECODERS', 'PICKLED', 'list_shards', 'decode_member',
            'index_shard']
@@ -261,7 +261,13 @@ class WebDatasetReader(Reader):
         """The tar header before member ``m``'s data must be the one the index says (name and
         size): a sidecar of another tar, or a tar changed or replaced after its index was made
         (even with the same size and modification time), is caught where it is read."""
-        key, ext, size = index.key(local), index.exts[index.ext[m]], int(index.size[m])
+        ext, size = index.exts[index.ext[m]], int(index.size[m])
+        a, b = index.key_at[local:local + 2]
+        if len(block) == BLOCK and header_is(
+                block, b'%s.%s' % (index.key_bytes[a:b], ext.encode('utf-8', 'surrogateescape')),
+                size):
+            return
+        key = index.key(local)
         if header_matches(block, key, ext, size) or self._known_odd(shard, index, m, block):
             return
         if len(block) == BLOCK:
