@@ -17,9 +17,12 @@ objects). Everything else stays bytes: images for ``decode_jpeg`` and the
 other image fns, and ``pyd``/``pickle``/``pkl`` members unless
 ``allow_pickle=True`` (unpickling runs code: trusted files only).
 
-One sample is one read: its members lie one after the other in the tar, so
-the bytes from its first member to its last come in one pread (or one
-range request).
+A sample's small members lie one after the other in the tar and come in
+one read (one pread, or one range request), from the header of the first;
+a large member is read alone, with its header (locally, a 512-byte pread
+beside its own). Every member's header is checked against the index (name
+and size): a stale index is a FormatError naming the tar, never one
+member's bytes under another's name.
 
 Example::
 

@@ -4,7 +4,9 @@
 … (``shardlen`` samples each, default :data:`DEFAULT_SHARDLEN`), each with
 its sidecar index (:mod:`.index`), readable by the ``webdataset`` package and
 by loadr. A datapoint's ``'__key__'`` (a str) names its sample; without one
-the sample is named by its number (``000000042``). Every other key becomes
+the sample is named by its number (``000000042``). A key used already in
+the same shard, one with a NUL, a ``..`` part or an absolute path, or whose
+last part is empty or has a dot is refused (:func:`key_problem`). Every other key becomes
 one member ``<key>.<name>``, so the keys are the extensions: name them as
 webdataset does (``jpg``, ``png``, ``cls``, ``txt``, ``json``, ``npy``) and
 their values come back as they went in. Values are written as:
