@@ -128,6 +128,8 @@ def index_shard(storage, tar: str, write: bool | str = 'local', progress=None,
     size = storage.size(tar)
     index = None if rebuild else load_sidecar(storage, tar, size)
     if index is not None and _older(storage, tar + SIDECAR_SUFFIX, tar):
+        log.info('%s: its sidecar %s is older than the tar and is not used (the tar is indexed '
+                 'again); `loadr index --rebuild` writes it anew', tar, SIDECAR_SUFFIX)
         index = None                        # the tar was written again after its sidecar
     if index is not None:
         return index
