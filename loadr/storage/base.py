@@ -31,6 +31,11 @@ class Storage:
                  max_bytes: int | None = None) -> bytes:  # pragma: no cover
         raise NotImplementedError
 
+    def modified(self, path: str) -> float | None:
+        """When ``path`` was last written, in seconds since the epoch, as this storage knows
+        it (a URL's: the Last-Modified of the version it opened), or None where unknown."""
+        return None
+
     def list(self, path: str) -> list:  # pragma: no cover
         raise NotImplementedError
 

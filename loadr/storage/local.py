@@ -231,6 +231,13 @@ class LocalStorage(Storage):
                 raise
             raise read_error(exc, path, index) from exc
 
+    def modified(self, path: str) -> float | None:
+        """``path``'s modification time (seconds since the epoch), or None if it has none."""
+        try:
+            return os.stat(path).st_mtime_ns / 1e9
+        except OSError:
+            return None
+
     def list(self, path: str) -> list:
         """The names in directory ``path``, sorted; ReadError if it cannot be listed."""
         with mapped(path):

@@ -14,6 +14,7 @@ one open (see :func:`loadr.storage.using_storage_options`).
 from __future__ import annotations
 
 import datetime
+import email.utils
 
 from .errors import _Changed
 
@@ -62,6 +63,15 @@ class Versions:
         opened = (self._versions.get(path) or (None,))[0]
         if etag and opened and etag != opened:
             raise _Changed(f'ETag {etag}, opened as {opened}')
+
+    def modified(self, path: str) -> float | None:
+        """The Last-Modified time of the version of ``path`` the reader opened (seconds since
+        the epoch), or None where the server gave none."""
+        modified = (self._versions.get(path) or (None, None))[1]
+        try:
+            return email.utils.parsedate_to_datetime(modified).timestamp() if modified else None
+        except (TypeError, ValueError):
+            return None
 
     def _cache_path(self, path: str) -> str:
         """The name the local cache knows ``path`` by: with its size and version, so that

@@ -119,3 +119,40 @@ def test_loadr_index_writes_sidecars_into_a_bucket(moto, wds_root, capsys):
     here = loadr.open(wds_root / 'bare', write_index=False)
     for i in range(len(here)):
         assert_equal(r[i], here[i])
+
+
+def test_a_tar_behind_a_url_is_read_only_as_its_index_says(nginx, served_root):
+    """Replaced at its URL between open and read: by another version (refused by the version
+    the reader opened), or by one of the same size and time (nginx's ETag and Last-Modified
+    alike: the member headers tell). A sidecar older than its tar is not used."""
+    from ..readers.test_webdataset_faults import ORDER, REORDERED, member_values, write_tar
+    root = served_root / 'wds_replaced'
+    root.mkdir()
+    tar = root / 'a.tar'
+    url = f'{nginx.url}/wds_replaced/a.tar'
+    write_tar(tar, ORDER)
+    loadr.open(tar)                                   # its sidecar, beside it
+    stamp = os.stat(tar)
+    # Another version (a new Last-Modified and ETag): the range requests ask for the one opened.
+    r = loadr.open(url)
+    write_tar(tar, REORDERED)
+    os.utime(tar, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 10**9))
+    with pytest.raises(loadr.errors.ReadError, match='changed since the reader was made') as err:
+        r[2]
+    assert err.value.path == url and err.value.index == 2
+    # The sidecar is now older than its tar: a reader made now indexes the tar itself.
+    fresh = loadr.open(url)
+    assert fresh._shards[0].shipped
+    for k in range(4):
+        want = member_values(k)
+        got = fresh[k]
+        assert (got['cls'], got['id'], got['a.bin']) == (int(want['cls']), int(want['id']),
+                                                         want['a.bin'])
+    # The same size and time again: nothing the server says tells; each header does.
+    write_tar(tar, ORDER)
+    os.utime(tar, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 10**9))
+    for mask in (None, {'cls': True}, {'b.bin': True}):
+        with pytest.raises(loadr.errors.FormatError, match='does not match the tar') as err:
+            fresh[1] if mask is None else fresh[1, mask]
+        assert err.value.path == url and err.value.index == 1
+        assert 'open the dataset again' in str(err.value)

@@ -20,7 +20,7 @@ from ...errors import LoadrError
 from ...storage import storage_for
 from ..base import Format, Problem
 from ..patterns import expand, names_files
-from .index import SIDECAR_SUFFIX, TarIndex, parse_sidecar, scan
+from .index import SIDECAR_SUFFIX, TarIndex, parse_sidecar, same_index, scan
 from .reader import (COMPRESSED_SUFFIXES, SUFFIXES, WebDatasetReader, decode_member,
                      index_shard, list_shards)
 from .writer import WebDatasetWriter
@@ -104,7 +104,7 @@ def check(path) -> list[Problem]:
         try:
             if storage.isfile(side):
                 kept = parse_sidecar(storage.read_all(side), index.tar_size)
-                if kept is None or not _same(kept, index):
+                if kept is None or not same_index(kept, index):
                     found.append(Problem(side, None, 'the sidecar index does not match the tar '
                                                      '(stale or damaged); `loadr index '
                                                      f'{tar}` writes it again'))
@@ -138,13 +138,6 @@ def check(path) -> list[Problem]:
         base += index.samples
         storage.close()
     return problems
-
-
-def _same(a: TarIndex, b: TarIndex) -> bool:
-    import numpy as np
-    return (a.exts == b.exts and a.key_bytes == b.key_bytes and
-            all(np.array_equal(getattr(a, f), getattr(b, f))
-                for f in ('offset', 'size', 'ext', 'first', 'key_at')))
 
 
 FORMAT = Format('webdataset', detect, WebDatasetReader, WebDatasetWriter, check)

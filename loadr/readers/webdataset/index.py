@@ -6,15 +6,19 @@ alone (each header says how far to seek to the next) gives, for every
 regular member, where its data lies; members are grouped into samples as
 the ``webdataset`` package groups them: the key is the path up to the first
 dot of the base name, the extension the rest (lower-cased); consecutive
-members with the same key are one sample; a member without a dot in its
-base name, a top-level ``__*__`` member, and anything but a regular file
-are skipped. ustar, GNU (``L`` long names) and pax (``x`` path and size)
-headers are read; compressed tars are refused (their members cannot be
-reached without reading everything before them).
+members with the same key are one sample (a second member of one
+extension in it is an error, as webdataset's "duplicate file name"); a
+member without a dot in its base name, a top-level ``__*__`` member or one
+under a top-level ``__*__/`` folder, and anything but a regular file are
+skipped. A tar must end with its end-of-archive marker (two zero blocks):
+one cut short is an error, never a shorter tar. ustar, GNU (``L`` long
+names) and pax (``x`` path and size) headers are read; compressed tars are
+refused (their members cannot be reached without reading everything
+before them).
 
 The sidecar, ``<tar>.loadr-index`` beside the tar, all little-endian::
 
-    b'LOADRWDI' | u32 version (1) | u32 J | u32 CRC32 of all that follows | J bytes of JSON
+    b'LOADRWDI' | u32 version (2) | u32 J | u32 CRC32 of all that follows | J bytes of JSON
         {"tar_size": int, "members": M, "samples": S, "exts": [str, ...], "key_bytes": K}
     i64 offset[M]     where member m's data starts in the tar
     i64 size[M]       its length in bytes
@@ -24,10 +28,13 @@ The sidecar, ``<tar>.loadr-index`` beside the tar, all little-endian::
     i64 key_at[S + 1] sample s's key is key_bytes[key_at[s] .. key_at[s + 1]] (UTF-8)
     K bytes           the keys, one after the other
 
-A sidecar whose CRC or ``tar_size`` is not the tar's, or that does not hold
-together, is ignored and built again; every read of a sample also checks the
-tar header before its first member against the index, which catches the
-sidecar of another tar of the same size, or a tar changed in place. Example::
+A sidecar whose CRC or ``tar_size`` is not the tar's, that does not hold
+together, of another version, or older than its tar (a file's mtime, a
+URL's Last-Modified) is ignored and built again. Every read of a member
+also checks the tar header just before its data (read with it) against the
+index, name and size, which catches the sidecar of another tar of the same
+size, and a tar changed or replaced after its index was made, even with the
+same size and modification time. Example::
 
     index = scan(storage_for('a.tar'), 'a.tar')
     index.samples, index.member_range(0)
@@ -46,12 +53,16 @@ import numpy as np
 from ...errors import FormatError, LoadrError
 
 __all__ = ['TarIndex', 'scan', 'load_sidecar', 'sidecar_bytes', 'SIDECAR_SUFFIX',
-           'compressed_kind', 'split_name']
+           'compressed_kind', 'split_name', 'header_is', 'header_matches', 'header_name',
+           'header_size',
+           'same_index']
 
 BLOCK = 512
 SIDECAR_SUFFIX = '.loadr-index'
 MAGIC = b'LOADRWDI'
-VERSION = 1
+# 2: written only by scans that found the tar's end-of-archive marker (version 1
+# sidecars were also made of truncated tars, so they are made again).
+VERSION = 2
 # A sidecar's JSON header larger than this is not one of ours.
 MAX_SIDECAR_JSON = 1 << 20
 # Local reads of a scan: one header block each. Remote ones take this much at once,
@@ -59,6 +70,8 @@ MAX_SIDECAR_JSON = 1 << 20
 REMOTE_WINDOW_BYTES = 64 << 10
 
 _NAME = re.compile(r'^((?:.*/|)[^.]+)[.]([^/]*)$')     # webdataset's base_plus_ext
+_LOST = 'what came after was lost (an interrupted download or copy?): fetch or write it again'
+_META = re.compile(r'__[^/]*__($|/)')                  # webdataset's skip_meta: __x__, __x__/...
 _COMPRESSED = {b'\x1f\x8b': 'gzip', b'BZh': 'bzip2', b'\xfd7zXZ\x00': 'xz',
                b'\x28\xb5\x2f\xfd': 'zstd'}
 _DECOMPRESS = {'gzip': 'gunzip -k FILE.tar.gz', 'bzip2': 'bunzip2 -k FILE.tar.bz2',
@@ -233,10 +246,12 @@ def scan(storage, path: str, window: int | None = None, progress=None) -> TarInd
     current_key, current_exts = None, set()
     pos, member = 0, 0
     long_name, pax = None, {}
+    name, ended = None, False
     while pos + BLOCK <= size:
         block = blocks.get(pos, BLOCK)
         if block == bytes(BLOCK):
-            break                                           # the end-of-archive marker
+            ended = True                                    # the end-of-archive marker
+            break
         stored = _octal(block[148:156], path, pos, 'checksum')
         if not _checksum_ok(block, stored):
             raise FormatError(f'member {member} (the header at byte {pos}): header checksum '
@@ -245,9 +260,9 @@ def scan(storage, path: str, window: int | None = None, progress=None) -> TarInd
         kind = block[156:157]
         if kind in (b'x', b'g', b'L', b'K'):
             if length > size - pos - BLOCK or length > (16 << 20):
-                raise FormatError(f'member {member} (the header at byte {pos}): an extended '
-                                  f'header of {length} bytes runs past the end of the tar',
-                                  path)
+                raise FormatError(f'the tar is truncated: member {member} (the header at byte '
+                                  f'{pos}): an extended header of {length} bytes runs past its '
+                                  f'end; {_LOST}', path)
             data = blocks.get(pos + BLOCK, length) if length else b''
             if kind == b'L':
                 long_name = data.split(b'\0', 1)[0].decode('utf-8', 'surrogateescape')
@@ -275,12 +290,13 @@ def scan(storage, path: str, window: int | None = None, progress=None) -> TarInd
         regular = kind in (b'0', b'\0', b'7')
         if regular and (length < 0 or start + length > size):
             raise FormatError(f'member {member} ({name!r}): the tar is truncated: its '
-                              f'{length} bytes at byte {start} run past the end ({size} bytes)',
-                              path)
+                              f'{length} bytes at byte {start} run past the end ({size} bytes); '
+                              f'{_LOST}', path)
         member += 1
         pos = start + -(-max(length, 0) // BLOCK) * BLOCK if regular or kind not in (
             b'1', b'2', b'3', b'4', b'5', b'6') else start
-        if not regular or ('/' not in name and name.startswith('__') and name.endswith('__')):
+        if not regular or ('/' not in name and name.startswith('__') and name.endswith('__')) \
+                or _META.match(name):
             continue
         key, ext = split_name(name)
         if key is None:
@@ -300,9 +316,7 @@ def scan(storage, path: str, window: int | None = None, progress=None) -> TarInd
         ext_ids.append(exts.setdefault(ext, len(exts)))
         if progress is not None and member % 256 == 0:
             progress(pos)
-    if pos + BLOCK > size and pos < size and blocks.get(pos, size - pos).strip(b'\0'):
-        raise FormatError(f'the tar is truncated: it ends at byte {size}, inside the header '
-                          f'of member {member}', path)
+    _check_end(blocks, path, pos, size, ended, member, name)
     if progress is not None:
         progress(size)
     firsts.append(len(offsets))
@@ -315,28 +329,105 @@ def scan(storage, path: str, window: int | None = None, progress=None) -> TarInd
                     key_at, b''.join(keys), blocks.bytes_read)
 
 
-def header_matches(block: bytes, name: str, size: int) -> bool:
-    """True if ``block`` is the tar header of a ``size``-byte member called ``name`` (its
-    name field a part of it: long names are carried by an extended header).
+def _check_end(blocks: _Blocks, path: str, pos: int, size: int, ended: bool, members: int,
+               last: str | None) -> None:
+    """A tar ends with two zero blocks (then zeros up to a multiple of 10240 bytes, which may
+    be cut without loss). A file that stops before them lost what came after: an interrupted
+    copy or download, which would otherwise read as a shorter tar."""
+    if ended and pos + 2 * BLOCK <= size:
+        return                  # as tarfile and webdataset, a second block not zero is let be
+    after = f'after member {members - 1} ({last!r})' if members else 'before any member'
+    if not size:
+        why = 'it is empty (0 bytes)'
+    elif pos >= size and not ended:
+        why = f'it ends at byte {size}, {after}, without the end-of-archive marker ' \
+              f'(two 512-byte zero blocks)'
+    elif ended or not blocks.get(pos, size - pos).strip(b'\0'):
+        why = f'it ends at byte {size}, {after}, inside the end-of-archive marker (two ' \
+              f'512-byte zero blocks from byte {pos})'
+    else:
+        why = f'it ends at byte {size}, inside the header of member {members}'
+    raise FormatError(f'the tar is truncated: {why}; {_LOST}', path)
 
-    The name and size fields alone: summing the checksum in Python cost a fifth
-    of a sample's read, and a stale or misplaced index differs in them anyway.
+
+def header_size(block: bytes) -> int | None:
+    """The size field of tar header ``block`` (octal, or GNU base-256), or None if unreadable."""
+    field = block[124:136]
+    if field[:1] and field[0] & 0x80:
+        return int.from_bytes(field[1:], 'big')
+    text = field.split(b'\0', 1)[0].strip(b' ')
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        return None
+
+
+def header_name(block: bytes) -> str:
+    """The name tar header ``block`` holds itself (a long name's first 100 bytes), for messages."""
+    name = block[0:100].split(b'\0', 1)[0]
+    prefix = block[345:500].split(b'\0', 1)[0] if block[257:262] == b'ustar' else b''
+    return (prefix + b'/' + name if prefix else name).decode('utf-8', 'surrogateescape')
+
+
+# An ustar size field holds up to 8 GiB - 1; a larger member's size is in a pax header.
+_MAX_OCTAL_SIZE = 8 ** 11 - 1
+
+
+def header_is(block: bytes, name: bytes, size: int) -> bool:
+    """True if ``block`` holds ``name`` (under 100 bytes) and ``size`` exactly as tarfile and
+    GNU tar write them: the fast check of a member's header; :func:`header_matches` knows
+    the other forms."""
+    n = len(name)
+    return n < 100 and block[n] == 0 and block[:n] == name and \
+        block[124:135] == b'%011o' % size
+
+
+def header_matches(block: bytes, key: str, ext: str, size: int) -> bool:
+    """True if ``block`` is the tar header of member ``<key>.<ext>`` of ``size`` bytes.
+
+    ``ext`` is the index's, lower-cased (the member's own may be upper case).
+    The name field is compared in every form a writer leaves there: the
+    whole name; a ustar prefix and name; the first 100 (old GNU: 99) bytes
+    of a longer name whose whole is in an extended header before (GNU ``L``,
+    pax ``path``); its ASCII form with ``?`` for the rest (what Python's tarfile
+    writes beside a pax ``path``). The name and size fields alone: summing the
+    checksum in Python cost a fifth of a sample's read, and a stale or
+    misplaced index differs in them anyway.
     """
     if len(block) != BLOCK:
         return False
-    field = block[124:136]
-    if field[:1] and field[0] & 0x80:
-        stored = int.from_bytes(field[1:], 'big')
-    else:
-        text = field.split(b'\0', 1)[0].strip(b' ')
-        try:
-            stored = int(text, 8) if text else 0
-        except ValueError:
-            return False
-    if stored != size:
+    stored = header_size(block)
+    if stored != size and not (size > _MAX_OCTAL_SIZE and stored in (0, None)):
         return False
-    name_field = block[0:100].split(b'\0', 1)[0].decode('utf-8', 'surrogateescape')
-    return bool(name_field) and (name_field in name or name.startswith(name_field))
+    field = block[0:100]
+    nul = field.find(b'\0')
+    got = [field if nul < 0 else field[:nul]]
+    if not got[0]:
+        return False
+    if block[257:262] == b'ustar' and block[345:346] != b'\0':
+        got.append(block[345:500].split(b'\0', 1)[0] + b'/' + got[0])
+    for encoding, errors in (('utf-8', 'surrogateescape'), ('ascii', 'replace')):
+        encoded = key.encode(encoding, errors)
+        want = encoded + b'.' + ext.encode(encoding, errors)
+        k = len(encoded) + 1
+        for form in (want, want[:100], want[:99]):     # GNU's and old GNU's cut
+            for name in got:
+                # The key exactly; the extension as the index keeps it, lower-cased.
+                if len(name) == len(form) and name[:k] == form[:k] and (
+                        name[k:] == form[k:] or _lower(name[k:]) == form[k:]):
+                    return True
+    return False
+
+
+def _lower(data: bytes) -> bytes:
+    return data.decode('utf-8', 'surrogateescape').lower().encode('utf-8', 'surrogateescape')
+
+
+def same_index(a: TarIndex, b: TarIndex) -> bool:
+    """True if ``a`` and ``b`` say the same of their tar (members, samples, keys)."""
+    return (a.tar_size == b.tar_size and a.exts == b.exts and a.key_bytes == b.key_bytes and
+            all(np.array_equal(getattr(a, f), getattr(b, f))
+                for f in ('offset', 'size', 'ext', 'first', 'key_at')))
 
 
 # ---------------------------------------------------------------------------

@@ -17,9 +17,12 @@ objects). Everything else stays bytes: images for ``decode_jpeg`` and the
 other image fns, and ``pyd``/``pickle``/``pkl`` members unless
 ``allow_pickle=True`` (unpickling runs code: trusted files only).
 
-One sample is one read: its members lie one after the other in the tar, so
-the bytes from its first member to its last come in one pread (or one
-range request).
+A sample's small members lie one after the other in the tar and come in
+one read (one pread, or one range request), from the header of the first;
+a large member is read alone, with its header (locally, a 512-byte pread
+beside its own). Every member's header is checked against the index (name
+and size): a stale index is a FormatError naming the tar, never one
+member's bytes under another's name.
 
 Example::
 
@@ -46,7 +49,8 @@ from ...storage import is_url, storage_for
 from ..base import Reader, _known, check_index
 from ..patterns import dataset_files, names_files
 from .index import (BLOCK, SIDECAR_SUFFIX, TarIndex, compressed_error, compressed_kind,
-                    header_matches, load_sidecar, scan, sidecar_bytes)
+                    header_is, header_matches, header_name, header_size, load_sidecar, same_index,
+                    scan, sidecar_bytes)
 
 __all__ = ['WebDatasetReader', 'DECODERS', 'PICKLED', 'list_shards', 'decode_member',
            'index_shard']
@@ -123,7 +127,9 @@ def index_shard(storage, tar: str, write: bool | str = 'local', progress=None,
             tar)))) or 'gzip', tar)
     size = storage.size(tar)
     index = None if rebuild else load_sidecar(storage, tar, size)
-    if index is not None and not is_url(tar) and _older(tar + SIDECAR_SUFFIX, tar):
+    if index is not None and _older(storage, tar + SIDECAR_SUFFIX, tar):
+        log.info('%s: its sidecar %s is older than the tar and is not used (the tar is indexed '
+                 'again); `loadr index --rebuild` writes it anew', tar, SIDECAR_SUFFIX)
         index = None                        # the tar was written again after its sidecar
     if index is not None:
         return index
@@ -139,21 +145,24 @@ def index_shard(storage, tar: str, write: bool | str = 'local', progress=None,
     return index
 
 
-def _older(a: str, b: str) -> bool:
-    try:
-        return os.stat(a).st_mtime_ns < os.stat(b).st_mtime_ns
-    except OSError:
-        return False
+def _older(storage, a: str, b: str) -> bool:
+    """True if ``a`` was last written before ``b`` (a file's mtime; a URL's Last-Modified, as
+    the server said at open); False where either is not known."""
+    was, now = storage.modified(a), storage.modified(b)
+    return was is not None and now is not None and was < now
 
 
 class _Shard:
     """One tar of the reader: its path, first global index, and its index (per process)."""
 
-    __slots__ = ('path', 'base', 'count', 'index', 'shipped')
+    __slots__ = ('path', 'base', 'count', 'index', 'shipped', 'odd')
 
     def __init__(self, path: str, base: int, index: TarIndex, shipped: bool):
         self.path, self.base, self.count = path, base, index.samples
         self.index, self.shipped = index, shipped
+        # Per process: None until a header's name field came in a form header_matches does
+        # not know; then {member: that field} if a fresh scan gave this very index, or False.
+        self.odd = None
 
     def __getstate__(self):
         # An index read from a sidecar is read again where it is needed (each process
@@ -163,6 +172,7 @@ class _Shard:
 
     def __setstate__(self, state):
         self.path, self.base, self.count, self.index, self.shipped = state
+        self.odd = None
 
 
 class WebDatasetReader(Reader):
@@ -253,24 +263,60 @@ class WebDatasetReader(Reader):
 
     def _verify(self, shard: _Shard, index: TarIndex, local: int, i: int, m: int,
                 block: bytes) -> None:
-        """The tar header before member ``m``'s data must be the index's (a sidecar of
-        another tar, or a tar changed in place, is caught at the first read)."""
-        name = f'{index.key(local)}.{index.exts[index.ext[m]]}'
-        if not header_matches(block, name, int(index.size[m])):
-            raise FormatError(f'the index does not match the tar at member {name!r} (sample '
-                              f'{local} of this tar): the tar changed after its index was made, '
-                              f'or the sidecar {os.path.basename(shard.path)}{SIDECAR_SUFFIX} '
-                              f'is another tar\'s; `loadr index` makes it again', shard.path, i)
+        """The tar header before member ``m``'s data must be the one the index says (name and
+        size): a sidecar of another tar, or a tar changed or replaced after its index was made
+        (even with the same size and modification time), is caught where it is read."""
+        ext, size = index.exts[index.ext[m]], int(index.size[m])
+        a, b = index.key_at[local:local + 2]
+        if len(block) == BLOCK and header_is(
+                block, b'%s.%s' % (index.key_bytes[a:b], ext.encode('utf-8', 'surrogateescape')),
+                size):
+            return
+        key = index.key(local)
+        if header_matches(block, key, ext, size) or self._known_odd(shard, index, m, block):
+            return
+        if len(block) == BLOCK:
+            found = f'its header says {header_name(block)!r}, {header_size(block)} bytes'
+        else:
+            found = 'the tar has no header there'
+        if index.sidecar:
+            why = (f'the tar was changed or replaced after its index '
+                   f'{os.path.basename(shard.path)}{SIDECAR_SUFFIX} was made, or that sidecar is '
+                   f'another tar\'s (a stale index): `loadr index --rebuild {shard.path}` '
+                   f'makes it again')
+        else:
+            why = ('the tar was changed or replaced after the reader indexed it at open (a '
+                   'stale index): open the dataset again to read it as it is now')
+        raise FormatError(f'the index does not match the tar at member {key}.{ext} (sample '
+                          f'{local} of this tar, {size} bytes at byte {int(index.offset[m])}): '
+                          f'{found}; {why}', shard.path, i)
+
+    def _known_odd(self, shard: _Shard, index: TarIndex, m: int, block: bytes) -> bool:
+        """True if member ``m``'s header, of the index's size but a name field in a form
+        :func:`header_matches` does not know (a writer may shorten a long name beside its pax
+        ``path`` as it likes), is the tar's as indexed: a fresh scan of the tar's headers,
+        once per process, gives this very index."""
+        if len(block) != BLOCK or header_size(block) != int(index.size[m]):
+            return False
+        if shard.odd is None:
+            shard.odd = {} if same_index(scan(self._files, shard.path), index) else False
+        if shard.odd is False:
+            return False
+        field = shard.odd.setdefault(m, block[:100])
+        return field == block[:100]
 
     def _plan(self, i: int, wanted=None) -> tuple:
         """How sample ``i`` (its members in ``wanted``, or all) is read.
 
         ``(shard, local, members, ranges, where)``: the byte ranges to read,
-        and for each member ``(range number, offset in it, size)``. Small
-        members share one range with the header block before the first member
-        (checked against the index); a large one is a range of its own, so its
-        bytes come straight from the read, uncopied (a 100 KB slice cost as
-        much as its pread).
+        and for each member ``(range number, offset in it, size, header's
+        range number)``; each member's 512-byte tar header lies just before
+        its data (offset - 512 in its range, or at 0 of its header's range),
+        and is checked against the index. Small members share one range, from
+        the header of the first. A large one is a range of its own: remotely
+        with its header (one request), locally after a range of its header
+        alone, so that its bytes come straight from the pread, uncopied (a
+        100 KB slice cost as much as its pread).
         """
         shard, local = self._locate(i)
         tar = self._index(shard)
@@ -280,20 +326,21 @@ class WebDatasetReader(Reader):
         ranges: list = []
         where = []
         alone = False                       # the last range holds one large member
+        remote = self._files.remote
         for m in members:
             off, size = int(tar.offset[m]), int(tar.size[m])
             small = size <= SMALL_MEMBER_BYTES
-            if not ranges:
-                ranges.append([off - BLOCK, off + size if small else off])
-                if small:
-                    where.append((0, BLOCK, size))
-                    continue
-            elif small and not alone and off + size - ranges[-1][0] <= MAX_RUN_BYTES:
+            if ranges and small and not alone and off + size - ranges[-1][0] <= MAX_RUN_BYTES:
                 ranges[-1][1] = off + size
-                where.append((len(ranges) - 1, off - ranges[-1][0], size))
-                continue
-            ranges.append([off, off + size])
-            where.append((len(ranges) - 1, 0, size))
+                at = off - ranges[-1][0]
+                where.append((len(ranges) - 1, at, size, len(ranges) - 1))
+            elif small or remote:
+                ranges.append([off - BLOCK, off + size])
+                where.append((len(ranges) - 1, BLOCK, size, len(ranges) - 1))
+            else:
+                ranges.append([off - BLOCK, off])
+                ranges.append([off, off + size])
+                where.append((len(ranges) - 1, 0, size, len(ranges) - 2))
             alone = not small
         return shard, local, members, ranges, where
 
@@ -302,10 +349,9 @@ class WebDatasetReader(Reader):
         tar = shard.index
         key = tar.key(local)
         out = {KEY: key}
-        if members:
-            self._verify(shard, tar, local, i, members[0], datas[0][:BLOCK])
-        for m, (r, at, size) in zip(members, where):
+        for m, (r, at, size, h) in zip(members, where):
             data = datas[r]
+            self._verify(shard, tar, local, i, m, datas[h] if h != r else data[at - BLOCK:at])
             value = data if at == 0 and size == len(data) else data[at:at + size]
             ext = tar.exts[tar.ext[m]]
             out[ext] = self._decoded(shard, local, i, f'{key}.{ext}', ext, value)

@@ -4,7 +4,9 @@
 … (``shardlen`` samples each, default :data:`DEFAULT_SHARDLEN`), each with
 its sidecar index (:mod:`.index`), readable by the ``webdataset`` package and
 by loadr. A datapoint's ``'__key__'`` (a str) names its sample; without one
-the sample is named by its number (``000000042``). Every other key becomes
+the sample is named by its number (``000000042``). A key used already in
+the same shard, one with a NUL, a ``..`` part or an absolute path, or whose
+last part is empty or has a dot is refused (:func:`key_problem`). Every other key becomes
 one member ``<key>.<name>``, so the keys are the extensions: name them as
 webdataset does (``jpg``, ``png``, ``cls``, ``txt``, ``json``, ``npy``) and
 their values come back as they went in. Values are written as:
@@ -39,7 +41,7 @@ from ..base import Writer, _known
 from .index import BLOCK, SIDECAR_SUFFIX, TarIndex, sidecar_bytes
 from .reader import DECODERS, KEY
 
-__all__ = ['WebDatasetWriter', 'DEFAULT_SHARDLEN', 'encode_member']
+__all__ = ['WebDatasetWriter', 'DEFAULT_SHARDLEN', 'encode_member', 'key_problem']
 
 DEFAULT_SHARDLEN = 10_000
 RECORD = 20 * BLOCK               # tar pads its end to a multiple of this (as tarfile does)
@@ -67,6 +69,28 @@ def encode_member(value, where: str, path: str, number: int) -> bytes:
         raise WriterError(f'datapoint {number}, key {where!r}: a {type(value).__name__} is '
                           f'neither bytes, str, int, an array nor JSON: {exc}', path,
                           number) from exc
+
+
+def key_problem(key) -> str | None:
+    """Why ``key`` cannot name a sample in a tar (the end of a sentence), or None.
+
+    >>> key_problem('train/000042'), key_problem('../x')
+    (None, 'has a ".." part: unpacking the tar would write outside its directory')
+    """
+    if not isinstance(key, str) or not key:
+        return 'must be a non-empty str'
+    if '\0' in key:
+        return (f'holds a NUL character: a tar member name ends at the first NUL, so the '
+                f'sample would be named {key.split(chr(0), 1)[0]!r} in the tar')
+    parts = key.replace('\\', '/').split('/')
+    if key.startswith(('/', '\\')) or (len(parts[0]) == 2 and parts[0][1] == ':'):
+        return 'is an absolute path: unpacking the tar would write outside its directory'
+    if '..' in parts:
+        return 'has a ".." part: unpacking the tar would write outside its directory'
+    if not parts[-1] or '.' in parts[-1]:
+        return ('must have a last part, with no "." in it (webdataset splits member names at '
+                'the first dot of their last part)')
+    return None
 
 
 def _header(name: str, size: int) -> bytes:
@@ -98,6 +122,7 @@ class WebDatasetWriter(Writer):
         self._pos = 0
         self._offsets, self._sizes, self._ext_ids, self._firsts = [], [], [], []
         self._keys, self._exts = [], {}
+        self._shard_keys: dict[str, int] = {}      # the keys of this shard: datapoint numbers
 
     def _close_shard(self) -> None:
         end = self._pos + 2 * BLOCK
@@ -123,10 +148,9 @@ class WebDatasetWriter(Writer):
             raise WriterError(f'datapoint {number} must be a dict, not '
                               f'{type(datapoint).__name__}', self.path, number)
         key = datapoint.get(KEY, f'{number:09d}')
-        if not isinstance(key, str) or not key or '.' in key.rsplit('/', 1)[-1]:
-            raise WriterError(f'datapoint {number}: {KEY} {key!r} must be a non-empty str with '
-                              f'no "." in its last part (webdataset splits names at the first '
-                              f'dot)', self.path, number)
+        problem = key_problem(key)
+        if problem:
+            raise WriterError(f'datapoint {number}: {KEY} {key!r} {problem}', self.path, number)
         members = []
         for ext, value in datapoint.items():
             if ext == KEY:
@@ -140,6 +164,14 @@ class WebDatasetWriter(Writer):
                               f'at least one member', self.path, number)
         if self._tar is None:
             self._open_shard()
+        first = self._shard_keys.get(key)
+        if first is not None:
+            raise WriterError(f'datapoint {number}: {KEY} {key!r} is already the key of datapoint '
+                              f'{first} in {self._name}; one tar cannot hold two samples of one '
+                              f'key (webdataset and loadr read consecutive ones as one sample, '
+                              f'and unpacking the tar writes one over the other): make the keys '
+                              f'unique', self.path, number)
+        self._shard_keys[key] = number
         self._firsts.append(len(self._offsets))
         self._keys.append(key.encode('utf-8', 'surrogateescape'))
         for ext, data in members:
