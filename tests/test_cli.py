@@ -117,6 +117,39 @@ def test_demo_end_to_end_with_the_installed_script():
     assert '32/32 batches' in done.stderr            # the progress bar's last line
 
 
+def next_commands(out: str) -> list[list[str]]:
+    """The commands ``loadr demo`` names after 'Next', as argument lists."""
+    lines = out.split('Next', 1)[1].splitlines()[1:]
+    return [shlex.split(line, comments=True) for line in lines if line.strip()]
+
+
+def test_the_demos_next_commands_run_from_anywhere(tmp_path):
+    # From a directory far from the checkout: the pipeline file named must exist there.
+    where, other = tmp_path / 'elsewhere', tmp_path / 'other'
+    where.mkdir()
+    other.mkdir()
+    done = loadr_cmd('demo', '--images', 64, '--workers', 0, '--keep', cwd=where)
+    assert done.returncode == 0, done.stdout + done.stderr
+    kept = next(line for line in done.stdout.splitlines() if 'Kept' in line).split()[2]
+    try:
+        again, own = next_commands(done.stdout)
+        assert again[:2] == own[:2] == ['loadr', 'run'] and own[-1] == 'reader.path=YOUR_BAG'
+        assert not pathlib.Path(own[2]).is_relative_to(where)
+        own[-1] = f'reader.path={kept}/images'          # a bag of images of one's own
+        for command in (again, own):
+            ran = loadr_cmd(*command[1:], '--steps', 2, cwd=other)
+            assert ran.returncode == 0, (command, ran.stderr)
+            assert 'batch: image float32[32, 3, 56, 56], label int64[32]' in ran.stdout
+    finally:
+        shutil.rmtree(kept)
+    done = loadr_cmd('demo', '--images', 32, '--workers', 0, cwd=where)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (own,) = next_commands(done.stdout)
+    assert own[:2] == ['loadr', 'run'] and own[-1] == 'reader.path=YOUR_BAG'
+    assert pathlib.Path(own[2]).is_file() and not pathlib.Path(own[2]).is_relative_to(where)
+    assert done.stdout.count(own[2]) == 2         # and it is the pipeline the demo ran
+
+
 # ---------------------------------------------------------------------------
 # run
 
