@@ -99,6 +99,7 @@ _LEAVES = frozenset({type(None), bool, int, float, str, bytes, np.ndarray})
 _CONTAINERS = frozenset({dict, list, tuple})
 _BUFFERS = frozenset({bytearray, memoryview})
 _MAX_DEPTH = 512                # msgpack's own nesting limit is 511
+_SCAN_ITEMS = 512               # items scanned for buffers at a time
 _PICKLE_FIRST = 0x80            # every pickle of protocol 2+ starts with PROTO (0x80)
 _OFF = ('0', 'false', 'no', 'off')
 
@@ -186,9 +187,15 @@ def _holds_buffer(value) -> bool:
 
 def _any_buffer(items) -> bool:
     """Whether a bytearray or memoryview is in any of ``items``, through dicts, lists and
-    tuples; one level of all of them at a time, in C-level passes (~0.4 us a small dict,
-    where packing it is ~0.25 us). True also for what nests deeper than msgpack packs."""
-    level = items
+    tuples; one level of a few hundred items at a time, in C-level passes (~0.4 us a small
+    dict, where packing it is ~0.25 us). True also for what nests deeper than msgpack packs."""
+    # A few hundred at a time: a level holds every object one level down (items holding
+    # long lists would otherwise make a list of tens of millions of references).
+    return any(_any_buffer_in(items[lo:lo + _SCAN_ITEMS])
+               for lo in range(0, len(items), _SCAN_ITEMS))
+
+
+def _any_buffer_in(level) -> bool:
     for _ in range(_MAX_DEPTH):
         types = set(map(type, level))
         if not _BUFFERS.isdisjoint(types):
