@@ -8,8 +8,8 @@ left out when the package is not installed (their own tests skip then too).
 
 An example that reads the reference fixtures names their directory
 ``FIXTURES`` (a :class:`pathlib.Path`), given to the doctest namespace here:
-it is found wherever the suite runs from (``LOADR_FIXTURES``, or
-``../shared/fixtures`` beside the checkout, as for the tests), and without
+it is found wherever the suite runs from (``tests/fixtures`` in the
+repository, or ``LOADR_FIXTURES``, as for the tests), and without
 the fixtures the example skips with the tests' one line (a failure under
 ``CI=true``), instead of failing on a path relative to the working directory.
 """

@@ -3,7 +3,8 @@
 The demo needs nothing but loadr: it draws ``n`` small images (ten classes,
 each a colour gradient with a few shapes and some noise), writes them as a
 bag dataset with :class:`~loadr.writers.BagWriter`, writes :data:`DEMO_YAML`
-beside it (the same text as ``configs/demo.yaml``), runs that pipeline with
+beside it (the text of ``loadr/configs/demo.yaml``, installed with the package
+at :data:`DEMO_YAML_PATH`), runs that pipeline with
 worker processes, and shows that a state saved mid-run, loaded into a fresh
 loader, gives the very same next batch.
 
@@ -18,37 +19,22 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pathlib
 
 import numpy as np
 
-__all__ = ['DEMO_YAML', 'CLASSES', 'IMAGE_HW', 'make_images', 'synthetic_image', 'batch_digest']
+__all__ = ['DEMO_YAML', 'DEMO_YAML_PATH', 'CLASSES', 'IMAGE_HW', 'make_images', 'synthetic_image',
+           'batch_digest']
 
 CLASSES = 10
 IMAGE_HW = (192, 256)          # decode_jpeg(size=64) can then scale by 1/2 while decoding
 JPEG_QUALITY = 90
 DATA_DIR_NAME = 'images'
 
-DEMO_YAML = """\
-# The pipeline `loadr demo` runs: it writes this file beside its synthetic
-# dataset (a bag of 192x256 JPEGs with an int label) and runs it.
-# Run it on your own bag of images:
-#   loadr run configs/demo.yaml -o reader.path=/data/my_bag --steps 100
-reader:
-  format: bag
-  path: images                # relative to this file
-  decode_images: false        # keep the JPEG bytes; decode_jpeg below decodes them
-  cache_keys: [refs, label]   # small keys read once into memory
-fns:
-  - decode_jpeg: {key: image, size: 64}                  # short side 64, DCT-scaled decode
-  - random_resized_crop: {key: image, size: [56, 56]}
-  - flip: {key: image}
-  - normalize: {key: image, mean: imagenet, std: imagenet, layout: CHW}
-loader:
-  batch: 32
-  shuffle: true
-  seed: 0
-  workers: 2
-"""
+# Installed with the package (package data), so that `loadr demo` can name a pipeline file
+# that exists wherever loadr runs; configs/demo.yaml in the checkout is the same text.
+DEMO_YAML_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'demo.yaml')
+DEMO_YAML = pathlib.Path(DEMO_YAML_PATH).read_text(encoding='utf-8')
 
 
 def synthetic_image(rng: np.random.Generator, label: int, hw=IMAGE_HW) -> np.ndarray:

@@ -29,7 +29,12 @@ tuple, a bool a bool, a ``np.float32`` a ``np.float32``) where every value
 in it is a plain one (``None``, bool, int up to 64 bits, float, str,
 bytes, list, tuple, dict) or a numpy array or scalar (extension types:
 ``(dtype.str, shape, C-order bytes)`` as :func:`loadr.codecs.encode_array`
-packs them, read back as a new writable array). Anything else (the user's
+packs them, read back as a new writable array; a ``bytearray`` is read back as a
+new ``bytearray``, a ``memoryview`` as a memoryview of a new ``bytearray`` (of
+``bytes`` if it was read-only) cast to the original's format and shape, so a
+fn that edits one in place does the same shared or not; a memoryview of a
+format ``memoryview.cast`` cannot make, such as ``'>i'``, cannot be shared).
+Anything else (the user's
 own classes, a subclass of dict, a namedtuple, a structured array) is
 pickled: the bytes come from the user's own process. A pickle starts with
 ``0x80`` and is at least 2 bytes; the one msgpack value that starts with
@@ -51,13 +56,16 @@ lists itself::
         def __getitem__(self, i):
             return self.records[i]
 
-Serialising costs ~0.3-0.5 s per million small dicts here (README, "Memory").
+Serialising costs ~0.6-0.7 s per million small dicts here (README, "Memory").
 """
 
 from __future__ import annotations
 
 import collections.abc
 import ctypes
+import gc
+import io
+import itertools
 import logging
 import mmap
 import operator
@@ -85,7 +93,13 @@ CHUNK_ITEMS = 65536             # items serialised (and held as bytes objects) a
 SHARE_MIN_BYTES = 64 * 2**20
 SIZE_SAMPLES = 256              # items sized to estimate a list's size (python_bytes)
 _ARRAY_HEADER_BYTES = sys.getsizeof(np.empty(0))
-_EXT_ARRAY, _EXT_SCALAR, _EXT_TUPLE = 1, 2, 3
+_EXT_ARRAY, _EXT_SCALAR, _EXT_TUPLE, _EXT_BYTEARRAY, _EXT_MEMORYVIEW = 1, 2, 3, 4, 5
+# Types msgpack packs as themselves and that hold nothing msgpack would change.
+_LEAVES = frozenset({type(None), bool, int, float, str, bytes, np.ndarray})
+_CONTAINERS = frozenset({dict, list, tuple})
+_BUFFERS = frozenset({bytearray, memoryview})
+_MAX_DEPTH = 512                # msgpack's own nesting limit is 511
+_SCAN_ITEMS = 512               # items scanned for buffers at a time
 _PICKLE_FIRST = 0x80            # every pickle of protocol 2+ starts with PROTO (0x80)
 _OFF = ('0', 'false', 'no', 'off')
 
@@ -142,16 +156,91 @@ def _deep_size(value, depth: int = 0) -> int:
 
 
 def _plain_dtype(dtype: np.dtype) -> bool:
-    # Structured, object and void dtypes do not survive dtype.str: pickle those.
-    return dtype.fields is None and not dtype.hasobject and dtype.kind not in 'OVU' \
-        and dtype.itemsize > 0
+    # Structured and object dtypes do not survive dtype.str: pickle those.
+    return dtype.fields is None and not dtype.hasobject and dtype.itemsize > 0
+
+
+class _Buffer:
+    """A bytearray or memoryview on its way to :func:`_default` (msgpack would pack
+    either as bytes, and read it back as bytes: immutable, where the original was not)."""
+
+    __slots__ = ('value',)
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _holds_buffer(value) -> bool:
+    """Whether a bytearray or memoryview is in ``value`` (through dicts, lists and tuples)."""
+    cls = type(value)
+    if cls is bytearray or cls is memoryview:
+        return True
+    if cls is dict:
+        # The common datapoint answers in two C-level passes.
+        if _LEAVES.issuperset(map(type, value.values())) and _LEAVES.issuperset(map(type, value)):
+            return False
+        return any(map(_holds_buffer, value.values())) or any(map(_holds_buffer, value))
+    if cls is list or cls is tuple:
+        return not _LEAVES.issuperset(map(type, value)) and any(map(_holds_buffer, value))
+    return False
+
+
+def _any_buffer(items) -> bool:
+    """Whether a bytearray or memoryview is in any of ``items``, through dicts, lists and
+    tuples; one level of a few hundred items at a time, in C-level passes (~0.4 us a small
+    dict, where packing it is ~0.25 us). True also for what nests deeper than msgpack packs."""
+    # A few hundred at a time: a level holds every object one level down (items holding
+    # long lists would otherwise make a list of tens of millions of references).
+    return any(_any_buffer_in(items[lo:lo + _SCAN_ITEMS])
+               for lo in range(0, len(items), _SCAN_ITEMS))
+
+
+def _any_buffer_in(level) -> bool:
+    for _ in range(_MAX_DEPTH):
+        types = set(map(type, level))
+        if not _BUFFERS.isdisjoint(types):
+            return True
+        if _CONTAINERS.isdisjoint(types):
+            return False
+        # A dict's referents are its values (and its keys, unless all are str).
+        level = gc.get_referents(*itertools.compress(
+            level, map(_CONTAINERS.__contains__, map(type, level))))
+    return True
+
+
+def _marked(value):
+    """``value`` with each bytearray and memoryview in it wrapped in a :class:`_Buffer`."""
+    cls = type(value)
+    if cls is bytearray or cls is memoryview:
+        return _Buffer(value)
+    if not _holds_buffer(value):
+        return value
+    if cls is dict:
+        return {_marked(k): _marked(v) for k, v in value.items()}
+    return cls(map(_marked, value))
+
+
+def _pack_buffer(value) -> msgpack.ExtType:
+    if type(value) is bytearray:
+        return msgpack.ExtType(_EXT_BYTEARRAY, bytes(value))
+    shape = list(value.shape)
+    try:
+        # What the reader will do: a view of the bytes, cast to the format and shape.
+        memoryview(bytearray(value.nbytes)).cast(value.format, shape)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f'a memoryview of format {value.format!r} cannot be shared') from exc
+    return msgpack.ExtType(_EXT_MEMORYVIEW, msgpack.packb(
+        [value.format, shape, value.readonly, value.tobytes()]))
 
 
 def _default(value):
-    """msgpack's hook for what strict types do not pack: numpy values and tuples."""
+    """msgpack's hook for what strict types do not pack: numpy values, tuples and the
+    buffers :func:`_marked` wrapped."""
     cls = type(value)
     if cls is tuple:
         return msgpack.ExtType(_EXT_TUPLE, _pack_nested(list(value)))
+    if cls is _Buffer:
+        return _pack_buffer(value.value)
     if cls is np.ndarray and _plain_dtype(value.dtype):
         # A header the reader looks up whole in a cache (a batch's arrays share a few),
         # then the C-order bytes: half the cost of a nested msgpack to decode.
@@ -183,7 +272,9 @@ def _ext(code: int, data: bytes):
         head = data[:k]
         got = _HEADS.get(head)
         if got is None:
-            dtype, _, shape = head[1:].decode().partition('|')
+            # From the right: a 1-byte dtype's str starts with '|' ('|u1', '|b1', '|S5'),
+            # a shape never holds one.
+            dtype, _, shape = head[1:].decode().rpartition('|')
             got = (np.dtype(dtype), tuple(int(d) for d in shape.split(',') if d))
             if len(_HEADS) < _MAX_HEADS:
                 _HEADS[head] = got
@@ -195,6 +286,12 @@ def _ext(code: int, data: bytes):
     if code == _EXT_SCALAR:
         dtype, raw = msgpack.unpackb(data)
         return np.frombuffer(raw, np.dtype(dtype))[0]
+    if code == _EXT_BYTEARRAY:
+        return bytearray(data)
+    if code == _EXT_MEMORYVIEW:
+        fmt, shape, readonly, raw = msgpack.unpackb(data)
+        # Read-only over bytes (hashable, as the original of bytes was), else writable.
+        return memoryview(raw if readonly else bytearray(raw)).cast(fmt, shape)
     return msgpack.ExtType(code, data)
 
 
@@ -202,13 +299,29 @@ def _unpack(data):
     return msgpack.unpackb(data, strict_map_key=False, ext_hook=_ext)
 
 
+class _Pickler(pickle.Pickler):
+    """pickle's, but a strided array is pickled as its C-order copy: numpy pickles a
+    strided array of a byte-swapped dtype ('>f8', '>U2') in native order."""
+
+    def reducer_override(self, obj):
+        if type(obj) is np.ndarray and not (obj.flags.c_contiguous or obj.flags.f_contiguous):
+            return np.ascontiguousarray, (np.ascontiguousarray(obj),)
+        return NotImplemented
+
+
+def _pickled(item) -> bytes:
+    out = io.BytesIO()
+    _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(item)
+    return out.getvalue()
+
+
 def _encode_one(item, index: int, packer) -> bytes:
     try:
-        return packer.pack(item)
+        return packer.pack(_marked(item))
     except Exception:
         pass
     try:
-        return pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+        return _pickled(item)
     except Exception as exc:
         raise LoadrError(f'the item cannot be serialised for sharing: '
                          f'{type(exc).__name__}: {exc}', index=index) from exc
@@ -236,12 +349,13 @@ def encode_items(items, start: int = 0) -> list[bytes]:
     [1, 3]
     """
     packer = msgpack.Packer(strict_types=True, default=_default)
-    try:
-        # The common case in one C-level loop: ~0.2 us an item.
-        return list(map(packer.pack, items))
-    except Exception:
-        packer = msgpack.Packer(strict_types=True, default=_default)
-        return [_encode_one(item, start + k, packer) for k, item in enumerate(items)]
+    if not _any_buffer(items):
+        try:
+            # The common case in one C-level loop: ~0.2 us an item.
+            return list(map(packer.pack, items))
+        except Exception:
+            packer = msgpack.Packer(strict_types=True, default=_default)
+    return [_encode_one(item, start + k, packer) for k, item in enumerate(items)]
 
 
 # -- the buffer -------------------------------------------------------------------------

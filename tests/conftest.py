@@ -1,11 +1,16 @@
 """Shared test fixtures: the reference datasets and their manifest.
 
-The reference fixtures live in ``../shared/fixtures`` beside the checkout
-(CI has it there too); they are read in place, never copied into the repo.
-A clone without them still runs the suite: every test that needs them asks
-for the ``fixtures`` fixture (or calls :func:`require_fixtures`), which skips
-with one line saying how to get them, or fails when ``CI=true`` (CI must not
-pass by skipping). Everything else writes its own data (``tests/datasets.py``).
+The reference fixtures are in the repository, in ``tests/fixtures`` (1.4 MB):
+small datasets written once by the original libraries (gulpio2, granular,
+ffrecord), with ``MANIFEST.json`` (every file's size and sha256, and what
+each holds) and ``README.md`` (how they were made; ``synth.py`` rebuilds
+their pixels). The files are kept byte-equal to the MANIFEST
+(``tests/test_fixtures.py``); ``LOADR_FIXTURES=/path`` reads another copy.
+Should they be missing (a sparse checkout, a wrong ``LOADR_FIXTURES``),
+every test that needs them asks for the ``fixtures`` fixture (or calls
+:func:`require_fixtures`), which skips with one line saying where they come
+from, or fails when ``CI=true`` (CI must not pass by skipping). Everything
+else writes its own data (``tests/datasets.py``).
 The docstring examples of loadr/ get the same path as ``FIXTURES`` and the
 same skip, and ``-ra`` folds every such skip into one line: both in the
 checkout's root conftest.py.
@@ -20,9 +25,13 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-FIXTURES = pathlib.Path(os.environ.get('LOADR_FIXTURES', ROOT.parent / 'shared' / 'fixtures'))
-HOW_TO_GET = ('put the loadr reference fixtures (the shared fixtures set, with its MANIFEST.json) '
-              'at ../shared/fixtures beside the checkout, or set LOADR_FIXTURES=/path/to/them')
+IN_REPO = ROOT / 'tests' / 'fixtures'
+FIXTURES = pathlib.Path(os.environ.get('LOADR_FIXTURES') or IN_REPO)
+HOW_TO_GET = ('the loadr reference fixtures come with the repository, in tests/fixtures (with '
+              'their MANIFEST.json; `git checkout -- tests/fixtures` restores them): unset '
+              'LOADR_FIXTURES to read those, or set it to another copy of them')
+# Data, not tests: synth.py is the fixtures' own (not collected for its doctests either).
+collect_ignore = ['fixtures']
 
 
 def in_ci() -> bool:

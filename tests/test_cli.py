@@ -6,6 +6,7 @@ import io
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import signal
 import subprocess
@@ -114,6 +115,39 @@ def test_demo_end_to_end_with_the_installed_script():
     tmp = next(line for line in out.splitlines() if 'Removed' in line).split()[2].rstrip('.')
     assert 'loadr-demo-' in tmp and not os.path.exists(tmp)
     assert '32/32 batches' in done.stderr            # the progress bar's last line
+
+
+def next_commands(out: str) -> list[list[str]]:
+    """The commands ``loadr demo`` names after 'Next', as argument lists."""
+    lines = out.split('Next', 1)[1].splitlines()[1:]
+    return [shlex.split(line, comments=True) for line in lines if line.strip()]
+
+
+def test_the_demos_next_commands_run_from_anywhere(tmp_path):
+    # From a directory far from the checkout: the pipeline file named must exist there.
+    where, other = tmp_path / 'elsewhere', tmp_path / 'other'
+    where.mkdir()
+    other.mkdir()
+    done = loadr_cmd('demo', '--images', 64, '--workers', 0, '--keep', cwd=where)
+    assert done.returncode == 0, done.stdout + done.stderr
+    kept = next(line for line in done.stdout.splitlines() if 'Kept' in line).split()[2]
+    try:
+        again, own = next_commands(done.stdout)
+        assert again[:2] == own[:2] == ['loadr', 'run'] and own[-1] == 'reader.path=YOUR_BAG'
+        assert not pathlib.Path(own[2]).is_relative_to(where)
+        own[-1] = f'reader.path={kept}/images'          # a bag of images of one's own
+        for command in (again, own):
+            ran = loadr_cmd(*command[1:], '--steps', 2, cwd=other)
+            assert ran.returncode == 0, (command, ran.stderr)
+            assert 'batch: image float32[32, 3, 56, 56], label int64[32]' in ran.stdout
+    finally:
+        shutil.rmtree(kept)
+    done = loadr_cmd('demo', '--images', 32, '--workers', 0, cwd=where)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (own,) = next_commands(done.stdout)
+    assert own[:2] == ['loadr', 'run'] and own[-1] == 'reader.path=YOUR_BAG'
+    assert pathlib.Path(own[2]).is_file() and not pathlib.Path(own[2]).is_relative_to(where)
+    assert done.stdout.count(own[2]) == 2         # and it is the pipeline the demo ran
 
 
 # ---------------------------------------------------------------------------
@@ -287,7 +321,8 @@ def test_the_resume_hint_goes_on_with_the_overrides_to_the_same_end(tmp_path, lo
     (hint,) = [line for line in err.splitlines() if 'go on with' in line]
     command = hint.split('go on with')[1].split()
     # The pipeline is named on the command line: a state file never chooses the code to run.
-    assert command == ['loadr', 'run', str(path), '--resume', str(state)]
+    assert command == ['loadr', 'run', str(path), '--resume', str(state), '--save-state',
+                       str(state)]
     saved = json.loads(state.read_text())
     assert saved['steps'] == 7 and saved['start'] == 0
     assert saved['overrides'] == ['reader.path=bag', 'loader.batch=3', 'fns.0.size=[16, 24]']
@@ -300,6 +335,58 @@ def test_the_resume_hint_goes_on_with_the_overrides_to_the_same_end(tmp_path, lo
     assert int(after[0][0]) in (int(before[-1][0]), int(before[-1][0]) + 3)
     assert sorted(set(before + after), key=lambda d: int(d[0])) == expected
     assert 'of 7' in rest.stderr.splitlines()[0]           # says which batches of the goal
+
+
+def interrupt_after(words: list, lines: int, cwd) -> tuple[int, list, str]:
+    """Run the command ``words`` (``loadr ...``), press Ctrl-C (SIGINT to its process
+    group, as a terminal does) after ``lines`` lines of stdout: (rc, lines, stderr)."""
+    assert words[0] == 'loadr'
+    proc = subprocess.Popen([sys.executable, '-m', 'loadr.cli', *words[1:]], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        seen = [proc.stdout.readline() for _ in range(lines)]
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.stdout.read(), proc.stderr.read()
+        proc.wait(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, seen + out.splitlines(), err
+
+
+def resume_hint(err: str) -> list[str]:
+    (hint,) = [line for line in err.splitlines() if 'go on with' in line]
+    return shlex.split(hint.split('go on with', 1)[1])
+
+
+def test_the_ctrl_c_hint_followed_literally_saves_again_at_the_next_ctrl_c(tmp_path, local_data):
+    path = bag_pipeline(tmp_path, local_data, workers=1, batch=2)
+    whole = loadr_cmd('run', path, '--steps', 18, '--digest')
+    assert whole.returncode == 0, whole.stderr
+    expected = digests(whole.stdout)
+    state = tmp_path / 'state.json'
+    rc, lines, err = interrupt_after(['loadr', 'run', str(path), '--steps', '18', '--digest',
+                                      '--save-state', str(state)], 3, cwd=tmp_path)
+    assert rc == 130 and f'state saved to {state}' in err, err
+    got = digests(lines)
+    first = json.loads(state.read_text())['loader']['step']
+    # The hint as printed, run as printed (with --digest to see its batches), Ctrl-C again:
+    # it saves again, further on (it had left out --save-state, and saved nothing).
+    command = resume_hint(err)
+    assert command[:2] == ['loadr', 'run']
+    rc, lines, err = interrupt_after(command + ['--digest'], 3, cwd=tmp_path)
+    assert rc == 130 and f'state saved to {state}' in err, err
+    second = json.loads(state.read_text())['loader']['step']
+    assert second > first
+    got += digests(lines)
+    # Once more, to the end of the goal.
+    rest = loadr_cmd(*resume_hint(err)[1:], '--digest', cwd=tmp_path)
+    assert rest.returncode == 0, rest.stderr
+    got += digests(rest.stdout)
+    assert json.loads(state.read_text())['loader']['step'] == 36
+    # A batch printed just before a Ctrl-C that interrupted its handling comes again.
+    assert sorted(set(got), key=lambda d: int(d[0])) == expected
 
 
 def test_steps_on_resume_is_the_goal_not_n_more(tmp_path, local_data):

@@ -50,9 +50,10 @@ def run_shell(code: str, cwd: pathlib.Path) -> None:
 def test_the_quickstart_runs_on_photos_of_different_sizes(tmp_path, monkeypatch, capsys):
     image_folder(tmp_path / 'photos', sizes=((24, 32), (40, 30), (33, 33), (20, 50), (64, 48)))
     blocks = quickstart_blocks()
-    assert [lang for lang, _ in blocks] == ['sh', 'python', 'python']
+    assert [lang for lang, _ in blocks] == ['sh', 'python', 'python', 'python']
     monkeypatch.chdir(tmp_path)
     namespace: dict = {'__name__': '__readme__'}
+    after: list[dict] = []
     for lang, code in blocks:
         if lang == 'sh':
             run_shell(code, tmp_path)
@@ -60,7 +61,16 @@ def test_the_quickstart_runs_on_photos_of_different_sizes(tmp_path, monkeypatch,
         assert code.count('range(1000)') <= 1
         exec(compile(code.replace('range(1000)', f'range({STEPS})'), 'README.md', 'exec'),
              namespace)
-    batch, state, reader, fns = (namespace[k] for k in ('batch', 'state', 'reader', 'fns'))
+        after.append(dict(namespace))
+    # The epochs block: each loader.epoch(e) ended (the block returned) after one pass, and
+    # its batches are channels-first floats.
+    chw = after[1]
+    assert chw['epoch'] == 1 and chw['batch']['image'].dtype == np.float32
+    assert chw['batch']['image'].shape == (len(chw['reader']), 3, 224, 224)
+    with loadr.Loader(chw['reader'], batch=4, fns=chw['fns'], seed=0, workers=0) as loader:
+        sizes = [len(b['label']) for b in loader.epoch(0)]
+        assert sizes == [4, 4, 2] and loader.step == len(chw['reader'])
+    batch, state, reader, fns = (after[0][k] for k in ('batch', 'state', 'reader', 'fns'))
     assert batch['image'].shape == (64, 224, 224, 3) and batch['label'].shape == (64,)
     assert state['step'] == STEPS * 64
     assert namespace['report'].ok

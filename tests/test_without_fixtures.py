@@ -1,4 +1,4 @@
-"""The suite from a bare clone: no ../shared/fixtures (issue 11, item 9).
+"""The suite with the reference fixtures missing (LOADR_FIXTURES naming nothing).
 
 Tests that need the reference fixtures skip with one line saying how to get
 them (under CI=true they fail instead); the rest run on data they write; no

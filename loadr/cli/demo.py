@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import tempfile
 import time
@@ -18,8 +19,10 @@ DEMO_RESUME_AFTER = 20    # batches before the demo saves its state
 def cmd_demo(args) -> int:
     """Synthetic JPEGs, the demo pipeline with workers, and a resume check: ``loadr demo``."""
     from ..config import pipeline
-    from ..demo import DATA_DIR_NAME, DEMO_YAML, IMAGE_HW, batch_digest, make_images
+    from ..demo import (DATA_DIR_NAME, DEMO_YAML, DEMO_YAML_PATH, IMAGE_HW, batch_digest,
+                        make_images)
     tmp = tempfile.mkdtemp(prefix='loadr-demo-')
+    yaml_path = os.path.join(tmp, 'demo.yaml')
     try:
         data = os.path.join(tmp, DATA_DIR_NAME)
         t0 = time.perf_counter()
@@ -27,10 +30,9 @@ def cmd_demo(args) -> int:
              f'(10 labels) as a bag dataset: {data}')
         size = make_images(data, n=args.images)
         _out(f'   {args.images} datapoints, {_size(size)}, in {time.perf_counter() - t0:.1f} s')
-        yaml_path = os.path.join(tmp, 'demo.yaml')
         with open(yaml_path, 'w', encoding='utf-8') as f:
             f.write(DEMO_YAML)
-        _out(f'2. The pipeline ({yaml_path}, the same as configs/demo.yaml):')
+        _out(f'2. The pipeline ({yaml_path}, the same as {DEMO_YAML_PATH}):')
         for line in DEMO_YAML.splitlines():
             if line and not line.startswith('#'):
                 _out(f'     {line}')
@@ -67,8 +69,13 @@ def cmd_demo(args) -> int:
              f'run: {"the same batch" if same else "DIFFERENT (a bug: please report it)"}')
         return EXIT_OK if same else EXIT_FAILED
     finally:
+        # The installed copy of the pipeline: a path that exists wherever this runs.
+        own = f'loadr run {shlex.quote(DEMO_YAML_PATH)} -o reader.path=YOUR_BAG'
         if args.keep:
-            _out(f'5. Kept {tmp} (remove it when done)')
+            _out(f'5. Kept {tmp} (remove it when done). Next:')
+            _out(f'     loadr run {shlex.quote(yaml_path)}    # this dataset again')
+            _out(f'     {own}    # your own bag of images')
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-            _out(f'5. Removed {tmp}. Next: loadr run configs/demo.yaml -o reader.path=YOUR_BAG')
+            _out(f'5. Removed {tmp}. Next, on your own bag of images:')
+            _out(f'     {own}')

@@ -90,7 +90,10 @@ def _quoted(text: str) -> str:
 
 
 def _resume_command(pipeline: str, state: str) -> str:
-    return f'loadr run {_quoted(pipeline)} --resume {_quoted(state)}'
+    """The command that goes on from ``state`` and saves to it again: without
+    ``--save-state`` the resumed run's own Ctrl-C would save nothing."""
+    return (f'loadr run {_quoted(pipeline)} --resume {_quoted(state)} '
+            f'--save-state {_quoted(state)}')
 
 
 def _names_code(override: str) -> bool:

@@ -199,13 +199,18 @@ class Killer:
     """A thread that SIGKILLs a random ready worker of ``loader`` every few milliseconds.
 
     Only workers that said hello are shot: killing workers before they start
-    is the pool's 'cannot start workers' case, tested on its own.
+    is the pool's 'cannot start workers' case, tested on its own. After each
+    kill it waits (however long the loaded machine takes) until the pool has
+    replaced its victim before it picks the next: a SIGKILL to a worker that
+    is dead but not yet reaped still succeeds, and would count a death that
+    was never caused. So ``kills`` is the number of live workers killed, each
+    one seen by the pool; ``done`` is set once ``max_kills`` have been.
 
     Example::
 
         with Killer(loader, seed=1, every_s=(0.02, 0.06), max_kills=20) as killer:
-            ...iterate...
-        killer.kills          # how many SIGKILLs were sent
+            ...iterate until killer.done.is_set()...
+        killer.kills          # how many workers were killed (and replaced)
     """
 
     def __init__(self, loader, seed: int, every_s: tuple[float, float],
@@ -213,23 +218,30 @@ class Killer:
         self.loader, self.rng, self.every_s = loader, random.Random(seed), every_s
         self.max_kills = max_kills
         self.kills = 0
+        self.done = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name='test-killer', daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.rng.uniform(*self.every_s)):
-            if self.max_kills is not None and self.kills >= self.max_kills:
-                return
             pool = self.loader._pool
             if pool is None:
                 continue
-            pids = [w.process.pid for w in list(pool.workers) if w is not None and w.ready]
-            if pids:
-                try:
-                    os.kill(self.rng.choice(pids), signal.SIGKILL)
-                    self.kills += 1
-                except ProcessLookupError:
-                    pass
+            ready = [w for w in list(pool.workers) if w is not None and w.ready]
+            if not ready:
+                continue
+            victim = self.rng.choice(ready)
+            try:
+                os.kill(victim.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self.kills += 1
+            # The pool replaces a worker from the consumer's thread, as it iterates.
+            while pool.workers[victim.wid] is victim and not self._stop.wait(0.002):
+                pass
+            if self.max_kills is not None and self.kills >= self.max_kills:
+                self.done.set()
+                return
 
     def __enter__(self):
         self._thread.start()

@@ -1,6 +1,6 @@
 """The gulp reader, writer, checker and detector against gulpio2's own files.
 
-Every expectation comes from ../shared/fixtures/MANIFEST.json (written by
+Every expectation comes from tests/fixtures/MANIFEST.json (written by
 gulpio2 0.0.4); corruption tests work on copies in ``tmp_path``.
 """
 
