@@ -40,8 +40,9 @@ def file_of(source, index: int | None, exc: BaseException | None = None) -> str 
 def _tell_where(exc: BaseException, index: int, path: str | None, hint: str | None) -> None:
     """Make ``exc``'s own message name the datapoint (file and index) and end with
     ``hint``: the last line of a traceback is all many users read. A loadr error gets
-    its path and index filled in; an exception whose text is its one argument gets the
-    words appended; any other (a KeyError, an OSError) gets a note under its line."""
+    its path and index filled in; a builtin exception whose text is its one argument
+    (ValueError('...')) gets the words appended; any other (a KeyError, an OSError, a
+    class of the user's own) gets them as a note, shown under its line."""
     if exc.__dict__.get('loadr_where') is not None:
         return                                  # raised once already: said
     tail = f'; {hint}' if hint else ''
@@ -55,8 +56,10 @@ def _tell_where(exc: BaseException, index: int, path: str | None, hint: str | No
         said = tail
     else:
         said = f" (dataset index {index}{f', in {path}' if path else ''}){tail}"
-        if type(exc).__str__ is BaseException.__str__ and len(exc.args) <= 1 \
-                and all(isinstance(a, str) for a in exc.args):
+        # Only Python's own classes, whose text is their one argument: the args of a
+        # class of the user's own may mean more than their text.
+        if type(exc).__module__ == 'builtins' and type(exc).__str__ is BaseException.__str__ \
+                and len(exc.args) <= 1 and all(isinstance(a, str) for a in exc.args):
             exc.args = ((exc.args[0] if exc.args else '') + said,)
         elif hasattr(exc, 'add_note'):
             exc.add_note(f'loadr:{said}')
