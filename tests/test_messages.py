@@ -124,6 +124,16 @@ def missing_key(dp, seed=None):
     return dp
 
 
+class LabelError(Exception):
+    """A user's own exception class: its args are its own business."""
+
+
+def own_error(dp, seed=None):
+    if int(dp['idx']) == 4:
+        raise LabelError('nope')
+    return dp
+
+
 def failure(loader) -> BaseException:
     with pytest.raises(Exception) as info:
         for _ in loader.epoch(0):
@@ -169,15 +179,18 @@ def test_the_last_line_of_a_fn_error_names_file_and_index_and_says_skip_exists(
     assert f"dataset index 4 ({tmp_path / 'bag'})" in str(cause).split('\n')[0]
 
 
+@pytest.mark.parametrize('fn,kind,line', [(missing_key, KeyError, "KeyError: 'nope'"),
+                                           (own_error, LabelError, 'LabelError: nope')],
+                         ids=['KeyError', 'own class'])
 @pytest.mark.parametrize('workers', [0, 2])
-def test_an_error_whose_text_is_not_its_argument_gets_the_words_as_a_note(tmp_path, workers):
+def test_an_error_not_plainly_its_text_gets_the_words_as_a_note(tmp_path, workers, fn, kind,
+                                                                line):
     reader = loadr.open(broken_bag(tmp_path / 'bag', bad=99), decode_images=False)
-    with loadr.Loader(reader, batch=2, fns=[missing_key], workers=workers,
-                      shuffle=False) as loader:
+    with loadr.Loader(reader, batch=2, fns=[fn], workers=workers, shuffle=False) as loader:
         exc = failure(loader)
-    assert type(exc) is KeyError and exc.args == ('nope',)      # a KeyError stays itself
+    assert type(exc) is kind and exc.args == ('nope',)          # it stays itself
     shown = traceback.format_exception_only(type(exc), exc)
-    assert shown[0].strip() == "KeyError: 'nope'"
+    assert shown[0].strip().endswith(line)
     assert shown[-1].strip().startswith(f"loadr: (dataset index 4, in {tmp_path / 'bag'}); "
                                         "if the data and not the code"), shown
 
@@ -216,3 +229,36 @@ def test_a_mix_names_the_file_of_its_source(tmp_path):
     bag = loadr.open(broken_bag(tmp_path / 'bag', bad=99), decode_images=False)
     mix = loadr.Mix({'list': [{'idx': -1}] * 3, 'bag': bag})
     assert mix.where(0) is None and mix.where(3 + 4) == str(tmp_path / 'bag')
+
+
+@pytest.mark.parametrize('pattern,said', [
+    ('empty/*.tar', 'the pattern matched no file'),
+    ('empty/x-[0-9].parquet', 'the pattern matched no file'),
+    ('missing/*.tar', 'the pattern matched no file: its folder {d}/missing cannot be listed'),
+    ('empty/s-{{0..3}}.tar', 'the pattern names 4 files, and the first, {d}/empty/s-0.tar, '
+                             'does not exist'),
+])
+def test_a_pattern_that_names_no_file_says_so(tmp_path, pattern, said):
+    (tmp_path / 'empty').mkdir()
+    (tmp_path / 'empty' / 'notes.txt').write_text('not a shard')
+    path = f'{tmp_path}/{pattern}'.format()
+    with pytest.raises(loadr.errors.FormatError) as info:
+        loadr.open(path)
+    assert str(info.value).startswith(f'{path}: {said.format(d=tmp_path)}'), str(info.value)
+    assert 'no dataset loadr knows' not in str(info.value)
+
+
+def test_a_pipeline_whose_pattern_names_no_file_says_so(tmp_path):
+    (tmp_path / 'p.yaml').write_text("reader: {path: 'shards/*.tar'}\nloader: {batch: 2}\n")
+    (tmp_path / 'shards').mkdir()
+    with pytest.raises(loadr.errors.ConfigError) as info:
+        loadr.pipeline(tmp_path / 'p.yaml')
+    text = str(info.value)
+    assert "reader.path 'shards/*.tar' names no file to read (line 1): the pattern matched no " \
+        "file" in text and 'set format' not in text, text
+
+
+def test_files_that_are_no_known_format_still_say_so(tmp_path):
+    (tmp_path / 'a.xyz').write_text('?')
+    with pytest.raises(loadr.errors.FormatError, match='no dataset loadr knows'):
+        loadr.open(f'{tmp_path}/*.xyz')
