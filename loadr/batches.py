@@ -15,10 +15,12 @@ if TYPE_CHECKING:
 
 # The end of a failing datapoint's error when on_error='raise': skipping exists. An error
 # of the data says so plainly; any other may be a bug in a fn, which skipping would hide.
-SKIP_HINT_DATA = ("Loader(on_error='skip') replaces a datapoint that fails like this with "
-                  "another one, and logs it")
-SKIP_HINT = ("if the data and not the code is at fault, Loader(on_error='skip') replaces "
-             "each datapoint that fails with another one, and logs it")
+# (The command line says it in its pipeline's words instead of SKIP_SETTING.)
+SKIP_SETTING = "Loader(on_error='skip')"
+SKIP_HINT_DATA = f'{SKIP_SETTING} replaces a datapoint that fails like this with another one, ' \
+    'and logs it'
+SKIP_HINT = f'if the data and not the code is at fault, {SKIP_SETTING} replaces each ' \
+    'datapoint that fails with another one, and logs it'
 
 
 def file_of(source, index: int | None, exc: BaseException | None = None) -> str | None:

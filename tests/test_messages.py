@@ -231,6 +231,27 @@ def test_a_mix_names_the_file_of_its_source(tmp_path):
     assert mix.where(0) is None and mix.where(3 + 4) == str(tmp_path / 'bag')
 
 
+def test_the_command_line_says_where_once_and_skip_in_a_pipeline_s_words(tmp_path):
+    broken_bag(tmp_path / 'bag', bad=99)
+    (tmp_path / 'myfns.py').write_text(
+        'def bad(dp, seed=None):\n'
+        '    if int(dp["idx"]) == 4:\n'
+        '        raise ValueError("label out of range")\n'
+        '    return dp\n')
+    (tmp_path / 'p.yaml').write_text(
+        'reader: {path: bag, decode_images: false}\n'
+        'fns: [myfns:bad]\n'
+        'loader: {batch: 2, workers: 2, shuffle: false}\n')
+    done = subprocess.run([sys.executable, '-m', 'loadr.cli', 'run', str(tmp_path / 'p.yaml'),
+                           '--steps', '3'], capture_output=True, text=True, timeout=90)
+    assert done.returncode != 0
+    line = next(ln for ln in done.stderr.splitlines() if ln.startswith('loadr: error: '))
+    assert line.startswith(f"loadr: error: ValueError: label out of range (dataset index 4, in "
+                           f"{tmp_path / 'bag'}); if the data and not the code is at fault, "
+                           "on_error: skip (in the loader section) replaces"), line
+    assert line.count('index 4') == 1, line
+
+
 @pytest.mark.parametrize('pattern,said', [
     ('empty/*.tar', 'the pattern matched no file'),
     ('empty/x-[0-9].parquet', 'the pattern matched no file'),
