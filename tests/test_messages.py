@@ -202,6 +202,25 @@ def test_a_list_of_dicts_names_the_index_alone():
     assert str(exc).startswith('label out of range (dataset index 4); if the data'), str(exc)
 
 
+class Rows:
+    """A dataset of the user's own that says where its rows come from."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return {'idx': i}
+
+    def where(self, index):
+        return f'rows-{index // 4}.csv'
+
+
+def test_a_dataset_of_ones_own_names_its_file_with_where():
+    with loadr.Loader(Rows(), batch=2, fns=[bad_label], workers=0, shuffle=False) as loader:
+        exc = failure(loader)
+    assert str(exc).startswith('label out of range (dataset index 4, in rows-1.csv); ')
+
+
 def test_a_replacement_under_skip_names_the_file_too(tmp_path, caplog):
     reader = loadr.open(broken_bag(tmp_path / 'bag'), decode_images=False)
     with caplog.at_level(logging.WARNING, logger='loadr'):
