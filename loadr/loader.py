@@ -495,8 +495,9 @@ class Loader(LoaderState, LoaderStats):
                 and errors > self.max_error_fraction * samples:
             raise LoadrError(f'{errors} of {samples} datapoints failed since stream position '
                              f'{window * size}, more than max_error_fraction='
-                             f'{self.max_error_fraction}; last: index {replaced[-1][0]}',
-                             index=replaced[-1][0])
+                             f'{self.max_error_fraction}; the last, this one: '
+                             f'{replaced[-1][2]}', file_of(self.reader, replaced[-1][0]),
+                             replaced[-1][0])
         self._budget = (window, errors, samples)
 
     # -- the window ----------------------------------------------------------

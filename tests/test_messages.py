@@ -244,6 +244,25 @@ def test_a_replacement_whose_error_names_its_file_names_it_once(tmp_path, caplog
     assert len(lines) == 1 and lines[0].count(str(tmp_path / 'bag')) == 1, lines
 
 
+def four_bad(dp, seed=None):
+    if 1 <= int(dp['idx']) <= 4:
+        raise ValueError('label out of range')
+    return dp
+
+
+def test_too_many_replacements_name_the_last_one_s_file_and_why(tmp_path):
+    reader = loadr.open(broken_bag(tmp_path / 'bag', bad=99), decode_images=False)
+    with loadr.Loader(reader, batch=6, fns=[four_bad], workers=0, shuffle=False,
+                      on_error='skip', max_error_fraction=0.01) as loader:
+        with pytest.raises(loadr.errors.LoadrError) as info:
+            for _ in loader.epoch(0):
+                pass
+    assert info.value.path == str(tmp_path / 'bag') and info.value.index is not None
+    assert str(info.value).startswith(f"{tmp_path / 'bag'} [index {info.value.index}]: "), \
+        str(info.value)
+    assert 'the last, this one: ' in str(info.value)
+
+
 def test_a_mix_names_the_file_of_its_source(tmp_path):
     bag = loadr.open(broken_bag(tmp_path / 'bag', bad=99), decode_images=False)
     mix = loadr.Mix({'list': [{'idx': -1}] * 3, 'bag': bag})
