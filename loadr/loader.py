@@ -53,7 +53,7 @@ from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, W
 from .workers.worker import most_tasks_held, tasks_held
 from .settings import (MAX_BATCH, MAX_PREFETCH, MAX_WORKERS, _normalize_spec, _real,
                        _start_methods, _whole, default_start_method)
-from .batches import _Batches, _raise_failure
+from .batches import _Batches, _raise_failure, file_of
 from .loader_state import LoaderState
 from .loader_stats import LoaderStats
 
@@ -273,7 +273,8 @@ class Loader(LoaderState, LoaderStats):
                 dp = asm.datapoint(index, seed)
             except Exception as exc:
                 if self.on_error != 'skip':
-                    _raise_failure(protocol.Failure.capture(exc, index, 0, None), exc)
+                    _raise_failure(protocol.Failure.capture(exc, index, 0, None), exc,
+                                   self.reader)
                 dp = asm.substitute(index, seed, order)
             self._spec = infer_spec(dp)
         return self._spec
@@ -401,7 +402,7 @@ class Loader(LoaderState, LoaderStats):
                 try:
                     done = window.next(gen)
                 except BatchFailed as f:
-                    _raise_failure(f.failure, f.exc)
+                    _raise_failure(f.failure, f.exc, self.reader, self.on_error)
                 if done is None:
                     if epoch is not None:
                         # The epoch is over, dropped tail included: the stream
@@ -479,8 +480,11 @@ class Loader(LoaderState, LoaderStats):
             return
         self.errors += len(replaced)
         for index, position, reason in replaced:
-            log.warning('loadr: datapoint %d failed and was replaced (on_error=skip): '
-                        'position %d, %s', index, position, reason)
+            # Its file too, unless the error's own text names it already.
+            path = file_of(self.reader, index)
+            log.warning('loadr: datapoint %d%s failed and was replaced (on_error=skip): '
+                        'position %d, %s', index,
+                        f' of {path}' if path and path not in reason else '', position, reason)
         size = max(self.n, ERROR_WINDOW_POSITIONS)
         window = plan.start // size
         was, errors, samples = self._budget
@@ -491,8 +495,9 @@ class Loader(LoaderState, LoaderStats):
                 and errors > self.max_error_fraction * samples:
             raise LoadrError(f'{errors} of {samples} datapoints failed since stream position '
                              f'{window * size}, more than max_error_fraction='
-                             f'{self.max_error_fraction}; last: index {replaced[-1][0]}',
-                             index=replaced[-1][0])
+                             f'{self.max_error_fraction}; the last, this one: '
+                             f'{replaced[-1][2]}', file_of(self.reader, replaced[-1][0]),
+                             replaced[-1][0])
         self._budget = (window, errors, samples)
 
     # -- the window ----------------------------------------------------------

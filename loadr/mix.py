@@ -64,8 +64,8 @@ import numpy as np
 
 from .errors import ConfigError, LoadrError
 from .order import ORDER_VERSION
-from .sources import (Caching, Composite, ErrorNaming, Identified, Ordering, Prefetching,
-                      SeededSource, Sharing, hooks_of)
+from .sources import (Caching, Composite, ErrorNaming, Identified, Locating, Ordering,
+                      Prefetching, SeededSource, Sharing, hooks_of)
 from .mix_weights import BLOCK, _check_weight, _fractions, _normalise, _plan
 from .mix_order import MixOrder
 
@@ -89,7 +89,7 @@ def _name_source(exc: BaseException, name: str, i: int) -> None:
 
 
 class Mix(SeededSource, ErrorNaming, Prefetching, Caching, Ordering, Identified, Composite,
-          Sharing):
+          Sharing, Locating):
     """Named sources read as one dataset, in fixed proportions (see the module docstring).
 
     Args:
@@ -283,6 +283,13 @@ class Mix(SeededSource, ErrorNaming, Prefetching, Caching, Ordering, Identified,
             except (TypeError, IndexError):
                 return
             _name_source(exc, name, i)
+
+    def where(self, index: int) -> str | None:
+        """The file (or URL) that holds composite ``index``, as its source names it (None
+        for a source that cannot: a list)."""
+        name, i = self.decode(index)
+        source = self.sources[name]
+        return source.where(i) if isinstance(source, Locating) else None
 
     def source_fns(self) -> dict:
         """``{source name: [fn, ...]}``: each source's own fns, a nested Mix's as

@@ -21,6 +21,7 @@ Ordering          ``make_order(seed, shuffle, version)``       order, loader
 Identified        ``identity() -> dict``                       state, Mix
 Composite         ``source_fns() -> {name: [fn, ...]}``        state, loader
 Sharing           ``shared()``, ``release_shared(shared)``     loader (workers start)
+Locating          ``where(index) -> str | None``               loader (its errors)
 ================  ===========================================  =====================
 
 ``prefetches`` and ``caches`` say whether the hook does anything for this
@@ -45,7 +46,8 @@ from __future__ import annotations
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 __all__ = ['Source', 'BatchSource', 'SeededSource', 'ErrorNaming', 'Prefetching', 'Caching',
-           'Warming', 'Ordering', 'Identified', 'Composite', 'Sharing', 'OPTIONAL', 'Hooks',
+           'Warming', 'Ordering', 'Identified', 'Composite', 'Sharing', 'Locating', 'OPTIONAL',
+           'Hooks',
            'hooks_of', 'declared', 'members', 'one_by_one']
 
 
@@ -150,9 +152,19 @@ class Sharing(Protocol):
     def release_shared(self, shared) -> None: ...
 
 
+@runtime_checkable
+class Locating(Protocol):
+    """Says which file (or URL) holds datapoint ``index``, or None where it cannot tell
+    cheaply: the loader names it in the error of a datapoint that failed, and in the log
+    line of one replaced under ``on_error='skip'`` (an error of the user's fns does not
+    know the file it came from)."""
+
+    def where(self, index: int) -> str | None: ...
+
+
 #: The optional protocols, in the order of the table above.
 OPTIONAL = (BatchSource, SeededSource, ErrorNaming, Prefetching, Caching, Warming, Ordering,
-            Identified, Composite, Sharing)
+            Identified, Composite, Sharing, Locating)
 
 
 def one_by_one(method):

@@ -455,3 +455,45 @@ def test_a_reader_path_may_be_a_pattern_of_shards(tmp_path):
                                       "loader: {batch: 2}\nfns:\n  - select: {keys: [cls]}\n")
     with loadr.pipeline(path) as loader:
         assert len(loader.reader) == 6 and sorted(next(iter(loader))) == ['cls']
+
+
+@pytest.mark.parametrize('text,line,pattern', [
+    ('reader:\n  path: shards/{a,b}.tar\n', None, None),         # not at the start: a string
+    ('reader:\n  path: {a,b}.tar\n', 2, '{a,b}.tar'),
+    ('reader:\n  path: {000..009}.tar\n', 2, '{000..009}.tar'),
+    ('reader:\n  path: {train,val}/x.tar\n', 2, '{train,val}/x.tar'),
+    ('reader: {path: {a,b}.tar}\n', 1, '{a,b}.tar'),                 # in a flow mapping
+])
+def test_an_unquoted_brace_pattern_gets_the_advice_to_quote_it(tmp_path, text, line, pattern):
+    path = write(tmp_path / 'p.yaml', text + 'loader: {batch: 2}\n')
+    with pytest.raises(ConfigError) as info:
+        loadr.pipeline(path)
+    message = info.value.message
+    if pattern is None:
+        assert message.startswith("reader.path 'shards/{a,b}.tar' names no file"), message
+        return
+    assert message.startswith(f'not valid YAML (line {line}, column ') and info.value.line == line
+    assert message.endswith(f"YAML reads a value that starts with {{ as a mapping: quote the "
+                            f"pattern, '{pattern}'"), message
+
+
+@pytest.mark.parametrize('value,pattern', [('{a,b}', '{a,b}'), ('{000..009}', '{000..009}')])
+def test_a_brace_pattern_read_as_a_mapping_gets_the_advice_to_quote_it(tmp_path, value,
+                                                                       pattern):
+    path = write(tmp_path / 'p.yaml', f'reader:\n  path: {value}\nloader: {{batch: 2}}\n')
+    with pytest.raises(ConfigError) as info:
+        loadr.pipeline(path)
+    assert info.value.message.endswith(
+        f"(line 2): YAML reads an unquoted {pattern} as a mapping: quote the pattern, "
+        f"'{pattern}'"), info.value.message
+    # Quoted as advised, it is a pattern (of files that are not there: said so).
+    write(tmp_path / 'p.yaml', f"reader:\n  path: '{value}'\nloader: {{batch: 2}}\n")
+    with pytest.raises(ConfigError, match='names no file to read'):
+        loadr.pipeline(path)
+
+
+def test_a_mapping_that_is_no_brace_pattern_gets_no_such_advice(tmp_path):
+    path = write(tmp_path / 'p.yaml', 'reader:\n  path: {a: 1}\nloader: {batch: 2}\n')
+    with pytest.raises(ConfigError) as info:
+        loadr.pipeline(path)
+    assert 'must be a path' in info.value.message and 'quote the' not in info.value.message

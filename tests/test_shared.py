@@ -189,7 +189,7 @@ def test_a_list_over_the_budget_is_used_as_it_is_with_a_warning_that_says_why(
             assert loader._source is items
     text = caplog.text
     assert 'not shared with the workers' in text and 'budget of 0.1 MiB' in text \
-        and 'shm_bytes=65536' in text, text
+        and 'LOADR_SHM_BYTES=65536' in text, text
     monkeypatch.delenv('LOADR_SHM_BYTES')
     with loadr.Loader(items, batch=4, seed=1, workers=0) as plain:
         assert same_batches(got, run(plain, 3))

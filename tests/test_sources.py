@@ -12,8 +12,8 @@ from loadr.assemble import Assembler, infer_spec
 from loadr.mix import Mix
 from loadr.order import Order
 from loadr.readers.base import Reader
-from loadr.sources import (BatchSource, Caching, Composite, ErrorNaming, Identified, Ordering,
-                           Prefetching, SeededSource, Sharing, Warming, hooks_of)
+from loadr.sources import (BatchSource, Caching, Composite, ErrorNaming, Identified, Locating,
+                           Ordering, Prefetching, SeededSource, Sharing, Warming, hooks_of)
 from tests.readers.common import check_protocols
 
 pytestmark = pytest.mark.timeout(60)
@@ -32,16 +32,17 @@ def test_a_list_is_a_source_with_no_optional_protocol():
 def test_a_mix_declares_what_it_implements():
     mix = Mix({'a': data(4), 'b': Mix({'c': data(2)})})
     assert check_protocols(mix) == [SeededSource, ErrorNaming, Prefetching, Caching, Ordering,
-                                    Identified, Composite, Sharing]
+                                    Identified, Composite, Sharing, Locating]
     hooks = hooks_of(mix)
     assert hooks.read_seeded == mix.read_seeded and hooks.make_order == mix.make_order
     assert hooks.prefetch is None and hooks.cache_clock is None    # local sources
 
 
 def test_each_reader_declares_what_it_implements(fixtures):
-    base = [BatchSource, Prefetching, Caching, Identified]
+    base = [BatchSource, Prefetching, Caching, Identified, Locating]
     bag = loadr.open(fixtures / 'bag')
-    assert check_protocols(bag) == [BatchSource, Prefetching, Caching, Warming, Identified]
+    assert check_protocols(bag) == [BatchSource, Prefetching, Caching, Warming, Identified,
+                                    Locating]
     assert check_protocols(loadr.open(fixtures / 'gulp')) == base
     ffr = loadr.open(fixtures / 'ffrecord' / 'single.ffr')
     assert check_protocols(ffr) == base

@@ -21,6 +21,7 @@ import signal
 import sys
 import traceback
 
+from ..batches import SKIP_SETTING
 from ..errors import ConfigError, LoadrError, WorkerError
 from ..storage import using_storage_options
 from .common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, _err
@@ -46,8 +47,11 @@ def _error_line(exc: BaseException) -> str:
         text += ('' if not text else ' ' if text.endswith((':', '.', ';')) else '; ') + line
     if isinstance(cause, WorkerError) and cause.index is not None:
         index = getattr(exc, 'index', None)
-        if index is None or f'[index {index}]' not in text:
+        if (index is None or f'[index {index}]' not in text) \
+                and f'dataset index {cause.index}' not in text:
             text += f' (at dataset index {cause.index})'
+    # The hint that skipping exists, in a pipeline's words.
+    text = text.replace(SKIP_SETTING, 'on_error: skip (in the loader section)')
     return text or type(exc).__name__
 
 

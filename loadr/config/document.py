@@ -11,7 +11,7 @@ from .fns_section import _FnsSection
 from .overrides import _Overrides
 from .reader_section import _ReaderSection
 from .schema import _REQUIRED_LOADER_KEYS, LOADER_TYPES, SECTIONS, _did_you_mean, _is_kind, _kind
-from .yaml_guard import _Map, _parse_yaml, _plain, _Seq
+from .yaml_guard import _Map, _parse_yaml, _plain, _Seq, pattern_in_mapping
 
 
 class Config(_Overrides, _ReaderSection, _FnsSection):
@@ -79,7 +79,11 @@ class Config(_Overrides, _ReaderSection, _FnsSection):
 
     def _path(self, value, keys: tuple) -> str:
         if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-            raise self.error(f'{".".join(map(str, keys))} must be a path, got {value!r}', keys)
+            pattern = pattern_in_mapping(value)
+            raise self.error(f'{".".join(map(str, keys))} must be a path, got {value!r}', keys,
+                             None if pattern is None else
+                             f"YAML reads an unquoted {pattern} as a mapping: quote the "
+                             f"pattern, '{pattern}'")
         if is_url(value):
             return os.fspath(value)        # s3://, https://: not relative to this file
         value = os.path.expanduser(os.fspath(value))

@@ -8,7 +8,7 @@ import inspect
 from .. import fns as fns_module
 from ..errors import ConfigError, DataError, LoadrError
 from ..readers import detect, formats
-from ..readers.patterns import names_files
+from ..readers.patterns import names_files, names_nothing
 from ..storage import (CACHE_KEYS, is_url, storage_for, using_storage_options,
                        with_cache_settings)
 from .schema import _did_you_mean, _kind
@@ -124,6 +124,10 @@ class _ReaderSection:
             try:
                 fmt = detect(path)
             except DataError as exc:
+                nothing = names_nothing(path) if names_files(path) else None
+                if nothing is not None:
+                    raise self.error(f'{dotted}.path {section["path"]!r} names no file to read',
+                                     where + ('path',), f'{nothing} ({path})') from exc
                 raise self.error(f'{dotted}.path {section["path"]!r} is not a dataset loadr knows',
                                  where + ('path',), f'{exc.message} ({path}); set format: '
                                  f'{"|".join(known)} if it is one') from exc

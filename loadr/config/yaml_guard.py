@@ -7,6 +7,8 @@ and remember the line of each mapping key and list item for the errors.
 
 from __future__ import annotations
 
+import re
+
 import yaml
 
 from ..errors import ConfigError
@@ -190,6 +192,11 @@ def _parse_yaml(text: str, path: str | None):
         line = mark.line + 1 if mark is not None else None
         what = ' '.join(p for p in (exc.context, exc.problem) if p)
         at = f' (line {line}, column {mark.column + 1})' if mark is not None else ''
+        marks = [m for m in (exc.problem_mark, exc.context_mark) if m is not None]
+        pattern = _unquoted_pattern(text, [m.line for m in marks])
+        if pattern is not None:
+            what += (f"; YAML reads a value that starts with {{ as a mapping: quote the "
+                     f"pattern, '{pattern}'")
         err = ConfigError(f'not valid YAML{at}: {what}', path)
         err.line = line
         raise err from None
@@ -197,6 +204,37 @@ def _parse_yaml(text: str, path: str | None):
         err = ConfigError(f'not valid YAML: {exc}', path)
         err.line = None
         raise err from None
+
+
+# A brace pattern of file names ({a,b} or {000..009}, maybe with more after it), unquoted.
+_PATTERN = re.compile(r"""(?<!['"\w])(\{[^{}\s'"]*(?:,|\.\.)[^{}\s'"]*\}[^\s,\]}#'"]*)""")
+
+
+def _unquoted_pattern(text: str, lines: list[int]) -> str | None:
+    """The first unquoted brace pattern (``{a,b}.tar``) on the lines (0-based) where
+    the parser stopped: the likely cause, since YAML reads ``{`` as a mapping."""
+    rows = text.splitlines()
+    for k in dict.fromkeys(lines):
+        if 0 <= k < len(rows):
+            found = _PATTERN.search(rows[k])
+            if found is not None:
+                return found.group(1)
+    return None
+
+
+def pattern_in_mapping(value) -> str | None:
+    """The brace pattern an unquoted ``{a,b}`` or ``{000..009}`` was read as a mapping
+    from (``{'a': None, 'b': None}``), or None if ``value`` does not look like one.
+
+    >>> pattern_in_mapping({'a': None, 'b': None}), pattern_in_mapping({'a': 1})
+    ('{a,b}', None)
+    """
+    if not isinstance(value, dict) or not value or any(v is not None for v in value.values()):
+        return None
+    keys = [str(k) for k in value]
+    if len(keys) == 1 and '..' not in keys[0]:
+        return None
+    return '{' + ','.join(keys) + '}'
 
 
 def _load_value(raw: str):

@@ -24,7 +24,7 @@ from .ffrecord import FFRecordReader
 from .folder import ImageFolderReader
 from .gulp import GulpReader
 from .parquet import ParquetReader
-from .patterns import is_pattern
+from .patterns import is_pattern, names_nothing
 from .webdataset import WebDatasetReader
 
 # The detection table: tried in this order, first match wins.
@@ -57,9 +57,9 @@ def detect(path: str | os.PathLike) -> Format:
             for fmt in formats():
                 if fmt.detect(path):
                     return fmt
-            names = ', '.join(f.name for f in formats())
-            raise FormatError(f'the files named are no dataset loadr knows (looked for: '
-                              f'{names})', str(path))
+            raise FormatError(names_nothing(path) or (
+                f"the files named are no dataset loadr knows (looked for: "
+                f"{', '.join(f.name for f in formats())})"), str(path))
     path = os.fspath(path)
     storage = storage_for(path)
     # A URL's storage tells a server it cannot reach (a ReadError with the cause) from

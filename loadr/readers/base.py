@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ..convert.records import Plan, Source, infer_types
 from ..errors import WriterError
-from ..sources import BatchSource, Caching, Identified, Prefetching, one_by_one
+from ..sources import BatchSource, Caching, Identified, Locating, Prefetching, one_by_one
 from ..storage import LocalStorage as Files
 from ..storage import read_error, storage_for
 
@@ -132,7 +132,7 @@ def check_index(i: Any, n: int) -> int:
     return i
 
 
-class Reader(BatchSource, Prefetching, Caching, Identified):
+class Reader(BatchSource, Prefetching, Caching, Identified, Locating):
     """Base class for loadr's readers; see the module docstring for the contract.
 
     Subclasses implement ``__len__``, ``_get(i, mask)``, ``available(i)`` and
@@ -140,8 +140,9 @@ class Reader(BatchSource, Prefetching, Caching, Identified):
     optional protocols :class:`~loadr.sources.BatchSource` (a loop, marked
     :func:`~loadr.sources.one_by_one`: a subclass with a faster batch read
     overrides it and names the protocol again), :class:`~loadr.sources.Prefetching`,
-    :class:`~loadr.sources.Caching` (both active on remote files only) and
-    :class:`~loadr.sources.Identified`.
+    :class:`~loadr.sources.Caching` (both active on remote files only),
+    :class:`~loadr.sources.Identified` and :class:`~loadr.sources.Locating` (the
+    dataset's path; a reader of many files names the one that holds the index).
     """
 
     spec: dict
@@ -168,6 +169,12 @@ class Reader(BatchSource, Prefetching, Caching, Identified):
         else:
             index, mask = key, None
         return self._get(check_index(index, len(self)), mask)
+
+    def where(self, index: int) -> str | None:
+        """The file (or URL) that holds datapoint ``index``: here the dataset's path; a
+        reader of many files overrides it to name the one (never reads anything)."""
+        path = getattr(self, 'path', None)
+        return path if isinstance(path, str) else None
 
     @one_by_one
     def read_batch(self, indices: Iterable[int]) -> list[dict]:

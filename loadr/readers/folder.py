@@ -176,6 +176,10 @@ class ImageFolderReader(Reader):
     def _file(self, i: int) -> str:
         return _join(self.path, self.paths[i])
 
+    def where(self, index: int) -> str | None:
+        """The image file of datapoint ``index``."""
+        return self._file(check_index(index, len(self.paths)))
+
     def _get(self, index: int, mask: dict | None) -> dict:
         if mask is not None:
             unknown = [k for k, v in mask.items() if v is not False and k not in KEYS]

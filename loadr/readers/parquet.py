@@ -333,6 +333,10 @@ class ParquetReader(Reader):
 
     # -- rows ------------------------------------------------------------------------
 
+    def where(self, index: int) -> str | None:
+        """The Parquet file that holds row ``index``."""
+        return self._locate(check_index(index, self._n))[0].path
+
     def _locate(self, i: int) -> tuple[_File, int, int]:
         part = self._parts[bisect.bisect_right(self._starts, i) - 1]
         local = i - part.base

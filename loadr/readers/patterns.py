@@ -21,8 +21,8 @@ import re
 from ..errors import ConfigError, FormatError, LoadrError
 from ..storage import storage_for
 
-__all__ = ['expand', 'expand_braces', 'is_pattern', 'names_files', 'common_root',
-           'dataset_files']
+__all__ = ['expand', 'expand_braces', 'is_pattern', 'names_files', 'names_nothing',
+           'common_root', 'dataset_files']
 
 _BRACE = re.compile(r'\{([^{}]*)\}')
 _RANGE = re.compile(r'(-?\d+)\.\.(-?\d+)\Z')
@@ -114,6 +114,37 @@ def expand(path, storage_options: dict | None = None) -> list[str]:
         if not files:
             raise FormatError('the pattern names no files', path)
     return files
+
+
+def names_nothing(path, storage_options: dict | None = None) -> str | None:
+    """Why the pattern or list ``path`` gives no file to read, if it does not: a glob that
+    matched nothing, or a first file that does not exist; else None. Never raises.
+
+    >>> names_nothing('/nowhere/at/all/*.tar')[:62]
+    'the pattern matched no file: its folder /nowhere/at/all cannot'
+    """
+    try:
+        files = expand(path, storage_options)
+    except LoadrError as exc:       # a glob over a folder that is not there, or empty
+        if isinstance(path, (list, tuple)) or not any(c in path for c in '*?['):
+            return None
+        if exc.path is not None and exc.path != path:
+            return f'the pattern matched no file: its folder {exc.path} cannot be listed ' \
+                f'({exc.message})'
+        return 'the pattern matched no file'
+    except Exception:   # noqa: BLE001 - not a pattern expand() takes: the caller says more
+        return None
+    if not files:
+        return 'the pattern matched no file'
+    try:
+        missing = [f for f in files[:1] if not storage_for(f, storage_options).exists(f)]
+    except Exception:   # noqa: BLE001 - a server that cannot say: the plain message
+        return None
+    if missing:
+        what = 'list' if isinstance(path, (list, tuple)) else 'pattern'
+        return (f'the {what} names {len(files)} file{"s" if len(files) != 1 else ""}, and the '
+                f'first, {missing[0]}, does not exist')
+    return None
 
 
 def common_root(files: list[str]) -> str:

@@ -327,8 +327,8 @@ class WorkerPool:
         # only where the budget holds them (and READ_AHEAD_ROOM_BYTES), with no warning.
         if self.slot_count < min(slots, needed_slots or slots):
             log.warning('loadr: the shared-memory budget holds %d of the %d batch slots asked '
-                        'for (%s each); the prefetch window shrinks to fit (raise shm_bytes '
-                        'for more)', self.slot_count, slots, size_text(layout.nbytes))
+                        'for (%s each); the prefetch window shrinks to fit (set LOADR_SHM_BYTES '
+                        'higher for more)', self.slot_count, slots, size_text(layout.nbytes))
         slots = self.slot_count
         self._mp = mp
         self._dir = owned_dir(tempfile.gettempdir())   # mode 0700: ours alone

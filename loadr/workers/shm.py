@@ -374,8 +374,8 @@ def shm_budget(shm_bytes: int | None = None, memfd: bool = True) -> tuple[int, s
         text = os.environ['LOADR_SHM_BYTES'].strip()
         if not text.isdigit():
             raise ResourceError(f'LOADR_SHM_BYTES must be a number of bytes, got {text!r}')
-        shm_bytes = int(text)
-    if shm_bytes is not None:
+        budget, how = int(text), f'LOADR_SHM_BYTES={int(text)}'
+    elif shm_bytes is not None:
         budget, how = int(shm_bytes), f'shm_bytes={int(shm_bytes)}'
     else:
         avail = available_memory()
@@ -414,7 +414,8 @@ def plan_slots(slot_bytes: int, wanted: int, workers: int, budget: tuple[int, st
     Traceback (most recent call last):
     ...
     loadr.errors.ResourceError: the batches need at least 900 B of shared memory (...), more \
-than the budget of 650 B (x); lower batch or workers, or raise shm_bytes (or LOADR_SHM_BYTES)
+than the budget of 650 B (x); lower batch or workers, or set LOADR_SHM_BYTES=900 (or more) in \
+the environment
     """
     fits = max(0, budget[0] - extra_bytes) // max(1, slot_bytes)
     least = workers + 1
@@ -429,10 +430,18 @@ than the budget of 650 B (x); lower batch or workers, or raise shm_bytes (or LOA
             f'the batches need at least {text(need)} of shared memory (one batch slot of '
             f'{text(slot_bytes)} for each of the {workers} workers, plus one{status}), more '
             f'than the budget of {text(budget[0])} ({budget[1]}); lower batch or workers, or '
-            'raise shm_bytes (or LOADR_SHM_BYTES)')
+            f'{_more_room(budget[1], need)}')
     if needed is not None and wanted > needed:
         wanted = max(needed, min(wanted, needed + READ_AHEAD_ROOM_BYTES // max(1, slot_bytes)))
     return min(wanted, fits)
+
+
+def _more_room(how: str, need: int) -> str:
+    """How to give the slots ``need`` bytes, where the budget came from ``how``: a
+    Loader takes no budget argument, the environment sets it for any process."""
+    if how.startswith(SHM_DIR):
+        return f'make {SHM_DIR} larger (docker run --shm-size) or free room in it'
+    return f'set LOADR_SHM_BYTES={need} (or more) in the environment'
 
 
 def size_text(n: int) -> str:

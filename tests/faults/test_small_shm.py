@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -106,7 +107,7 @@ def test_with_dev_shm_segments_the_error_says_what_fits_and_how_to_fix_it():
     assert last.startswith('loadr.errors.ResourceError: '), done.stderr
     assert 'one batch slot of 36.8 MiB for each of the 8 workers, plus one' in last
     assert '/dev/shm has' in last and 'free' in last
-    assert 'lower batch or workers, or raise shm_bytes' in last
+    assert 'lower batch or workers, or make /dev/shm larger (docker run --shm-size)' in last
 
 
 def test_loadr_demo_runs_in_a_64_mib_dev_shm():
@@ -129,11 +130,17 @@ def test_a_budget_below_one_slot_per_worker_plus_one_fails_before_the_first_batc
             next(iter(loader))
         message = str(info.value)
         assert 'need at least' in message and 'for each of the 2 workers, plus one' in message
-        assert f'budget of {2 * slot} B (shm_bytes={2 * slot})' in message
-        assert 'raise shm_bytes (or LOADR_SHM_BYTES)' in message
+        assert f'budget of {2 * slot} B (LOADR_SHM_BYTES={2 * slot})' in message
         assert loader.worker_pids == [] and set(children()) == before   # nothing started
     finally:
         loader.close()
+    # What it advises is something a Loader user can do, and it is enough.
+    advice = re.search(r'; lower batch or workers, or set LOADR_SHM_BYTES=(\d+) \(or more\) '
+                       r'in the environment$', message)
+    assert advice is not None, message
+    monkeypatch.setenv('LOADR_SHM_BYTES', advice.group(1))
+    with loadr.Loader(trivial(200), batch=64, fns=[noisy], workers=2, spec=SPEC) as loader:
+        assert len(next(iter(loader))['label']) == 64
 
 
 def test_a_budget_below_the_window_shrinks_it_and_the_stream_is_unchanged(monkeypatch,

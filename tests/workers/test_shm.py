@@ -215,7 +215,7 @@ def test_the_budget_comes_from_the_argument_the_environment_or_the_memory_free(m
         avail_mib = float(re.search(r'of the ([\d.]+) MiB of memory free', how)[1])
         assert abs(budget / 2**20 - avail_mib * shm.DEFAULT_SHM_FRACTION) <= 0.05
     monkeypatch.setenv('LOADR_SHM_BYTES', '4096')
-    assert shm_budget() == (4096, 'shm_bytes=4096')
+    assert shm_budget() == (4096, 'LOADR_SHM_BYTES=4096')    # named as the user set it
     assert shm_budget(100) == (100, 'shm_bytes=100')            # the argument wins
     monkeypatch.setenv('LOADR_SHM_BYTES', 'lots')
     with pytest.raises(ResourceError, match='LOADR_SHM_BYTES'):

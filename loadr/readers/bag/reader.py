@@ -131,6 +131,10 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
         shard = self._shards[bisect.bisect_right(self._stops, index)]
         return shard, index - shard.start
 
+    def where(self, index: int) -> str | None:
+        """The dataset directory (the shard) that holds datapoint ``index``."""
+        return self._locate(check_index(index, self._length))[0].path
+
     def __getstate__(self):
         state = self.__dict__.copy()
         state.pop('_ahead', None)       # read-ahead jobs of this process

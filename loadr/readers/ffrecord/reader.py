@@ -169,6 +169,10 @@ class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per
         h = headers[bisect.bisect_right(self._starts, index) - 1]
         return h, index - h.base
 
+    def where(self, index: int) -> str | None:
+        """The .ffr file that holds sample ``index``."""
+        return self._locate(check_index(index, self._n))[0].path
+
     def file_info(self, file_index: int) -> dict:
         """The header of ``files[file_index]``, as the fixtures' manifest lists it.
 

@@ -237,6 +237,10 @@ class WebDatasetReader(Reader):
         shard = self._shards[bisect.bisect_right(self._starts, i) - 1]
         return shard, i - shard.base
 
+    def where(self, index: int) -> str | None:
+        """The tar that holds sample ``index``."""
+        return self._locate(check_index(index, self._n))[0].path
+
     def __len__(self) -> int:
         return self._n
 
