@@ -2,13 +2,13 @@
 counters (:data:`WORKER_FIELDS`, then one per fn), the clock that fills it
 (:class:`StageClock`), the sampled timing of a batch's rows (:class:`FillTimer`),
 and what the kernel says of a process's CPU time (:func:`process_times`,
-:func:`schedstat`). The module docstring of :mod:`loadr.stats` describes the stages."""
+:func:`schedstat`). The docstring of :mod:`loadr.stats` describes the stages."""
 
 from __future__ import annotations
 
 import time
 
-from .storage import netstats
+from ..storage import netstats
 
 # The fixed counters of a worker's row; one counter per fn follows them.
 WORKER_FIELDS = ('busy', 'wait', 'read', 'write', 'batches', 'samples', 'cpu', 'busy_sq',
@@ -43,7 +43,7 @@ def fn_names(fns) -> list[str]:
     Fused fns (loadr.decode) are named as they run, e.g.
     ``decode_jpeg+random_resized_crop`` then ``random_resized_crop(fused)``.
     """
-    from .decode import fuse
+    from ..decode import fuse
     seen: dict[str, int] = {}
     out = []
     for fn in fuse(fns):
