@@ -47,9 +47,13 @@ from ._accounting import (CONTENDED_SHARE, IO_BOUND_SHARE, MAX_STRIDE, STRIDE, T
                           TIMED_ROW_COST_US, TIMING_SHARE, WORKER_FIELDS, FillTimer, StageClock,
                           cores, fn_names, process_times, row_width, schedstat, worker_dict)
 from ._settle import settle
+from ._plot import PLOT_SIZE, plot
 from ._snapshot import NOT_BOTTLENECK_FRACTION, Stats, format_table
+from ._trace import TRACE_EVENTS, WORKER_RECORDS, TaskRing, Tracer, record_width, ring_rows
 
 __all__ = ['Stats', 'WORKER_FIELDS', 'STRIDE', 'MAX_STRIDE', 'TIMED_ROW_COST_US', 'TIMING_SHARE',
            'TIME_EVERY_ROW_US', 'format_table', 'StageClock', 'NOT_BOTTLENECK_FRACTION',
            'IO_BOUND_SHARE', 'CONTENDED_SHARE', 'fn_names', 'row_width', 'worker_dict', 'cores',
-           'settle', 'schedstat', 'process_times', 'FillTimer']
+           'settle', 'schedstat', 'process_times', 'FillTimer',
+           'Tracer', 'TaskRing', 'TRACE_EVENTS', 'WORKER_RECORDS', 'record_width', 'ring_rows',
+           'plot', 'PLOT_SIZE']

@@ -94,6 +94,8 @@ class StageClock:
         # see stages without the time that holds them.
         self._pending = None
         self._open = False              # a task is in hand and finish() not yet called
+        # A TaskRing (loadr.stats.Tracer) takes each task's span and stages; None: no trace.
+        self.trace = None
 
     def finish(self) -> None:
         """The task in hand is done but for its reply: count it before the reply goes, so
@@ -105,6 +107,8 @@ class StageClock:
             row = self.row
             if self._pending is not None:
                 self._commit(*self._pending)
+                if self.trace is not None:
+                    self.trace.task(self._busy_since, now, self._pending)
                 self._pending = None
             row[BUSY] += busy
             row[BUSY_SQ] += busy * busy
@@ -178,6 +182,9 @@ class StageClock:
         row[BUSY_SQ] += fill_s * fill_s
         row[CPU] += cpu_s
         row[SAMPLED] += fill_s
+        if self.trace is not None:
+            now = time.perf_counter()
+            self.trace.task(now - fill_s, now, (read, write, fns, samples, batches))
 
     def _commit(self, read: float, write: float, fns, samples: int, batches: int) -> None:
         row = self.row
