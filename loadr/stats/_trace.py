@@ -42,6 +42,8 @@ RECORD = ('pid', 'begin', 'end', 'task', 'position', 'count', 'filled', 'read', 
 PID, BEGIN, END, TASK, POSITION, COUNT, FILLED, READ, WRITE = range(len(RECORD))
 # Records a worker's ring holds between two drains (one at each batch handed out).
 WORKER_RECORDS = 256
+# The read-ahead counters are read at most this often (a copy of every worker's row).
+LEVELS_EVERY_S = 0.01
 # Events kept per process by default: the last ones.
 TRACE_EVENTS = 100_000
 CLOCK = time.get_clock_info('perf_counter').implementation
@@ -124,6 +126,7 @@ class Tracer:
         self.levels: collections.deque = collections.deque(maxlen=self.events)
         self._pool = None
         self._levels_seen = False
+        self._levels_at = 0.0
         self._seen: list[int] = []
         self._inline = None
 
@@ -151,9 +154,14 @@ class Tracer:
         pool = self._pool
         rings = getattr(pool, 'trace_rings', None) if pool is not None else None
         if rings is not None:
-            for wid, ring in enumerate(rings):
-                self._seen[wid] = self._take(ring, self._seen[wid], wid)
-            self._read_levels(pool)
+            seen = self._seen
+            for wid, written in enumerate(rings[:, 0, 0].tolist()):
+                if written != seen[wid]:
+                    seen[wid] = self._take(rings[wid], seen[wid], wid)
+            now = time.perf_counter()
+            if now - self._levels_at >= LEVELS_EVERY_S:
+                self._levels_at = now
+                self._read_levels(pool, now)
         if self._inline is not None:
             self._inline_seen = self._take(self._inline.rows, self._inline_seen, None)
 
@@ -164,27 +172,29 @@ class Tracer:
         records = len(ring) - 1
         first = max(seen, written - records)
         self.lost += first - seen
-        rows = [ring[1 + i % records].tolist() for i in range(first, written)]
-        # A record the worker overwrote while it was copied is dropped, not misread.
-        overwritten = int(ring[0, 0]) - records
-        for i, row in zip(range(first, written), rows):
-            if i < overwritten:
-                self.lost += 1
-                continue
+        a, b = 1 + first % records, 1 + (written - 1) % records + 1
+        rows = ring[a:b].tolist() if a < b else ring[a:].tolist() + ring[1:b].tolist()
+        # Records the worker overwrote while they were copied are dropped, not misread.
+        over = int(ring[0, 0]) - records - first
+        if over > 0:
+            self.lost += min(over, len(rows))
+            del rows[:over]
+        tasks = self.tasks
+        for row in rows:
             pid = int(row[PID])
-            if pid not in self.tasks:
-                self.tasks[pid] = collections.deque(maxlen=self.events)
+            kept = tasks.get(pid)
+            if kept is None:
+                kept = tasks[pid] = collections.deque(maxlen=self.events)
                 self.who[pid] = wid
-            self.tasks[pid].append(row)
-            if wid is not None:
-                self._pid_of[wid] = pid
+                if wid is not None:
+                    self._pid_of[wid] = pid
+            kept.append(row)
         return written
 
-    def _read_levels(self, pool) -> None:
+    def _read_levels(self, pool, now: float) -> None:
         # A remote reader's bytes read ahead and requests in flight, per worker, from the
         # stage counters' row (levels, not counts); none while they stay 0.
         rows = pool.stats_rows()
-        now = time.perf_counter()
         for wid, row in enumerate(rows):
             in_flight, ahead = float(row[_IN_FLIGHT]), float(row[_AHEAD])
             pid = self._pid_of.get(wid)

@@ -17,7 +17,7 @@ import pytest
 
 import loadr
 
-from ..loader_helpers import batch_digest, noisy, trivial
+from ..loader_helpers import batch_digest, noisy, slowed, trivial
 from ..test_cli import bag_pipeline, loadr_cmd
 
 pytestmark = pytest.mark.timeout(120)
@@ -140,13 +140,15 @@ def test_after_a_resume_the_trace_starts_at_the_resumed_step(tmp_path):
 
 def test_a_killed_workers_track_ends_and_its_replacements_begins(tmp_path):
     path = tmp_path / 'killed.trace.json'
-    with loadr.Loader(trivial(400), batch=4, fns=[DieOnce(tmp_path, 60), noisy], shuffle=False,
-                      seed=1, workers=2, trace=path) as loader:
+    # Tasks that take a while (a short sleep per datapoint), so that both workers, the
+    # replacement too, are needed once it has started.
+    with loadr.Loader(trivial(400), batch=4, fns=[DieOnce(tmp_path, 60), slowed(0.002)],
+                      shuffle=False, seed=1, workers=2, trace=path) as loader:
         it = iter(loader)
-        got = [next(it) for _ in range(30)]
+        got = [next(it) for _ in range(100)]
         assert loader._pool.restarts == 1
     assert os.path.exists(tmp_path / 'died')
-    assert [int(x) for b in got for x in b['label']] == list(range(120))
+    assert [int(x) for b in got for x in b['label']] == list(range(400))
     events = read_trace(path)
     check_valid(events)
     tracks: dict[str, list[int]] = {}
