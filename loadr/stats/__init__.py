@@ -33,6 +33,10 @@ than ``TIME_EVERY_ROW_US``) and scaled to the batch's measured time, so the
 clock costs about 1% of a trivial pipeline's worker time; ``busy`` (a batch in hand)
 is measured exactly per batch.
 
+A timeline of the same work, task by task, in the Trace Event format that
+ui.perfetto.dev and chrome://tracing open: :class:`Tracer` (``Loader(trace=...)``,
+``loader.trace(path)``). A picture of a run's snapshots: :func:`plot`.
+
 Example::
 
     >>> s = Stats(fn_names=['decode', 'crop'], elapsed_s=10.0, main_wait_s=0.05,

@@ -5,7 +5,7 @@ A worker writes one fixed-size record per task (:data:`RECORD`, then one column 
 into a ring of float64 rows beside its stage counters in the pool's status segment:
 the same shared memory ``loader.stats()`` reads, so nothing is pickled and no message
 is added. The first row of a ring is its header: how many records were ever written.
-The main process copies the new records out at each batch it hands out
+The main process copies the new records out every few batches it hands out
 (:meth:`Tracer.drain`) into a ring of its own per process, of the last ``events``
 records, so tracing a month of training holds a fixed amount of memory.
 
@@ -40,8 +40,11 @@ __all__ = ['Tracer', 'TaskRing', 'RECORD', 'WORKER_RECORDS', 'TRACE_EVENTS', 're
 # write, then one column per fn.
 RECORD = ('pid', 'begin', 'end', 'task', 'position', 'count', 'filled', 'read', 'write')
 PID, BEGIN, END, TASK, POSITION, COUNT, FILLED, READ, WRITE = range(len(RECORD))
-# Records a worker's ring holds between two drains (one at each batch handed out).
+# Records a worker's ring holds between two drains. A worker makes a task's record
+# for about every batch handed out (a few more while the window ramps up), so
+# draining every DRAIN_EVERY batches leaves room for the tasks in flight too.
 WORKER_RECORDS = 256
+DRAIN_EVERY = 16
 # The read-ahead counters are read at most this often (a copy of every worker's row).
 LEVELS_EVERY_S = 0.01
 # Events kept per process by default: the last ones.
@@ -127,8 +130,9 @@ class Tracer:
         self._pool = None
         self._levels_seen = False
         self._levels_at = 0.0
-        self._seen: list[int] = []
-        self._inline = None
+        self._seen: list[int] = []              # records read so far, per worker id
+        self._inline = None                     # workers=0: the ring of this process
+        self._inline_seen = 0
 
     # -- sources ---------------------------------------------------------
 
@@ -207,10 +211,11 @@ class Tracer:
     def handed(self, asked: float, handed: float, step: int, next_step: int, samples: int,
                in_flight: int | None = None, ready: int | None = None) -> None:
         """A batch went to the caller, who asked for it at ``asked``: its wait, the batch,
-        the window's depth; then the workers' new records."""
+        the window's depth; every ``DRAIN_EVERY`` batches, the workers' new records."""
         self.main.append((asked, handed, step, next_step, samples, in_flight, ready))
-        self.drain()
         self.handed_out += 1
+        if self.handed_out % DRAIN_EVERY == 0:
+            self.drain()
         if self.batches is not None and self.handed_out >= self.batches:
             self.done = True
 
