@@ -71,6 +71,19 @@ def check_valid(events: list[dict]) -> None:
             assert e['args'] and all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                      for v in e['args'].values()), e
     assert {pid for pid, _ in named} == {e['pid'] for e in events}    # every track named
+    # The spans of a track nest: each one ends before the next begins, or holds it whole.
+    by_track: dict = {}
+    for e in events:
+        if e['ph'] == 'X':
+            by_track.setdefault((e['pid'], e['tid']), []).append(e)
+    for track in by_track.values():
+        open_ends: list[float] = []
+        for e in sorted(track, key=lambda e: (e['ts'], -e['dur'])):
+            while open_ends and open_ends[-1] <= e['ts'] + 1e-3:
+                open_ends.pop()
+            end = e['ts'] + e['dur']
+            assert not open_ends or end <= open_ends[-1] + 1e-3, e
+            open_ends.append(end)
     # Stages nest inside their task: within its span, on its track.
     tasks = {}
     for e in events:
