@@ -6,8 +6,9 @@ into a ring of float64 rows beside its stage counters in the pool's status segme
 the same shared memory ``loader.stats()`` reads, so nothing is pickled and no message
 is added. The first row of a ring is its header: how many records were ever written.
 The main process copies the new records out every few batches it hands out
-(:meth:`Tracer.drain`) into a ring of its own per process, of the last ``events``
-records, so tracing a month of training holds a fixed amount of memory.
+(:meth:`Tracer.drain`) into a ring of its own per process (:class:`Rows`, one float64
+array), of the last ``events`` records, so tracing a month of training holds a fixed
+amount of memory: about ``8 * events * (9 + fns)`` bytes per worker process seen.
 
 The times are ``time.perf_counter()``, as the stage counters read them: on Linux that
 is ``clock_gettime(CLOCK_MONOTONIC)``, one clock for every process of a host (counted
@@ -23,15 +24,17 @@ not when.
 
 from __future__ import annotations
 
-import collections
 import json
+import math
 import os
 import threading
 import time
 
+import numpy as np
+
 from ._accounting import WORKER_FIELDS
 
-__all__ = ['Tracer', 'TaskRing', 'RECORD', 'WORKER_RECORDS', 'TRACE_EVENTS', 'record_width',
+__all__ = ['Tracer', 'TaskRing', 'Rows', 'RECORD', 'WORKER_RECORDS', 'TRACE_EVENTS', 'record_width',
            'ring_rows', 'CLOCK']
 
 # One task's record: the worker's pid, when the task came and when its reply was ready
@@ -101,6 +104,42 @@ class TaskRing:
         rows[0, 0] = n + 1
 
 
+class Rows:
+    """The last ``capacity`` rows of ``width`` float64 columns, in one array made once.
+
+    >>> kept = Rows(3, 2)
+    >>> kept.extend(np.arange(10.0).reshape(5, 2)); kept.append((10.0, 11.0))
+    >>> kept.rows().tolist(), kept.count
+    ([[6.0, 7.0], [8.0, 9.0], [10.0, 11.0]], 6)
+    """
+
+    def __init__(self, capacity: int, width: int):
+        # Pages never written are never resident: a short trace costs what it holds.
+        self.data = np.empty((capacity, width))
+        self.count = 0                  # rows ever added
+
+    def append(self, row) -> None:
+        self.data[self.count % len(self.data)] = row
+        self.count += 1
+
+    def extend(self, rows) -> None:
+        """Add the rows of a 2-D array, oldest first."""
+        capacity, n = len(self.data), len(rows)
+        if n > capacity:
+            self.count += n - capacity
+            rows, n = rows[-capacity:], capacity
+        self.data[(self.count + np.arange(n)) % capacity] = rows
+        self.count += n
+
+    def rows(self):
+        """The rows kept, oldest first."""
+        capacity = len(self.data)
+        if self.count <= capacity:
+            return self.data[:self.count]
+        at = self.count % capacity
+        return np.concatenate([self.data[at:], self.data[:at]])
+
+
 class Tracer:
     """The main process's side: its own events, the workers' records, the file.
 
@@ -118,15 +157,17 @@ class Tracer:
         self.handed_out = 0
         self.done = False
         self.pid = os.getpid()
-        self.main: collections.deque = collections.deque(maxlen=self.events)
-        # pid -> its task records; pid -> (worker id, None for the training process)
-        self.tasks: dict[int, collections.deque] = {}
+        # The training process's batches: asked, handed, step, next step, samples, tasks
+        # in flight, batches ready (NaN: no window to ask).
+        self.main = Rows(self.events, 7)
+        # pid -> its task records (Rows of RECORD); pid -> worker id (None: this process)
+        self.tasks: dict[int, Rows] = {}
         self.who: dict[int, int | None] = {}
         self.lost = 0                   # records overwritten in a worker before a drain
         self.tid = threading.get_native_id()
         # worker id -> its latest pid, and its read-ahead levels over time (counters)
         self._pid_of: dict[int, int] = {}
-        self.levels: collections.deque = collections.deque(maxlen=self.events)
+        self.levels = Rows(self.events, 4)      # when, pid, requests in flight, bytes ahead
         self._pool = None
         self._levels_seen = False
         self._levels_at = 0.0
@@ -144,7 +185,6 @@ class Tracer:
 
     def inline_ring(self) -> TaskRing:
         """A ring for the pipeline run in this process (``workers=0``)."""
-        import numpy as np
         self._inline = TaskRing(np.zeros((ring_rows(), record_width(len(self.fn_names)))))
         self._inline_seen = 0
         return self._inline
@@ -177,22 +217,21 @@ class Tracer:
         first = max(seen, written - records)
         self.lost += first - seen
         a, b = 1 + first % records, 1 + (written - 1) % records + 1
-        rows = ring[a:b].tolist() if a < b else ring[a:].tolist() + ring[1:b].tolist()
+        rows = ring[a:b].copy() if a < b else np.concatenate([ring[a:], ring[1:b]])
         # Records the worker overwrote while they were copied are dropped, not misread.
         over = int(ring[0, 0]) - records - first
         if over > 0:
             self.lost += min(over, len(rows))
-            del rows[:over]
-        tasks = self.tasks
-        for row in rows:
-            pid = int(row[PID])
-            kept = tasks.get(pid)
+            rows = rows[over:]
+        pids = rows[:, PID]
+        for pid in {int(p) for p in pids}:          # one, but where a worker was replaced
+            kept = self.tasks.get(pid)
             if kept is None:
-                kept = tasks[pid] = collections.deque(maxlen=self.events)
+                kept = self.tasks[pid] = Rows(self.events, rows.shape[1])
                 self.who[pid] = wid
-                if wid is not None:
-                    self._pid_of[wid] = pid
-            kept.append(row)
+            kept.extend(rows[pids == pid] if len(pids) > 1 else rows)
+            if wid is not None:
+                self._pid_of[wid] = int(pids[-1])
         return written
 
     def _read_levels(self, pool, now: float) -> None:
@@ -212,7 +251,9 @@ class Tracer:
                in_flight: int | None = None, ready: int | None = None) -> None:
         """A batch went to the caller, who asked for it at ``asked``: its wait, the batch,
         the window's depth; every ``DRAIN_EVERY`` batches, the workers' new records."""
-        self.main.append((asked, handed, step, next_step, samples, in_flight, ready))
+        self.main.append((asked, handed, step, next_step, samples,
+                          math.nan if in_flight is None else in_flight,
+                          math.nan if ready is None else ready))
         self.handed_out += 1
         if self.handed_out % DRAIN_EVERY == 0:
             self.drain()
@@ -228,7 +269,8 @@ class Tracer:
         events = [_meta(self.pid, self.tid, 'process_name', 'loadr: training process'),
                   _meta(self.pid, self.tid, 'process_sort_index', 0, key='sort_index'),
                   _meta(self.pid, self.tid, 'thread_name', 'iterating thread')]
-        for asked, handed, step, next_step, samples, in_flight, ready in self.main:
+        for asked, handed, step, next_step, samples, in_flight, ready in self.main.rows().tolist():
+            step, next_step, samples = int(step), int(next_step), int(samples)
             events.append({'name': 'loadr: wait for batch', 'cat': 'main', 'ph': 'X',
                            'ts': asked * us, 'dur': max(0.0, handed - asked) * us,
                            'pid': self.pid, 'tid': self.tid, 'args': {'step': step}})
@@ -236,14 +278,14 @@ class Tracer:
                            'ts': handed * us, 'pid': self.pid, 'tid': self.tid,
                            'args': {'step': step, 'next_step': next_step,
                                     'samples': samples}})
-            if in_flight is not None:
+            if not math.isnan(in_flight):
                 events.append({'name': 'window', 'cat': 'main', 'ph': 'C', 'ts': handed * us,
                                'pid': self.pid, 'tid': self.tid,
-                               'args': {'tasks in flight': in_flight,
-                                        'batches ready': ready or 0}})
-        for now, pid, in_flight, ahead in self.levels:
+                               'args': {'tasks in flight': int(in_flight),
+                                        'batches ready': int(ready)}})
+        for now, pid, in_flight, ahead in self.levels.rows().tolist():
             events.append({'name': 'read ahead', 'cat': 'worker', 'ph': 'C', 'ts': now * us,
-                           'pid': pid, 'tid': pid,
+                           'pid': int(pid), 'tid': int(pid),
                            'args': {'requests in flight': in_flight, 'bytes ahead': ahead}})
         stages = ['read', *self.fn_names, 'write']
         for pid, records in self.tasks.items():
@@ -255,7 +297,7 @@ class Tracer:
                 events += [_meta(pid, tid, 'process_name', f'loadr worker {wid}'),
                            _meta(pid, tid, 'process_sort_index', wid + 1, key='sort_index'),
                            _meta(pid, tid, 'thread_name', f'worker {wid} (pid {pid})')]
-            for row in records:
+            for row in records.rows().tolist():
                 begin, end = row[BEGIN], row[END]
                 events.append({'name': 'task', 'cat': 'worker', 'ph': 'X', 'ts': begin * us,
                                'dur': max(0.0, end - begin) * us, 'pid': pid, 'tid': tid,
