@@ -478,6 +478,8 @@ class Loader(LoaderState, LoaderStats):
     def _traced(self, asked: float, handed: float, step: int, plan) -> None:
         """A batch went out while tracing: record it; write the file after the last one."""
         tracer, window = self._tracer, self._window
+        if self._pool is None and tracer.inline is not None:
+            tracer.inline.label_last(self._batches_out - 1, plan.start, plan.count)
         tracer.handed(asked, handed, step, self.step, plan.count,
                       *((len(window.tasks), len(window.finished)) if self._pool is not None
                         else (None, None)))

@@ -103,6 +103,13 @@ class TaskRing:
                                       read, write, *fns]
         rows[0, 0] = n + 1
 
+    def label_last(self, task: int, position: int, count: int) -> None:
+        """Name the last record's task, made before it was known (``workers=0``: the
+        loader learns which batch it made once it is made)."""
+        n = int(self.rows[0, 0])
+        if n:
+            self.rows[1 + (n - 1) % self.records, TASK:COUNT + 1] = (task, position, count)
+
 
 class Rows:
     """The last ``capacity`` rows of ``width`` float64 columns, in one array made once.
@@ -187,6 +194,11 @@ class Tracer:
         """A ring for the pipeline run in this process (``workers=0``)."""
         self._inline = TaskRing(np.zeros((ring_rows(), record_width(len(self.fn_names)))))
         self._inline_seen = 0
+        return self._inline
+
+    @property
+    def inline(self) -> TaskRing | None:
+        """The ring of the pipeline run in this process, if any (:meth:`inline_ring`)."""
         return self._inline
 
     def detach(self) -> None:

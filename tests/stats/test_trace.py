@@ -130,14 +130,15 @@ def test_a_trace_is_valid_and_its_long_task_is_the_slow_one(tmp_path):
     assert {'loadr: training process', 'loadr worker 0', 'loadr worker 1'} <= names
 
 
-def test_after_a_resume_the_trace_starts_at_the_resumed_step(tmp_path):
+@pytest.mark.parametrize('workers', [0, 2])
+def test_after_a_resume_the_trace_starts_at_the_resumed_step(tmp_path, workers):
     with loadr.Loader(trivial(400), batch=8, fns=[noisy], seed=5, workers=2) as first:
         it = iter(first)
         for _ in range(5):
             next(it)
         state = first.save()
     path = tmp_path / 'resumed.trace.json'
-    with loadr.Loader(trivial(400), batch=8, fns=[noisy], seed=5, workers=2,
+    with loadr.Loader(trivial(400), batch=8, fns=[noisy], seed=5, workers=workers,
                       trace=path) as loader:
         loader.load(state)
         it = iter(loader)
