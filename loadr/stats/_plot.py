@@ -24,13 +24,13 @@ def plot(stats, path, size: tuple[int, int] = PLOT_SIZE) -> str:
     snapshots at a time; one point, the average, for a single one), the bottom one each
     worker's time as a stacked bar of its stages (read, each fn, write, other, wait)
     in shares of that worker's time; the title is the last snapshot's verdict.
-    Needs matplotlib (``pip install 'loadr[plot]'``).
+    Needs matplotlib (``pip install matplotlib``; the ``plot`` extra).
     """
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("loadr.stats.plot needs matplotlib: pip install matplotlib "
-                          "(or loadr[plot])") from None
+        raise ImportError('loadr.stats.plot needs matplotlib, which is not installed: '
+                          'pip install matplotlib') from None
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
