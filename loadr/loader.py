@@ -463,6 +463,8 @@ class Loader(LoaderState, LoaderStats):
         >>> _ = next(iter(loader)); os.path.exists(path)
         True
         """
+        if self.closed:
+            raise LoadrError('this loader is closed')
         if batches is not None:
             _whole('batches', batches, 1)
         if self._tracer is not None:
