@@ -224,6 +224,8 @@ def test_a_trace_keeps_the_last_events_of_each_process(tmp_path):
     tasks = spans(events, 'task', 'worker')
     assert len(tasks) == 6
     assert max(t['args']['position'] for t in tasks) >= 4 * 39
+    with pytest.raises(loadr.LoadrError, match='closed'):
+        loader.trace(tmp_path / 'never.json')           # closed: it would never be written
 
 
 def test_import_loadr_never_imports_torch_or_matplotlib():
