@@ -1,6 +1,6 @@
 """CPU per sample of loaders run in alternating bursts in one process: paired figures.
 
-``python -m benchmarks.paired [--before DIR] [--peers torch] [--bursts 30]``
+``python -m benchmarks.paired [--before DIR] [--peers torch] [--traced] [--bursts 30]``
 
 On a shared machine whole runs a minute apart differ by more than a hot-path
 change saves (loadr's trivial CPU per sample moved from 6 to 12 us between
@@ -16,7 +16,9 @@ The contenders:
 - ``loadr``: the loadr this runs from;
 - ``before``: the loadr package of another checkout (``--before DIR``, e.g.
   ``git worktree add /tmp/before <rev>``), imported as ``loadr_before``;
-- ``torch``: torch's DataLoader, persistent workers (``--peers torch``).
+- ``torch``: torch's DataLoader, persistent workers (``--peers torch``);
+- ``traced``: this loadr with its timeline on (``--traced``; ``Loader(trace=...)``,
+  written to a temporary file at the end): what tracing costs.
 
 Between its bursts a contender's workers fill their prefetch window and then
 wait, which costs nothing; the batches they made meanwhile are handed out at
@@ -61,9 +63,9 @@ def _import_before(path: str):
     return module
 
 
-def _start_loadr(module, data: W.Data, workers: int):
+def _start_loadr(module, data: W.Data, workers: int, **kw):
     loader = module.Loader(data.reader, batch=data.batch, fns=[W.identity_fn], shuffle=True,
-                           seed=SEED, workers=workers)
+                           seed=SEED, workers=workers, **kw)
     return iter(loader), loader.close
 
 
@@ -144,6 +146,8 @@ def main(argv=None) -> int:
     p.add_argument('--n', type=int, default=50_000, help='datapoints (default 50,000)')
     p.add_argument('--bursts', type=int, default=30)
     p.add_argument('--burst-batches', type=int, default=120)
+    p.add_argument('--traced', action='store_true',
+                   help="run this loadr with its timeline on too, as 'traced'")
     p.add_argument('--json', help='write the per-burst figures here')
     args = p.parse_args(argv)
 
@@ -153,6 +157,10 @@ def main(argv=None) -> int:
     if args.before:
         before = _import_before(args.before)
         starts['before'] = lambda d, w: _start_loadr(before, d, w)
+    if args.traced:
+        import tempfile
+        trace = os.path.join(tempfile.mkdtemp(), 'paired.trace.json')
+        starts['traced'] = lambda d, w: _start_loadr(loadr, d, w, trace=trace)
     peers = [x for x in args.peers.split(',') if x]
     if 'torch' in peers:
         if not available('torch'):

@@ -47,7 +47,8 @@ from . import state as state_fields
 from .state import STATE_VERSION
 from .order import ORDER_VERSION, check_seed, check_version, order_for
 from .sources import hooks_of
-from .stats import StageClock, Stats, cores, fn_names, row_width
+from .stats import (TRACE_EVENTS, WORKER_RECORDS, StageClock, Stats, Tracer, cores, fn_names,
+                    row_width)
 from .workers import protocol
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
 from .workers.worker import most_tasks_held, tasks_held
@@ -123,6 +124,8 @@ class Loader(LoaderState, LoaderStats):
         raises, its exception reaches the caller and the batch is not handed
         out: the step stays before it (so does a state saved now), and the
         iterator's next ``next()`` yields it, calling ``on_stats`` again.
+      trace: a path: record a timeline of the loader (:meth:`trace`) from the first
+        batch, written there by :meth:`close`. None (default): no trace.
 
     ``loader.stats()`` says where the time goes (:class:`loadr.stats.Stats`:
     per-stage seconds of every worker, the caller's waiting, rates, a
@@ -150,7 +153,7 @@ class Loader(LoaderState, LoaderStats):
                  on_error: str = 'raise', max_error_fraction: float = 0.01,
                  timeout: float | None = DEFAULT_TASK_TIMEOUT_S, start_method: str | None = None,
                  order_version: int | None = None, stats_every: int | None = None,
-                 on_stats=None):
+                 on_stats=None, trace=None):
         # Every numeric setting is checked here, once: finite and in range.
         _whole('batch', batch, 1, MAX_BATCH)
         auto_workers, auto_prefetch = workers == 'auto', prefetch == 'auto'
@@ -254,6 +257,9 @@ class Loader(LoaderState, LoaderStats):
         self.settled = None
         if (auto_workers or auto_prefetch) and self.workers > 0:
             self._auto = (auto_workers, auto_prefetch)
+        self._tracer = None
+        if trace is not None:
+            self.trace(trace)
 
     # -- spec ----------------------------------------------------------------
 
@@ -416,7 +422,10 @@ class Loader(LoaderState, LoaderStats):
                 try:
                     self._count_errors(plan, replaced)
                     self.step = plan.next_step
-                    self._handed(time.perf_counter() - asked)
+                    handed = time.perf_counter()
+                    self._handed(handed - asked)
+                    if self._tracer is not None:
+                        self._traced(asked, handed, mark[0], plan)
                 except BaseException:
                     # The batch is not handed out (on_stats or the error budget raised):
                     # it stays due, counted nowhere; the iterator's next next() (or a
@@ -430,6 +439,58 @@ class Loader(LoaderState, LoaderStats):
         finally:
             if window is not None:
                 window.end(gen)
+
+    # -- trace ---------------------------------------------------------------
+
+    def trace(self, path, batches: int | None = None, events: int = TRACE_EVENTS) -> None:
+        """Record a timeline of this loader into ``path`` (Trace Event JSON: open it in
+        ui.perfetto.dev, Open trace file, or chrome://tracing).
+
+        From the next batch asked for: each worker's tasks (a track per worker process,
+        a span per task with its stages inside: read, each fn by name, write), the
+        caller's waits for batches and each batch handed out (with its step), the
+        window's depth, and a remote reader's bytes read ahead and requests in flight.
+        With ``batches=N`` the file is written once N batches have been handed out and
+        tracing stops; with None (default) it is written by :meth:`close`. Only the
+        last ``events`` events of each process
+        are kept. Workers already running without a trace are started again at the next
+        batch (the stream is the same): call it before iterating to avoid that. Batches
+        are the same with tracing on or off. A trace begun earlier is written first.
+
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), 'run.trace.json')
+        >>> loader = Loader([{'x': i} for i in range(8)], batch=4, workers=0)
+        >>> loader.trace(path, batches=1)
+        >>> _ = next(iter(loader)); os.path.exists(path)
+        True
+        """
+        if self.closed:
+            raise LoadrError('this loader is closed')
+        if batches is not None:
+            _whole('batches', batches, 1)
+        if self._tracer is not None:
+            self._tracer.write()
+        self._tracer = Tracer(path, fn_names(self.fns), batches, _whole('events', events, 1))
+        if self._pool is not None and getattr(self._pool, 'trace_rings', None) is None:
+            self._close_window()        # its workers have no ring: they start again
+        elif self._pool is not None:
+            self._tracer.attach(self._pool)
+        elif self._window is not None:
+            self._window.asm.clock.trace = self._tracer.inline_ring()
+
+    def _traced(self, asked: float, handed: float, step: int, plan) -> None:
+        """A batch went out while tracing: record it; write the file after the last one."""
+        tracer, window = self._tracer, self._window
+        if self._pool is None and tracer.inline is not None:
+            tracer.inline.label_last(self._batches_out - 1, plan.start, plan.count)
+        tracer.handed(asked, handed, step, self.step, plan.count,
+                      *((len(window.tasks), len(window.finished)) if self._pool is not None
+                        else (None, None)))
+        if tracer.done:
+            self._tracer = None
+            if self._pool is None and self._window is not None:
+                self._window.asm.clock.trace = None
+            tracer.write()
 
     # -- stats ---------------------------------------------------------------
 
@@ -552,6 +613,8 @@ class Loader(LoaderState, LoaderStats):
             if self._inline_row is None:
                 self._inline_row = np.zeros((1, row_width(len(self.fns))))
             asm.clock = StageClock(self._inline_row[0], len(self.fns), inline=True)
+            if self._tracer is not None:
+                asm.clock.trace = self._tracer.inline_ring()
             self._window = InlineWindow(asm, fields, functools.partial(
                 order_for, self.reader, shuffle=self.shuffle, version=self.order_version))
             return self._window
@@ -572,7 +635,8 @@ class Loader(LoaderState, LoaderStats):
                 self.order_version, init_fn=self._worker_init_fn, needed_slots=needed,
                 # No fork while the warm-up's reads are under way; it goes on while the
                 # pool makes its shared memory.
-                before_fork=None if warming is None else warming.join)
+                before_fork=None if warming is None else warming.join,
+                trace_records=WORKER_RECORDS if self._tracer is not None else 0)
         except BaseException:
             self._warming = warming         # a next try joins it (if it still runs)
             raise
@@ -583,6 +647,8 @@ class Loader(LoaderState, LoaderStats):
                 if forked is not None:
                     forked()
         self._finalizer = weakref.finalize(self, self._pool.close)
+        if self._tracer is not None:
+            self._tracer.attach(self._pool)
         list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
         self._window = Window(self._pool, self.prefetch, self.workers, list_keys, self.ring)
         return self._window
@@ -596,6 +662,9 @@ class Loader(LoaderState, LoaderStats):
 
     def _close_window(self) -> None:
         pool = self._pool
+        if self._tracer is not None:
+            self._tracer.drain()        # the workers' last records, while they are mapped
+            self._tracer.detach()
         if self._window is not None:
             self._window.reset()
         if pool is not None:
@@ -624,6 +693,9 @@ class Loader(LoaderState, LoaderStats):
         if self._t_start is not None and self._t_end is None:
             self._t_end = time.perf_counter()
         self._close_window()
+        if self._tracer is not None:
+            tracer, self._tracer = self._tracer, None
+            tracer.write()
         if self._source is not None:
             from .shared import release
             release(self._source, self.reader)

@@ -53,9 +53,11 @@ from .torch_args import _OWN_ARGS, DataLoaderArgs, rank_and_world_size
 from .torch_tensors import (CUDA_HOST_REGISTER_DEFAULT, _SlotPinner, _tensor, _to_device,
                             _values, to_torch)
 
-__all__ = ['DataLoader', 'rank_and_world_size', 'to_torch', 'STATE_VERSION']
+__all__ = ['DataLoader', 'rank_and_world_size', 'to_torch', 'STATE_VERSION', 'WAIT_RANGE']
 
 STATE_VERSION = 1
+# The name of the training loop's waits for a batch in the PyTorch profiler's trace.
+WAIT_RANGE = 'loadr: wait for batch'
 
 
 def _release(pinner, loader) -> None:
@@ -111,7 +113,10 @@ class _Epoch:
                 self._over = True
                 raise StopIteration
         try:
-            return next(self._gen)
+            # A range of its own in the PyTorch profiler's trace: data stalls show beside
+            # the model's kernels (next to nothing when no profiler runs).
+            with torch.profiler.record_function(WAIT_RANGE):
+                return next(self._gen)
         except StopIteration:
             raise
         except BaseException:

@@ -142,16 +142,30 @@ def test_paired_bursts_give_each_contender_its_figures(tmp_path):
     # time, as loadr_before, it runs beside loadr in the same process.
     out = tmp_path / 'paired.json'
     cmd = [sys.executable, '-m', 'benchmarks.paired', '--before', ROOT, '--peers', 'torch',
-           '--bursts', '2', '--burst-batches', '3', '--n', '2048', '--json', str(out)]
+           '--traced', '--bursts', '2', '--burst-batches', '3', '--n', '2048', '--json', str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [line.strip('|').split('|')[0].strip() for line in proc.stdout.splitlines()
             if line.startswith('| ') and not line.startswith('| contender')]
-    assert rows == ['loadr', 'before', 'torch']
+    assert rows == ['loadr', 'before', 'traced', 'torch']
     figures = json.loads(out.read_text())
     assert sorted(figures) == ['before', 'before main', 'loadr', 'loadr main', 'torch',
-                               'torch main']
+                               'torch main', 'traced', 'traced main']
     assert all(len(v) == 2 for v in figures.values())
+
+
+def test_trace_picture_draws_a_trace(tmp_path):
+    pytest.importorskip('matplotlib')
+    import loadr
+    trace = tmp_path / 'run.trace.json'
+    with loadr.Loader([{'x': i} for i in range(64)], batch=4, workers=1, trace=trace) as loader:
+        for _ in zip(range(8), loader):
+            pass
+    png = tmp_path / 'trace.png'
+    cmd = [sys.executable, '-m', 'benchmarks.trace_picture', str(trace), str(png)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
 def test_memory_benchmark_prints_its_table():

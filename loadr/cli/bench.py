@@ -1,12 +1,14 @@
-"""``loadr bench``: a pipeline's throughput for each worker count (a table, a plot)."""
+"""``loadr bench``: a pipeline's throughput for each worker count (a table; a plot and a
+trace of the last count)."""
 
 from __future__ import annotations
-
-import os
 
 from ..errors import ConfigError
 from ..progress import Progress
 from .common import EXIT_OK, _batch_size, _out
+
+
+PLOT_POINTS = 50
 
 
 def _load_pipeline(path: str, overrides: list, extra: dict | None = None):
@@ -35,24 +37,32 @@ def cmd_bench(args) -> int:
     counts = _worker_counts(args.workers)
     if args.plot:
         try:
-            import matplotlib
+            import matplotlib  # noqa: F401
         except ImportError:
             # matplotlib by name: "loadr[bench]" would fetch another project of that
             # name from the package index (and the bench extra pins torch and more).
             raise ConfigError("--plot needs matplotlib, which is not installed: "
                               "pip install matplotlib; "
                               "or leave out --plot for the table alone") from None
-    rows, profiles = [], []
-    for workers in counts:
+    rows, profiles, snapshots = [], [], []
+    # The plot's snapshots: about PLOT_POINTS over the timed batches.
+    every = max(1, args.steps // PLOT_POINTS)
+    for k, workers in enumerate(counts):
         _, loader = _load_pipeline(args.pipeline, args.override, {'loader.workers': workers})
+        last = k == len(counts) - 1
+        if last and args.trace:
+            loader.trace(args.trace)            # written when the loader closes
         with loader:
             it = iter(loader)
             for _ in range(args.warmup):          # starts the workers, fills the prefetch
                 next(it)
             before = loader.stats()
+            snapshots = [before]
             bar = Progress(total=args.steps, unit='batches', label=f'bench workers={workers}')
-            for _ in range(args.steps):
+            for i in range(args.steps):
                 bar.update(1, samples=_batch_size(next(it)))
+                if last and args.plot and (i + 1) % every == 0:
+                    snapshots.append(loader.stats())
             bar.close()
             profiles.append((workers, loader.stats().since(before)))
         rate, sample_rate = bar.rates()
@@ -66,17 +76,11 @@ def cmd_bench(args) -> int:
         _out('')
         _out(f'workers={workers}:')
         _out(format_table(stats))
+    if args.trace:
+        _out(f'trace of workers={counts[-1]} written to {args.trace} (open it in '
+             f'ui.perfetto.dev or chrome://tracing)')
     if args.plot:
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.plot([r[0] for r in rows], [r[2] for r in rows], marker='o')
-        ax.set_xlabel('workers')
-        ax.set_ylabel('samples/s')
-        ax.set_title(os.path.basename(args.pipeline))
-        ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(args.plot)
-        plt.close(fig)
-        _out(f'plot written to {args.plot}')
+        from ..stats import plot
+        plot([s.since(snapshots[0]) for s in snapshots[1:]] or [profiles[-1][1]], args.plot)
+        _out(f'plot of workers={counts[-1]} written to {args.plot}')
     return EXIT_OK

@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
                         'to PATH, every --stats-every batches and at the end')
     p.add_argument('--stats-every', type=_positive, default=10, metavar='N',
                    help='batches between two --stats-file lines (default 10)')
+    p.add_argument('--trace', metavar='PATH',
+                   help='write a timeline of the run (Trace Event JSON: open it in '
+                        'ui.perfetto.dev or chrome://tracing) to PATH at the end')
 
     p = _command(sub, 'inspect', cmd_inspect,
                  'Show a dataset: format, datapoints, spec, size on disk, and one datapoint '
@@ -250,8 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     _ingest_options(q, 'gulp', video=True)
 
     p = _command(sub, 'bench', cmd_bench,
-                 'Measure a pipeline\'s throughput for each worker count; a table, and a '
-                 'plot with --plot (needs matplotlib).',
+                 'Measure a pipeline\'s throughput for each worker count; a table, and for '
+                 'the last count a plot with --plot (needs matplotlib) and a timeline with '
+                 '--trace.',
                  'loadr bench configs/imagenet_bag.yaml --workers 1,2,4,8 --steps 50 '
                  '--plot bench.png', parents)
     p.add_argument('pipeline', help='the pipeline YAML file')
@@ -260,7 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--warmup', type=int, default=2, help='untimed batches first (default 2)')
     p.add_argument('-o', '--override', action='append', default=[], metavar='KEY=VALUE',
                    help='change one setting, as for run')
-    p.add_argument('--plot', metavar='PNG', help='draw samples/s against workers into this file')
+    p.add_argument('--plot', metavar='PNG',
+                   help="draw the last count's samples/s over time and each worker's stage "
+                        'shares into this file, the verdict as its title')
+    p.add_argument('--trace', metavar='PATH',
+                   help="write a timeline of the last count's run (Trace Event JSON, for "
+                        'ui.perfetto.dev or chrome://tracing) to this file')
     return parser
 
 

@@ -82,6 +82,8 @@ def cmd_run(args) -> int:
     for text in new:
         config.override(*parse_override(text), cwd=cwd)
     loader = config.build()
+    if getattr(args, 'trace', None):
+        loader.trace(args.trace)            # written when the loader closes
     with loader:
         if loader_state is not None:
             try:

@@ -53,7 +53,7 @@ import zmq
 
 from .. import pids
 from . import protocol
-from ..stats import row_width
+from ..stats import record_width, ring_rows, row_width
 from .inherited import note, open_files
 from .ledger import MAX_DEATHS_PER_POSITION, Ledger, exit_text
 from .memory import frozen_for_fork, private_bytes, resident, steady_memory_default
@@ -284,7 +284,8 @@ class WorkerPool:
                  shuffle: bool, on_error: str, start_method: str = 'spawn',
                  task_timeout_s: float | None = None, order_version: int | None = None,
                  steady_memory: bool | None = None, shm_bytes: int | None = None,
-                 init_fn=None, needed_slots: int | None = None, before_fork=None):
+                 init_fn=None, needed_slots: int | None = None, before_fork=None,
+                 trace_records: int = 0):
         import multiprocess
 
         self.closed = False
@@ -298,6 +299,10 @@ class WorkerPool:
         self._dir = self._shm_dir = None
         self._ctx = self._sock = None
         self._stats_rows = None
+        # Each worker's ring of task records for a trace (loadr.stats.TaskRing), after the
+        # stage counters; None when not tracing.
+        self.trace_rings = None
+        self._trace_records = trace_records
         self._uss = None                    # (when, {worker id: USS bytes}): private_memory()
         self.stats_width = row_width(len(fns))
         self._init_fn = init_fn             # each worker calls it once with its id
@@ -360,12 +365,19 @@ class WorkerPool:
         # float64 row it adds to per batch, read here for loader.stats() with no
         # messages. A few hundred bytes, left out of the budget (whose unit is a slot).
         stats_bytes = 8 * workers * self.stats_width
-        self._status = make('status', status_bytes + stats_bytes)
+        trace_records = self._trace_records
+        ring_shape = (workers, ring_rows(trace_records), record_width(len(fns)))
+        trace_bytes = 8 * int(np.prod(ring_shape)) if trace_records else 0
+        self._status = make('status', status_bytes + stats_bytes + trace_bytes)
         held.segments.append(self._status)
         self._stats_rows = np.ndarray((workers, self.stats_width), dtype=np.float64,
                                       buffer=self._status.buf, offset=status_bytes)
         self._stats_rows[:] = 0.0
         held.stats_rows = self._stats_rows
+        if trace_records:
+            self.trace_rings = np.ndarray(ring_shape, dtype=np.float64, buffer=self._status.buf,
+                                          offset=status_bytes + stats_bytes)
+            self.trace_rings[:] = 0.0
         cells = StatusCells(self._status.buf, workers)
         self.progress = cells.progress_rows()
         self.progress[:] = -1           # [position, index] in hand; -1: none yet
@@ -390,7 +402,7 @@ class WorkerPool:
             status_spec=self._status.spec, owned_dirs=list(held.dirs),
             parent_pid=os.getpid(), parent_start=None if me is None else me[2], n=n,
             shuffle=shuffle, on_error=on_error, endpoint=self.endpoint, workers=workers,
-            order_version=order_version, init_fn=self._init_fn,
+            order_version=order_version, init_fn=self._init_fn, trace_records=trace_records,
             steady_memory=steady_memory_default() if steady_memory is None else steady_memory)
         self.task_timeout_s = task_timeout_s
         self.max_tasks = most_tasks_held(reader)
@@ -695,4 +707,5 @@ class WorkerPool:
         self.closed = True
         self.views = []
         self.progress = self._cancelled = self._beats = self._wants = self._stats_rows = None
+        self.trace_rings = None
         _release(self._held)

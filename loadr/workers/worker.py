@@ -28,10 +28,12 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..assemble import Assembler, Cancelled, SampleFailure
 from ..order import ORDER_VERSION, order_for
 from ..sources import hooks_of
-from ..stats import StageClock, row_width, schedstat
+from ..stats import StageClock, TaskRing, record_width, ring_rows, row_width, schedstat
 from ..storage import netstats
 from . import memory, protocol
 from .shm import Segment, StatusCells
@@ -100,6 +102,7 @@ class WorkerArgs:
     steady_memory: bool = True  # glibc malloc thresholds for a steady heap (memory.py)
     shared_files: tuple = ()    # files the dataset held open at the fork (inherited.py)
     init_fn: object = None      # called as init_fn(wid) once, before the first task
+    trace_records: int = 0      # a ring of this many task records for a trace; 0: none
 
 
 def _parent_alive(args: WorkerArgs) -> bool:
@@ -166,6 +169,12 @@ class Steps:
         self.clock = self.asm.clock = StageClock(
             memoryview(status_buf).cast('B')[at:at + width].cast('d'), len(args.fns),
             sched=schedstat())
+        if args.trace_records:
+            # The trace's ring of task records: after every worker's counters (pool.py).
+            shape = (ring_rows(args.trace_records), record_width(len(args.fns)))
+            at = StatusCells.nbytes(args.workers) + width * args.workers \
+                + 8 * shape[0] * shape[1] * args.wid
+            self.clock.trace = TaskRing(np.ndarray(shape, np.float64, status_buf, at))
         self.orders: dict[int, object] = {}
         self.order_version = ORDER_VERSION if args.order_version is None \
             else args.order_version
@@ -242,6 +251,8 @@ class Steps:
         """Make ``task``'s rows in its slot: the reply (DONE, or FAIL naming the sample)."""
         progress, wid = self.progress, self.args.wid
         count, row = task.count, task.row
+        if self.clock.trace is not None:
+            self.clock.trace.current = (task.task_id, task.start, count)
         if self.reads_ahead:
             t0, waited0, bytes0 = time.perf_counter(), netstats.wait_s(), \
                 netstats.fetched_bytes()

@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from .accounting import IO_BOUND_SHARE
+from ._accounting import IO_BOUND_SHARE
 
 if TYPE_CHECKING:
-    from .stats import Stats
+    from ._snapshot import Stats
 
 AUTO_HEADROOM = 1.25        # workers for 125% of the measured need: room for jitter
 AUTO_IO_FACTOR = 4          # at most this many workers per core, for I/O-bound workers

@@ -2,13 +2,13 @@
 counters (:data:`WORKER_FIELDS`, then one per fn), the clock that fills it
 (:class:`StageClock`), the sampled timing of a batch's rows (:class:`FillTimer`),
 and what the kernel says of a process's CPU time (:func:`process_times`,
-:func:`schedstat`). The module docstring of :mod:`loadr.stats` describes the stages."""
+:func:`schedstat`). The docstring of :mod:`loadr.stats` describes the stages."""
 
 from __future__ import annotations
 
 import time
 
-from .storage import netstats
+from ..storage import netstats
 
 # The fixed counters of a worker's row; one counter per fn follows them.
 WORKER_FIELDS = ('busy', 'wait', 'read', 'write', 'batches', 'samples', 'cpu', 'busy_sq',
@@ -43,7 +43,7 @@ def fn_names(fns) -> list[str]:
     Fused fns (loadr.decode) are named as they run, e.g.
     ``decode_jpeg+random_resized_crop`` then ``random_resized_crop(fused)``.
     """
-    from .decode import fuse
+    from ..decode import fuse
     seen: dict[str, int] = {}
     out = []
     for fn in fuse(fns):
@@ -94,6 +94,8 @@ class StageClock:
         # see stages without the time that holds them.
         self._pending = None
         self._open = False              # a task is in hand and finish() not yet called
+        # A TaskRing (loadr.stats.Tracer) takes each task's span and stages; None: no trace.
+        self.trace = None
 
     def finish(self) -> None:
         """The task in hand is done but for its reply: count it before the reply goes, so
@@ -105,6 +107,8 @@ class StageClock:
             row = self.row
             if self._pending is not None:
                 self._commit(*self._pending)
+                if self.trace is not None:
+                    self.trace.task(self._busy_since, now, self._pending)
                 self._pending = None
             row[BUSY] += busy
             row[BUSY_SQ] += busy * busy
@@ -178,6 +182,9 @@ class StageClock:
         row[BUSY_SQ] += fill_s * fill_s
         row[CPU] += cpu_s
         row[SAMPLED] += fill_s
+        if self.trace is not None:
+            now = time.perf_counter()
+            self.trace.task(now - fill_s, now, (read, write, fns, samples, batches))
 
     def _commit(self, read: float, write: float, fns, samples: int, batches: int) -> None:
         row = self.row

@@ -20,7 +20,7 @@ import pytest
 import loadr
 from loadr.stats import Stats, cores
 
-from .loader_helpers import batch_digest, noisy, trivial
+from ..loader_helpers import batch_digest, noisy, trivial
 
 pytestmark = pytest.mark.timeout(120)
 
