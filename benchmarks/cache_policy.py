@@ -1,4 +1,4 @@
-"""The local range cache (issue 13): evicting the furthest next use against LRU, by simulation.
+"""The local range cache: evicting the furthest next use against LRU, by simulation.
 
 ``python -m benchmarks.cache_policy`` reads a simulated remote dataset through
 a :class:`loadr.storage.cache.RangeCache` on real files (a temporary directory), for
@@ -38,7 +38,7 @@ boundary (``x < C`` in records); a range survives while fewer than ``C``
 others are read, so it hits when ``x + y < C``: a fraction ``c**2 / 2`` of
 the records (0.125% at 5%). Hence the ratio of bytes fetched, furthest ÷ LRU,
 is about ``(1 - c) / (1 - c**2 / 2)``: 0.951 at 5%, i.e. about 5% fewer bytes,
-not the 25% fewer that issue 13 hoped for at 5%. 25% fewer needs ``c`` of
+not the 25% fewer that the target hoped for at 5%. 25% fewer needs ``c`` of
 about 28% (``0.375 c**2 - c + 0.25 = 0``); ``--cache-fraction 0.3`` shows it.
 The simulation measures exactly this: it is the policy, not the simulation,
 that cannot do better (what we know of the future cannot make a record come
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
             for e in range(1, args.epochs)))
         print(f'Bound (module docstring): any policy fetches >= {1 - c:.3f} of an epoch after '
               f'the first; LRU about {1 - c * c / 2:.4f}; ratio about '
-              f'{(1 - c) / (1 - c * c / 2):.3f}. Issue 13 asks for <= 0.75 at 5%.')
+              f'{(1 - c) / (1 - c * c / 2):.3f}. The target asks for <= 0.75 at 5%.')
 
         if args.cost_entries:
             cost = offer_cost(os.path.join(tmp, 'cost'), args.cost_entries, args.batch)

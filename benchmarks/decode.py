@@ -1,4 +1,4 @@
-"""``python -m benchmarks.decode``: CPU per sample of decoding JPEGs for a crop (issue 22).
+"""``python -m benchmarks.decode``: CPU per sample of decoding JPEGs for a crop.
 
 One process, one core, ``time.process_time`` per sample (CPU, not wall: a
 shared machine's other jobs do not count), the best of ``--runs`` rounds.
@@ -29,7 +29,7 @@ grain, as ``benchmarks.workloads``) and makes the same crops:
 - ``floor``: simplejpeg at 1/8 scale with no crop or resize: the Huffman
   decoding of the whole file, which no region or DCT scale avoids.
 
-The ratio column is CPU ÷ the plain loop's; the targets (issue 22) are
+The ratio column is CPU ÷ the plain loop's; the targets are
 ≤ 0.6 (375×500), ≤ 0.3 (1600×1200) and ≤ 0.8 (center_crop after resize(256)).
 
 Example::
@@ -53,7 +53,7 @@ __all__ = ['main', 'run', 'markdown', 'targets', 'pictures', 'CASES']
 
 QUALITY = 90
 OUT = 224
-# (name, (height, width), pipeline): the workloads of issue 22's table.
+# (name, (height, width), pipeline): the workloads of the targets' table.
 CASES = (
     ('rrc 375x500', (375, 500), 'rrc'),
     ('rrc 1600x1200', (1200, 1600), 'rrc'),
@@ -368,7 +368,7 @@ def markdown(res: dict) -> str:
 
 
 def targets(res: dict) -> list[tuple[str, str, bool]]:
-    """``(target, figure, met)`` for each case of issue 22's table that ran."""
+    """``(target, figure, met)`` for each case of the targets' table that ran."""
     out = []
     for case in res['cases']:
         ratio = case['rows']['loadr'] / case['rows']['plain']

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.decode_loaders``: samples/s of the JPEG pipelines, W workers (issue 22).
+"""``python -m benchmarks.decode_loaders``: samples/s of the JPEG pipelines, W workers.
 
 :mod:`benchmarks.decode` gives CPU per sample on one core; this runs the same
 pipelines as users run them, in loaders with ``--workers`` processes, wall

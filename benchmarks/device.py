@@ -1,6 +1,6 @@
 """``python -m benchmarks --device-report``: the figures for a lent many-core GPU machine.
 
-Meant for a 16-core host with a GPU (issue 15); on any other machine it does
+Meant for a 16-core host with a GPU; on any other machine it does
 the CPU parts and says what it left out. On the image workload (distinct
 375×500 q90 JPEGs, Pillow decode + random crop 224 + flip, batch 64):
 

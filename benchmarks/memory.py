@@ -1,6 +1,6 @@
-"""Workers' memory with a big in-memory list, loadr shared and not, beside torch (issue 27).
+"""Workers' memory with a big in-memory list, loadr shared and not, beside torch.
 
-The list is the issue's: ``n`` small dicts ``{'label': int, 'name': str,
+The list: ``n`` small dicts ``{'label': int, 'name': str,
 'box': [4 floats]}`` (1,000,000 take ~520 MiB as Python objects), batch
 256, shuffled, ``--workers`` forked workers, ``--epochs`` epochs. Each
 contender runs in a fresh process of its own (``--one``), so that none
@@ -16,13 +16,13 @@ inherits another's memory; printed per contender:
 - samples/s over the epochs after the first batch.
 
 Contenders: ``loadr`` (the list shared, ``LOADR_SHARE=1``), ``loadr-copy``
-(``LOADR_SHARE=0``, as before issue 27), ``torch`` (DataLoader, persistent
-workers, default collate).
+(``LOADR_SHARE=0``, every worker copying the pages it touches), ``torch``
+(DataLoader, persistent workers, default collate).
 
     python -m benchmarks.memory --n 1000000 --workers 4 --epochs 5
     python -m benchmarks.memory --n 200000 --epochs 2 --only loadr,torch
 
-Readers' tables (issue 27's "a bag of 10^7 records: a worker's private memory
+Readers' tables (the target "a bag of 10^7 records: a worker's private memory
 after an epoch of reads <= 100 MiB"): ``--bag-records N`` writes a bag of N
 tiny records (``{'label': int, 'name': str}``, loadr's BagWriter) and
 ``--gulp-videos N`` a gulp directory of N small videos (two 8x8 JPEG frames
@@ -49,7 +49,7 @@ BATCH = 256
 
 
 def boxes(n: int) -> list[dict]:
-    """The issue's small dicts (what a detection dataset's metadata looks like)."""
+    """The small dicts (what a detection dataset's metadata looks like)."""
     return [{'label': i % 1000, 'name': f'img_{i:08d}.jpg',
              'box': [i * 0.25, (i % 640) * 1.0, 32.0 + i % 7, 48.0 + i % 5]} for i in range(n)]
 

@@ -1,4 +1,4 @@
-"""Remote storage (issue 13): the JPEG pipeline over HTTP at 20 ms per request, against local disk.
+"""Remote storage: the JPEG pipeline over HTTP at 20 ms per request, against local disk.
 
 The images workload of the benchmarks (375×500 JPEGs in a bag; Pillow
 decode, random 224×224 crop, random flip; batch 64; true global shuffle) is
@@ -31,11 +31,11 @@ Example::
 fraction of the record bytes, evicting the furthest next use or, to compare,
 the least recently used; bytes fetched per epoch.
 
-Issue 26's figures: ``--shardlen``, ``--batch``, ``--batches``, ``--skip``
-(batches before the steady rate), ``--runs`` (local and remote read
+The one- and two-worker figures: ``--shardlen``, ``--batch``, ``--batches``,
+``--skip`` (batches before the steady rate), ``--runs`` (local and remote read
 interleaved, medians printed) and ``--also KEY=VALUE`` (one more remote case
-with that storage setting, e.g. ``small_file_bytes=0``, the read-ahead
-before issue 26, in the same runs). Printed per remote case: requests per
+with that storage setting, e.g. ``small_file_bytes=0``, no small file read
+whole and kept, in the same runs). Printed per remote case: requests per
 sample, bytes fetched / needed, the most requests in flight (at the proxy
 and in a worker), the round-trip time, and the time reads waited on the
 network (``loader.stats()``'s remote stage), of which the reads no read
@@ -274,7 +274,7 @@ def main(argv=None) -> int:
     p.add_argument('--batches', type=int, default=None,
                    help='batches read per case (default: one epoch)')
     p.add_argument('--second-epoch', action='store_true',
-                   help='also time the next epoch from the same loader (issue 26: >= 0.95x)')
+                   help='also time the next epoch from the same loader')
     p.add_argument('--skip', type=int, default=1,
                    help='batches before the steady rate is timed (default 1)')
     p.add_argument('--also', nargs='*', default=[], metavar='KEY=VALUE',
@@ -350,7 +350,7 @@ def main(argv=None) -> int:
                         skip=args.skip, second_epoch=args.second_epoch))
                 for item in [None, *args.also] if s3 is not None else ():
                     # The --also settings over S3 too (e.g. s3_presigned=false: a botocore
-                    # get_object per range, as before issue 26's presigned GETs).
+                    # get_object per range instead of presigned GETs).
                     key, _, value = (item or '').partition('=')
                     results.append(run_case(
                         f'moto s3 + {args.delay_ms:g} ms' + (f' {item}' if item else ''),

@@ -43,7 +43,8 @@ def _ratio(a, b):
 
 
 def targets(res: dict) -> list[dict]:
-    """Each target of issue 3/5 with the figure measured and whether it is met (None: not run)."""
+    """Each target of the side-by-side run with the figure measured and whether it is met
+    (None: not run)."""
     out = []
     wl = res.get('workloads', {})
 
@@ -224,7 +225,7 @@ def markdown(res: dict) -> str:
         lines += ['### Reader throughput (raw random reads)', '', readers_markdown(res['readers'])]
     if res.get('decode'):
         from .decode import markdown as decode_markdown
-        lines += ['### Decode: CPU per sample (issue 22)', '', decode_markdown(res['decode'])]
+        lines += ['### Decode: CPU per sample', '', decode_markdown(res['decode'])]
     lines.append(f"Whole run: {res.get('wall_s', 0):.0f} s.")
     return '\n'.join(lines) + '\n'
 

@@ -1,5 +1,5 @@
 """Steady memory in workers, measured: a user's own Pillow fn with and without the glibc
-malloc thresholds that loadr's workers set (issue 15, loadr/workers/memory.py).
+malloc thresholds that loadr's workers set (loadr/workers/memory.py).
 
 The fn is what a user writes: decode a 375x500 q90 JPEG (~110 KB, each one
 distinct), ``np.asarray(img.convert('RGB'))``, a random 224x224 crop, a

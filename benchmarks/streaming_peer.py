@@ -1,4 +1,4 @@
-"""MosaicML streaming beside loadr (issue 13): the JPEG pipeline from local disk and over HTTP.
+"""MosaicML streaming beside loadr: the JPEG pipeline from local disk and over HTTP.
 
 The images workload of the benchmarks (375×500 JPEGs; Pillow decode, random
 224×224 crop, random flip; batch 64; ``--workers`` workers) is read by loadr

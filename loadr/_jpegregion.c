@@ -1,4 +1,4 @@
-/* loadr._jpegregion: decode only a region of a JPEG, at a DCT scale (issue 22).
+/* loadr._jpegregion: decode only a region of a JPEG, at a DCT scale.
  *
  * simplejpeg and Pillow decode whole images; a random resized crop keeps about half of
  * one. libjpeg-turbo's partial decompression skips the inverse DCT, upsampling and colour

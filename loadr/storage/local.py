@@ -189,7 +189,7 @@ class LocalStorage(Storage):
             paths, offsets, lengths, indices = zip(*ranges)
             if paths.count(paths[0]) == len(paths):
                 # All in one file (a random batch): the preads run in map(), not in a
-                # Python loop, which cost as much as a 4 KiB pread (issue 15).
+                # Python loop, which cost as much as a 4 KiB pread.
                 fd = self.fd(paths[0], indices[0])
                 try:
                     out = list(map(os.pread, itertools.repeat(fd), lengths, offsets))

@@ -1,4 +1,4 @@
-"""The remote stage's counters (issue 26): requests in flight, round-trip time, bytes
+"""The remote stage's counters: requests in flight, round-trip time, bytes
 ahead, and the time reads waited on the network.
 
 One set of counters per process (a worker's are its own: they start at zero

@@ -5,7 +5,7 @@ A typical fn allocates a few buffers of ~0.5 MB per sample (a decoded
 threshold (128 KiB, raised dynamically up to 32 MiB) with a fresh ``mmap``
 and gives it back with ``munmap``, and trims the heap top above 128 KiB: each
 sample then pays for page faults on memory it just returned, which on a VM
-cost more than the JPEG decode (issue 15: 622-712 samples/s against
+cost more than the JPEG decode (622-712 samples/s against
 1,050-1,190 with the thresholds below, 2 workers). Workers therefore set, at
 start:
 

@@ -274,7 +274,7 @@ class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per
 
         One read_many names the file and index of a failed read. The ranges come
         from numpy and the CRCs are compared as two lists: per sample Python work
-        here cost as much as the pread (issue 15). A CRC mismatch is read again by
+        here cost as much as the pread. A CRC mismatch is read again by
         _sample, which raises naming the sample, or returns the data if the
         trouble has passed.
         """

@@ -63,7 +63,7 @@ class _Videos:
     A million videos as Python objects (an id, a tuple of frame triples, a meta
     dict each) were ~1 GB that every forked worker copied page by page as it
     read them (each read writes reference counts); in arrays a worker reads only
-    the pages of the videos it reads, and writes none (issue 27). Per video:
+    the pages of the videos it reads, and writes none. Per video:
     its chunk (``chunk_of``), its frames ``triples[fstart[i]:fstart[i+1]]``
     (rows ``(offset, pad, total_length)``), the record number of its frame 0 in
     its chunk's ``.gulp`` (``first``); its id, UTF-8 in ``id_blob`` at
