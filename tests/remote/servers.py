@@ -6,7 +6,8 @@ every process it forked (nginx's worker) by the one process-group id we got
 when we started it, and nothing else.
 
 - :func:`start_nginx` serves a directory over HTTP with ``autoindex`` (JSON
-  listings under ``/``, nginx's HTML listings under ``/html/``) and byte
+  listings under ``/``, nginx's HTML listings under ``/html/``, and under
+  ``/bare/`` HTML listings and files without ETag or Last-Modified) and byte
   ranges, from a config file written into a directory of ours
   (``nginx -p <prefix> -c <conf>``, ``daemon off``).
 - :func:`start_moto` runs moto's standalone S3 server (``python -m
@@ -168,6 +169,12 @@ http {{
         root {root};
         location / {{ autoindex on; autoindex_format json; }}
         location /html/ {{ alias {root}/; autoindex on; }}
+        # As a server that says no version of its files: no ETag, no Last-Modified
+        # (an empty add_header of it drops nginx's own), an HTML listing without times.
+        location /bare/ {{
+            alias {root}/; autoindex on; etag off; if_modified_since off;
+            add_header Last-Modified "";
+        }}
     }}
 }}
 """

@@ -423,6 +423,34 @@ def test_a_dataset_replaced_between_runs_is_read_anew_never_from_the_cache(repla
     assert _all(loadr.open(url, storage_options=options, **cache)) == expected[2]
 
 
+def test_a_dataset_whose_server_gives_no_version_is_never_read_from_an_old_cache(
+        nginx, served_root, tmp_path, capfd):
+    """A server that says no version of its files (no ETag, no Last-Modified: nginx's
+    /bare/): the cache cannot tell the files of a new upload from those it holds, so
+    they are not cached, one warning naming the URL says so, and a new run after the
+    dataset was replaced reads the new bytes (it read the old ones from the cache)."""
+    name = f'unversioned-{os.getpid()}'
+    for v in (1, 2):
+        _write_version(tmp_path / f'v{v}', v)
+    expected = {v: _all(loadr.open(tmp_path / f'v{v}')) for v in (1, 2)}
+    shutil.copytree(tmp_path / 'v1', served_root / name)
+    url = f'{nginx.url}/bare/{name}'
+    cache = {'cache_dir': str(tmp_path / 'cache'), 'cache_bytes': 1 << 20}
+    log = tmp_path / 'log'
+    try:
+        with _logged(log):
+            assert _all(loadr.open(url, **cache)) == expected[1]
+            shutil.copytree(tmp_path / 'v2', tmp_path / 'staged')
+            _replace_over(served_root / name, tmp_path / 'staged', later_s=5)
+            assert _all(loadr.open(url, **cache)) == expected[2]
+        lines = _warnings(log, capfd, url)
+        assert len(lines) == 1, lines
+        assert 'no version' in lines[0] and 'not cached' in lines[0], lines
+        assert _entries_bytes(tmp_path / 'cache') == 0
+    finally:
+        shutil.rmtree(served_root / name, ignore_errors=True)
+
+
 def test_a_dataset_replaced_during_a_run_is_an_error_naming_the_url(replaceable, tmp_path):
     url, options, replace = replaceable
     reader = loadr.open(url, storage_options=options)
