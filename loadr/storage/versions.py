@@ -10,8 +10,9 @@ naming the URL ("changed since the reader was made"), never its new bytes
 mixed with the old. An object whose version the open did not learn (a
 listing that gave its size alone) is asked for it (a HEAD) before the cache
 serves any of it; one whose server gives none is not cached (see
-:meth:`loadr.storage.caching.CacheHookup._cache_key`). Each open learns afresh: storages are shared only within
-one open (see :func:`loadr.storage.using_storage_options`).
+:meth:`loadr.storage.caching.CacheHookup._cache_key`). Each open learns
+afresh: storages are shared only within one open (see
+:func:`loadr.storage.using_storage_options`).
 """
 
 from __future__ import annotations
