@@ -55,7 +55,10 @@ class Proxy:
     covers a byte of ``[a, b)`` (a bad record: every request that carries it
     fails, whatever else it carries); ``refuse_status``: the status they get
     instead (403: an expired presigned URL; 301: a bucket of another region),
-    with the S3 error code ``refuse_code``.
+    with the S3 error code ``refuse_code``. :meth:`expire` makes presigned URLs
+    expire: requests carrying the signatures given (:meth:`signatures` lists those
+    seen) are refused as S3 refuses an expired URL (403 AccessDenied, "Request has
+    expired").
     ``whole_for_many_ranges``: a multi-range request is passed on without its
     Range (the whole file comes back, as from a server that does not do
     multi-range). ``slow``: the
@@ -82,6 +85,7 @@ class Proxy:
         self.slow, self.slow_s = slow, slow_s
         # As a server without multi-range support: such a request gets the whole file (200).
         self.whole_for_many_ranges = whole_for_many_ranges
+        self._expired: frozenset = frozenset()
         self._port = port
         self._attempts: dict[tuple, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -99,10 +103,19 @@ class Proxy:
     def reset_stats(self) -> None:
         """Zero the counters (and forget past attempts, so faults repeat from the start)."""
         self.stats = {'requests': 0, 'body_bytes': 0, 'error': 0, 'short': 0, 'reset': 0,
-                      'wrong': 0, 'total': 0, 'hung': 0, 'max_in_flight': 0, 'slow': 0}
+                      'wrong': 0, 'total': 0, 'hung': 0, 'max_in_flight': 0, 'slow': 0,
+                      'expired': 0}
         self._in_flight = 0
         self.log: list[tuple[str, str, str]] = []      # (method, target, Range) of each request
         self._attempts = {}
+
+    def signatures(self) -> set[str]:
+        """The presigned URLs' signatures (``X-Amz-Signature``) of the requests seen."""
+        return {_signature(target) for _, target, _ in list(self.log)} - {None}
+
+    def expire(self, signatures) -> None:
+        """From now on, refuse requests with these signatures as expired URLs (403)."""
+        self._expired = frozenset(signatures)
 
     # ----------------------------------------------------------------- life cycle
     def start(self) -> 'Proxy':
@@ -232,6 +245,15 @@ class Proxy:
                 await asyncio.sleep(delay)
             finally:
                 self._in_flight -= 1
+        if self._expired and _signature(target) in self._expired:
+            self.stats['expired'] += 1
+            body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+                    b'<Message>Request has expired</Message><X-Amz-Expires>3600'
+                    b'</X-Amz-Expires></Error>')
+            writer.write(b'HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\n'
+                         b'Content-Length: %d\r\n\r\n%s' % (len(body), body))
+            await writer.drain()
+            return True
         fault = self._fault(method, target, h.get('range', ''))
         if self.refuse is not None and self.refuse in target and (
                 self.refuse_bytes is None or _covers(h.get('range', ''), self.refuse_bytes)):
@@ -327,6 +349,12 @@ class Proxy:
                      b'Content-Length: %d\r\n\r\n' % len(data) + data)
         await writer.drain()
         return True
+
+
+def _signature(target: str) -> str | None:
+    """The ``X-Amz-Signature`` of a request target (a presigned URL's), or None."""
+    query = urllib.parse.parse_qs(target.partition('?')[2])
+    return query.get('X-Amz-Signature', [None])[0]
 
 
 def _ranges(header: str) -> list[tuple[int, int]]:

@@ -1,0 +1,78 @@
+"""Whole runs (a Loader and its workers) against servers that lack something: S3
+presigned URLs that expire while the run reads."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import pytest
+
+import loadr
+from loadr.storage import s3gets
+
+from ..loader_helpers import batch_digest, stream_digests
+from .proxy import Proxy
+from .servers import upload
+
+pytestmark = pytest.mark.timeout(180)
+FAST = {'backoff_s': 0.005, 'backoff_max_s': 0.05}
+RECORDS, RECORD_BYTES, BATCH, BATCHES = 64, 20_000, 8, 4
+
+
+def _write_dataset(path) -> None:
+    """A bag of one shard: RECORDS records of RECORD_BYTES (a value file of ~1.3 MB)."""
+    from loadr.writers import BagWriter
+    with BagWriter(path, {'v': 'bytes', 'n': 'int'}, shardlen=RECORDS) as w:
+        for i in range(RECORDS):
+            w.append({'v': i.to_bytes(4, 'little') * (RECORD_BYTES // 4), 'n': i})
+
+
+def _stream(reader, workers: int, batches: int = BATCHES) -> list:
+    with loadr.Loader(reader, batch=BATCH, seed=3, workers=workers) as loader:
+        return stream_digests(loader, batches)
+
+
+@contextlib.contextmanager
+def _logged(path):
+    """The 'loadr' log of this process and of its forked workers, written to ``path``."""
+    handler = logging.FileHandler(path)
+    logger = logging.getLogger('loadr')
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+
+
+def test_presigned_urls_that_expire_mid_run_are_signed_again(moto, tmp_path):
+    """S3 refuses a presigned URL past its expiry: 403 AccessDenied "Request has
+    expired". Mid-run, every URL the workers had signed expires (the proxy refuses
+    them from then on, as S3 would): each is signed again, and the run goes on with
+    the same batches as the local run, through every epoch."""
+    name = f'expiring-{id(tmp_path)}'
+    _write_dataset(tmp_path / name)
+    expected = _stream(loadr.open(tmp_path / name), workers=0, batches=3 * RECORDS // BATCH)
+    upload(moto.url, 'fixtures', tmp_path / name, name)
+    with Proxy(moto.url) as proxy:
+        reader = loadr.open(f's3://fixtures/{name}', storage_options={
+            'endpoint_url': proxy.url, 'loadr': {**FAST, 'small_file_bytes': 0}})
+        got = []
+        with loadr.Loader(reader, batch=BATCH, seed=3, workers=2) as loader:
+            batches = iter(loader)
+            got += [batch_digest(next(batches)) for _ in range(3)]
+            # Every URL signed so far expires once it is older than s3gets.FRESH_SECONDS
+            # (a refusal of a URL just signed is access denied, not an expiry).
+            signed = proxy.signatures()
+            assert signed
+            deadline = time.monotonic() + s3gets.FRESH_SECONDS + 0.2
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+            proxy.expire(signed)
+            got += [batch_digest(next(batches)) for _ in range(len(expected) - 3)]
+        assert got == expected
+        assert proxy.stats['expired'] > 0, proxy.stats
+        # Each was signed again: requests went out with new signatures after the expiry.
+        assert proxy.signatures() - signed, proxy.log
