@@ -31,15 +31,18 @@ import time
 __all__ = ['FIELDS', 'started', 'ended', 'waited', 'ahead', 'publish', 'summary', 'lines',
            'verdict', 'rtt_s', 'rtt_p90_s', 'wait_s', 'fetched_bytes',
            'set_ahead_budget', 'ahead_budget', 'counters', 'reading_ahead', 'tasks_ahead',
-           'holding', 'FEWEST_TASKS_AHEAD', 'MOST_TASKS_AHEAD']
+           'holding', 'ignored_range', 'no_range_advice', 'FEWEST_TASKS_AHEAD',
+           'MOST_TASKS_AHEAD']
 
 # The remote stage's counters in a worker's row of loadr.stats (after its own fields).
 FIELDS = ('net_requests', 'net_bytes', 'net_request_s', 'net_in_flight', 'net_max_in_flight',
-          'net_wait_s', 'net_waits', 'net_uncovered', 'net_ahead_bytes', 'net_tasks_ahead')
+          'net_wait_s', 'net_waits', 'net_uncovered', 'net_ahead_bytes', 'net_tasks_ahead',
+          'net_no_range')
 # Levels, not counts: Stats.since keeps the latest value of these.
-LEVELS = ('net_in_flight', 'net_max_in_flight', 'net_ahead_bytes', 'net_tasks_ahead')
+LEVELS = ('net_in_flight', 'net_max_in_flight', 'net_ahead_bytes', 'net_tasks_ahead',
+          'net_no_range')
 _REQUESTS, _BYTES, _REQUEST_S, _IN_FLIGHT, _MAX_IN_FLIGHT, _WAIT_S, _WAITS, _UNCOVERED, \
-    _AHEAD, _TASKS_AHEAD = range(len(FIELDS))
+    _AHEAD, _TASKS_AHEAD, _NO_RANGE = range(len(FIELDS))
 
 # A wait on the network shorter than this is not counted as one (a future that
 # finished while its reader was being woken).
@@ -59,17 +62,27 @@ _pid = None
 _values: list = []
 _recent: collections.deque = collections.deque(maxlen=RECENT_REQUESTS)    # seconds a request
 _budget = 0                         # bytes: the largest read-ahead buffer of this process
+_no_range: set = set()              # hosts that ignore Range, met by this process
 _thread = threading.local()         # .ahead: this thread reads ahead (its waits are not reads')
 
 
 def counters() -> list:
     """This process's counters (:data:`FIELDS`, in order), zero in a new process."""
-    global _pid, _values, _recent, _budget
+    global _pid, _values, _recent, _budget, _no_range
     if _pid != os.getpid():
         _pid, _values = os.getpid(), [0.0] * len(FIELDS)
         _recent = collections.deque(maxlen=RECENT_REQUESTS)
         _budget = 0
+        _no_range = set()
     return _values
+
+
+def ignored_range(host: str) -> None:
+    """This process reads from ``host``, which ignores Range (every file read whole):
+    the verdict then never asks for more workers, which would download more."""
+    c = counters()
+    _no_range.add(host)
+    c[_NO_RANGE] = len(_no_range)
 
 
 def started() -> float:
@@ -213,6 +226,7 @@ def summary(workers: list, samples: int) -> dict | None:
         'waits': int(total['net_waits']),
         'uncovered': int(total['net_uncovered']),
         'wait_share': total['net_wait_s'] / busy if busy > 0 else 0.0,
+        'no_range': int(max((w.get('net_no_range', 0.0) for w in workers), default=0.0)),
     }
 
 
@@ -233,8 +247,20 @@ def _tasks(remote: dict) -> str:
     return f" (up to {n} tasks held)" if n else ''
 
 
+def no_range_advice(remote: dict | None) -> str | None:
+    """What to do when a server ignores Range (its files are read whole by every
+    process: more workers download more), else None."""
+    if not remote or not remote.get('no_range'):
+        return None
+    return ('the server ignores Range requests: each process reads every file whole, '
+            'so more workers would only download more; serve the data from a server '
+            'that answers Range (nginx, S3) or copy it to a local disk')
+
+
 def verdict(remote: dict | None) -> str | None:
     """A verdict line when the network is the bottleneck, else None."""
+    if no_range_advice(remote):
+        return None         # said by the verdict itself (loadr.stats)
     if not remote or remote['wait_share'] < NETWORK_BOUND_SHARE:
         return None
     return (f"waiting on the network {100 * remote['wait_share']:.0f}% of the time: raise "

@@ -1,10 +1,12 @@
-"""Whole runs (a Loader and its workers) against servers that lack something: S3
-presigned URLs that expire while the run reads."""
+"""Whole runs (a Loader and its workers) against servers that lack something: one that
+ignores ``Range``, and S3 presigned URLs that expire while the run reads."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
+import re
 import time
 
 import pytest
@@ -14,7 +16,7 @@ from loadr.storage import s3gets
 
 from ..loader_helpers import batch_digest, stream_digests
 from .proxy import Proxy
-from .servers import upload
+from .servers import start_plain_http, upload
 
 pytestmark = pytest.mark.timeout(180)
 FAST = {'backoff_s': 0.005, 'backoff_max_s': 0.05}
@@ -45,6 +47,42 @@ def _logged(path):
     finally:
         logger.removeHandler(handler)
         handler.close()
+
+
+@pytest.mark.parametrize('start_method', ['fork', 'spawn'])
+def test_a_loader_over_a_server_that_ignores_range_reads_each_file_whole_once(
+        tmp_path, capfd, start_method):
+    """python's http.server answers every range request with the whole file. A Loader
+    with 2 workers used to send a whole-file GET for about every record (131 for 4
+    batches of one 19 MB shard) and its stats advised hundreds more workers: each file
+    is now read whole at most once per process (3 here), one warning says that the
+    server ignores Range and what it costs, the batches are the local ones, and the
+    verdict never asks for more workers. Forked workers keep what their parent read
+    whole; spawned ones read each file themselves."""
+    _write_dataset(tmp_path / 'site' / 'ds')
+    expected = _stream(loadr.open(tmp_path / 'site' / 'ds'), workers=0)
+    files = [p for p in (tmp_path / 'site' / 'ds').rglob('*') if p.is_file()]
+    log = tmp_path / 'log'
+    with start_plain_http(tmp_path / 'site') as web, _logged(log):
+        reader = loadr.open(f'{web.url}/ds', storage_options={'loadr': FAST})
+        with loadr.Loader(reader, batch=BATCH, seed=3, workers=2,
+                          start_method=start_method) as loader:
+            assert stream_digests(loader, BATCHES) == expected
+            stats = loader.stats()
+        gets = collections.Counter(path for method, path, _ in web.log
+                                   if method == 'GET' and not path.endswith('/'))
+    assert set(gets) <= {f'/ds/{p.relative_to(tmp_path / "site" / "ds").as_posix()}'
+                         for p in files}, gets
+    assert sum(gets.values()) <= 3 * len(files), gets          # processes x files
+    assert max(gets.values()) <= 3, gets
+    lines = [line for line in log.read_text().splitlines() + capfd.readouterr().err.splitlines()
+             if 'ignores Range' in line]
+    assert len(lines) == 1, lines
+    assert web.url in lines[0] and 'whole' in lines[0], lines
+    verdict = stats.verdict()
+    assert not re.search(r'\d+ more workers? would help|workers=\d+ would help', verdict), \
+        verdict
+    assert 'ignores Range' in verdict or verdict.startswith('not the bottleneck'), verdict
 
 
 def test_presigned_urls_that_expire_mid_run_are_signed_again(moto, tmp_path):
