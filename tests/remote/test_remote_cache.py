@@ -23,7 +23,7 @@ from ..loader_helpers import stream_digests
 from ..storage.test_cache import mounts  # noqa: F401 - a fixture: tmpfs mounts, unmounted at the end
 from ..test_loader_readers import PIPELINES
 from .proxy import Proxy
-from .servers import s3_client, upload
+from .servers import s3_client, start_plain_http, upload
 from .test_remote_readers import _remote_pipeline
 
 pytestmark = pytest.mark.timeout(120)
@@ -449,6 +449,28 @@ def test_a_dataset_whose_server_gives_no_version_is_never_read_from_an_old_cache
         assert _entries_bytes(tmp_path / 'cache') == 0
     finally:
         shutil.rmtree(served_root / name, ignore_errors=True)
+
+
+def test_a_listing_without_versions_has_each_file_asked_for_its_version(tmp_path):
+    """A listing that gives each file's size but not its version: each file is asked for
+    its version (a HEAD: its Last-Modified here) before the cache serves any of it, so
+    a new run after the dataset was replaced reads the new bytes (it read the old ones
+    from the cache), and the files are still cached, under their versions."""
+    for v in (1, 2):
+        _write_version(tmp_path / f'v{v}', v)
+    expected = {v: _all(loadr.open(tmp_path / f'v{v}')) for v in (1, 2)}
+    shutil.copytree(tmp_path / 'v1', tmp_path / 'site' / 'ds')
+    cache = {'cache_dir': str(tmp_path / 'cache'), 'cache_bytes': 1 << 20}
+    with start_plain_http(tmp_path / 'site', json_listing=True) as web:
+        url = f'{web.url}/ds'
+        assert _all(loadr.open(url, **cache)) == expected[1]
+        cached = _entries_bytes(tmp_path / 'cache')
+        assert cached > 0
+        assert any(method == 'HEAD' for method, _, _ in web.log), web.log
+        shutil.copytree(tmp_path / 'v2', tmp_path / 'staged')
+        _replace_over(tmp_path / 'site' / 'ds', tmp_path / 'staged', later_s=5)
+        assert _all(loadr.open(url, **cache)) == expected[2]
+        assert _entries_bytes(tmp_path / 'cache') > cached      # version 2's, beside
 
 
 def test_a_dataset_replaced_during_a_run_is_an_error_naming_the_url(replaceable, tmp_path):
