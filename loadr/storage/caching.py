@@ -16,6 +16,8 @@ import functools
 import hashlib
 import os
 
+from ..errors import LoadrError
+
 __all__ = ['CacheHookup']
 
 
@@ -84,12 +86,12 @@ class CacheHookup:
             if key is not None:
                 self._fetched.append((key, offset, length, index, data))
 
-    def _cache_key(self, path: str, ask: bool = True) -> str | None:
+    def _cache_key(self, path: str) -> str | None:
         """The name the cache knows ``path`` by, or None where it must not be cached.
 
         A file not yet opened has no name yet. A file whose version is not known
         (a listing that gave its size alone) is asked for it first (a HEAD,
-        once per process, ``ask``): an entry is used only under the version the
+        once per process): an entry is used only under the version the
         server says now. A server that gives none (no ETag, no Last-Modified)
         leaves no way to tell a file replaced at the URL from the one cached:
         such a file is not cached, and one warning says so.
@@ -97,8 +99,6 @@ class CacheHookup:
         if path not in self._sizes:
             return None
         if path not in self._versions and path not in self._unversioned:
-            if not ask:
-                return None
             self._ask_version(path)
         if path not in self._versions:
             return None
@@ -106,8 +106,7 @@ class CacheHookup:
 
     def _ask_version(self, path: str) -> None:
         """Ask the server for the version of ``path`` (see :meth:`_cache_key`)."""
-        from ..errors import LoadrError
-        from .cachedir import warn_once
+        from .cachedir import warn_once             # numpy: not on import loadr
         try:
             self._run(self._retried(lambda: self._stat_once(path), path, None, 'open'))
         except LoadrError:
