@@ -74,8 +74,6 @@ class HTTPStorage(RemoteStorage):
         self._wholes: dict[str, _Whole] = dict(getattr(self, '_wholes', None) or {})
         self._whole_pending: dict[str, asyncio.Future] = {}
         self._probes: dict[str, asyncio.Future] = {}      # host -> its first range request
-        for host in self._no_range_hosts:
-            netstats.ignored_range(host)
 
     def _fs_options(self, options: dict) -> dict:
         # A body read in one piece, not 64 KiB at a time: 40% less CPU per record
@@ -121,10 +119,12 @@ class HTTPStorage(RemoteStorage):
         exactly those bytes of a file of the size we know (else a _WrongRange, retried)."""
         whole = await self._whole_kept(path, index)
         if whole is not None:
+            netstats.read_whole()
             return whole[start:end]
         host = _host(path)
         probing = host not in self._range_hosts and await self._probing(host)
         if host in self._no_range_hosts:            # found out while this one waited
+            netstats.read_whole()
             return (await self._whole(path, index))[start:end]
         try:
             fs = self.fs
@@ -132,6 +132,7 @@ class HTTPStorage(RemoteStorage):
             async with session.get(fs.encode_url(path),
                                    **self._http_kw(path, [(start, end)])) as r:
                 if r.status == 200:
+                    netstats.read_whole()
                     return (await self._whole_answer(r, path, index))[start:end]
                 if r.status >= 400:
                     fs._raise_not_found_for_status(r, path)
@@ -244,7 +245,6 @@ class HTTPStorage(RemoteStorage):
         if host in self._no_range_hosts:
             return
         self._no_range_hosts.add(host)
-        netstats.ignored_range(host)
         scheme = path.partition('://')[0]
         what = f'{size:,} bytes' if size is not None else 'all of it'
         warn_once(f'no-range\0{scheme}://{host}',

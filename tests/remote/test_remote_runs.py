@@ -83,6 +83,12 @@ def test_a_loader_over_a_server_that_ignores_range_reads_each_file_whole_once(
     assert not re.search(r'\d+ more workers? would help|workers=\d+ would help', verdict), \
         verdict
     assert 'ignores Range' in verdict or verdict.startswith('not the bottleneck'), verdict
+    assert stats.as_dict()['remote']['whole_reads'] > 0
+    # A later loader of this process (workers=0: its counters are this process's) over
+    # local files is told nothing of that server.
+    with loadr.Loader(loadr.open(tmp_path / 'site' / 'ds'), batch=BATCH, workers=0) as loader:
+        stream_digests(loader, 1)
+        assert not (loader.stats().as_dict()['remote'] or {}).get('whole_reads')
 
 
 def test_presigned_urls_that_expire_mid_run_are_signed_again(moto, tmp_path):
