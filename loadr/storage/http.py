@@ -239,7 +239,7 @@ class HTTPStorage(RemoteStorage):
 
     def _ignores_range(self, path: str, size: int | None) -> None:
         """The server of ``path`` answered a range request with the whole file: its files
-        are read whole from now on, said once, and counted (never more workers)."""
+        are read whole from now on, and one warning says what that costs."""
         host = _host(path)
         self._one_range_hosts.add(host)
         if host in self._no_range_hosts:
