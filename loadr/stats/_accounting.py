@@ -96,6 +96,7 @@ class StageClock:
         self._open = False              # a task is in hand and finish() not yet called
         # A TaskRing (loadr.stats.Tracer) takes each task's span and stages; None: no trace.
         self.trace = None
+        self._net_since = list(netstats.counters())     # see netstats.PER_CLOCK
 
     def finish(self) -> None:
         """The task in hand is done but for its reply: count it before the reply goes, so
@@ -194,7 +195,7 @@ class StageClock:
         row[SAMPLES] += samples
         for i, t in enumerate(fns, len(WORKER_FIELDS)):
             row[i] += t
-        netstats.publish(row, NET)
+        netstats.publish(row, NET, self._net_since)
 
     def totals(self) -> dict:
         return worker_dict(self.row, self.nfns)

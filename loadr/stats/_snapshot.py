@@ -234,6 +234,9 @@ class Stats:
         where = 'of the time in the training process' if self.inline else 'of worker time'
         head = (f'input-bound: the training step waited {100 * waited:.0f}% of the time; '
                 f'{top} is {_pct(top_s, busy):.0f}% {where}')
+        no_range = netstats.no_range_advice(netstats.summary(self.workers, self.samples))
+        if no_range:
+            return f'{head}; {no_range}'
         if self.inline:
             return f'{head}; workers={max(1, min(self.cores, self.workers_needed()))} would help'
         have = len(self.workers)

@@ -16,6 +16,8 @@ import functools
 import hashlib
 import os
 
+from ..errors import LoadrError
+
 __all__ = ['CacheHookup']
 
 
@@ -71,15 +73,53 @@ class CacheHookup:
 
     def _cached(self, path: str, offset: int, length: int) -> bytes | None:
         clock = self._clock
-        if clock is None or length == 0 or path not in self._sizes:
-            return None                 # a file not yet opened: its version is not known
-        return clock[0].get(self._cache_path(path), offset, length)
+        if clock is None or length == 0:
+            return None
+        key = self._cache_key(path)
+        return None if key is None else clock[0].get(key, offset, length)
 
     def _fetched_now(self, path: str, offset: int, length: int, index: int | None,
                      data: bytes) -> None:
         """Remember a range fetched from the server, for the cache's next offer."""
-        if self._clock is not None and index is not None and length and path in self._sizes:
-            self._fetched.append((self._cache_path(path), offset, length, index, data))
+        if self._clock is not None and index is not None and length:
+            key = self._cache_key(path)
+            if key is not None:
+                self._fetched.append((key, offset, length, index, data))
+
+    def _cache_key(self, path: str) -> str | None:
+        """The name the cache knows ``path`` by, or None where it must not be cached.
+
+        A file not yet opened has no name yet. A file whose version is not known
+        (a listing that gave its size alone) is asked for it first (a HEAD,
+        once per process): an entry is used only under the version the
+        server says now. A server that gives none (no ETag, no Last-Modified)
+        leaves no way to tell a file replaced at the URL from the one cached:
+        such a file is not cached, and one warning says so.
+        """
+        if path not in self._sizes:
+            return None
+        if path not in self._versions and path not in self._unversioned:
+            self._ask_version(path)
+        if path not in self._versions:
+            return None
+        return self._cache_path(path)
+
+    def _ask_version(self, path: str) -> None:
+        """Ask the server for the version of ``path`` (see :meth:`_cache_key`)."""
+        from .cachedir import warn_once             # numpy: not on import loadr
+        try:
+            self._run(self._retried(lambda: self._stat_once(path), path, None, 'open'))
+        except LoadrError:
+            pass                # the read itself says what is wrong; uncached meanwhile
+        if path in self._versions:
+            return
+        self._unversioned.add(path)
+        host = path.partition('://')[2].partition('/')[0]
+        warn_once(f'{self.settings["cache_dir"]}\0unversioned\0{host}',
+                  f'{path}: the server gives no version of this file (no ETag, no '
+                  f'Last-Modified), so a file replaced at its URL could not be told from '
+                  f'the one cached: its reads are not cached in '
+                  f'{self.settings["cache_dir"]} (nor those of any such file of {host})')
 
     def cache_stats(self) -> dict:
         """This process's cache counts (hits, misses, bytes_hit, admitted, evicted, ...)."""

@@ -7,9 +7,12 @@ multi-range request answered ``multipart/byteranges``
 far more CPU than its bytes do, and a shuffled batch otherwise makes one
 request per record. A server that answers a multi-range request with the
 whole file is asked range by range. A server that ignores Range altogether
-(a 200 with the whole file) is noticed at the first answer: a file up to
-:data:`WHOLE_FILE_MAX_BYTES` is read whole once and its ranges cut from it;
-a larger one is a ReadError at once. A HEAD that does not follow redirects
+(a 200 with the whole file) is found by one request per host and process
+(the others wait for its answer; a HEAD's ``Accept-Ranges: bytes`` spares
+it): a file up to :data:`WHOLE_FILE_MAX_BYTES` is then read whole at most
+once per process, kept in a temporary file, and its ranges cut from it (a
+forked worker keeps its parent's); one warning says so; a larger file is a
+ReadError at once. A HEAD that does not follow redirects
 tells a file from a directory (nginx answers a directory with a 301), and a
 directory is listed from nginx's JSON autoindex, else the links of an HTML
 index. ``http(s)://`` is read-only.
@@ -18,20 +21,38 @@ index. ``http(s)://`` is read-only.
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
+import os
+import tempfile
 from typing import Sequence
 
 from ..errors import ConfigError, ReadError
+from . import netstats
+from .cachedir import warn_once
 from .errors import _ShortBody, _WrongRange
 from .ranges import boundary, byteranges, check_part, content_range, cut
 from .remote import RemoteStorage
 
 __all__ = ['HTTPStorage', 'WHOLE_FILE_MAX_BYTES']
 
-# A server that ignores Range: files up to this size are read whole (and kept, at
-# most this many bytes of them per process); a larger one is a ReadError.
+# A server that ignores Range: files up to this size are read whole (once per process,
+# kept in a temporary file); a larger one is a ReadError.
 WHOLE_FILE_MAX_BYTES = 64 << 20
+
+
+class _Whole:
+    """A file read whole from a server that ignores Range, kept in an unnamed temporary
+    file (gone with the last process that holds it; a forked child shares it)."""
+
+    def __init__(self, data: bytes):
+        self.file = tempfile.TemporaryFile(prefix='loadr-whole-')
+        self.file.write(data)
+        self.file.flush()
+        self.size = len(data)
+
+    def __getitem__(self, span: slice) -> bytes:
+        start, end, _ = span.indices(self.size)
+        return os.pread(self.file.fileno(), max(0, end - start), start)
 
 
 
@@ -45,11 +66,14 @@ class HTTPStorage(RemoteStorage):
 
     def _init_process(self) -> None:
         super()._init_process()
-        self._one_range_hosts: set[str] = set()   # they answer a multi-range request whole
-        self._no_range_hosts: set[str] = set()    # they answer any range request whole
-        self._wholes: collections.OrderedDict[str, bytes] = collections.OrderedDict()
-        self._whole_bytes = 0
+        # What a forked child keeps of its parent's: what the hosts do with Range, and
+        # the files read whole (no request in flight: their futures are the parent's).
+        self._one_range_hosts: set[str] = set(getattr(self, '_one_range_hosts', ()))
+        self._range_hosts: set[str] = set(getattr(self, '_range_hosts', ()))
+        self._no_range_hosts: set[str] = set(getattr(self, '_no_range_hosts', ()))
+        self._wholes: dict[str, _Whole] = dict(getattr(self, '_wholes', None) or {})
         self._whole_pending: dict[str, asyncio.Future] = {}
+        self._probes: dict[str, asyncio.Future] = {}      # host -> its first range request
 
     def _fs_options(self, options: dict) -> dict:
         # A body read in one piece, not 64 KiB at a time: 40% less CPU per record
@@ -68,6 +92,10 @@ class HTTPStorage(RemoteStorage):
 
     def _fs_path(self, url: str) -> str:
         return url                      # fsspec's HTTP caches listings by the whole URL
+
+    def close(self) -> None:
+        super().close()
+        self._wholes = {}               # their temporary files go with the last reference
 
     def _check_writable(self, path: str) -> None:
         raise ConfigError(f'{self.protocol}:// is read-only for loadr: write to a local '
@@ -91,46 +119,88 @@ class HTTPStorage(RemoteStorage):
         exactly those bytes of a file of the size we know (else a _WrongRange, retried)."""
         whole = await self._whole_kept(path, index)
         if whole is not None:
+            netstats.read_whole()
             return whole[start:end]
-        fs = self.fs
-        session = await fs.set_session()
-        async with session.get(fs.encode_url(path), **self._http_kw(path, [(start, end)])) as r:
-            if r.status == 200:
-                return (await self._whole_answer(r, path, index))[start:end]
-            if r.status >= 400:
-                fs._raise_not_found_for_status(r, path)
-            if r.status != 206:
-                raise _WrongRange(f'HTTP {r.status} {r.reason} to a range request')
-            got = content_range(r.headers.get('Content-Range', ''))
-            body = await r.read()
+        host = _host(path)
+        probing = host not in self._range_hosts and await self._probing(host)
+        if host in self._no_range_hosts:            # found out while this one waited
+            netstats.read_whole()
+            return (await self._whole(path, index))[start:end]
+        try:
+            fs = self.fs
+            session = await fs.set_session()
+            async with session.get(fs.encode_url(path),
+                                   **self._http_kw(path, [(start, end)])) as r:
+                if r.status == 200:
+                    netstats.read_whole()
+                    return (await self._whole_answer(r, path, index))[start:end]
+                if r.status >= 400:
+                    fs._raise_not_found_for_status(r, path)
+                if r.status != 206:
+                    raise _WrongRange(f'HTTP {r.status} {r.reason} to a range request')
+                self._range_hosts.add(host)
+                got = content_range(r.headers.get('Content-Range', ''))
+                body = await r.read()
+        finally:
+            if probing:
+                self._probes.pop(host).set_result(None)
         self.bytes_fetched += len(body)
         check_part((start, end), got, len(body), self._sizes.get(path))
         return body
 
-    # A server that ignores Range (python's http.server, some CDNs) answers 200 with
-    # the whole file. Files up to WHOLE_FILE_MAX_BYTES are then read whole once and
-    # kept (at most that many bytes in all, per process): their ranges are cut from
-    # them. A larger file is a ReadError at once, not a whole download per retry.
+    async def _probing(self, host: str) -> bool:
+        """Whether this request is the one that finds out if ``host`` answers Range (its
+        first, alone); else wait for the one under way. Requests sent at once to a
+        server that ignores Range would each bring a whole file."""
+        while host not in self._range_hosts and host not in self._no_range_hosts:
+            probe = self._probes.get(host)
+            if probe is None:
+                self._probes[host] = asyncio.get_running_loop().create_future()
+                return True
+            await asyncio.shield(probe)     # and again if it failed: one of us asks next
+        return False
 
-    async def _whole_kept(self, path: str, index: int | None) -> bytes | None:
-        """The file kept whole (or being read whole) from a server that ignores Range."""
+    # A server that ignores Range (python's http.server, some CDNs) answers 200 with
+    # the whole file. Files up to WHOLE_FILE_MAX_BYTES are then read whole at most
+    # once per process and kept (a temporary file): their ranges are cut from them. A
+    # larger file is a ReadError at once, not a whole download per retry.
+
+    async def _whole_kept(self, path: str, index: int | None):
+        """The file kept whole from a server that ignores Range (read whole now if not
+        yet); None for a server not known to ignore it."""
+        whole = self._wholes.get(path)
+        if whole is not None:
+            return whole
         if _host(path) not in self._no_range_hosts:
             return None
+        return await self._whole(path, index)
+
+    async def _whole(self, path: str, index: int | None) -> _Whole:
+        """The whole of ``path`` from a server that ignores Range: kept, being read by
+        another request (waited for), or read now with a plain GET."""
         whole = self._wholes.get(path)
-        if whole is None and path in self._whole_pending:
-            whole = await asyncio.shield(self._whole_pending[path])
         if whole is not None:
-            self._wholes.move_to_end(path, last=True)
             return whole
+        pending = self._whole_pending.get(path)
+        if pending is not None:
+            return await asyncio.shield(pending)
         size = self._sizes.get(path)
         if size is not None and size > WHOLE_FILE_MAX_BYTES:
             raise self._no_ranges(path, index, size)
-        return None
+        fs = self.fs
+        session = await fs.set_session()
+        kw = self._http_kw(path, [])
+        del kw['headers']['Range']
+        async with session.get(fs.encode_url(path), **kw) as r:
+            if r.status >= 400:
+                fs._raise_not_found_for_status(r, path)
+            if r.status != 200:
+                raise _WrongRange(f'HTTP {r.status} {r.reason} to a GET of the whole file')
+            return await self._whole_answer(r, path, index)
 
-    async def _whole_answer(self, r, path: str, index: int | None) -> bytes:
-        """The whole file of a 200 answer to a range request, kept; a ReadError if too big."""
-        self._no_range_hosts.add(_host(path))
-        self._one_range_hosts.add(_host(path))
+    async def _whole_answer(self, r, path: str, index: int | None) -> _Whole:
+        """The whole file of a 200 answer, kept; a ReadError if too big."""
+        self._ignores_range(path, r.content_length)
         size = r.content_length if r.content_length is not None else self._sizes.get(path)
         if size is None or size > WHOLE_FILE_MAX_BYTES:
             r.close()                       # not read: the error is what it would end in
@@ -153,6 +223,7 @@ class HTTPStorage(RemoteStorage):
             if known is not None and size != known:
                 raise _WrongRange(f'the answer gives the file {size} bytes, not the {known} '
                                   f'it had when it was opened')
+            whole = _Whole(body)
         except BaseException as exc:
             # The waiters try again (a transient error), also when this read was
             # cancelled (its deadline): they must not be cancelled with it.
@@ -162,12 +233,27 @@ class HTTPStorage(RemoteStorage):
             raise
         finally:
             del self._whole_pending[path]
-        pending.set_result(body)
-        self._wholes[path] = body
-        self._whole_bytes += len(body)
-        while self._whole_bytes > WHOLE_FILE_MAX_BYTES and len(self._wholes) > 1:
-            self._whole_bytes -= len(self._wholes.popitem(last=False)[1])
-        return body
+        pending.set_result(whole)
+        self._wholes[path] = whole
+        return whole
+
+    def _ignores_range(self, path: str, size: int | None) -> None:
+        """The server of ``path`` answered a range request with the whole file: its files
+        are read whole from now on, and one warning says what that costs."""
+        host = _host(path)
+        self._one_range_hosts.add(host)
+        if host in self._no_range_hosts:
+            return
+        self._no_range_hosts.add(host)
+        scheme = path.partition('://')[0]
+        what = f'{size:,} bytes' if size is not None else 'all of it'
+        warn_once(f'no-range\0{scheme}://{host}',
+                  f'{path}: the server at {scheme}://{host} ignores Range requests (it '
+                  f'answers each with the whole file): every file of it is downloaded whole '
+                  f'({what} for this one), at most once per process (the main one and each '
+                  f'worker), and kept in a temporary file while the process lives; more '
+                  f'workers would download more. A server that answers Range (nginx, S3, '
+                  f'most CDNs) reads only the bytes of the records')
 
     def _no_ranges(self, path: str, index: int | None, size: int | None) -> ReadError:
         what = f'a file of {size} bytes' if size is not None else 'a file of unknown size'
@@ -201,7 +287,11 @@ class HTTPStorage(RemoteStorage):
     async def _ranges_once(self, path: str, spans: list[tuple[int, int]]) -> list | None:
         """One attempt at byte ranges ``spans`` of ``path`` in one multi-range request:
         each one's bytes, or None where the answer left it out; None for a server
-        that answers it with the whole file (remembered: asked range by range)."""
+        that answers it with the whole file (remembered: asked range by range), and
+        for one not yet known to answer a single range (asked range by range: the
+        first of them finds out)."""
+        if _host(path) not in self._range_hosts:
+            return None
         fs = self.fs
         session = await fs.set_session()
         async with session.get(fs.encode_url(path), **self._http_kw(path, spans)) as r:
@@ -246,6 +336,8 @@ class HTTPStorage(RemoteStorage):
             if r.status == 200:
                 self._learn(url, r.headers.get('Content-Length'), r.headers.get('ETag'),
                             r.headers.get('Last-Modified'))
+                if r.headers.get('Accept-Ranges', '').strip().lower() == 'bytes':
+                    self._range_hosts.add(_host(url))    # no first request alone
             return 'file'
 
     async def _list_once(self, url: str) -> list[tuple[str, str, int | None, tuple]]:

@@ -31,15 +31,20 @@ import time
 __all__ = ['FIELDS', 'started', 'ended', 'waited', 'ahead', 'publish', 'summary', 'lines',
            'verdict', 'rtt_s', 'rtt_p90_s', 'wait_s', 'fetched_bytes',
            'set_ahead_budget', 'ahead_budget', 'counters', 'reading_ahead', 'tasks_ahead',
-           'holding', 'FEWEST_TASKS_AHEAD', 'MOST_TASKS_AHEAD']
+           'holding', 'read_whole', 'no_range_advice', 'FEWEST_TASKS_AHEAD',
+           'MOST_TASKS_AHEAD']
 
 # The remote stage's counters in a worker's row of loadr.stats (after its own fields).
 FIELDS = ('net_requests', 'net_bytes', 'net_request_s', 'net_in_flight', 'net_max_in_flight',
-          'net_wait_s', 'net_waits', 'net_uncovered', 'net_ahead_bytes', 'net_tasks_ahead')
+          'net_wait_s', 'net_waits', 'net_uncovered', 'net_ahead_bytes', 'net_tasks_ahead',
+          'net_whole_reads')
 # Levels, not counts: Stats.since keeps the latest value of these.
 LEVELS = ('net_in_flight', 'net_max_in_flight', 'net_ahead_bytes', 'net_tasks_ahead')
+# Counted from the clock's start (publish's ``since``), not the process's: a loader with
+# workers=0 runs in a process that other loaders' reads went through before.
+PER_CLOCK = ('net_whole_reads',)
 _REQUESTS, _BYTES, _REQUEST_S, _IN_FLIGHT, _MAX_IN_FLIGHT, _WAIT_S, _WAITS, _UNCOVERED, \
-    _AHEAD, _TASKS_AHEAD = range(len(FIELDS))
+    _AHEAD, _TASKS_AHEAD, _WHOLE_READS = range(len(FIELDS))
 
 # A wait on the network shorter than this is not counted as one (a future that
 # finished while its reader was being woken).
@@ -70,6 +75,12 @@ def counters() -> list:
         _recent = collections.deque(maxlen=RECENT_REQUESTS)
         _budget = 0
     return _values
+
+
+def read_whole() -> None:
+    """A range was cut from a file read whole, its server ignoring Range: the verdict
+    then never asks for more workers, which would download more."""
+    counters()[_WHOLE_READS] += 1
 
 
 def started() -> float:
@@ -184,11 +195,13 @@ def holding(tasks: int) -> None:
     counters()[_TASKS_AHEAD] = tasks
 
 
-def publish(row, at: int) -> None:
-    """Copy this process's counters into ``row[at:at + len(FIELDS)]`` (a worker's row)."""
+def publish(row, at: int, since: list | None = None) -> None:
+    """Copy this process's counters into ``row[at:at + len(FIELDS)]`` (a worker's row);
+    those of :data:`PER_CLOCK` less their value in ``since`` (:func:`counters` copied
+    when the clock started)."""
     c = counters()
     for k, v in enumerate(c):
-        row[at + k] = v
+        row[at + k] = v - since[k] if since is not None and FIELDS[k] in PER_CLOCK else v
 
 
 def summary(workers: list, samples: int) -> dict | None:
@@ -213,6 +226,7 @@ def summary(workers: list, samples: int) -> dict | None:
         'waits': int(total['net_waits']),
         'uncovered': int(total['net_uncovered']),
         'wait_share': total['net_wait_s'] / busy if busy > 0 else 0.0,
+        'whole_reads': int(total['net_whole_reads']),
     }
 
 
@@ -233,8 +247,20 @@ def _tasks(remote: dict) -> str:
     return f" (up to {n} tasks held)" if n else ''
 
 
+def no_range_advice(remote: dict | None) -> str | None:
+    """What to do when a server ignores Range (its files are read whole by every
+    process: more workers download more), else None."""
+    if not remote or not remote.get('whole_reads'):
+        return None
+    return ('the server ignores Range requests: each process reads every file whole, '
+            'so more workers would only download more; serve the data from a server '
+            'that answers Range (nginx, S3) or copy it to a local disk')
+
+
 def verdict(remote: dict | None) -> str | None:
     """A verdict line when the network is the bottleneck, else None."""
+    if no_range_advice(remote):
+        return None         # said by the verdict itself (loadr.stats)
     if not remote or remote['wait_share'] < NETWORK_BOUND_SHARE:
         return None
     return (f"waiting on the network {100 * remote['wait_share']:.0f}% of the time: raise "

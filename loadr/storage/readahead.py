@@ -413,14 +413,18 @@ class ReadingAhead:
             cache = self._cache_of(cache_root)
         elif self._clock is not None:
             cache = self._clock[0]
+        ranges = list(ranges)
+        # Each file's name in the cache, its version asked first where not known.
+        keys = {path: self._cache_key(path) for path in {r[0] for r in ranges}} \
+            if cache is not None else {}
         with buffer.lock:
             small = self._small
             for r in ranges:
                 if small.get(r[0]) is not None:
                     continue
+                key = keys.get(r[0])
                 if not buffer.claim(r[0], r[1], r[2]) and (
-                        cache is None or r[0] not in self._sizes
-                        or not cache.has(self._cache_path(r[0]), r[1], r[2])):
+                        key is None or not cache.has(key, r[1], r[2])):
                     fresh.append(tuple(r))
         sizes = {}
         for path in {r[0] for r in fresh}:

@@ -123,6 +123,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         self._listings: dict[str, list[str]] = {}
         # path -> (ETag, Last-Modified) as first learnt: the version every read asks for.
         self._versions: dict[str, tuple] = {}
+        self._unversioned: set[str] = set()     # asked, and the server gives no version
         self._init_process()
         self._filesystem_class()          # a missing package is told now, at open
 
@@ -130,7 +131,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         return {'url': self.url, 'protocol': self.protocol, 'options': self.options,
                 'settings': self.settings, 'sizes': dict(self._sizes),
                 'kinds': dict(self._kinds), 'listings': dict(self._listings),
-                'versions': dict(self._versions)}
+                'versions': dict(self._versions), 'unversioned': set(self._unversioned)}
 
     def __setstate__(self, state):
         self.url, self.protocol = state['url'], state['protocol']
@@ -138,6 +139,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         self._sizes, self._kinds = state['sizes'], state['kinds']
         self._listings = state['listings']
         self._versions = state.get('versions', {})
+        self._unversioned = state.get('unversioned', set())
         self._init_process()
 
     def _init_process(self) -> None:
@@ -657,6 +659,8 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
     def _forget(self, path: str) -> None:
         """Drop what we remembered about ``path`` and what lies under it (we are writing it)."""
         path = path.rstrip('/')
+        self._unversioned = {k for k in self._unversioned
+                             if k != path and not k.startswith(path + '/')}
         for table in (self._sizes, self._kinds, self._listings, self._versions):
             for key in [k for k in table if k == path or k.startswith(path + '/')]:
                 del table[key]

@@ -7,8 +7,12 @@ dataset: every range request asks for that version (``If-Match``, or
 the answer's ETag compared), the local cache keys its entries by it, and an
 object replaced since the reader was made is a :class:`~loadr.errors.ReadError`
 naming the URL ("changed since the reader was made"), never its new bytes
-mixed with the old. Each open learns afresh: storages are shared only within
-one open (see :func:`loadr.storage.using_storage_options`).
+mixed with the old. An object whose version the open did not learn (a
+listing that gave its size alone) is asked for it (a HEAD) before the cache
+serves any of it; one whose server gives none is not cached (see
+:meth:`loadr.storage.caching.CacheHookup._cache_key`). Each open learns
+afresh: storages are shared only within one open (see
+:func:`loadr.storage.using_storage_options`).
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ class Versions:
         """Remember what the server said of object ``path`` (the first answer wins: the
         reader's snapshot)."""
         if size is not None:
-            self._sizes.setdefault(path, int(size))
+            if self._sizes.setdefault(path, int(size)) != int(size):
+                return      # another object than the one opened: its version is not ours
         etag = str(etag) if etag else None
         if hasattr(modified, 'astimezone'):             # s3fs: a datetime, in local time
             modified = modified.astimezone(datetime.timezone.utc).strftime(

@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import hashlib
 import json
 import socket
 import struct
 import threading
+import time
 import urllib.parse
 
 __all__ = ['Proxy']
@@ -55,7 +57,10 @@ class Proxy:
     covers a byte of ``[a, b)`` (a bad record: every request that carries it
     fails, whatever else it carries); ``refuse_status``: the status they get
     instead (403: an expired presigned URL; 301: a bucket of another region),
-    with the S3 error code ``refuse_code``.
+    with the S3 error code ``refuse_code``. ``expire_after_s``: a presigned URL
+    (its ``X-Amz-Date``) older than this is refused as S3 refuses an expired one
+    (403 AccessDenied, "Request has expired"); :meth:`signatures` lists the
+    signatures seen.
     ``whole_for_many_ranges``: a multi-range request is passed on without its
     Range (the whole file comes back, as from a server that does not do
     multi-range). ``slow``: the
@@ -69,7 +74,8 @@ class Proxy:
                  hang: bool = False, port: int = 0, refuse: str | None = None,
                  whole_for_many_ranges: bool = False, wrong: float = 0.0, total: float = 0.0,
                  refuse_bytes: tuple[int, int] | None = None, slow: float = 0.0,
-                 slow_s: float = 0.0, refuse_status: int = 503, refuse_code: str = 'Refused'):
+                 slow_s: float = 0.0, refuse_status: int = 503, refuse_code: str = 'Refused',
+                 expire_after_s: float | None = None):
         parts = urllib.parse.urlsplit(upstream if '//' in upstream else f'http://{upstream}')
         self.upstream = (parts.hostname or '127.0.0.1', parts.port or 80)
         self.delay_s, self.error, self.short, self.reset = delay_s, error, short, reset
@@ -82,6 +88,7 @@ class Proxy:
         self.slow, self.slow_s = slow, slow_s
         # As a server without multi-range support: such a request gets the whole file (200).
         self.whole_for_many_ranges = whole_for_many_ranges
+        self.expire_after_s = expire_after_s
         self._port = port
         self._attempts: dict[tuple, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -99,10 +106,15 @@ class Proxy:
     def reset_stats(self) -> None:
         """Zero the counters (and forget past attempts, so faults repeat from the start)."""
         self.stats = {'requests': 0, 'body_bytes': 0, 'error': 0, 'short': 0, 'reset': 0,
-                      'wrong': 0, 'total': 0, 'hung': 0, 'max_in_flight': 0, 'slow': 0}
+                      'wrong': 0, 'total': 0, 'hung': 0, 'max_in_flight': 0, 'slow': 0,
+                      'expired': 0}
         self._in_flight = 0
         self.log: list[tuple[str, str, str]] = []      # (method, target, Range) of each request
         self._attempts = {}
+
+    def signatures(self) -> set[str]:
+        """The presigned URLs' signatures (``X-Amz-Signature``) of the requests seen."""
+        return {_signature(target) for _, target, _ in list(self.log)} - {None}
 
     # ----------------------------------------------------------------- life cycle
     def start(self) -> 'Proxy':
@@ -232,6 +244,15 @@ class Proxy:
                 await asyncio.sleep(delay)
             finally:
                 self._in_flight -= 1
+        if self.expire_after_s is not None and _expired(target, self.expire_after_s):
+            self.stats['expired'] += 1
+            body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+                    b'<Message>Request has expired</Message><X-Amz-Expires>3600'
+                    b'</X-Amz-Expires></Error>')
+            writer.write(b'HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\n'
+                         b'Content-Length: %d\r\n\r\n%s' % (len(body), body))
+            await writer.drain()
+            return True
         fault = self._fault(method, target, h.get('range', ''))
         if self.refuse is not None and self.refuse in target and (
                 self.refuse_bytes is None or _covers(h.get('range', ''), self.refuse_bytes)):
@@ -327,6 +348,23 @@ class Proxy:
                      b'Content-Length: %d\r\n\r\n' % len(data) + data)
         await writer.drain()
         return True
+
+
+def _expired(target: str, after_s: float) -> bool:
+    """Whether the presigned URL ``target`` was signed (its ``X-Amz-Date``) over
+    ``after_s`` ago."""
+    signed = urllib.parse.parse_qs(target.partition('?')[2]).get('X-Amz-Date')
+    if not signed:
+        return False
+    at = datetime.datetime.strptime(signed[0], '%Y%m%dT%H%M%SZ').replace(
+        tzinfo=datetime.timezone.utc).timestamp()
+    return time.time() - at > after_s
+
+
+def _signature(target: str) -> str | None:
+    """The ``X-Amz-Signature`` of a request target (a presigned URL's), or None."""
+    query = urllib.parse.parse_qs(target.partition('?')[2])
+    return query.get('X-Amz-Signature', [None])[0]
 
 
 def _ranges(header: str) -> list[tuple[int, int]]:

@@ -6,7 +6,8 @@ every process it forked (nginx's worker) by the one process-group id we got
 when we started it, and nothing else.
 
 - :func:`start_nginx` serves a directory over HTTP with ``autoindex`` (JSON
-  listings under ``/``, nginx's HTML listings under ``/html/``) and byte
+  listings under ``/``, nginx's HTML listings under ``/html/``, and under
+  ``/bare/`` HTML listings and files without ETag or Last-Modified) and byte
   ranges, from a config file written into a directory of ours
   (``nginx -p <prefix> -c <conf>``, ``daemon off``).
 - :func:`start_moto` runs moto's standalone S3 server (``python -m
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import functools
 import http.server
+import io
+import json
 import os
 import pathlib
 import shutil
@@ -168,6 +171,12 @@ http {{
         root {root};
         location / {{ autoindex on; autoindex_format json; }}
         location /html/ {{ alias {root}/; autoindex on; }}
+        # As a server that says no version of its files: no ETag, no Last-Modified
+        # (an empty add_header of it drops nginx's own), an HTML listing without times.
+        location /bare/ {{
+            alias {root}/; autoindex on; etag off; if_modified_since off;
+            add_header Last-Modified "";
+        }}
     }}
 }}
 """
@@ -251,6 +260,22 @@ class _Logged(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _JSONListed(_Logged):
+    """As :class:`_Logged`, a directory listed as nginx's JSON autoindex does, but with
+    each file's size alone (no mtime): a listing that says no version."""
+
+    def list_directory(self, path):
+        entries = [{'name': e.name, 'type': 'directory' if e.is_dir() else 'file',
+                    **({} if e.is_dir() else {'size': e.stat().st_size})}
+                   for e in sorted(os.scandir(path), key=lambda e: e.name)]
+        body = json.dumps(entries).encode()
+        self.send_response(200)
+        self.send_header('Content-Type', 'application/json')
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        return io.BytesIO(body)
+
+
 class _Quiet(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
@@ -260,11 +285,13 @@ class _Quiet(http.server.ThreadingHTTPServer):
 
 class PlainHTTP:
     """python's ``http.server`` serving a directory on loopback: ``url``, ``log``
-    (``(method, path, Range)`` of each request), ``stop()``."""
+    (``(method, path, Range)`` of each request), ``stop()``. ``json_listing``:
+    directories listed as JSON with each file's size and no mtime."""
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, json_listing: bool = False):
+        handler = _JSONListed if json_listing else _Logged
         self._server = _Quiet(('127.0.0.1', 0),
-                              functools.partial(_Logged, directory=os.fspath(root)))
+                              functools.partial(handler, directory=os.fspath(root)))
         self._server.log = self.log = []
         self.url = f'http://127.0.0.1:{self._server.server_address[1]}'
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
@@ -283,6 +310,7 @@ class PlainHTTP:
         self.stop()
 
 
-def start_plain_http(root: str | os.PathLike) -> PlainHTTP:
-    """python's ``http.server`` serving ``root`` at ``http://127.0.0.1:PORT`` (no ranges)."""
-    return PlainHTTP(root)
+def start_plain_http(root: str | os.PathLike, json_listing: bool = False) -> PlainHTTP:
+    """python's ``http.server`` serving ``root`` at ``http://127.0.0.1:PORT`` (no ranges;
+    ``json_listing``: see :class:`PlainHTTP`)."""
+    return PlainHTTP(root, json_listing)

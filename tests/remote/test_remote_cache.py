@@ -23,7 +23,7 @@ from ..loader_helpers import stream_digests
 from ..storage.test_cache import mounts  # noqa: F401 - a fixture: tmpfs mounts, unmounted at the end
 from ..test_loader_readers import PIPELINES
 from .proxy import Proxy
-from .servers import s3_client, upload
+from .servers import s3_client, start_plain_http, upload
 from .test_remote_readers import _remote_pipeline
 
 pytestmark = pytest.mark.timeout(120)
@@ -421,6 +421,56 @@ def test_a_dataset_replaced_between_runs_is_read_anew_never_from_the_cache(repla
     second = loadr.open(url, storage_options=options, **cache)
     assert _all(second) == expected[2]
     assert _all(loadr.open(url, storage_options=options, **cache)) == expected[2]
+
+
+def test_a_dataset_whose_server_gives_no_version_is_never_read_from_an_old_cache(
+        nginx, served_root, tmp_path, capfd):
+    """A server that says no version of its files (no ETag, no Last-Modified: nginx's
+    /bare/): the cache cannot tell the files of a new upload from those it holds, so
+    they are not cached, one warning naming the URL says so, and a new run after the
+    dataset was replaced reads the new bytes (it read the old ones from the cache)."""
+    name = f'unversioned-{os.getpid()}'
+    for v in (1, 2):
+        _write_version(tmp_path / f'v{v}', v)
+    expected = {v: _all(loadr.open(tmp_path / f'v{v}')) for v in (1, 2)}
+    shutil.copytree(tmp_path / 'v1', served_root / name)
+    url = f'{nginx.url}/bare/{name}'
+    cache = {'cache_dir': str(tmp_path / 'cache'), 'cache_bytes': 1 << 20}
+    log = tmp_path / 'log'
+    try:
+        with _logged(log):
+            assert _all(loadr.open(url, **cache)) == expected[1]
+            shutil.copytree(tmp_path / 'v2', tmp_path / 'staged')
+            _replace_over(served_root / name, tmp_path / 'staged', later_s=5)
+            assert _all(loadr.open(url, **cache)) == expected[2]
+        lines = _warnings(log, capfd, url)
+        assert len(lines) == 1, lines
+        assert 'no version' in lines[0] and 'not cached' in lines[0], lines
+        assert _entries_bytes(tmp_path / 'cache') == 0
+    finally:
+        shutil.rmtree(served_root / name, ignore_errors=True)
+
+
+def test_a_listing_without_versions_has_each_file_asked_for_its_version(tmp_path):
+    """A listing that gives each file's size but not its version: each file is asked for
+    its version (a HEAD: its Last-Modified here) before the cache serves any of it, so
+    a new run after the dataset was replaced reads the new bytes (it read the old ones
+    from the cache), and the files are still cached, under their versions."""
+    for v in (1, 2):
+        _write_version(tmp_path / f'v{v}', v)
+    expected = {v: _all(loadr.open(tmp_path / f'v{v}')) for v in (1, 2)}
+    shutil.copytree(tmp_path / 'v1', tmp_path / 'site' / 'ds')
+    cache = {'cache_dir': str(tmp_path / 'cache'), 'cache_bytes': 1 << 20}
+    with start_plain_http(tmp_path / 'site', json_listing=True) as web:
+        url = f'{web.url}/ds'
+        assert _all(loadr.open(url, **cache)) == expected[1]
+        cached = _entries_bytes(tmp_path / 'cache')
+        assert cached > 0
+        assert any(method == 'HEAD' for method, _, _ in web.log), web.log
+        shutil.copytree(tmp_path / 'v2', tmp_path / 'staged')
+        _replace_over(tmp_path / 'site' / 'ds', tmp_path / 'staged', later_s=5)
+        assert _all(loadr.open(url, **cache)) == expected[2]
+        assert _entries_bytes(tmp_path / 'cache') > cached      # version 2's, beside
 
 
 def test_a_dataset_replaced_during_a_run_is_an_error_naming_the_url(replaceable, tmp_path):
