@@ -65,6 +65,7 @@ class _Link:
     sock: object
     monitor: object
     depth: int
+    server_public: bytes
     tasks: dict = field(default_factory=dict)   # task id -> (header, sent at)
     connected: bool = False
     rows: int = 0
@@ -187,7 +188,7 @@ class RemotePool:
                                           | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
         sock.connect(f"tcp://{info['address']}:{info['port']}")
         depth = DEPTH_PER_PROCESS * max(1, int(self.engine.cpus))
-        self.links.append(_Link(index, handle, info, sock, monitor, depth))
+        self.links.append(_Link(index, handle, info, sock, monitor, depth, server_public))
         self.poller_for = None
 
     def _restart(self, index: int) -> None:

@@ -1,0 +1,243 @@
+"""Remote workers through the Ray-free engine (loadr.remote.Subprocesses): agents as
+real processes on loopback tcp with CURVE, the same batches for any placement, and the
+faults a host can have (killed, stopped, a fn raising, a batch that kills hosts, fns it
+cannot import, a stranger at its socket)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import zmq
+import zmq.utils.monitor
+
+import loadr
+import loadr.remote
+from loadr.errors import ConfigError
+from loadr.workers.agent import DONE, parse_wire
+from loadr.workers.protocol import Task, task
+
+from ..loader_helpers import alive, batch_digest, noisy, slowed, trivial
+
+N, BATCH, SEED = 50, 8, 3       # 7 batches an epoch, the last of 2 rows
+
+
+class Poison(ValueError):
+    """Raised by a fn on one datapoint, on whatever host makes it."""
+
+
+def poisoned(dp, seed):
+    if dp['label'] == 17:
+        raise Poison(f"label {dp['label']} is poisoned")
+    return noisy(dp, seed)
+
+
+def kills_its_host(dp, seed):
+    """On datapoint 17, inside an agent's worker: SIGKILL the agent (the whole host's
+    share of the work); anywhere else, the plain fn."""
+    if dp['label'] == 17:
+        try:
+            with open(f'/proc/{os.getppid()}/cmdline', 'rb') as f:
+                parent = f.read()
+        except OSError:
+            parent = b''
+        if b'loadr.workers.agent' in parent:
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(5)
+    return noisy(dp, seed)
+
+
+def epochs(loader, count=2):
+    return [batch_digest(b) for e in range(count) for b in loader.epoch(e)]
+
+
+def digests(fns=(noisy,), count=2, **kw):
+    with loadr.Loader(trivial(N), batch=BATCH, fns=list(fns), seed=SEED, **kw) as loader:
+        return epochs(loader, count)
+
+
+@pytest.fixture(scope='module')
+def reference():
+    return digests(workers=0)
+
+
+def agents_of(loader) -> list:
+    """(pid, its worker pids) of each live agent."""
+    out = []
+    for link in loader._pool.remote.links:
+        pid = link.info['pid']
+        kids = []
+        for tid in os.listdir(f'/proc/{pid}/task'):
+            with open(f'/proc/{pid}/task/{tid}/children') as f:
+                kids += [int(p) for p in f.read().split()]
+        out.append((pid, kids))
+    return out
+
+
+def until(check, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, 'timed out'
+        time.sleep(0.02)
+
+
+def test_every_placement_makes_the_same_batches(reference):
+    assert len(reference) == 14
+    assert digests(workers=1) == reference
+    assert digests(workers=0, remote=loadr.remote.Subprocesses(agents=1)) == reference
+    assert digests(workers=0, remote=loadr.remote.Subprocesses(agents=2)) == reference
+    assert digests(workers=1, remote=loadr.remote.Subprocesses(agents=2)) == reference
+
+
+def test_a_killed_agent_s_batches_are_redone_elsewhere():
+    ref = digests(fns=[slowed(0.01)], workers=0)
+    with loadr.Loader(trivial(N), batch=BATCH, fns=[slowed(0.01)], seed=SEED, workers=0,
+                      remote=loadr.remote.Subprocesses(agents=2)) as loader:
+        it = loader.epoch(0)
+        got = [batch_digest(next(it))]
+        (victim, kids), _ = agents_of(loader)
+        os.kill(victim, signal.SIGKILL)
+        got += [batch_digest(b) for b in it]
+        got += [batch_digest(b) for b in loader.epoch(1)]
+        assert got == ref
+        until(lambda: not any(alive(p) for p in kids))
+
+
+def test_a_stopped_agent_is_found_by_heartbeats_and_its_batches_redone():
+    ref = digests(fns=[slowed(0.01)], workers=0)
+    with loadr.Loader(trivial(N), batch=BATCH, fns=[slowed(0.01)], seed=SEED, workers=0,
+                      remote=loadr.remote.Subprocesses(agents=2)) as loader:
+        it = loader.epoch(0)
+        got = [batch_digest(next(it))]
+        (victim, _), _ = agents_of(loader)
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            got += [batch_digest(b) for b in it]
+            got += [batch_digest(b) for b in loader.epoch(1)]
+        finally:
+            if alive(victim):
+                os.kill(victim, signal.SIGCONT)
+        assert got == ref
+        until(lambda: not alive(victim))        # killed when it was dropped
+
+
+def test_a_state_resumes_on_another_placement(reference):
+    placements = [dict(workers=0, remote=loadr.remote.Subprocesses(agents=2)),
+                  dict(workers=1),
+                  dict(workers=1, remote=loadr.remote.Subprocesses(agents=1)),
+                  dict(workers=0)]
+    for before, after in zip(placements, placements[1:]):
+        with loadr.Loader(trivial(N), batch=BATCH, fns=[noisy], seed=SEED, **before) as a:
+            it = a.epoch(0)
+            got = [batch_digest(next(it)) for _ in range(3)]
+            state = a.save()
+        assert 'remote' not in str(state) and 'agent' not in str(state)
+        with loadr.Loader(trivial(N), batch=BATCH, fns=[noisy], seed=SEED, **after) as b:
+            b.load(state)
+            got += [batch_digest(x) for x in b.epoch(0)]
+            got += [batch_digest(x) for x in b.epoch(1)]
+        assert got == reference, (before, after)
+
+
+def test_a_fn_raising_on_a_host_surfaces_with_its_class_and_message():
+    with loadr.Loader(trivial(N), batch=BATCH, fns=[poisoned], seed=SEED, workers=0,
+                      remote=loadr.remote.Subprocesses(agents=1)) as loader:
+        with pytest.raises(Poison, match='label 17 is poisoned') as info:
+            epochs(loader)
+    assert info.value.loadr_index == 17
+    assert 'on host' in str(info.value.__cause__)
+
+
+def test_a_batch_that_keeps_killing_hosts_fails_naming_its_positions():
+    with loadr.Loader(trivial(N), batch=BATCH, fns=[kills_its_host], seed=SEED, workers=0,
+                      remote=loadr.remote.Subprocesses(agents=1)) as loader:
+        with pytest.raises(loadr.LoadrError, match=r'stream positions \d+\.\.\d+ were in hand '
+                                                   r'on 3 remote hosts'):
+            epochs(loader, 1)
+
+
+def test_a_host_that_cannot_import_the_fns_is_named_before_the_first_batch(tmp_path):
+    (tmp_path / 'only_here.py').write_text(textwrap.dedent('''
+        def fn(dp, seed):
+            return dp
+    '''))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import only_here
+        env = {k: v for k, v in os.environ.items()}
+        with loadr.Loader(trivial(N), batch=BATCH, fns=[only_here.fn], seed=SEED, workers=0,
+                          remote=loadr.remote.Subprocesses(agents=1, env=env)) as loader:
+            with pytest.raises(loadr.LoadrError, match=r"agent 0 on host \S+ could not start: "
+                                                       r".*No module named 'only_here'"):
+                next(iter(loader))
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop('only_here', None)
+
+
+def test_close_leaves_no_agent_worker_or_shared_memory():
+    with loadr.Loader(trivial(N), batch=BATCH, fns=[noisy], seed=SEED, workers=1,
+                      remote=loadr.remote.Subprocesses(agents=2)) as loader:
+        next(iter(loader))
+        found = agents_of(loader)
+        pids = [p for pid, kids in found for p in (pid, *kids)]
+        assert len(pids) == 4 and all(alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
+    left = [n for n in os.listdir('/dev/shm') for pid, _ in found if f'-{pid}-' in n]
+    assert not left
+
+
+def test_a_stranger_at_an_agent_s_socket_gets_nothing():
+    with loadr.Loader(trivial(N), batch=BATCH, fns=[noisy], seed=SEED, workers=0,
+                      remote=loadr.remote.Subprocesses(agents=1)) as loader:
+        next(iter(loader))
+        link = loader._pool.remote.links[0]
+        address = f"tcp://{link.info['address']}:{link.info['port']}"
+        ctx = zmq.Context()
+        try:
+            for curve in (True, False):
+                sock = ctx.socket(zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 0)
+                if curve:       # a well-formed client that knows the server's key
+                    sock.curve_serverkey = link.server_public
+                    sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+                monitor = sock.get_monitor_socket()
+                sock.connect(address)
+                sock.send(task(Task(10**6, 0, 0, SEED, 0, BATCH))[0])
+                failed = None
+                deadline = time.monotonic() + 10
+                while failed is None and time.monotonic() < deadline:
+                    if monitor.poll(100):
+                        event = zmq.utils.monitor.recv_monitor_message(monitor)['event']
+                        if event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+                                     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                                     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                                     zmq.EVENT_DISCONNECTED):
+                            failed = event
+                        assert event != zmq.EVENT_HANDSHAKE_SUCCEEDED
+                assert failed is not None, 'the handshake was neither refused nor closed'
+                assert not sock.poll(200)       # and no reply came
+                monitor.close(0)
+                sock.close(0)
+        finally:
+            ctx.term()
+        # The run itself goes on.
+        assert batch_digest(next(iter(loader))) is not None
+
+
+def test_remote_must_be_an_engine():
+    with pytest.raises(ConfigError, match='remote must be an engine'):
+        loadr.Loader(trivial(N), batch=BATCH, remote=object())
+    with pytest.raises(ConfigError, match='agents must be'):
+        loadr.remote.Subprocesses(agents=0)
+
+
+def test_the_wire_header_is_refused_when_it_is_not_loadr_s():
+    assert parse_wire(b'x' * 14) is None
+    assert parse_wire(b'LDRA\x01D' + (7).to_bytes(8, 'little')) == (DONE, 7)
+    assert np.dtype('<Q').itemsize == 8
