@@ -73,13 +73,15 @@ class LoaderRemote:
             asm = Assembler(self.reader, self.fns, spec)
             positions = canary_positions(self.n)
             canaries = [_canary(asm, order, p) for p in positions]
+            # A YAML pipeline's loader has a recipe: the agents rebuild it (loadr.config).
             recipe = getattr(self, 'recipe', None)
             make_config = functools.partial(
                 _agent_config, AgentConfig, dict(
                     spec=spec, fields=fields, batch=self.batch, n=self.n, shuffle=self.shuffle,
                     on_error=self.on_error, order_version=self.order_version,
                     processes=engine.cpus, reader=None if recipe else self.reader,
-                    fns=[] if recipe else list(self.fns), recipe=recipe, seed=self.seed,
+                    fns=[] if recipe else list(self.fns), recipe=recipe,
+                    rebuild=getattr(self, 'rebuild', None), seed=self.seed,
                     canaries=positions, timeout=self.timeout))
             remote = RemotePool(engine, make_config, local.views, layout, canaries)
         except BaseException:

@@ -149,7 +149,8 @@ class AgentConfig:
     allowed: list               # the trainers' CURVE public keys (z85) admitted
     reader: object = None
     fns: list = field(default_factory=list)
-    recipe: tuple | None = None  # (the YAML's mapping, its folder): loadr.pipeline rebuilds it here
+    recipe: tuple | None = None  # (the YAML's mapping, its folder): rebuilt here, by
+    rebuild: object = None       # loadr.config.document.rebuild
     seed: int = 0
     canaries: list = field(default_factory=list)
     bind_host: str = '127.0.0.1'
@@ -160,14 +161,11 @@ class AgentConfig:
 
 
 def _pipeline(config: AgentConfig):
-    """``(reader, fns)``: from the config, or rebuilt from the YAML recipe."""
+    """``(reader, fns)``: from the config, or rebuilt from the YAML recipe (by
+    ``config.rebuild``, loadr's own function, which the config names by reference)."""
     if config.recipe is None:
         return config.reader, list(config.fns)
-    from ..config.document import Config
-
-    data, base_dir = config.recipe
-    built = Config(data, None, base_dir)
-    return built.build_reader(), list(built.build_fns())
+    return config.rebuild(*config.recipe)
 
 
 class Agent:
@@ -191,7 +189,6 @@ class Agent:
         import zmq
         import zmq.auth.thread
 
-        import loadr
         from ..assemble import Assembler
         from ..order import order_for
         from .pool import WorkerPool
@@ -227,7 +224,7 @@ class Agent:
         self.next_id = 0
         self.cancelled = -1                     # the trainer's stale task ids: up to this
         return {'host': socket.gethostname(), 'address': c.bind_host, 'port': port,
-                'loadr': loadr.__version__, 'file': loadr.__file__,
+                'loadr': _loadr().__version__, 'file': _loadr().__file__,
                 'protocol': protocol.VERSION, 'wire': WIRE_VERSION, 'pid': os.getpid(),
                 'canaries': canaries}
 
@@ -375,6 +372,11 @@ class Agent:
                 self.auth.stop()
             if self.ctx is not None:
                 self.ctx.term()
+
+
+def _loadr():
+    """The loadr package this process runs (its version and file go into the report)."""
+    return sys.modules['loadr']     # imported: this module is inside it (also as __main__)
 
 
 class _AllowList:

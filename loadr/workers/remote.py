@@ -23,6 +23,7 @@ Each link holds up to ``DEPTH_PER_PROCESS`` tasks per process of its agent.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -153,8 +154,7 @@ class RemotePool:
             self._connect(index, handle, info, server_public)
 
     def _check_fit(self, index: int, info: dict) -> None:
-        import loadr
-
+        loadr = sys.modules[__name__.partition('.')[0]]     # the package this process runs
         host = info.get('host', '?')
         where = f'agent {index} on host {host}'
         if 'error' in info:

@@ -241,3 +241,49 @@ def test_the_wire_header_is_refused_when_it_is_not_loadr_s():
     assert parse_wire(b'x' * 14) is None
     assert parse_wire(b'LDRA\x01D' + (7).to_bytes(8, 'little')) == (DONE, 7)
     assert np.dtype('<Q').itemsize == 8
+
+
+def test_loadr_never_imports_ray_and_says_what_to_install_without_it():
+    import subprocess
+
+    code = textwrap.dedent('''
+        import sys
+        import loadr, loadr.ray
+        assert 'ray' not in sys.modules, 'import loadr imported ray'
+        sys.modules['ray'] = None           # as if it were not installed
+        try:
+            loadr.Loader([{'x': 1}], batch=1, workers=0, remote=loadr.ray.Workers(nodes=2))
+        except loadr.errors.ConfigError as exc:
+            print(exc)
+    ''')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'loadr-ml[ray]'" in out.stdout
+
+
+def test_a_yaml_pipeline_runs_on_agents_that_rebuild_it(tmp_path):
+    from ..datasets import write_bag
+
+    write_bag(tmp_path / 'bag', n=21)
+    text = textwrap.dedent('''
+        reader: {path: bag, decode_images: false}
+        fns:
+          - decode_jpeg: {key: image, size: [16, 16]}
+          - flip
+        loader: {batch: 4, seed: 3, workers: 0%s}
+    ''')
+    (tmp_path / 'local.yaml').write_text(text % '')
+    (tmp_path / 'remote.yaml').write_text(
+        text % ', remote: {engine: subprocesses, agents: 2, cpus: 1}')
+    with loadr.pipeline(tmp_path / 'local.yaml') as loader:
+        want = epochs(loader)
+    with loadr.pipeline(tmp_path / 'remote.yaml') as loader:
+        assert loader.recipe is not None
+        got = epochs(loader)
+        # What the agents were given: the recipe, none of the reader's or fns' objects.
+        config = loader._pool.remote.make_config(0, b'', b'')
+        assert config.reader is None and config.fns == [] and config.recipe is not None
+    assert got == want and len(want) == 12
+    with pytest.raises(ConfigError, match="loader.remote.engine must be 'ray' or"):
+        loadr.pipeline(tmp_path / 'local.yaml', loader={'remote': {'engine': 'spark'}})

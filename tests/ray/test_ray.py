@@ -1,0 +1,74 @@
+"""Remote workers on a real Ray cluster (loadr.ray.Workers): the same batches as in one
+process, also with a node removed mid-epoch, and nothing left behind."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import loadr
+import loadr.ray
+
+from ..loader_helpers import alive, batch_digest, noisy, slowed, trivial
+
+pytest.importorskip('ray')
+
+N, BATCH, SEED = 50, 8, 3
+
+
+def epochs(loader, count=2):
+    return [batch_digest(b) for e in range(count) for b in loader.epoch(e)]
+
+
+def digests(fns=(noisy,), **kw):
+    with loadr.Loader(trivial(N), batch=BATCH, fns=list(fns), seed=SEED, **kw) as loader:
+        return epochs(loader)
+
+
+def agent_pids(loader) -> list[int]:
+    return [link.info['pid'] for link in loader._pool.remote.links]
+
+
+def test_agents_on_ray_nodes_make_the_same_batches(cluster):
+    reference = digests(workers=0)
+    with loadr.Loader(trivial(N), batch=BATCH, fns=[noisy], seed=SEED, workers=0,
+                      remote=loadr.ray.Workers(cpus=1)) as loader:     # nodes=None: both
+        assert epochs(loader) == reference
+        pids = agent_pids(loader)
+        assert len(pids) == 2
+        it = loader.epoch(0)
+        head = [batch_digest(next(it)) for _ in range(3)]
+        state = loader.save()
+    until(lambda: not any(alive(p) for p in pids))  # the agents' pools and actors are gone
+    # A state saved with two agents resumes on one agent and a local worker.
+    with loadr.Loader(trivial(N), batch=BATCH, fns=[noisy], seed=SEED, workers=1,
+                      remote=loadr.ray.Workers(nodes=1)) as loader:
+        loader.load(state)
+        assert head + epochs(loader) == reference
+
+
+def until(check, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, 'timed out'
+        time.sleep(0.05)
+
+
+def test_a_node_removed_mid_epoch_changes_no_batch(cluster):
+    c, ray, nodes = cluster
+    fns = [slowed(0.01)]
+    reference = digests(fns=fns, workers=0)
+    with loadr.Loader(trivial(N), batch=BATCH, fns=fns, seed=SEED, workers=0,
+                      remote=loadr.ray.Workers(nodes=2)) as loader:
+        it = loader.epoch(0)
+        got = [batch_digest(next(it))]
+        t0 = time.monotonic()
+        c.remove_node(nodes[1], allow_graceful=False)
+        got.append(batch_digest(next(it)))
+        after_loss_s = time.monotonic() - t0
+        got += [batch_digest(b) for b in it]
+        got += [batch_digest(b) for b in loader.epoch(1)]
+    assert got == reference, after_loss_s
+    nodes[1] = c.add_node(num_cpus=1)
+    c.wait_for_nodes()
