@@ -287,3 +287,35 @@ def test_a_yaml_pipeline_runs_on_agents_that_rebuild_it(tmp_path):
     assert got == want and len(want) == 12
     with pytest.raises(ConfigError, match="loader.remote.engine must be 'ray' or"):
         loadr.pipeline(tmp_path / 'local.yaml', loader={'remote': {'engine': 'spark'}})
+
+
+def test_a_killed_trainer_leaves_no_agent_behind(tmp_path):
+    import subprocess
+
+    code = textwrap.dedent('''
+        import os, sys, time
+        import loadr, loadr.remote
+        from tests.loader_helpers import trivial, noisy
+        loader = loadr.Loader(trivial(50), batch=8, fns=[noisy], workers=0,
+                              remote=loadr.remote.Subprocesses(agents=2))
+        next(iter(loader))
+        for link in loader._pool.remote.links:
+            pid = link.info['pid']
+            kids = []
+            for tid in os.listdir(f'/proc/{pid}/task'):
+                with open(f'/proc/{pid}/task/{tid}/children') as f:
+                    kids += f.read().split()
+            print(pid, *kids, flush=True)
+        time.sleep(600)
+    ''')
+    trainer = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True,
+                               cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    try:
+        pids = [int(p) for _ in range(2) for p in trainer.stdout.readline().split()]
+        assert len(pids) == 4 and all(alive(p) for p in pids)
+    finally:
+        trainer.kill()
+        trainer.wait(30)
+    until(lambda: not any(alive(p) for p in pids))
+    left = [n for n in os.listdir('/dev/shm') for p in pids if f'-{p}-' in n]
+    assert not left
