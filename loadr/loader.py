@@ -465,6 +465,8 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
             for wid, uss in self._pool.private_memory().items():
                 if wid < len(stats.workers):
                     stats.workers[wid]['uss_bytes'] = uss
+            if self._remote is not None:
+                stats.agents = self._pool.agent_rows()
         return stats
 
     def _batch_from(self, arrays: dict, extras: dict) -> dict | tuple:

@@ -102,6 +102,7 @@ class RemotePool:
         self.restarts: dict[int, int] = {}
         self.deaths: dict[int, int] = {}        # task id -> hosts that died holding it
         self.agent_deaths = 0
+        self.deaths_at: dict[int, int] = {}     # agent index -> its agents lost
         self.cancelled = -1
         self.ctx = zmq.Context(1)
         self.client_public, self.client_secret = zmq.curve_keypair()
@@ -210,6 +211,7 @@ class RemotePool:
         link.sock.close(0)
         link.monitor.close(0)
         self.agent_deaths += 1
+        self.deaths_at[link.index] = self.deaths_at.get(link.index, 0) + 1
         try:
             link.handle.kill()
         except Exception as exc:    # noqa: BLE001 - it is gone either way
@@ -356,7 +358,8 @@ class RemotePool:
         """One dict per live agent: host, rows, bytes, tasks in flight, round trip."""
         return [{'agent': link.index, 'host': link.info.get('host'),
                  'rows': link.rows, 'bytes': link.bytes, 'in_flight': len(link.tasks),
-                 'round_trip_s': link.round_trip_s / link.answered if link.answered else None}
+                 'round_trip_s': link.round_trip_s / link.answered if link.answered else None,
+                 'deaths': self.deaths_at.get(link.index, 0)}
                 for link in self.links]
 
     @property

@@ -319,3 +319,18 @@ def test_a_killed_trainer_leaves_no_agent_behind(tmp_path):
     until(lambda: not any(alive(p) for p in pids))
     left = [n for n in os.listdir('/dev/shm') for p in pids if f'-{p}-' in n]
     assert not left
+
+
+def test_stats_has_a_line_per_agent():
+    from loadr.stats import format_table
+
+    with loadr.Loader(trivial(N), batch=BATCH, fns=[noisy], seed=SEED, workers=0,
+                      remote=loadr.remote.Subprocesses(agents=2)) as loader:
+        epochs(loader, 1)
+        stats = loader.stats()
+    agents = stats.as_dict()['agents']
+    assert sorted(a['agent'] for a in agents) == [0, 1]
+    assert sum(a['rows'] for a in agents) == N         # workers=0: every row from an agent
+    assert all(a['deaths'] == 0 and a['rows_per_s'] > 0 for a in agents)
+    table = format_table(stats)
+    assert 'agent 0 on ' in table and 'agent 1 on ' in table
