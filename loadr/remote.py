@@ -48,7 +48,9 @@ class _Process:
     def __init__(self, index: int, config, env: dict | None):
         import dill
 
-        blob = dill.dumps(config)
+        # recurse: a fn of the main script goes with the globals it uses (its module is
+        # not the agent's __main__).
+        blob = dill.dumps(config, recurse=True)
         self.index = index
         self.info = None
         self.lines: list[str] = []
