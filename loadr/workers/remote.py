@@ -104,6 +104,9 @@ class RemotePool:
         self.agent_deaths = 0
         self.deaths_at: dict[int, int] = {}     # agent index -> its agents lost
         self.cancelled = -1
+        # Whether the agents are all there is (no local workers): when the last is lost
+        # and none can be started again, nothing can be made.
+        self.alone = True
         self.ctx = zmq.Context(1)
         self.client_public, self.client_secret = zmq.curve_keypair()
         self.keys = list(layout.fields)
@@ -312,6 +315,11 @@ class RemotePool:
                 lost = 'has exited'
             if lost is not None:
                 events += self._lose(link, lost)
+        if self.alone and not self.links and not self.starting and not self.closed:
+            self.closed_for = 'every agent was lost and none could be started again'
+            events.append(protocol.Fatal(protocol.Failure(
+                'loadr.errors.WorkerError', f'no remote worker left: {self.closed_for} '
+                f'(see the warnings above)', '', None, None, None)))
         return events
 
     def _receive(self, link: _Link, msg: list) -> list:
@@ -394,6 +402,7 @@ class HybridPool:
 
     def __init__(self, local, remote: RemotePool):
         self.local, self.remote = local, remote
+        remote.alone = not local.pids
         self.slot_count = local.slot_count
         self.views = local.views
         self.layout = local.layout

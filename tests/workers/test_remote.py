@@ -334,3 +334,30 @@ def test_stats_has_a_line_per_agent():
     assert all(a['deaths'] == 0 and a['rows_per_s'] > 0 for a in agents)
     table = format_table(stats)
     assert 'agent 0 on ' in table and 'agent 1 on ' in table
+
+
+def test_a_fn_of_the_main_script_goes_to_the_agents_with_its_globals(tmp_path):
+    import subprocess
+
+    script = tmp_path / 'train.py'
+    script.write_text(textwrap.dedent('''
+        import numpy as np
+        import loadr, loadr.remote
+        OFFSET = 1000
+
+        def shift(dp, seed):
+            return {'x': np.int64(dp['x'] + OFFSET)}
+
+        if __name__ == '__main__':
+            data = [{'x': i} for i in range(20)]
+            with loadr.Loader(data, batch=4, fns=[shift], seed=1, workers=0,
+                              remote=loadr.remote.Subprocesses(agents=1)) as loader:
+                got = [b['x'].tolist() for b in loader.epoch(0)]
+            with loadr.Loader(data, batch=4, fns=[shift], seed=1, workers=0) as loader:
+                want = [b['x'].tolist() for b in loader.epoch(0)]
+            assert got == want, (got, want)
+            print('same')
+    '''))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and 'same' in out.stdout, out.stderr[-3000:]
