@@ -72,3 +72,35 @@ def test_a_node_removed_mid_epoch_changes_no_batch(cluster):
     assert got == reference, after_loss_s
     nodes[1] = c.add_node(num_cpus=1)
     c.wait_for_nodes()
+
+
+def test_an_agent_killed_through_ray_changes_no_batch_and_leaves_nothing(cluster):
+    c, ray, nodes = cluster
+    fns = [slowed(0.01)]
+    reference = digests(fns=fns, workers=0)
+    with loadr.Loader(trivial(N), batch=BATCH, fns=fns, seed=SEED, workers=0,
+                      remote=loadr.ray.Workers(nodes=2)) as loader:
+        it = loader.epoch(0)
+        got = [batch_digest(next(it))]
+        link = loader._pool.remote.links[0]
+        pid = link.info['pid']
+        kids = children(pid)
+        assert kids and all(alive(p) for p in kids)
+        ray.kill(link.handle.actor)
+        got += [batch_digest(b) for b in it]
+        got += [batch_digest(b) for b in loader.epoch(1)]
+        others = [(p, children(p)) for p in agent_pids(loader)]
+    assert got == reference
+    gone = [pid, *kids, *[q for p, ks in others for q in (p, *ks)]]
+    until(lambda: not any(alive(p) for p in gone))
+    import os
+    assert not [n for n in os.listdir('/dev/shm') for p in gone if f'-{p}-' in n]
+
+
+def children(pid: int) -> list[int]:
+    import os
+    out = []
+    for tid in os.listdir(f'/proc/{pid}/task'):
+        with open(f'/proc/{pid}/task/{tid}/children') as f:
+            out += [int(p) for p in f.read().split()]
+    return out
