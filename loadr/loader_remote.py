@@ -32,21 +32,11 @@ def canary_positions(n: int) -> list[int]:
     return sorted({0, n - 1})
 
 
-def _canary(asm, order, position: int) -> str:
-    from .workers.agent import datapoint_digest
-
-    try:
-        return datapoint_digest(asm.datapoint(order.index_at(position),
-                                              order.seeds(position, 1)[0]))
-    except Exception as exc:    # noqa: BLE001 - compared as it is: the same error, the same
-        return f'error {type(exc).__qualname__}'
-
-
 class LoaderRemote:
     """The remote half of :class:`loadr.Loader` (a mixin: it reads the loader's settings)."""
 
     def _remote_window(self, spec: dict):
-        from .workers.agent import AgentConfig
+        from .workers.agent import AgentConfig, canary
         from .workers.pool import WorkerPool
         from .workers.remote import HybridPool, RemotePool
         from .workers.shm import Layout
@@ -72,7 +62,7 @@ class LoaderRemote:
             order = self._order()
             asm = Assembler(self.reader, self.fns, spec)
             positions = canary_positions(self.n)
-            canaries = [_canary(asm, order, p) for p in positions]
+            canaries = [canary(asm, order, p) for p in positions]
             # A YAML pipeline's loader has a recipe: the agents rebuild it (loadr.config).
             recipe = getattr(self, 'recipe', None)
             make_config = functools.partial(

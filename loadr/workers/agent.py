@@ -48,7 +48,7 @@ from . import protocol
 
 __all__ = ['AgentConfig', 'Agent', 'WIRE_VERSION', 'CANCEL', 'DONE', 'FAIL', 'FATAL',
            'wire_header', 'parse_wire', 'failure_to_wire', 'failure_from_wire',
-           'datapoint_digest', 'READY_MARK', 'main']
+           'datapoint_digest', 'canary', 'READY_MARK', 'main']
 
 log = logging.getLogger('loadr')
 
@@ -196,15 +196,15 @@ class Agent:
 
         c = self.config
         reader, fns = _pipeline(c)
-        order = order_for(reader, c.seed, c.shuffle, c.order_version)
-        asm = Assembler(reader, fns, c.spec)
-        canaries = [datapoint_digest(asm.datapoint(order.index_at(p), order.seeds(p, 1)[0]))
-                    for p in c.canaries]
         layout = Layout(dict(c.fields), c.batch)
         slots = 2 * c.processes + 1
         self.pool = WorkerPool(reader, fns, c.spec, layout, c.processes, slots, c.n,
                                c.shuffle, c.on_error, c.start_method, c.timeout,
                                c.order_version, c.steady_memory)
+        # The canaries after the fork: files they open are this process's alone.
+        order = order_for(reader, c.seed, c.shuffle, c.order_version)
+        asm = Assembler(reader, fns, c.spec)
+        canaries = [canary(asm, order, p) for p in c.canaries]
         self.free = list(range(self.pool.slot_count))
         self.ctx = zmq.Context(1)
         self.auth = zmq.auth.thread.ThreadAuthenticator(self.ctx, log=log)
@@ -374,6 +374,16 @@ class Agent:
                 self.ctx.term()
 
 
+def canary(asm, order, position: int) -> str:
+    """The digest of the datapoint at ``position``, or the name of what it raised (the
+    trainer makes the same, and compares)."""
+    try:
+        return datapoint_digest(asm.datapoint(order.index_at(position),
+                                              order.seeds(position, 1)[0]))
+    except Exception as exc:    # noqa: BLE001 - compared as it is: the same error, the same
+        return f'error {type(exc).__module__}.{type(exc).__qualname__}: {exc}'
+
+
 def _loadr():
     """The loadr package this process runs (its version and file go into the report)."""
     return sys.modules['loadr']     # imported: this module is inside it (also as __main__)
@@ -425,11 +435,18 @@ def main() -> None:
     out.write(READY_MARK + json.dumps(info) + '\n')
     out.flush()
     stop = threading.Event()
+    # The pipe is watched on a descriptor of its own, and sys.stdin is /dev/null: a thread
+    # blocked in sys.stdin.read() holds its lock, and a worker forked meanwhile (a
+    # replacement) would hang closing its copy of sys.stdin at start.
+    pipe = os.dup(0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
 
     def watch_stdin():
         # EOF: the trainer closed us, or died (fate-sharing with no engine's help).
         try:
-            while stdin.read(1):
+            while os.read(pipe, 4096):
                 pass
         finally:
             stop.set()

@@ -170,10 +170,14 @@ class RemotePool:
                              f"{info.get('protocol')}, from {info.get('file')}), this process "
                              f"loadr {loadr.__version__} (protocol {protocol.VERSION}): "
                              f"install the same version on every host")
-        if list(info.get('canaries', [])) != self.canaries:
+        theirs = list(info.get('canaries', []))
+        if theirs != self.canaries:
+            errors = [c for c in theirs if c.startswith('error ') and c not in self.canaries]
+            why = f': there, {errors[0][6:]}' if errors else ''
             raise AgentError(f'{where} makes other datapoints than this process from the same '
-                             f'positions (canary digests differ): the hosts must run the same '
-                             f'fns, packages and data')
+                             f'positions (canary digests differ){why}; the hosts must run the '
+                             f'same fns and packages, and read the data by URL or from a '
+                             f'shared path')
 
     def _connect(self, index: int, handle, info: dict, server_public: bytes) -> None:
         sock = self.ctx.socket(zmq.DEALER)

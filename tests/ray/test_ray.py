@@ -1,5 +1,8 @@
 """Remote workers on a real Ray cluster (loadr.ray.Workers): the same batches as in one
-process, also with a node removed mid-epoch, and nothing left behind."""
+process, also with a node removed mid-epoch or an agent killed, and nothing left behind.
+
+One test runs every step on one cluster: pytest-xdist would hand separate tests to
+separate workers, each starting a cluster of its own (~1.2 GB and 10 s each)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,9 @@ import loadr.ray
 from ..loader_helpers import alive, batch_digest, noisy, slowed, trivial
 
 pytest.importorskip('ray')
+
+# Some 30 s with the cluster's start: CI runs it (-m ''), the everyday run does not.
+pytestmark = pytest.mark.slow
 
 N, BATCH, SEED = 50, 8, 3
 
@@ -30,7 +36,7 @@ def agent_pids(loader) -> list[int]:
     return [link.info['pid'] for link in loader._pool.remote.links]
 
 
-def test_agents_on_ray_nodes_make_the_same_batches(cluster):
+def agents_on_ray_nodes_make_the_same_batches(cluster):
     reference = digests(workers=0)
     with loadr.Loader(trivial(N), batch=BATCH, fns=[noisy], seed=SEED, workers=0,
                       remote=loadr.ray.Workers(cpus=1)) as loader:     # nodes=None: both
@@ -55,7 +61,7 @@ def until(check, timeout_s=30.0):
         time.sleep(0.05)
 
 
-def test_a_node_removed_mid_epoch_changes_no_batch(cluster):
+def a_node_removed_mid_epoch_changes_no_batch(cluster):
     c, ray, nodes = cluster
     fns = [slowed(0.01)]
     reference = digests(fns=fns, workers=0)
@@ -74,7 +80,7 @@ def test_a_node_removed_mid_epoch_changes_no_batch(cluster):
     c.wait_for_nodes()
 
 
-def test_an_agent_killed_through_ray_changes_no_batch_and_leaves_nothing(cluster):
+def an_agent_killed_through_ray_changes_no_batch_and_leaves_nothing(cluster):
     c, ray, nodes = cluster
     fns = [slowed(0.01)]
     reference = digests(fns=fns, workers=0)
@@ -104,3 +110,10 @@ def children(pid: int) -> list[int]:
         with open(f'/proc/{pid}/task/{tid}/children') as f:
             out += [int(p) for p in f.read().split()]
     return out
+
+
+@pytest.mark.timeout(300)
+def test_remote_workers_on_a_ray_cluster(cluster):
+    agents_on_ray_nodes_make_the_same_batches(cluster)
+    a_node_removed_mid_epoch_changes_no_batch(cluster)
+    an_agent_killed_through_ray_changes_no_batch_and_leaves_nothing(cluster)

@@ -361,3 +361,60 @@ def test_a_fn_of_the_main_script_goes_to_the_agents_with_its_globals(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and 'same' in out.stdout, out.stderr[-3000:]
+
+
+def shifted_by_env(dp, seed):
+    """``noisy``, shifted by $LOADR_TEST_SHIFT: another host's other package version."""
+    out = noisy(dp, seed)
+    out['vec'] = out['vec'] + float(os.environ.get('LOADR_TEST_SHIFT', '0'))
+    return out
+
+
+class Files:
+    """A dataset of files at ``root``: a host without them cannot read it."""
+
+    def __init__(self, root):
+        self.root = str(root)
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        # $LOADR_TEST_ROOT: where another host has (not) got them.
+        root = os.environ.get('LOADR_TEST_ROOT', self.root)
+        with open(os.path.join(root, f'{i}.txt')) as f:
+            return {'label': int(f.read()), 'vec': np.zeros(16, np.float32)}
+
+
+def test_a_host_that_makes_other_datapoints_or_lacks_the_files_is_named(tmp_path):
+    env = {**os.environ, 'LOADR_TEST_SHIFT': '1'}
+    with loadr.Loader(trivial(N), batch=BATCH, fns=[shifted_by_env], seed=SEED, workers=0,
+                      remote=loadr.remote.Subprocesses(agents=1, env=env)) as loader:
+        with pytest.raises(loadr.LoadrError, match=r'agent 0 on host \S+ makes other '
+                                                   r'datapoints .*canary digests differ'):
+            next(iter(loader))
+    # The files, here only: the agent's host has no such folder.
+    for i in range(10):
+        (tmp_path / f'{i}.txt').write_text(str(i))
+    env = {**os.environ, 'LOADR_TEST_ROOT': str(tmp_path / 'elsewhere')}
+    with loadr.Loader(Files(tmp_path), batch=4, seed=SEED, workers=0,
+                      remote=loadr.remote.Subprocesses(agents=1, env=env)) as loader:
+        with pytest.raises(loadr.LoadrError, match=r"agent 0 on host \S+ .*No such file or "
+                                                   r"directory: '.*elsewhere/\d\.txt'"):
+            next(iter(loader))
+
+
+def kills_its_worker(dp, seed):
+    """On datapoint 17, inside an agent's worker: SIGKILL that worker (a poison sample)."""
+    if dp['label'] == 17 and os.environ.get('LOADR_TEST_IN_AGENT'):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return noisy(dp, seed)
+
+
+def test_a_poison_sample_on_a_host_is_named_by_its_index():
+    env = {**os.environ, 'LOADR_TEST_IN_AGENT': '1'}
+    with loadr.Loader(trivial(N), batch=BATCH, fns=[kills_its_worker], seed=SEED, workers=0,
+                      remote=loadr.remote.Subprocesses(agents=1, env=env)) as loader:
+        with pytest.raises(loadr.LoadrError, match='17') as info:
+            epochs(loader, 1)
+    assert getattr(info.value, 'index', None) == 17 or 'index 17' in str(info.value)
