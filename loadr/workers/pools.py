@@ -3,9 +3,10 @@
 The window (:mod:`loadr.workers.window`) never asks who makes a task: it
 hands task headers to a pool and takes back its events. Any object with the
 members below can stand under it: :class:`~loadr.workers.pool.WorkerPool`
-(local processes), :class:`~loadr.workers.remote.RemotePool` and
-:class:`~loadr.workers.remote.HybridPool` (agents on other hosts, with or
-without local workers), and the scripted pool of ``tests/workers/test_window.py``.
+(local processes), :class:`~loadr.workers.remote.HybridPool` (agents on other
+hosts beside local workers, 0 or more, whose slots they write into), and the
+scripted pool of ``tests/workers/test_window.py``. (Checked with mypy: each is
+assignable to the Protocol it offers.)
 
 The contract:
 
