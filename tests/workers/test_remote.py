@@ -418,3 +418,28 @@ def test_a_poison_sample_on_a_host_is_named_by_its_index():
         with pytest.raises(loadr.LoadrError, match='17') as info:
             epochs(loader, 1)
     assert getattr(info.value, 'index', None) == 17 or 'index 17' in str(info.value)
+
+
+def test_loadr_run_takes_the_remote_engine_from_the_yaml_or_an_override(tmp_path):
+    import subprocess
+
+    from ..datasets import write_bag
+
+    write_bag(tmp_path / 'bag', n=21)
+    (tmp_path / 'p.yaml').write_text(textwrap.dedent('''
+        reader: {path: bag, decode_images: false}
+        fns:
+          - decode_jpeg: {key: image, size: [16, 16]}
+        loader: {batch: 4, seed: 3, workers: 0}
+    '''))
+
+    def run(*more):
+        done = subprocess.run([sys.executable, '-m', 'loadr.cli', 'run', str(tmp_path / 'p.yaml'),
+                               '--steps', '7', '--digest', *more], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return [line for line in done.stdout.splitlines() if line.startswith('position ')]
+
+    want = run()
+    assert len(want) == 7
+    assert run('-o', 'loader.remote={engine: subprocesses, agents: 2}') == want
