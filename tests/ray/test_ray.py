@@ -112,8 +112,29 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def a_stopped_agent_changes_no_batch_and_is_killed(cluster):
+    import os
+    import signal
+    fns = [slowed(0.01)]
+    reference = digests(fns=fns, workers=0)
+    with loadr.Loader(trivial(N), batch=BATCH, fns=fns, seed=SEED, workers=0,
+                      remote=loadr.ray.Workers(nodes=2)) as loader:
+        it = loader.epoch(0)
+        got = [batch_digest(next(it))]
+        pid = agent_pids(loader)[0]
+        os.kill(pid, signal.SIGSTOP)        # Ray never calls a stopped actor dead
+        try:
+            got += [batch_digest(b) for b in it]
+            got += [batch_digest(b) for b in loader.epoch(1)]
+        finally:
+            if alive(pid):
+                until(lambda: not alive(pid), 10)
+    assert got == reference
+
+
 @pytest.mark.timeout(300)
 def test_remote_workers_on_a_ray_cluster(cluster):
     agents_on_ray_nodes_make_the_same_batches(cluster)
     a_node_removed_mid_epoch_changes_no_batch(cluster)
     an_agent_killed_through_ray_changes_no_batch_and_leaves_nothing(cluster)
+    a_stopped_agent_changes_no_batch_and_is_killed(cluster)
