@@ -7,8 +7,8 @@ protocol, CURVE on, as agents on Ray nodes), so every figure is over
 loopback. It prints, beside each target of the remote-workers work:
 
 - receive: GB/s of 224x224x3 rows into the trainer with ``workers=0`` and 2
-  agents, and the trainer's CPU seconds per GB (CURVE is always on: there is
-  no switch to turn it off, so the CURVE-off figure is not measured);
+  agents, and the trainer's CPU seconds per GB, with CURVE off
+  (``Subprocesses(curve=False)``, loopback only) and on;
 - the trainer's CPU per sample with rows from agents, against the CPU of
   decoding that sample (a 375x500 JPEG to 224x224) in the trainer;
 - a sleep-bound fn (``--ms`` a sample): batches/s with 1 and 2 agents, and
@@ -73,12 +73,12 @@ def _run(items, fns, batch, count, **kw):
         return time.perf_counter() - t0, _cpu() - c0, count * batch
 
 
-def receive(samples: int) -> dict:
+def receive(samples: int, curve: bool = True) -> dict:
     import loadr.remote
 
     items = [{'i': i} for i in range(samples)]
     s, cpu, n = _run(items, [rows_fn], 32, max(1, samples // 32 - 2), workers=0,
-                     remote=loadr.remote.Subprocesses(agents=2))
+                     remote=loadr.remote.Subprocesses(agents=2, curve=curve))
     gb = n * int(np.prod(ROW)) / 1e9
     return {'GB/s': gb / s, 'trainer CPU s/GB': cpu / gb, 'cpu_per_sample_s': cpu / n}
 
@@ -138,6 +138,7 @@ def main(argv=None) -> None:
     parser.add_argument('--ms', type=float, default=10.0)
     args = parser.parse_args(argv)
     got = receive(args.samples)
+    plain = receive(args.samples, curve=False)
     dec = decode_cpu(args.samples)
     scale = scaling(min(args.samples, 512), args.ms)
     lost = loss(min(args.samples, 512), args.ms)
@@ -148,8 +149,10 @@ def main(argv=None) -> None:
     print(f"| trainer CPU per sample from agents <= 0.1x local decode | "
           f"{got['cpu_per_sample_s'] * 1e6:.0f} us vs {dec * 1e6:.0f} us "
           f"({got['cpu_per_sample_s'] / dec:.2f}x) |")
-    print(f"| receive >= 1 GB/s (CURVE off: not measured, CURVE is always on) | "
-          f"{got['GB/s']:.2f} GB/s with CURVE, {got['trainer CPU s/GB']:.2f} trainer CPU-s/GB |")
+    print(f"| receive >= 1 GB/s with CURVE off; CURVE's cost per GB | {plain['GB/s']:.2f} GB/s "
+          f"({plain['trainer CPU s/GB']:.2f} trainer CPU-s/GB); with CURVE {got['GB/s']:.2f} "
+          f"GB/s ({got['trainer CPU s/GB']:.2f} CPU-s/GB: +"
+          f"{got['trainer CPU s/GB'] - plain['trainer CPU s/GB']:.2f} CPU-s/GB) |")
     print(f"| 1 -> 2 agents >= 1.8x batches/s ({args.ms:g} ms a sample) | {ratio:.2f}x "
           f"({scale['1 agent']:.1f} -> {scale['2 agents']:.1f}) |")
     print(f"| 1 local + 1 agent within 10% of 2 local | {local:.2f}x "

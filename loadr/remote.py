@@ -120,15 +120,19 @@ class Subprocesses:
     """``agents`` agent processes on this host, ``cpus`` worker processes each.
 
     ``env``: the agents' environment (default: this process's), e.g. to give
-    them another ``PYTHONPATH``, as another host would have.
+    them another ``PYTHONPATH``, as another host would have. ``curve=False``:
+    plain tcp on loopback, no keys (any process of this host could connect):
+    only to measure what CURVE costs (``benchmarks.remote_workers``).
     """
 
-    def __init__(self, agents: int = 2, cpus: int = 1, env: dict | None = None):
+    def __init__(self, agents: int = 2, cpus: int = 1, env: dict | None = None,
+                 curve: bool = True):
         for name, value in (('agents', agents), ('cpus', cpus)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f'{name} must be a whole number >= 1, got {value!r}')
         self.agents, self.cpus = agents, cpus
         self.env = None if env is None else dict(env)
+        self.curve = bool(curve)
         self.bind_host = '127.0.0.1'
 
     def open(self) -> None:
@@ -136,6 +140,7 @@ class Subprocesses:
 
     def launch(self, index: int, config) -> _Process:
         config.bind_host = self.bind_host
+        config.curve = self.curve
         return _Process(index, config, self.env)
 
     def stop_all(self, handles: list) -> None:

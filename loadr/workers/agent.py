@@ -158,6 +158,8 @@ class AgentConfig:
     timeout: float | None = None
     steady_memory: bool | None = None
     name: str = ''              # how the trainer names this agent (for logs)
+    # False: plain tcp, on loopback only (Subprocesses(curve=False), to measure CURVE's cost).
+    curve: bool = True
 
 
 def _pipeline(config: AgentConfig):
@@ -207,14 +209,18 @@ class Agent:
         canaries = [canary(asm, order, p) for p in c.canaries]
         self.free = list(range(self.pool.slot_count))
         self.ctx = zmq.Context(1)
-        self.auth = zmq.auth.thread.ThreadAuthenticator(self.ctx, log=log)
-        self.auth.start()
-        allowed = {bytes(k) for k in c.allowed}
-        self.auth.configure_curve_callback('*', _AllowList(allowed))
+        if c.curve:
+            self.auth = zmq.auth.thread.ThreadAuthenticator(self.ctx, log=log)
+            self.auth.start()
+            allowed = {bytes(k) for k in c.allowed}
+            self.auth.configure_curve_callback('*', _AllowList(allowed))
+        elif c.bind_host != '127.0.0.1':
+            raise ValueError('an agent speaks plain tcp (curve=False) on loopback only')
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.curve_server = True
-        self.sock.curve_secretkey = c.server_secret
+        if c.curve:
+            self.sock.curve_server = True
+            self.sock.curve_secretkey = c.server_secret
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
         port = self.sock.bind_to_random_port(f'tcp://{c.bind_host}')

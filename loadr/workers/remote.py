@@ -182,9 +182,10 @@ class RemotePool:
     def _connect(self, index: int, handle, info: dict, server_public: bytes) -> None:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.curve_serverkey = server_public
-        sock.curve_publickey = self.client_public
-        sock.curve_secretkey = self.client_secret
+        if getattr(self.engine, 'curve', True):
+            sock.curve_serverkey = server_public
+            sock.curve_publickey = self.client_public
+            sock.curve_secretkey = self.client_secret
         sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)

@@ -92,6 +92,9 @@ def test_every_placement_makes_the_same_batches(reference):
     assert digests(workers=0, remote=loadr.remote.Subprocesses(agents=1)) == reference
     assert digests(workers=0, remote=loadr.remote.Subprocesses(agents=2)) == reference
     assert digests(workers=1, remote=loadr.remote.Subprocesses(agents=2)) == reference
+    # Plain tcp on loopback (the benchmark's CURVE-off measure): the same rows.
+    assert digests(workers=0, remote=loadr.remote.Subprocesses(agents=1, curve=False)) \
+        == reference
 
 
 def test_a_killed_agent_s_batches_are_redone_elsewhere():
