@@ -342,6 +342,7 @@ class RemotePool:
         header, sent = entry
         link.answered += 1
         link.round_trip_s += time.monotonic() - sent
+        self.deaths.pop(tid, None)
         if kind == FAIL:
             return [protocol.Failed(tid, failure_from_wire(msg[1].bytes))]
         if kind != DONE:

@@ -132,9 +132,42 @@ def a_stopped_agent_changes_no_batch_and_is_killed(cluster):
     assert got == reference
 
 
+def a_killed_trainer_leaves_no_agent(cluster):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    c, ray, nodes = cluster
+    code = textwrap.dedent(f'''
+        import time
+        import ray
+        import loadr, loadr.ray
+        from tests.loader_helpers import trivial, noisy
+        ray.init(address={c.address!r}, log_to_driver=False)
+        loader = loadr.Loader(trivial(50), batch=8, fns=[noisy], workers=0,
+                              remote=loadr.ray.Workers(nodes=2))
+        next(iter(loader))
+        print(*[link.info['pid'] for link in loader._pool.remote.links], flush=True)
+        time.sleep(600)
+    ''')
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    trainer = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE,
+                               text=True, cwd=root)
+    try:
+        pids = [int(p) for p in trainer.stdout.readline().split()]
+        assert len(pids) == 2
+        gone = [q for p in pids for q in (p, *children(p))]
+    finally:
+        trainer.kill()
+        trainer.wait(30)
+    until(lambda: not any(alive(p) for p in gone), 60)
+    assert not [n for n in os.listdir('/dev/shm') for p in gone if f'-{p}-' in n]
+
+
 @pytest.mark.timeout(300)
 def test_remote_workers_on_a_ray_cluster(cluster):
     agents_on_ray_nodes_make_the_same_batches(cluster)
     a_node_removed_mid_epoch_changes_no_batch(cluster)
     an_agent_killed_through_ray_changes_no_batch_and_leaves_nothing(cluster)
     a_stopped_agent_changes_no_batch_and_is_killed(cluster)
+    a_killed_trainer_leaves_no_agent(cluster)
