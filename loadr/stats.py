@@ -344,6 +344,12 @@ def format_table(stats: Stats) -> str:
         lines.append(f"agent {a['agent']} on {a['host']}: {a['rows'] * per_s:,.0f} rows/s, "
                      f"{a['bytes'] * per_s / 2**20:.1f} MiB/s, {a['in_flight']} tasks in "
                      f"flight, round trip {rtt}, {a['deaths']} deaths")
+    if stats.agents and stats.wait_fraction >= NOT_BOTTLENECK_FRACTION and stats.samples:
+        share = sum(a['rows'] for a in stats.agents) / stats.samples
+        lines.append(f'{100 * share:.0f}% of the rows came from {len(stats.agents)} remote '
+                     f'agent{"s" if len(stats.agents) > 1 else ""} while the training step '
+                     f'waited: more agents (nodes=) or processes (cpus=) would help, or a '
+                     f'faster network where their round trips are long')
     remote = netstats.summary(stats.workers, stats.samples)
     lines.extend(netstats.lines(remote))
     lines.append(stats.verdict())

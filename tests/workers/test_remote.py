@@ -327,7 +327,7 @@ def test_a_killed_trainer_leaves_no_agent_behind(tmp_path):
 def test_stats_has_a_line_per_agent():
     from loadr.stats import format_table
 
-    with loadr.Loader(trivial(N), batch=BATCH, fns=[noisy], seed=SEED, workers=0,
+    with loadr.Loader(trivial(N), batch=BATCH, fns=[slowed(0.005)], seed=SEED, workers=0,
                       remote=loadr.remote.Subprocesses(agents=2)) as loader:
         epochs(loader, 1)
         stats = loader.stats()
@@ -337,6 +337,8 @@ def test_stats_has_a_line_per_agent():
     assert all(a['deaths'] == 0 and a['rows_per_s'] > 0 for a in agents)
     table = format_table(stats)
     assert 'agent 0 on ' in table and 'agent 1 on ' in table
+    # The loop does nothing but wait: the agents are what it waits for.
+    assert '100% of the rows came from 2 remote agents while the training step waited' in table
 
 
 def test_a_fn_of_the_main_script_goes_to_the_agents_with_its_globals(tmp_path):
