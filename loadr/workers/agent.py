@@ -283,8 +283,16 @@ class Agent:
             kind, header = protocol.parse(head)
         except ValueError:
             return
-        if kind == protocol.TASK and header.count <= self.config.batch:
+        if kind != protocol.TASK:
+            return
+        if 0 < header.count <= self.config.batch:
             self.queue.append((peer, header))
+        else:       # answered, so that the trainer does not wait for it
+            failure = protocol.Failure.capture(
+                ValueError(f'a task of {header.count} rows for batches of '
+                           f'{self.config.batch}'), None, header.start, None)
+            self._send(peer, [wire_header(FAIL, header.task_id),
+                              failure_to_wire(failure, self._where())])
 
     def _fill(self) -> None:
         pool = self.pool
