@@ -448,3 +448,29 @@ def test_loadr_run_takes_the_remote_engine_from_the_yaml_or_an_override(tmp_path
     want = run()
     assert len(want) == 7
     assert run('-o', 'loader.remote={engine: subprocesses, agents: 2}') == want
+
+
+def test_an_agent_answers_a_task_it_cannot_make_with_a_failure():
+    from loadr.workers.agent import FAIL, failure_from_wire
+
+    with loadr.Loader(trivial(N), batch=BATCH, fns=[noisy], seed=SEED, workers=0,
+                      remote=loadr.remote.Subprocesses(agents=1)) as loader:
+        next(iter(loader))
+        remote = loader._pool.remote
+        link = remote.links[0]
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.curve_serverkey = link.server_public       # this run's own keys
+            sock.curve_publickey, sock.curve_secretkey = remote.client_public, \
+                remote.client_secret
+            sock.connect(f"tcp://{link.info['address']}:{link.info['port']}")
+            sock.send(task(Task(10**6, 0, 0, SEED, 0, BATCH + 1))[0])
+            assert sock.poll(30_000), 'no answer'
+            head, blob = sock.recv_multipart()
+            assert parse_wire(head) == (FAIL, 10**6)
+            assert 'a task of 9 rows for batches of 8' in failure_from_wire(blob).message
+        finally:
+            sock.close(0)
+            ctx.term()
