@@ -8,7 +8,8 @@ protocol (CURVE, an allow-list of this run's key) that agents on other hosts
 speak through :mod:`loadr.ray`. For tests, and for trying remote workers
 without a cluster: the batches are the same to the byte.
 
-An engine is what starts, kills and stops agents; it offers:
+An engine is what starts, kills and stops agents
+(:class:`~loadr.workers.remote.Engine`, a Protocol); it offers:
 
 - ``agents``, ``cpus``: how many agents and worker processes each, known once
   ``open()`` has run;

@@ -26,6 +26,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import msgpack
 import numpy as np
@@ -37,8 +38,9 @@ from . import protocol
 from .agent import (CANCEL, DONE, FAIL, FATAL, AgentConfig, failure_from_wire, parse_wire,
                     wire_header)
 
-__all__ = ['RemotePool', 'HybridPool', 'AgentError', 'MAX_HOST_DEATHS', 'MAX_RESTARTS',
-           'DEPTH_PER_PROCESS', 'START_TIMEOUT_S', 'HEARTBEAT_IVL_MS', 'HEARTBEAT_TIMEOUT_MS']
+__all__ = ['RemotePool', 'HybridPool', 'Engine', 'AgentHandle', 'AgentError',
+           'MAX_HOST_DEATHS', 'MAX_RESTARTS', 'DEPTH_PER_PROCESS', 'START_TIMEOUT_S',
+           'HEARTBEAT_IVL_MS', 'HEARTBEAT_TIMEOUT_MS']
 
 log = logging.getLogger('loadr')
 
@@ -50,6 +52,36 @@ HEARTBEAT_TIMEOUT_MS = 3000
 MAX_RESTARTS = 8            # per agent slot, a run
 _DISCONNECTS = (zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
                 zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+class AgentHandle(Protocol):
+    """One agent as its engine started it."""
+
+    def ready(self) -> dict | None:
+        """Its report once it listens (address, port, loadr's version and file, canary
+        digests, pid; or ``'error'`` and ``'host'`` if it could not start); None until then."""
+
+    def alive(self) -> bool:
+        """False once the engine knows it has gone (the link may know first)."""
+
+    def kill(self) -> None:
+        """End it now (it froze, or its link was lost)."""
+
+
+class Engine(Protocol):
+    """What starts agents: :class:`loadr.remote.Subprocesses`, :class:`loadr.ray.Workers`."""
+
+    agents: int     # how many agents, known once open() has run
+    cpus: int       # worker processes in each
+
+    def open(self) -> None:
+        """Join the cluster (or nothing) and reserve room for ``agents`` agents."""
+
+    def launch(self, index: int, config: AgentConfig) -> AgentHandle:
+        """Start agent ``index`` with ``config`` (again, in the same place, after a loss)."""
+
+    def stop_all(self, handles: list) -> None:
+        """Stop these agents in order: each one's pool first, then the agent."""
 
 
 class AgentError(LoadrError):
@@ -88,7 +120,7 @@ class RemotePool:
     naming the host when an agent cannot start or differs.
     """
 
-    def __init__(self, engine, make_config, views: list, layout, canaries: list,
+    def __init__(self, engine: Engine, make_config, views: list, layout, canaries: list,
                  start_timeout_s: float = START_TIMEOUT_S):
         self.engine = engine
         self.make_config = make_config
