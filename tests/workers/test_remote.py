@@ -474,3 +474,20 @@ def test_an_agent_answers_a_task_it_cannot_make_with_a_failure():
         finally:
             sock.close(0)
             ctx.term()
+
+
+def labels_as_text(dp, seed):
+    """``noisy`` with a list key (a str per datapoint): extras travel as msgpack."""
+    return {**noisy(dp, seed), 'name': f"item-{dp['label']}"}
+
+
+def test_ring_mode_skipped_samples_and_list_keys_come_back_the_same():
+    def run(**kw):
+        with loadr.Loader(trivial(N), batch=BATCH, fns=[poisoned, labels_as_text], seed=SEED,
+                          on_error='skip', **kw) as loader:
+            out = epochs(loader)
+            return out, loader.errors
+    want, errors = run(workers=0)
+    assert errors == 2                              # datapoint 17, once an epoch
+    assert run(workers=0, ring=True, remote=loadr.remote.Subprocesses(agents=2)) == (want, 2)
+    assert run(workers=1, remote=loadr.remote.Subprocesses(agents=1)) == (want, 2)
