@@ -57,6 +57,7 @@ from .settings import (MAX_BATCH, MAX_PREFETCH, MAX_WORKERS, _normalize_spec, _r
 from .batches import _Batches, _raise_failure, file_of
 from .loader_state import LoaderState
 from .loader_stats import LoaderStats
+from .loader_remote import LoaderRemote, check_engine
 
 __all__ = ['Loader', 'STATE_VERSION', 'LEASED_SLOTS']
 
@@ -72,7 +73,7 @@ ERROR_WINDOW_POSITIONS = 100_000
 _FIRST_INDICES_MOST = 4096
 
 
-class Loader(LoaderState, LoaderStats):
+class Loader(LoaderState, LoaderStats, LoaderRemote):
     """Batches from ``reader``, shuffled globally, in worker processes.
 
     Args:
@@ -117,6 +118,10 @@ class Loader(LoaderState, LoaderStats):
         in processes that run threads; they need the ``__main__`` guard).
       order_version: which permutation the shuffle uses (default
         :data:`loadr.order.ORDER_VERSION`; 1 is loadr 0.1's). A state records it.
+      remote: an engine that starts agents on other hosts (``loadr.ray.Workers(...)``) or
+        here (``loadr.remote.Subprocesses(...)``): they make batches beside the
+        ``workers`` (with ``workers=0``, all of them), the same to the byte. See
+        README, "More machines".
       stats_every, on_stats: call ``on_stats(loader.stats())`` every
         ``stats_every`` batches (in the iterating thread, just before the
         batch is handed out; what it costs counts as the caller's time). Both
@@ -153,7 +158,7 @@ class Loader(LoaderState, LoaderStats):
                  on_error: str = 'raise', max_error_fraction: float = 0.01,
                  timeout: float | None = DEFAULT_TASK_TIMEOUT_S, start_method: str | None = None,
                  order_version: int | None = None, stats_every: int | None = None,
-                 on_stats=None, trace=None):
+                 on_stats=None, trace=None, remote=None):
         # Every numeric setting is checked here, once: finite and in range.
         _whole('batch', batch, 1, MAX_BATCH)
         auto_workers, auto_prefetch = workers == 'auto', prefetch == 'auto'
@@ -169,6 +174,8 @@ class Loader(LoaderState, LoaderStats):
             _whole('prefetch', prefetch, 1, MAX_PREFETCH, " or 'auto'")
         if stats_every is not None:
             _whole('stats_every', stats_every, 1)
+        if remote is not None:
+            check_engine(remote)
         if on_stats is not None and not callable(on_stats):
             raise ConfigError(f'on_stats must be callable, got {on_stats!r}')
         _whole('num_shards', num_shards, 1, MAX_BATCH)
@@ -213,6 +220,7 @@ class Loader(LoaderState, LoaderStats):
         self._default_prefetch = (self.prefetch, max(2, tasks_held(reader) * self.workers)) \
             if prefetch is None else None
         self.shard_id, self.num_shards = int(shard_id), int(num_shards)
+        self._remote, self._prefetch_given = remote, prefetch
         self.ring = bool(ring)
         self.on_error = on_error
         self.max_error_fraction = max_error_fraction
@@ -255,7 +263,7 @@ class Loader(LoaderState, LoaderStats):
         self._auto = None               # (workers?, prefetch?) while calibrating
         self._auto_from = None
         self.settled = None
-        if (auto_workers or auto_prefetch) and self.workers > 0:
+        if (auto_workers or auto_prefetch) and self.workers > 0 and remote is None:
             self._auto = (auto_workers, auto_prefetch)
         self._tracer = None
         if trace is not None:
@@ -513,12 +521,14 @@ class Loader(LoaderState, LoaderStats):
         stats = Stats.from_rows(self._worker_rows(), fn_names(self.fns), elapsed_s=elapsed,
                                 main_wait_s=self._main_wait, batches=self._batches_out,
                                 samples=self.samples, first_batch_s=self._first_batch_s,
-                                inline=self.workers == 0)
+                                inline=self.workers == 0 and self._remote is None)
         if self._pool is not None and not self._pool.closed:
             # Each live worker's private memory (USS), at most a second old: growth shows.
             for wid, uss in self._pool.private_memory().items():
                 if wid < len(stats.workers):
                     stats.workers[wid]['uss_bytes'] = uss
+            if self._remote is not None:
+                stats.agents = self._pool.agent_rows()
         return stats
 
     def _batch_from(self, arrays: dict, extras: dict) -> dict | tuple:
@@ -608,6 +618,8 @@ class Loader(LoaderState, LoaderStats):
         if self._window is not None:
             return self._window
         fields = {k: (d, s) for k, (d, s) in spec.items() if d != OBJECT}
+        if self._remote is not None:
+            return self._remote_window(spec)
         if self.workers == 0:
             asm = Assembler(self.reader, self.fns, spec, self.on_error)
             if self._inline_row is None:

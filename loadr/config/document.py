@@ -117,10 +117,36 @@ class Config(_Overrides, _ReaderSection, _FnsSection):
         reader = self.build_reader()
         fns = self.build_fns()
         kwargs = self.loader_args()
+        if kwargs.get('remote') is not None:
+            kwargs['remote'] = self._engine(kwargs['remote'])
         try:
-            return Loader(reader, fns=fns, **kwargs)
+            loader = Loader(reader, fns=fns, **kwargs)
         except ConfigError as exc:
             raise self.error('loader', ('loader',), exc.message) from exc
+        if kwargs.get('remote') is not None:
+            # Agents rebuild the reader and fns from the pipeline itself: nothing of the
+            # user's is pickled for them.
+            loader.recipe = (_plain_data(self.data), self.base_dir, dict(self.overridden))
+            loader.rebuild = rebuild
+        return loader
+
+    def _engine(self, section: dict):
+        """The engine ``loader.remote`` names: ``{engine: ray | subprocesses, ...its args}``."""
+        args = {k: v for k, v in section.items() if k != 'engine'}
+        kind = section.get('engine')
+        try:
+            if kind == 'subprocesses':
+                from ..remote import Subprocesses
+                return Subprocesses(**args)
+            if kind == 'ray':
+                from ..ray import Workers
+                return Workers(**args)
+        except TypeError as exc:
+            raise self.error(f'loader.remote: {exc}', ('loader', 'remote')) from exc
+        except ConfigError as exc:
+            raise self.error(f'loader.remote: {exc.message}', ('loader', 'remote')) from exc
+        raise self.error(f"loader.remote.engine must be 'ray' or 'subprocesses', got {kind!r}",
+                         ('loader', 'remote', 'engine'))
 
     def loader_args(self) -> dict:
         """The ``loader`` section as checked keyword arguments for :class:`~loadr.Loader`."""
@@ -141,6 +167,23 @@ class Config(_Overrides, _ReaderSection, _FnsSection):
             if key not in out:
                 raise self.error(f'loader needs {key}', ('loader',), f'add e.g. "{key}: 32"')
         return out
+
+
+def _plain_data(value):
+    """A parsed YAML value as plain dicts and lists (its line numbers left behind)."""
+    if isinstance(value, dict):
+        return {k: _plain_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_data(v) for v in value]
+    return value
+
+
+def rebuild(data: dict, base_dir: str, overridden: dict) -> tuple:
+    """``(reader, fns)`` of a pipeline's mapping: what a remote agent runs, rebuilt on its
+    host from the same recipe (``loader.recipe``)."""
+    config = Config(data, None, base_dir)
+    config.overridden = dict(overridden)
+    return config.build_reader(), config.build_fns()
 
 
 def load_config(source, base_dir: str | os.PathLike | None = None) -> Config:

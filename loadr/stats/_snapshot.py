@@ -39,6 +39,9 @@ class Stats:
     cores: int = 0
     first_batch_s: float = 0.0
     inline: bool = False
+    # Remote agents (Loader(remote=...)): one dict each, 'agent', 'host', 'rows', 'bytes',
+    # 'in_flight', 'round_trip_s', 'deaths' (of that agent's place, this run).
+    agents: list = field(default_factory=list)
 
     def __post_init__(self):
         for w in self.workers:
@@ -205,6 +208,8 @@ class Stats:
             'stages_s': self.stages(), 'workers': workers, 'inline': self.inline,
             'cores': self.cores, 'verdict': self.verdict(),
             'remote': netstats.summary(self.workers, self.samples),
+            'agents': [{**a, 'rows_per_s': rate(a['rows']), 'bytes_per_s': rate(a['bytes'])}
+                       for a in self.agents],
         }
 
     # -- the verdict -----------------------------------------------------
@@ -285,6 +290,18 @@ def format_table(stats: Stats) -> str:
     if uss:
         lines.append('worker private memory (USS): '
                      + ', '.join(f'{b / 2**20:.1f}' for b in uss) + ' MiB')
+    per_s = 1 / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
+    for a in stats.agents:
+        rtt = '-' if a['round_trip_s'] is None else f"{1e3 * a['round_trip_s']:.1f} ms"
+        lines.append(f"agent {a['agent']} on {a['host']}: {a['rows'] * per_s:,.0f} rows/s, "
+                     f"{a['bytes'] * per_s / 2**20:.1f} MiB/s, {a['in_flight']} tasks in "
+                     f"flight, round trip {rtt}, {a['deaths']} deaths")
+    if stats.agents and stats.wait_fraction >= NOT_BOTTLENECK_FRACTION and stats.samples:
+        share = sum(a['rows'] for a in stats.agents) / stats.samples
+        lines.append(f'{100 * share:.0f}% of the rows came from {len(stats.agents)} remote '
+                     f'agent{"s" if len(stats.agents) > 1 else ""} while the training step '
+                     f'waited: more agents (nodes=) or processes (cpus=) would help, or a '
+                     f'faster network where their round trips are long')
     remote = netstats.summary(stats.workers, stats.samples)
     lines.extend(netstats.lines(remote))
     lines.append(stats.verdict())

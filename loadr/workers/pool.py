@@ -597,6 +597,11 @@ class WorkerPool:
         events += self._check_workers(any(fd is not sock for fd, _ in woke))
         return events
 
+    def waits_on(self) -> list:
+        """What :meth:`poll` waits on (its socket and the live workers' sentinels): for a
+        caller that waits on these and more at once, then calls ``poll(0)``."""
+        return [self._sock] + [w.process.sentinel for w in self.workers if w is not None]
+
     def _poller(self) -> zmq.Poller:
         """The socket and the live workers' sentinels, kept until a worker changes."""
         sentinels = tuple(w.process.sentinel for w in self.workers if w is not None)

@@ -49,6 +49,7 @@ import numpy as np
 
 from ..assemble import SampleFailure
 from . import protocol
+from .pools import SlotPool
 
 __all__ = ['ramp_pieces', 'Plan', 'Schedule', 'Task', 'Pending', 'Finished', 'BatchFailed',
            'Window', 'InlineWindow', 'POLL_MS', 'LEASED_SLOTS']
@@ -260,16 +261,16 @@ class InlineWindow(_Generations):
 class Window(_Generations):
     """Batches made by the worker pool, ``prefetch`` ahead (see the module docstring).
 
-    The window uses every slot of the pool (``pool.slot_count`` if the pool
-    has it, else ``len(pool.views)``).
+    The window uses every slot of the pool (``pool.slot_count``); any
+    :class:`~loadr.workers.pools.SlotPool` will do.
     """
 
-    def __init__(self, pool, prefetch: int, workers: int, list_keys: list, ring: bool):
+    def __init__(self, pool: SlotPool, prefetch: int, workers: int, list_keys: list, ring: bool):
         super().__init__()
         self.pool = pool
         self.prefetch, self.workers, self.ring = prefetch, workers, ring
         self.list_keys = list(list_keys)
-        slots = getattr(pool, 'slot_count', len(pool.views))
+        slots = pool.slot_count
         self.free: list[int] = list(range(slots))
         self.tasks: dict[int, Task] = {}        # task id -> task, in flight, any generation
         self.writers: dict[int, int] = {}       # slot -> tasks in flight writing into it

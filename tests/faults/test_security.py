@@ -190,6 +190,7 @@ ALLOWED = {
     ('loadr/readers/gulp/layout.py', '_GulpUnpickler', 'pickle.Unpickler'),  # allow_pickle
     ('loadr/shared.py', 'decode', 'pickle.loads'),          # the main process's own items
     ('loadr/readers/webdataset/reader.py', 'decode_member', 'pickle.loads'),  # allow_pickle
+    ('loadr/workers/agent.py', '_read_config', 'dill.loads'),   # stdin from its starter
 }
 
 

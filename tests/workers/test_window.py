@@ -479,3 +479,13 @@ def test_scripted_ring_mode_and_lent_batches_keep_every_slot_in_one_place():
         window.reset()
         del kept, done
         assert_all_free(window)
+
+
+def test_both_pools_offer_what_the_protocol_names():
+    from loadr.workers.pools import Pool, SlotPool
+
+    assert isinstance(ScriptedPool(), SlotPool)
+    data = trivial(20)
+    with window_over(data, workers=1) as window:
+        assert isinstance(window.pool, Pool)
+        assert isinstance(window.pool, SlotPool)
