@@ -28,6 +28,7 @@ LOADER_TYPES: dict[str, tuple[str, ...]] = {
     'order_version': ('int', 'null'),
     'stats_every': ('int', 'null'),
     'on_stats': ('null',),                   # a callback: from Python only
+    'trace': ('null',),                      # from Python, or `loadr run/bench --trace PATH`
     'remote': ('mapping', 'null'),           # {engine: ray | subprocesses, ...}: the engine's args
 }
 
