@@ -1,6 +1,7 @@
 """torch's DataLoader arguments in loadr's terms, for :class:`loadr.torch.DataLoader`:
-the rank and world size, the arguments loadr sets itself or has no use for (a
-TypeError that says the loadr way), the seed from a generator, the device.
+the rank and world size, the sizes under torch's names, the arguments loadr sets itself
+or has no use for (a TypeError that says the loadr way), the seed from a generator, the
+device.
 Imports torch (``import loadr`` never imports it)."""
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ import os
 import numpy as np
 import torch
 
-from .errors import ConfigError
-from .loader import Loader
+from ..errors import ConfigError
+from ..loader import MAX_BATCH, MAX_WORKERS, Loader
 
 # Loader arguments the DataLoader sets itself, by their torch names.
-_OWN_ARGS = {'batch': 'batch_size', 'workers': 'num_workers', 'shard_id': 'rank',
-             'num_shards': 'world_size'}
+OWN_ARGS = {'batch': 'batch_size', 'workers': 'num_workers', 'shard_id': 'rank',
+            'num_shards': 'world_size'}
 # torch DataLoader arguments with no meaning here (None, torch's default, is taken),
 # and the loadr way to get what they are for.
 _ORDER_WAY = ("the order is loadr's: a resumable permutation of every epoch (shuffle=, "
@@ -73,53 +74,67 @@ def _env_int(name: str, default: int) -> int:
 _LOADER_ARGS = frozenset(inspect.signature(Loader).parameters) - {'reader'}
 
 
-class DataLoaderArgs:
-    """The argument checks of :class:`loadr.torch.DataLoader` (static methods: a mixin)."""
+def check_sizes(batch_size, num_workers) -> None:
+    """``batch_size`` and ``num_workers`` checked under torch's names (the Loader's own
+    errors would name ``batch=`` and ``workers=``); ConfigError naming the bad value."""
+    _count('batch_size', batch_size, 1, MAX_BATCH)
+    if num_workers is not None and not (isinstance(num_workers, str) and num_workers == 'auto'):
+        _count('num_workers', num_workers, 0, MAX_WORKERS, " or 'auto'")
 
-    @staticmethod
-    def _torch_args(kwargs: dict) -> dict:
-        """``kwargs`` for the Loader: torch's names that mean nothing here refused (a
-        TypeError that says the loadr way), torch's defaults dropped, torch's timeout=0
-        (none) made the Loader's None."""
-        out = {}
-        for name, value in kwargs.items():
-            if name in _TORCH_ONLY or name == 'in_order':
-                # torch's default (None; in_order=True) is what loadr does anyway.
-                if value is None or (name == 'in_order' and value is True):
-                    continue
-                how = (_TORCH_ONLY[name] if name in _TORCH_ONLY
-                       else 'loadr yields every batch in order, always')
-                raise TypeError(f'loadr.torch.DataLoader does not take {name}=: {how}')
-            if name not in _LOADER_ARGS:
-                raise TypeError(f'DataLoader() got an unexpected keyword argument {name!r} '
-                                f"(neither one of torch's DataLoader that loadr.torch takes "
-                                f'nor one of loadr.Loader: {", ".join(sorted(_LOADER_ARGS))})')
-            out[name] = value
-        if out.get('timeout') == 0 and not isinstance(out['timeout'], bool):
-            out['timeout'] = None           # torch's "no timeout"
-        return out
 
-    @staticmethod
-    def _seed(seed, generator):
-        """The seed: ``seed``, else ``generator.initial_seed()``, else 0."""
-        if generator is None:
-            return 0 if seed is None else seed
-        if seed is not None:
-            raise ConfigError('pass seed= or generator=, not both')
-        if not isinstance(generator, torch.Generator):
-            raise ConfigError(f'generator must be a torch.Generator, got {generator!r}')
-        return generator.initial_seed()
+def _count(name: str, value, lo: int, hi: int, also: str = '') -> None:
+    # The Loader's own check of a count, with the same words.
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        raise ConfigError(f'{name} must be an int >= {lo}{also}, got {value!r}')
+    if value > hi:
+        raise ConfigError(f'{name} must be at most {hi}, got {value!r}')
 
-    @staticmethod
-    def _check_device(device):
-        if device is None:
-            return None
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError) as exc:
-            raise ConfigError(f'device must name a torch device, got {device!r}') from exc
-        if device.type == 'cuda' and not torch.cuda.is_available():
-            raise ConfigError(f"device={str(device)!r} but CUDA is not available on this "
-                              f"machine (torch {torch.__version__}); leave device=None to get "
-                              f"CPU tensors")
-        return None if device.type == 'cpu' else device
+
+def loader_args(kwargs: dict) -> dict:
+    """``kwargs`` for the Loader: torch's names that mean nothing here refused (a
+    TypeError that says the loadr way), torch's defaults dropped, torch's timeout=0
+    (none) made the Loader's None."""
+    out = {}
+    for name, value in kwargs.items():
+        if name in _TORCH_ONLY or name == 'in_order':
+            # torch's default (None; in_order=True) is what loadr does anyway.
+            if value is None or (name == 'in_order' and value is True):
+                continue
+            how = (_TORCH_ONLY[name] if name in _TORCH_ONLY
+                   else 'loadr yields every batch in order, always')
+            raise TypeError(f'loadr.torch.DataLoader does not take {name}=: {how}')
+        if name not in _LOADER_ARGS:
+            raise TypeError(f'DataLoader() got an unexpected keyword argument {name!r} '
+                            f"(neither one of torch's DataLoader that loadr.torch takes "
+                            f'nor one of loadr.Loader: {", ".join(sorted(_LOADER_ARGS))})')
+        out[name] = value
+    if out.get('timeout') == 0 and not isinstance(out['timeout'], bool):
+        out['timeout'] = None           # torch's "no timeout"
+    return out
+
+
+def seed_of(seed, generator):
+    """The seed: ``seed``, else ``generator.initial_seed()``, else 0."""
+    if generator is None:
+        return 0 if seed is None else seed
+    if seed is not None:
+        raise ConfigError('pass seed= or generator=, not both')
+    if not isinstance(generator, torch.Generator):
+        raise ConfigError(f'generator must be a torch.Generator, got {generator!r}')
+    return generator.initial_seed()
+
+
+def check_device(device):
+    """``device`` as a ``torch.device``, None for the CPU (or none given); ConfigError
+    for a name torch does not know, or CUDA where there is none."""
+    if device is None:
+        return None
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f'device must name a torch device, got {device!r}') from exc
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        raise ConfigError(f"device={str(device)!r} but CUDA is not available on this "
+                          f"machine (torch {torch.__version__}); leave device=None to get "
+                          f"CPU tensors")
+    return None if device.type == 'cpu' else device
