@@ -20,6 +20,11 @@ Errors about data carry the file and the index so a user can find the
 record: ``FormatError('index table runs past the end', path='x.bag', index=3)``
 prints as ``x.bag [index 3]: index table runs past the end``.
 
+Beside the tree, and outside ``__all__``: :class:`Problem`, what ``loadr
+check`` reports instead of raising, named the same way. It lives here, at the
+bottom, so that the readers that find problems and the digests that find
+them too need not import each other.
+
 Example::
 
     try:
@@ -30,6 +35,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 __all__ = [
@@ -120,3 +126,16 @@ class WorkerError(LoadrError):
 
 class ResourceError(LoadrError, OSError):
     """The machine cannot provide what the loader needs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One problem ``loadr.check`` found: the file, the index (or None), what is wrong."""
+
+    path: str
+    index: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.path if self.index is None else f'{self.path} [index {self.index}]'
+        return f'{where}: {self.message}'
