@@ -1,4 +1,4 @@
-"""The import graph of loadr/: no cycle, and no arrow up from storage or the readers.
+"""The import graph of loadr/: no cycle, and no arrow up between layers.
 
 Run alone: ``python -m pytest -q tests/test_imports.py``. Every ``import`` in every
 module counts, also one inside a function (a lazy import is still an arrow), and
@@ -21,6 +21,13 @@ ABOVE_STORAGE = ('loadr.readers', 'loadr.workers', 'loadr.loader')
 # the conversion).
 ABOVE_READERS = ('loadr.loader', 'loadr.workers', 'loadr.assemble', 'loadr.mix', 'loadr.config',
                  'loadr.cli', 'loadr.torch', 'loadr.jax', 'loadr.convert')
+# In workers/, the window and what it speaks (messages, the ledger of tasks, the slots)
+# move tasks, slots and failures; only the worker loop runs an assembler on data, and the
+# window is handed one. The data side is above them.
+WINDOW_SIDE = ('loadr.workers.window', 'loadr.workers.protocol', 'loadr.workers.ledger',
+               'loadr.workers.shm')
+DATA_SIDE = ('loadr.assemble', 'loadr.decode', 'loadr.fns', 'loadr.readers', 'loadr.mix',
+             'loadr.loader')
 
 
 def modules(package: pathlib.Path = PACKAGE) -> dict[str, tuple[pathlib.Path, bool]]:
@@ -171,6 +178,11 @@ def test_storage_never_imports_the_layers_above_it():
 
 def test_readers_never_import_the_layers_above_them():
     assert upward('loadr.readers', ABOVE_READERS) == set()
+
+
+def test_the_window_side_of_workers_never_imports_the_data_side():
+    for name in WINDOW_SIDE:
+        assert upward(name, DATA_SIDE) == set()
 
 
 def test_a_cycle_is_found():

@@ -47,7 +47,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..assemble import SampleFailure
+from ..errors import SampleFailure
 from . import protocol
 
 __all__ = ['ramp_pieces', 'Plan', 'Schedule', 'Task', 'Pending', 'Finished', 'BatchFailed',
