@@ -21,6 +21,11 @@ ABOVE_STORAGE = ('loadr.readers', 'loadr.workers', 'loadr.loader')
 # the conversion).
 ABOVE_READERS = ('loadr.loader', 'loadr.workers', 'loadr.assemble', 'loadr.mix', 'loadr.config',
                  'loadr.cli', 'loadr.torch', 'loadr.jax', 'loadr.convert')
+# Layers that the stats must never import: they count what the stages above report (a
+# fused fn's name comes with the fn, from whoever fused it).
+ABOVE_STATS = ('loadr.decode', 'loadr.fns', 'loadr.assemble', 'loadr.readers', 'loadr.workers',
+               'loadr.loader', 'loadr.mix', 'loadr.config', 'loadr.cli', 'loadr.torch',
+               'loadr.jax')
 # In workers/, the window and what it speaks (messages, the ledger of tasks, the slots)
 # move tasks, slots and failures; only the worker loop runs an assembler on data, and the
 # window is handed one. The data side is above them.
@@ -178,6 +183,10 @@ def test_storage_never_imports_the_layers_above_it():
 
 def test_readers_never_import_the_layers_above_them():
     assert upward('loadr.readers', ABOVE_READERS) == set()
+
+
+def test_stats_never_import_the_layers_above_them():
+    assert upward('loadr.stats', ABOVE_STATS) == set()
 
 
 def test_the_window_side_of_workers_never_imports_the_data_side():
