@@ -1,10 +1,13 @@
-"""The import graph of loadr/: no cycle, and no arrow up between layers.
+"""The import graph of loadr/: no cycle, no arrow up between layers, no private name
+imported across modules in the packages that are clean.
 
-Run alone: ``python -m pytest -q tests/test_imports.py``. Every ``import`` in every
-module counts, also one inside a function (a lazy import is still an arrow), and
-importing ``a.b.c`` is an arrow to the packages ``a.b`` (whose ``__init__`` runs first)
-too, except those the importing module sits in (they run before it). One under
-``if TYPE_CHECKING:`` is no arrow (it never runs: a name for annotations).
+Run alone: ``python -m pytest -q tests/test_imports.py``; ``python -m
+tests.test_imports`` lists the private names still imported across modules. Every
+``import`` in every module counts, also one inside a function (a lazy import is still
+an arrow), and importing ``a.b.c`` is an arrow to the packages ``a.b`` (whose
+``__init__`` runs first) too, except those the importing module sits in (they run
+before it). One under ``if TYPE_CHECKING:`` is no arrow (it never runs: a name for
+annotations), but does count as an import of a private name.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ WINDOW_SIDE = ('loadr.workers.window', 'loadr.workers.protocol', 'loadr.workers.
                'loadr.workers.shm')
 DATA_SIDE = ('loadr.assemble', 'loadr.decode', 'loadr.fns', 'loadr.readers', 'loadr.mix',
              'loadr.loader')
+# Packages whose modules import no private name of another module (and no other package's
+# private module): a package joins when it is clean. private_imports() lists the rest.
+CLEAN = ('loadr.mix', 'loadr.torch')
 
 
 def modules(package: pathlib.Path = PACKAGE) -> dict[str, tuple[pathlib.Path, bool]]:
@@ -119,6 +125,46 @@ def parents(name: str) -> list[str]:
     """The packages ``name`` sits in, outermost first: ``a.b.c`` -> ``['a', 'a.b']``."""
     parts = name.split('.')
     return ['.'.join(parts[:i]) for i in range(1, len(parts))]
+
+
+def private_imports(package: pathlib.Path = PACKAGE) -> dict[str, list[str]]:
+    """``{module: ['where.name', ...]}``: the private (``_``-prefixed, not dunder) names each
+    module of the package imports from another of its modules, lazily or for annotations
+    too. A private module imported by a module of its own package is no such name (it is
+    how a package reaches its parts: ``from . import _order``); the same module imported
+    from outside that package is."""
+    mods = modules(package)
+    out: dict[str, list[str]] = {}
+    for name, here, tree in _parsed(package):
+        found = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                pairs = [tuple(alias.name.rpartition('.')[::2]) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _source(node, here)
+                pairs = [(base, alias.name) for alias in node.names]
+            else:
+                continue
+            for base, last in pairs:
+                if base.split('.')[0] != package.name:
+                    continue
+                module = f'{base}.{last}'
+                if module not in mods:      # a name from module ``base``
+                    if _private(last):
+                        found.append(module)
+                    module = base
+                # A private module belongs to the package it sits in.
+                parts = module.split('.')
+                private = [i for i, part in enumerate(parts) if _private(part)]
+                owner = '.'.join(parts[:private[-1]]) if private else None
+                if owner is not None and not (name == owner or name.startswith(owner + '.')):
+                    found.append(module)
+        out[name] = found
+    return out
+
+
+def _private(name: str) -> bool:
+    return name.startswith('_') and not (name.startswith('__') and name.endswith('__'))
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -224,3 +270,38 @@ def test_a_cycle_through_a_parent_package_is_found(tmp_path):
 def test_an_import_for_annotations_only_is_no_arrow():
     tree = ast.parse('from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\n')
     assert [_type_checking(node) for node in tree.body] == [False, True]
+
+
+def test_no_module_of_a_clean_package_imports_a_private_name_of_another():
+    found = private_imports()
+    assert all(any(_within(name, (package,)) for name in found) for package in CLEAN), CLEAN
+    dirty = {name: names for name, names in found.items() if names and _within(name, CLEAN)}
+    assert dirty == {}
+    # For information (pytest -rP shows it; python -m tests.test_imports lists them).
+    print(f'{sum(map(len, found.values()))} private names imported across modules of loadr/, '
+          f'in {sum(1 for names in found.values() if names)} modules')
+
+
+def test_a_private_name_or_another_packages_private_module_is_found(tmp_path):
+    package = _package(tmp_path, {
+        'pkg/__init__.py': 'from ._core import run\nfrom . import _core\n',
+        'pkg/_core/__init__.py': 'from ._run import run\n',
+        'pkg/_core/_run.py': 'from .. import util\nfrom ..util import _helper, __version__\n'
+                             'def run(): pass\n',
+        'pkg/util.py': 'import pkg._core._run\nfrom pkg._core import run\n'
+                       '__version__ = 1\ndef _helper(): pass\n'})
+    found = private_imports(package)
+    assert found['pkg'] == [] and found['pkg._core'] == []
+    assert found['pkg._core._run'] == ['pkg.util._helper']
+    # pkg._core._run is _core's; pkg._core (the package) is pkg's, util's own package.
+    assert found['pkg.util'] == ['pkg._core._run']
+
+
+if __name__ == '__main__':
+    # Where the private names crossing modules are, module by module.
+    found = private_imports()
+    for module, names in sorted(found.items()):
+        if names:
+            print(f'{len(names):3d}  {module}: {", ".join(names)}')
+    print(f'{sum(map(len, found.values()))} in {sum(1 for n in found.values() if n)} modules; '
+          f'clean: {", ".join(CLEAN)}')
