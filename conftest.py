@@ -1,9 +1,8 @@
 """pytest's doctest collection of loadr/, and the one line for missing fixtures.
 
 ``--doctest-modules`` imports every module of loadr/ to find its examples.
-``loadr/__main__.py`` runs the command when imported, and the adapters for
-optional packages (``loadr.torch`` with ``loadr.torch_args`` and
-``loadr.torch_tensors``, ``loadr.jax``) import them: those are
+``loadr/__main__.py`` runs the command when imported, and the adapters
+(``loadr.torch``, a package, and ``loadr.jax``) import optional packages: those are
 left out when the package is not installed (their own tests skip then too).
 
 An example that reads the reference fixtures names their directory
@@ -25,8 +24,7 @@ import pytest
 from tests.conftest import HOW_TO_GET, require_fixtures
 
 collect_ignore = ['loadr/__main__.py']
-for _module, _needs in (('loadr/torch.py', 'torch'), ('loadr/torch_args.py', 'torch'),
-                        ('loadr/torch_tensors.py', 'torch'), ('loadr/jax.py', 'jax')):
+for _module, _needs in (('loadr/torch', 'torch'), ('loadr/jax.py', 'jax')):
     if importlib.util.find_spec(_needs) is None:
         collect_ignore.append(_module)
 # JAX starts threads when it initialises, and this process forks loader workers in

@@ -22,18 +22,16 @@ import logging
 import operator
 import pickle
 import time
-import traceback
 
 import numpy as np
 
 from .decode import fuse
-from .errors import LoadrError, SpecError
+from .errors import LoadrError, SampleFailure, SpecError
 from .sources import hooks_of
 from .stats import FillTimer
 from .storage import transient
 
-__all__ = ['Assembler', 'infer_spec', 'value_spec', 'SampleFailure', 'Cancelled',
-           'READ_RETRY_DELAYS_S']
+__all__ = ['Assembler', 'infer_spec', 'value_spec', 'Cancelled', 'READ_RETRY_DELAYS_S']
 
 log = logging.getLogger('loadr')
 
@@ -116,15 +114,6 @@ def infer_spec(datapoint: dict | tuple) -> dict:
         raise SpecError(f'a datapoint must be a dict or a tuple, got '
                         f'{type(datapoint).__name__}')
     return {key: value_spec(value) for key, value in datapoint.items()}
-
-
-class SampleFailure(Exception):
-    """Raised by :meth:`Assembler.fill` when one sample fails; carries where and why."""
-
-    def __init__(self, exc: BaseException, index: int, position: int):
-        super().__init__(f'sample at index {index}, position {position} failed: {exc!r}')
-        self.exc, self.index, self.position = exc, index, position
-        self.traceback = ''.join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
 class Cancelled(Exception):
@@ -375,7 +364,8 @@ class Assembler:
         ``batch_read=False`` reads sample by sample even where the reader has a
         batch read.
         ``cancel``, ``(cell, task_id)``, stops the fill with :class:`Cancelled`
-        before any sample once ``cell[0] >= task_id``.
+        before any sample once ``cell[0] >= task_id``. A sample that fails (and is
+        not replaced) raises :class:`~loadr.errors.SampleFailure`, naming it.
         """
         if self._cache_clock is not None:
             self._cache_clock(order, start, count)

@@ -34,8 +34,7 @@ import os
 import msgpack
 import numpy as np
 
-from .errors import ChecksumError, ConfigError, FormatError, LoadrError
-from .readers.base import Problem
+from .errors import ChecksumError, ConfigError, FormatError, LoadrError, Problem
 from .storage import Storage, storage_for
 
 __all__ = ['SUFFIX', 'FileRecords', 'Digests', 'sidecar_path', 'write', 'load', 'verify',

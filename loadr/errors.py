@@ -20,6 +20,13 @@ Errors about data carry the file and the index so a user can find the
 record: ``FormatError('index table runs past the end', path='x.bag', index=3)``
 prints as ``x.bag [index 3]: index table runs past the end``.
 
+Beside the tree, and outside ``__all__``: :class:`SampleFailure`, how the
+assembler tells whoever runs it (the worker loop, or the batch window when
+there are no workers) that one sample failed, which never reaches the user
+as it is; and :class:`Problem`, what ``loadr check`` reports instead of
+raising, named the same way. They live here, at the bottom, so that the side
+that makes one and the side that takes it need not import each other.
+
 Example::
 
     try:
@@ -30,7 +37,9 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import traceback
 
 __all__ = [
     'LoadrError', 'DataError', 'FormatError', 'UnsafeFormatError', 'ChecksumError',
@@ -120,3 +129,26 @@ class WorkerError(LoadrError):
 
 class ResourceError(LoadrError, OSError):
     """The machine cannot provide what the loader needs."""
+
+
+class SampleFailure(Exception):
+    """Raised by :meth:`loadr.assemble.Assembler.fill` when one sample fails; carries where
+    and why, for the worker loop or the batch window to report (never raised to the user)."""
+
+    def __init__(self, exc: BaseException, index: int, position: int):
+        super().__init__(f'sample at index {index}, position {position} failed: {exc!r}')
+        self.exc, self.index, self.position = exc, index, position
+        self.traceback = ''.join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One problem ``loadr.check`` found: the file, the index (or None), what is wrong."""
+
+    path: str
+    index: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.path if self.index is None else f'{self.path} [index {self.index}]'
+        return f'{where}: {self.message}'

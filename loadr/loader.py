@@ -42,6 +42,7 @@ import weakref
 import numpy as np
 
 from .assemble import OBJECT, Assembler, infer_spec
+from .decode import fuse
 from .errors import ConfigError, LoadrError
 from . import state as state_fields
 from .state import STATE_VERSION
@@ -478,7 +479,7 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
             _whole('batches', batches, 1)
         if self._tracer is not None:
             self._tracer.write()
-        self._tracer = Tracer(path, fn_names(self.fns), batches, _whole('events', events, 1))
+        self._tracer = Tracer(path, fn_names(fuse(self.fns)), batches, _whole('events', events, 1))
         if self._pool is not None and getattr(self._pool, 'trace_rings', None) is None:
             self._close_window()        # its workers have no ring: they start again
         elif self._pool is not None:
@@ -518,7 +519,7 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
         """
         end = self._t_end if self._t_end is not None else time.perf_counter()
         elapsed = end - self._t_start if self._t_start is not None else 0.0
-        stats = Stats.from_rows(self._worker_rows(), fn_names(self.fns), elapsed_s=elapsed,
+        stats = Stats.from_rows(self._worker_rows(), fn_names(fuse(self.fns)), elapsed_s=elapsed,
                                 main_wait_s=self._main_wait, batches=self._batches_out,
                                 samples=self.samples, first_batch_s=self._first_batch_s,
                                 inline=self.workers == 0 and self._remote is None)

@@ -162,7 +162,7 @@ def _format_names_in_code(tree) -> list:
 def test_generic_code_names_no_format():
     # convert, check and the inspect/check/convert commands go through the table only.
     root = os.path.dirname(loadr.__file__)
-    for name in ('convert/__init__.py', 'convert/records.py', 'check.py'):
+    for name in ('convert/__init__.py', 'readers/records.py', 'check.py'):
         assert _format_names_in_code(ast.parse(open(os.path.join(root, name)).read())) == []
     commands = [node for name in ('inspect.py', 'convert.py')
                 for node in ast.parse(open(os.path.join(root, 'cli', name)).read()).body
@@ -281,7 +281,7 @@ def test_bag_list_types_survive_ffrecord_and_back(tmp_path):
 
 
 def test_types_are_inferred_from_every_sample(tmp_path):
-    from loadr.convert.records import join_types
+    from loadr.readers.records import join_types
     from .datasets import jpeg
     with loadr.writers.FFRecordWriter(tmp_path / 'x.ffr', 3) as w:
         w.append({'image': jpeg(), 'tags': [], 'score': 1, 'words': ['a']})
@@ -322,19 +322,20 @@ def test_open_reads_what_convert_wrote_as_maps(tmp_path):
 
 
 def test_the_conversion_records_import_no_other_part_of_loadr():
-    # Every reader imports loadr.convert.records (Reader.source makes a Source): were it to
-    # import loadr.readers, or loadr.convert to need the readers whole when it is imported,
-    # importing loadr would fail half way. A fresh interpreter imports the records first.
+    # Every reader imports loadr.readers.records (Reader.source makes a Source), and
+    # loadr.convert imports the readers: the records import nothing of loadr, and no reader
+    # imports loadr.convert (tests/test_imports.py), so importing either first works.
     import subprocess
     import sys
 
     from tests.test_imports import imports
-    assert imports()['loadr.convert.records'] == set()
-    code = ('import loadr.convert.records, loadr.convert, loadr.readers; '
-            'print(loadr.convert.TARGETS == tuple(f.name for f in loadr.readers.formats()))')
-    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.dirname(loadr.__file__)))
-    assert out.stdout.strip() == 'True', out.stderr
+    assert imports()['loadr.readers.records'] == set()
+    for first in ('loadr.readers.records', 'loadr.convert', 'loadr.readers'):
+        code = (f'import {first}, loadr.convert, loadr.readers; '
+                'print(loadr.convert.TARGETS == tuple(f.name for f in loadr.readers.formats()))')
+        out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                             cwd=os.path.dirname(os.path.dirname(loadr.__file__)))
+        assert out.stdout.strip() == 'True', out.stderr
 
 
 def test_every_reader_and_writer_is_found_where_it_is_defined():

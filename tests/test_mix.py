@@ -15,7 +15,7 @@ import pytest
 import loadr
 from loadr.errors import ConfigError, DecodeError, LoadrError
 from loadr.mix import BLOCK, Mix, MixOrder
-from loadr.mix_order import _source_seed
+from loadr.mix._order import source_seed
 from loadr.order import Order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,7 +88,7 @@ def test_once_per_source_epoch_for_each_source():
         for e in range(epochs):
             assert sorted(stream[e * n:(e + 1) * n].tolist()) == list(range(n)), (name, e)
         # Keyed by (seed, source name, source epoch): the source's own Order.
-        ref = Order(n, _source_seed(9, name)).indices(0, len(stream))
+        ref = Order(n, source_seed(9, name)).indices(0, len(stream))
         assert np.array_equal(stream, ref), name
     # Composite indices are the sources laid end to end.
     composite = order.indices(0, 1000)
@@ -123,7 +123,7 @@ def test_a_weight_schedule_leaves_the_stream_before_each_change_untouched():
     assert sched.counts(change).tolist() == before.tolist()
     src, index = sched.locate(change, 50_000)
     for s, (name, n) in enumerate(zip(names, sizes)):
-        ref = Order(n, _source_seed(4, name)).indices(int(before[s]), int((src == s).sum()))
+        ref = Order(n, source_seed(4, name)).indices(int(before[s]), int((src == s).sum()))
         assert np.array_equal(index[src == s], ref), name
     # After the change the new weights hold, window by window from the change point.
     cum = counts_table(sched, change, 200 * BLOCK)
@@ -647,7 +647,7 @@ def test_the_stream_of_unrelated_weights_is_the_one_of_exact_fractions():
 def test_rounding_to_2_62_is_exact_where_the_first_bits_leave_doubt(bits):
     import random
 
-    from loadr.mix_weights import _hamilton, _round_large, _sum
+    from loadr.mix._weights import fraction_sum, hamilton, round_large
 
     rng = random.Random(bits)
     checked = 0
@@ -657,26 +657,26 @@ def test_rounding_to_2_62_is_exact_where_the_first_bits_leave_doubt(bits):
                   for _ in range(rng.choice([30, 200]))]
         raw = [(f.numerator, f.denominator) for f in
                (Fraction(v).limit_denominator(10**6) for v in values)]
-        a_sum, b = _sum(raw, 0, len(raw))
+        a_sum, b = fraction_sum(raw, 0, len(raw))
         if b.bit_length() <= 128:
-            continue                    # exact integer arithmetic anyway (_normalise)
+            continue                    # exact integer arithmetic anyway (normalise)
         checked += 1
         units, rests = zip(*(divmod((n * (b // d)) << 62, a_sum) for n, d in raw))
-        exact = _hamilton(list(units), lambda s: rests[s], 2**62, len(raw))
-        assert _round_large(raw, a_sum, b, bits=bits) == exact
+        exact = hamilton(list(units), lambda s: rests[s], 2**62, len(raw))
+        assert round_large(raw, a_sum, b, bits=bits) == exact
     assert checked >= 6
 
 
 def test_weights_are_read_as_fractions_limit_denominator_reads_them():
     import random
 
-    from loadr.mix_weights import _limit_denominator, _rotation
+    from loadr.mix._weights import limit_denominator, rotation
 
     rng = random.Random(0)
     for value in [rng.random() * 10**rng.randint(-9, 9) for _ in range(20_000)] + [0.8, 1 / 3]:
         f = Fraction(value).limit_denominator(10**6)
-        assert _limit_denominator(*value.as_integer_ratio()) == (f.numerator, f.denominator)
-    assert _rotation.__wrapped__(2**62 + 0) == _rotation(2**62)      # the written-out one
+        assert limit_denominator(*value.as_integer_ratio()) == (f.numerator, f.denominator)
+    assert rotation.__wrapped__(2**62 + 0) == rotation(2**62)      # the written-out one
 
 
 def test_reading_on_from_a_block_before_agrees_with_the_floor_sums():
@@ -703,7 +703,7 @@ def test_many_sources_read_their_epoch_tables_as_their_orders_give_them():
             src, index = order.locate(start, 2000)
             for s, source_order, first, count in order.source_positions(start, 2000):
                 assert np.array_equal(index[src == s], source_order.indices(first, count))
-                assert source_order.seed == _source_seed(4, f's{s}')
+                assert source_order.seed == source_seed(4, f's{s}')
 
 
 def test_a_sources_decode_and_crop_are_fused_as_the_loaders_own_are(monkeypatch):

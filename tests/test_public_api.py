@@ -20,8 +20,12 @@ from .conftest import ROOT
 
 PUBLIC = ['Loader', 'Mix', 'open', 'check', 'Report', 'pipeline', 'LoadrError',
           'errors', 'fns', 'readers', 'writers', 'SharedList', '__version__']
-OPTIONAL = {'loadr.torch': 'torch', 'loadr.torch_args': 'torch', 'loadr.torch_tensors': 'torch',
-            'loadr.jax': 'jax', 'loadr.__main__': None}
+# Modules (a package: with its modules) that import an optional package, or run on import.
+OPTIONAL = {'loadr.torch': 'torch', 'loadr.jax': 'jax', 'loadr.__main__': None}
+
+
+def _optional(name: str) -> bool:
+    return any(name == o or name.startswith(o + '.') for o in OPTIONAL)
 
 
 def test_loadr_all_is_pinned():
@@ -40,13 +44,26 @@ def test_nothing_else_is_re_exported():
                      and not isinstance(getattr(loadr, name), types.ModuleType)}
 
 
-def test_every_all_names_what_its_module_has():
-    for info in pkgutil.walk_packages(loadr.__path__, 'loadr.'):
-        if info.name in OPTIONAL:
+def _modules(package):
+    """Every module under ``package``, imported, but none of the optional ones (nor
+    the modules of an optional package: importing even one of them imports the package)."""
+    for info in pkgutil.iter_modules(package.__path__, package.__name__ + '.'):
+        if _optional(info.name):
             continue
         module = importlib.import_module(info.name)
+        yield module
+        if info.ispkg:
+            yield from _modules(module)
+
+
+def test_every_all_names_what_its_module_has():
+    names = []
+    for module in _modules(loadr):
+        names.append(module.__name__)
         for name in getattr(module, '__all__', ()):
-            assert hasattr(module, name), f'{info.name}.__all__ names {name!r}, which it lacks'
+            assert hasattr(module, name), \
+                f'{module.__name__}.__all__ names {name!r}, which it lacks'
+    assert 'loadr.mix._weights' in names and 'loadr.readers.bag.reader' in names
 
 
 def test_doctests_are_collected_without_torch_and_jax():

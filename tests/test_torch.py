@@ -29,7 +29,8 @@ except ImportError:
     pytest.skip('torch is not installed (pip install torch==2.13.0)', allow_module_level=True)
 
 from loadr.errors import ConfigError, StateError, WorkerError  # noqa: E402
-from loadr.torch import DataLoader, _SlotPinner, rank_and_world_size, to_torch  # noqa: E402
+from loadr.torch import DataLoader, rank_and_world_size, to_torch  # noqa: E402
+from loadr.torch._tensors import SlotPinner  # noqa: E402
 
 from .loader_helpers import batch_digest, noisy, trivial  # noqa: E402
 from .state_harness import Stateful, run_save_load_state  # noqa: E402
@@ -644,7 +645,7 @@ def test_without_cuda_pin_memory_warns_and_device_cuda_refuses(reference):
 def test_each_slot_is_registered_once_and_other_batches_are_pinned_by_a_copy():
     """The pinning bookkeeping, with recording functions in place of CUDA's."""
     registered, unregistered = [], []
-    pinner = _SlotPinner(lambda address, nbytes: registered.append((address, nbytes)) or 0,
+    pinner = SlotPinner(lambda address, nbytes: registered.append((address, nbytes)) or 0,
                          unregistered.append)
     with make(2, prefetch=2) as dl:
         slots = 2 + 2                       # prefetch + the lent ones

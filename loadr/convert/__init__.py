@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import os
 
-# The readers, as a module: a reader imports .records (Reader.source makes the Source),
-# which runs this package first, while loadr.readers is still being imported; its
-# names are looked up when a conversion runs.
 from .. import readers
 from ..errors import ConfigError
+from ..readers.records import Plan, Source, infer_types, join_types, value_type
 from ..storage import storage_for
-from .records import Plan, Source, infer_types, join_types, value_type
 
 __all__ = ['TARGETS', 'Plan', 'Source', 'plan_conversion', 'convert', 'open_source',
            'infer_type', 'infer_types', 'join_types', 'value_type']

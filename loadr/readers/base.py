@@ -45,8 +45,8 @@ import json
 import os
 from typing import Any, Callable, Iterable, Sequence
 
-from ..convert.records import Plan, Source, infer_types
-from ..errors import WriterError
+from .records import Plan, Source, infer_types
+from ..errors import Problem, WriterError
 from ..sources import BatchSource, Caching, Identified, Locating, Prefetching, one_by_one
 from ..storage import LocalStorage as Files
 from ..storage import read_error, storage_for
@@ -433,19 +433,6 @@ class Writer:
                 self.abort()
         except Exception:
             pass
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """One problem ``loadr.check`` found: the file, the index (or None), what is wrong."""
-
-    path: str
-    index: int | None
-    message: str
-
-    def __str__(self) -> str:
-        where = self.path if self.index is None else f'{self.path} [index {self.index}]'
-        return f'{where}: {self.message}'
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,13 +40,13 @@ def fn_names(fns) -> list[str]:
     >>> fn_names([crop, crop])
     ['crop', 'crop#2']
 
-    Fused fns (loadr.decode) are named as they run, e.g.
-    ``decode_jpeg+random_resized_crop`` then ``random_resized_crop(fused)``.
+    Give the fns as they run: fused ones (``loadr.decode.fuse``) name themselves
+    with ``stats_name``, e.g. ``decode_jpeg+random_resized_crop`` then
+    ``random_resized_crop(fused)``.
     """
-    from ..decode import fuse
     seen: dict[str, int] = {}
     out = []
-    for fn in fuse(fns):
+    for fn in fns:
         name = _fn_name(fn)
         seen[name] = seen.get(name, 0) + 1
         out.append(name if seen[name] == 1 else f'{name}#{seen[name]}')

@@ -47,7 +47,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..assemble import SampleFailure
+from ..errors import SampleFailure
 from . import protocol
 from .pools import SlotPool
 

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..assemble import Assembler, Cancelled, SampleFailure
+from ..assemble import Assembler, Cancelled
+from ..errors import SampleFailure
 from ..order import ORDER_VERSION, order_for
 from ..sources import hooks_of
 from ..stats import StageClock, TaskRing, record_width, ring_rows, row_width, schedstat

@@ -7,7 +7,7 @@ import os
 import time
 from typing import Sequence
 
-from ...convert.records import Source
+from ..records import Source
 from ...errors import ConfigError, FormatError
 from ...sources import Warming
 from ...storage import netstats, storage_for

@@ -10,7 +10,7 @@ import msgpack
 import numpy as np
 
 from ... import codecs
-from ...convert.records import Plan
+from ..records import Plan
 from ...errors import ConfigError, WriterError
 from ..base import Writer, _known
 from .file import (BagFileWriter, REFS_KEY, SPEC_NAME, _CONVERTIBLE_KEY, _GRANULAR_NAME,

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 import msgpack
 import numpy as np
 
-from ...convert.records import Source, infer_types
+from ..records import Source, infer_types
 from ...errors import ChecksumError, ConfigError, DecodeError, FormatError, ReadError, SpecError
 from ...digests import check_record
 from ...sources import BatchSource

@@ -7,7 +7,7 @@ import struct
 
 import numpy as np
 
-from ...convert.records import Plan
+from ..records import Plan
 from ...errors import ConfigError, WriterError
 from ..base import Writer, _known
 from .layout import SUFFIX, crc32, header_bytes

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...codecs import decode_image
-from ...convert.records import Source
+from ..records import Source
 from ...errors import ConfigError, DecodeError, FormatError
 from ...digests import check_record
 from ...storage import Storage, storage_for

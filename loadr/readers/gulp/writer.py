@@ -10,7 +10,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ...codecs import JPEG_QUALITY, encode_image
-from ...convert.records import Plan
+from ..records import Plan
 from ...errors import ConfigError, WriterError
 from ...storage import is_url
 from ..base import Writer, _known

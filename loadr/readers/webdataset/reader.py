@@ -43,7 +43,7 @@ import pickle
 import msgpack
 import numpy as np
 
-from ...convert.records import Source, value_type
+from ..records import Source, value_type
 from ...errors import ConfigError, DecodeError, FormatError, LoadrError, SpecError
 from ...storage import is_url, storage_for
 from ..base import Reader, _known, check_index
@@ -425,7 +425,7 @@ class WebDatasetReader(Reader):
     @classmethod
     def source(cls, path, **options) -> Source:
         """The shards for copying: members decoded by type (images stay bytes), typed over all."""
-        from ...convert.records import infer_types
+        from ..records import infer_types
         reader = cls(path, **_known(cls, options))
         return Source(str(path), cls.format_name, reader, infer_types(reader))
 

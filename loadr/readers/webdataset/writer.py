@@ -35,7 +35,7 @@ import tarfile
 
 import numpy as np
 
-from ...convert.records import Plan
+from ..records import Plan
 from ...errors import ConfigError, WriterError
 from ..base import Writer, _known
 from .index import BLOCK, SIDECAR_SUFFIX, TarIndex, sidecar_bytes

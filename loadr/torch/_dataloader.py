@@ -1,41 +1,6 @@
-"""PyTorch adapter: ``loadr.torch.DataLoader``, epochs of torch tensors, resumable.
-
-Imported explicitly (``import loadr`` never imports torch)::
-
-    from loadr.torch import DataLoader
-    dl = DataLoader(reader, batch_size=64, fns=[preproc], num_workers=8)
-    for epoch in range(epochs):
-        for batch in dl:                 # one epoch per iter(dl); len(dl) batches
-            train_step(batch)            # a dict of torch tensors
-    torch.save({'model': model.state_dict(), 'data': dl.state_dict()}, 'ckpt.pt')
-
-It wraps a :class:`loadr.Loader` (``batch=batch_size`` per rank,
-``shard_id=rank``, ``num_shards=world_size``) and gives it torch's shape:
-
-- **Epochs.** Each ``iter(dl)`` is one epoch, and epochs advance by
-  themselves (nothing like ``sampler.set_epoch``). A new ``iter(dl)`` after
-  breaking out of an epoch starts the next epoch, as torch's DataLoader does.
-- **Ranks.** Every rank yields ``len(dl)`` batches per epoch. Each global
-  batch of ``batch_size * world_size`` stream positions is split between the
-  ranks with no sample twice (no padding by repetition, unlike
-  DistributedSampler). With ``drop_last=False`` the last global batch of an
-  epoch is short: it is split evenly, so on every rank the last batch is
-  short, and on some ranks *empty* (zero rows) when fewer samples than ranks
-  remain; it is never missing, so a DDP all-reduce never waits on a rank that
-  has finished. Code that averages per batch should weigh by the batch size.
-- **Zero copy.** Arrays become tensors with ``torch.from_numpy`` on the batch
-  lent from the workers' shared memory; list keys (strings, ragged values)
-  stay Python lists.
-- **Resume.** ``state_dict()`` / ``load_state_dict()`` (torchdata's
-  StatefulDataLoader protocol): a small JSON dict, the same on every rank;
-  after a load the next batch is the one that was due, mid-epoch too. It
-  resumes bit for bit with another ``num_workers``, and with another
-  ``world_size`` as long as ``batch_size * world_size`` stays the same.
-  A state taken *inside* the loop after the last batch of an epoch resumes
-  with an empty epoch (the rest of that epoch), then the next one; a state
-  taken *after* the loop resumes with the next epoch: both exactly as
-  torchdata's StatefulDataLoader (its ``TestEndOfEpochBehavior``).
-"""
+"""The :class:`DataLoader`: a :class:`loadr.Loader` in torch's shape (epochs, ranks, zero
+copy, resume), as :mod:`loadr.torch`'s docstring tells; its arguments are checked in
+:mod:`loadr.torch._args`, its batches made tensors in :mod:`loadr.torch._tensors`."""
 
 from __future__ import annotations
 
@@ -47,13 +12,13 @@ import multiprocess.util  # noqa: F401 - registers its exit hook before ours (se
 import numpy as np
 import torch
 
-from .errors import ConfigError, LoadrError, StateError
-from .loader import MAX_BATCH, MAX_PREFETCH, MAX_WORKERS, Loader, _whole
-from .torch_args import _OWN_ARGS, DataLoaderArgs, rank_and_world_size
-from .torch_tensors import (CUDA_HOST_REGISTER_DEFAULT, _SlotPinner, _tensor, _to_device,
-                            _values, to_torch)
+from ..errors import ConfigError, LoadrError, StateError
+from ..loader import MAX_PREFETCH, Loader
+from ._args import OWN_ARGS, check_device, check_sizes, loader_args, rank_and_world_size, seed_of
+from ._tensors import (CUDA_HOST_REGISTER_DEFAULT, SlotPinner, as_tensor, batch_values,
+                       to_device, to_torch)
 
-__all__ = ['DataLoader', 'rank_and_world_size', 'to_torch', 'STATE_VERSION', 'WAIT_RANGE']
+__all__ = ['DataLoader', 'STATE_VERSION', 'WAIT_RANGE']
 
 STATE_VERSION = 1
 # The name of the training loop's waits for a batch in the PyTorch profiler's trace.
@@ -131,7 +96,7 @@ class _Epoch:
             self._gen.close()
 
 
-class DataLoader(DataLoaderArgs):
+class DataLoader:
     """Epochs of torch tensors from a loadr Loader; see the module docstring.
 
     Args:
@@ -174,7 +139,7 @@ class DataLoader(DataLoaderArgs):
     >>> dl.close()
     """
 
-    # The test hook: (register, unregister, copy) in place of CUDA's (see _SlotPinner),
+    # The test hook: (register, unregister, copy) in place of CUDA's (see SlotPinner),
     # for a build without CUDA to count what pin_memory=True does.
     _pin_functions: tuple | None = None
 
@@ -185,16 +150,12 @@ class DataLoader(DataLoaderArgs):
                  persistent_workers: bool | None = None, prefetch_factor: int | None = None,
                  multiprocessing_context=None, generator=None, worker_init_fn=None,
                  **loader_kwargs):
-        for name, ours in _OWN_ARGS.items():
+        for name, ours in OWN_ARGS.items():
             if name in loader_kwargs:
                 raise ConfigError(f'DataLoader sets {name!r} itself: pass {ours}= instead')
-        # Checked under torch's names (the Loader's errors would name batch= and workers=).
-        _whole('batch_size', batch_size, 1, MAX_BATCH)
-        if num_workers is not None and not (isinstance(num_workers, str)
-                                            and num_workers == 'auto'):
-            _whole('num_workers', num_workers, 0, MAX_WORKERS, " or 'auto'")
-        loader_kwargs = self._torch_args(loader_kwargs)
-        seed = self._seed(seed, generator)
+        check_sizes(batch_size, num_workers)
+        loader_kwargs = loader_args(loader_kwargs)
+        seed = seed_of(seed, generator)
         if multiprocessing_context is not None:
             if 'start_method' in loader_kwargs:
                 raise ConfigError('pass multiprocessing_context= or start_method=, not both')
@@ -215,7 +176,7 @@ class DataLoader(DataLoaderArgs):
         if worker_init_fn is not None and not callable(worker_init_fn):
             raise ConfigError(f'worker_init_fn must be callable, got {worker_init_fn!r}')
         self.rank, self.world_size = rank_and_world_size(rank, world_size)
-        self.device = self._check_device(device)
+        self.device = check_device(device)
         cuda = self.device is not None and self.device.type == 'cuda'
         self.pin_memory = bool(pin_memory) or cuda
         if pin_memory and not torch.cuda.is_available() and self._pin_functions is None:
@@ -242,7 +203,7 @@ class DataLoader(DataLoaderArgs):
         self.loader._worker_init_fn = worker_init_fn
         self._pinner = None
         if self.pin_memory and self._pin_functions is not None:
-            self._pinner = _SlotPinner(*self._pin_functions)
+            self._pinner = SlotPinner(*self._pin_functions)
         elif self.pin_memory:
             cudart = torch.cuda.cudart()
 
@@ -251,7 +212,7 @@ class DataLoader(DataLoaderArgs):
                 torch.cuda.synchronize()
                 return cudart.cudaHostUnregister(address)
 
-            self._pinner = _SlotPinner(
+            self._pinner = SlotPinner(
                 lambda address, nbytes: cudart.cudaHostRegister(address, nbytes,
                                                                 CUDA_HOST_REGISTER_DEFAULT),
                 unregister)
@@ -363,8 +324,8 @@ class DataLoader(DataLoaderArgs):
         out = {}
         for key, (dtype, shape) in self.loader.spec.items():
             dtype = np.dtype(dtype)
-            out[key] = [] if dtype.kind == 'O' else _tensor(np.empty((0, *shape), dtype))
-        return out if self.device is None else _to_device(out, self.device)
+            out[key] = [] if dtype.kind == 'O' else as_tensor(np.empty((0, *shape), dtype))
+        return out if self.device is None else to_device(out, self.device)
 
     def _host_batch(self, host):
         batch = next(host, None)
@@ -384,7 +345,7 @@ class DataLoader(DataLoaderArgs):
                 return
             del batch                   # only the caller keeps the lent slot
             if self.device is not None:
-                out = _to_device(out, self.device)
+                out = to_device(out, self.device)
             self._step = step
             yield out
             out = None
@@ -405,7 +366,7 @@ class DataLoader(DataLoaderArgs):
             nxt = None
             if out is not None:
                 with torch.cuda.stream(side):
-                    moved = _to_device(out, self.device)
+                    moved = to_device(out, self.device)
                     done = torch.cuda.Event()
                     done.record(side)
                 nxt = (batch, moved, done, step)
@@ -414,7 +375,7 @@ class DataLoader(DataLoaderArgs):
                 _, ready, done_k, step_k = pending
                 current = torch.cuda.current_stream(self.device)
                 current.wait_event(done_k)
-                for t in _values(ready):
+                for t in batch_values(ready):
                     if isinstance(t, torch.Tensor):
                         t.record_stream(current)     # the caching allocator must know
                 self._step = step_k

@@ -1,5 +1,5 @@
 """A batch's arrays as torch tensors: with no copy (:func:`to_torch`), page-locked
-where they lie in the workers' shared memory (:class:`_SlotPinner`), and on a
+where they lie in the workers' shared memory (:class:`SlotPinner`), and on a
 device. Imports torch (``import loadr`` never imports it)."""
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
 _convertible: dict = {}          # numpy dtype -> whether torch.from_numpy takes it
 
 
-def _tensor(value):
+def as_tensor(value):
+    """``value`` as a tensor sharing its memory if it is a numpy array torch can hold;
+    anything else as it is."""
     if not isinstance(value, np.ndarray):
         return value
     ok = _convertible.get(value.dtype)
@@ -42,13 +44,14 @@ def to_torch(batch):
     {'x': tensor([0, 1, 2]), 'name': ['a', 'b', 'c']}
     """
     if isinstance(batch, dict):
-        return {k: _tensor(v) for k, v in batch.items()}
+        return {k: as_tensor(v) for k, v in batch.items()}
     if isinstance(batch, (tuple, list)):
-        return type(batch)(_tensor(v) for v in batch)
-    return _tensor(batch)
+        return type(batch)(as_tensor(v) for v in batch)
+    return as_tensor(batch)
 
 
-def _values(batch):
+def batch_values(batch):
+    """The values of a batch: a dict's values, a tuple's or list's items, else the batch."""
     if isinstance(batch, dict):
         return batch.values()
     if isinstance(batch, (tuple, list)):
@@ -62,7 +65,7 @@ def _root(array: np.ndarray) -> np.ndarray:
     return array
 
 
-class _SlotPinner:
+class SlotPinner:
     """Page-locks, once, each shared-memory slot of the live worker pool a lent batch
     lives in.
 
@@ -122,7 +125,7 @@ class _SlotPinner:
     def pin(self, host, tensors):
         """``tensors`` (from ``to_torch(host)``) with every tensor in page-locked memory."""
         copy = False
-        for value in _values(host):
+        for value in batch_values(host):
             if isinstance(value, np.ndarray) and value.size:
                 root = _root(value)
                 in_slot = root.base is not None and not isinstance(root.base, np.ndarray)
@@ -150,5 +153,6 @@ def _map_tensors(batch, fn):
     return one(batch)
 
 
-def _to_device(tensors, device):
+def to_device(tensors, device):
+    """``tensors`` (a batch) with each tensor copied to ``device`` without blocking."""
     return _map_tensors(tensors, lambda t: t.to(device, non_blocking=True))

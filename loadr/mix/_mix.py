@@ -1,59 +1,6 @@
-"""Mixing datasets: exact proportions, every sample once per source epoch, resumable anywhere.
-
-A :class:`Mix` is a reader made of named sources. Position ``p`` of the
-stream goes to a source chosen by a fixed schedule of the weights. It holds
-that source's datapoint at the source's own stream position: how many
-earlier positions went to the same source. Each source runs its own epochs.
-Source epoch ``e`` is a permutation keyed by (seed, source name, e), made by
-:class:`loadr.order.Order`. A small source simply cycles more epochs than a
-large one. Everything is a pure function of (seed, p), so ``load()`` at
-step 10^12 costs what step 0 does.
-
-The schedule works in blocks of :data:`BLOCK` = 1,024 positions (aligned to
-multiples of 1,024). Write ``1024 * w_s = b_s + f_s`` with ``b_s`` an integer
-and ``0 <= f_s < 1``. Every block gives source ``s`` either ``b_s`` or
-``b_s + 1`` positions. The ``R = sum(f_s)`` extra positions of a block go to
-``R`` distinct sources by McNaughton's wrap-around rule:
-
-- lay the ``f_s`` end to end on a circle of length ``R``;
-- put ``R`` points one apart, turned by ``frac(k * g / Q)`` for block ``k``;
-- a source gets an extra where a point falls on its arc.
-
-Here ``Q`` is the common denominator of the ``f_s``. ``g`` lies near
-``Q / phi`` and is chosen so that ``g / Q`` has small partial quotients,
-which spreads the turns evenly (see :func:`_rotation`). How many extras a source had
-before block ``k`` is a floor sum, computed in O(log Q). Inside a block, the
-quotas are interleaved by the Sainte-Laguë rule (the ``i``-th datapoint of
-source ``s`` sits at time ``(i + 1/2) / q_s``; positions follow the times).
-
-So every aligned window of 1,024 positions holds ``floor(1024 w)`` or
-``ceil(1024 w)`` samples of each source (by construction). The other bounds
-were measured, not proved (tests/test_mix.py checks them). A window of 1,024
-consecutive positions was off by less than 2. The running count stayed within
-about 3 samples of ``w * p`` over the first 10^6 positions. Out to 10^13
-positions it stayed within about 5 for unrelated weights, and within 2 for
-simple ones (0.8/0.2, 0.999/0.001), whose schedule repeats exactly.
-
-Each weight is read as the nearest fraction with a denominator of at most
-10^6 (0.8 is 4/5), and weights are normalised by their sum (exactly: see
-:func:`_normalise`). The schedule is built once, when the Mix is made
-(10,000 sources with unrelated weights: about 0.15 s, ``python -m
-benchmarks.mix_build``); its orders, and the workers, which get it with the
-Mix, use it as built. A weight
-schedule ``[(0, {...}), (position, {...}), ...]`` starts a new schedule at
-each change point. Each source's count at the change point carries over, so
-the stream before a change point does not depend on what comes after it.
-
-Composite indices: the mix's datapoint ``i`` is datapoint ``i - offset[s]``
-of source ``s``, with the sources laid end to end in the order given, so
-``len(mix)`` is the sum of the sources' sizes (the Loader's nominal epoch).
-
-Example::
-
-    mix = loadr.Mix({'web': loadr.open('web/'), 'curated': loadr.open('curated.ffr')},
-                    weights={'web': 0.8, 'curated': 0.2})
-    loader = loadr.Loader(mix, batch=64, seed=0, workers=8)
-"""
+"""The :class:`Mix`: named sources read as one dataset in exact proportions; the
+method is in :mod:`loadr.mix`'s docstring, the order in :mod:`loadr.mix._order`
+and the weights' schedule in :mod:`loadr.mix._weights`."""
 
 from __future__ import annotations
 
@@ -62,14 +9,14 @@ import copy
 
 import numpy as np
 
-from .errors import ConfigError, LoadrError
-from .order import ORDER_VERSION
-from .sources import (Caching, Composite, ErrorNaming, Identified, Locating, Ordering,
-                      Prefetching, SeededSource, Sharing, hooks_of)
-from .mix_weights import BLOCK, _check_weight, _fractions, _normalise, _plan
-from .mix_order import MixOrder
+from ..errors import ConfigError, LoadrError
+from ..order import ORDER_VERSION
+from ..sources import (Caching, Composite, ErrorNaming, Identified, Locating, Ordering,
+                       Prefetching, SeededSource, Sharing, hooks_of)
+from ._order import MixOrder
+from ._weights import build_schedule, check_weight, normalise, weight_fractions
 
-__all__ = ['Mix', 'MixOrder', 'BLOCK']
+__all__ = ['Mix']
 
 
 def _name_source(exc: BaseException, name: str, i: int) -> None:
@@ -135,7 +82,7 @@ class Mix(SeededSource, ErrorNaming, Prefetching, Caching, Ordering, Identified,
         self.schedule = self._check_schedule(weights)
         # Built once, here: every order of this Mix (and every worker, which gets the
         # Mix with them) uses these.
-        self._plans = [_plan(w, self.names, f'weights at position {p}')
+        self._plans = [build_schedule(w, self.names, f'weights at position {p}')
                        for p, w in self.schedule]
         self._shifts = None
         fns = {} if fns is None else fns
@@ -194,7 +141,7 @@ class Mix(SeededSource, ErrorNaming, Prefetching, Caching, Ordering, Identified,
                 raise ConfigError(f'{where}: weights must be a non-empty mapping '
                                   f'{{source name: weight}}, got {w!r}'[:300])
             for name, value in w.items():
-                _check_weight(value, name, where)
+                check_weight(value, name, where)
         if schedule[0][0] != 0:
             raise ConfigError(f'a weight schedule starts at position 0, got {schedule[0][0]}')
         # Plain, JSON-able numbers from here on (they go into identity()).
@@ -206,14 +153,15 @@ class Mix(SeededSource, ErrorNaming, Prefetching, Caching, Ordering, Identified,
     def weights_at(self, position: int = 0) -> dict:
         """The normalised weights in force at ``position`` (floats)."""
         i = bisect.bisect_right([p for p, _ in self.schedule], position) - 1
-        numerators, d = _normalise(_fractions(self.schedule[i][1], self.names, 'weights'))
+        numerators, d = normalise(weight_fractions(self.schedule[i][1], self.names,
+                                                   'weights'))
         return {name: m / d for name, m in zip(self.names, numerators)}
 
     def make_order(self, seed: int, shuffle: bool = True, version: int = ORDER_VERSION):
         """The :class:`MixOrder` for ``seed`` (what :func:`loadr.order.order_for` calls)."""
         order = MixOrder(self.names, self.sizes, self.schedule, seed, shuffle, version,
                          plans=self._plans, shifts=self._shifts)
-        self._shifts = order._shift     # kept (and pickled with the Mix, for the workers)
+        self._shifts = order.shifts     # kept (and pickled with the Mix, for the workers)
         return order
 
     def decode(self, index: int) -> tuple[str, int]:
@@ -269,7 +217,7 @@ class Mix(SeededSource, ErrorNaming, Prefetching, Caching, Ordering, Identified,
         (the fingerprint names those)."""
         chains = self.__dict__.get('_chains')
         if chains is None:
-            from .decode import fuse
+            from ..decode import fuse
             chains = self._chains = {n: fuse(c) if c else c for n, c in self.fns.items()}
         return chains[name]
 
@@ -355,7 +303,7 @@ class Mix(SeededSource, ErrorNaming, Prefetching, Caching, Ordering, Identified,
         same datapoints, order and identity (a SharedList's is its list's); the Mix
         itself when no source is shared. The Loader calls it when its first workers
         start, and :meth:`release_shared` when it closes."""
-        from .shared import share
+        from ..shared import share
 
         sources: dict = {}
         try:
@@ -378,7 +326,7 @@ class Mix(SeededSource, ErrorNaming, Prefetching, Caching, Ordering, Identified,
             self._release(shared.sources)
 
     def _release(self, sources: dict) -> None:
-        from .shared import release
+        from ..shared import release
 
         for name, source in sources.items():
             release(source, self.sources[name])

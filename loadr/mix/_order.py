@@ -1,6 +1,6 @@
 """The exact order of a :class:`~loadr.mix.Mix`: :class:`MixOrder` maps stream
 positions to composite indices, from the weights' schedule
-(:mod:`loadr.mix_weights`) and each source's own epochs."""
+(:mod:`loadr.mix._weights`) and each source's own epochs."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import hashlib
 
 import numpy as np
 
-from .order import (ORDER_VERSION, SORT_MAX, Order, check_seed, check_version, indices_many,
-                    permutation)
-from .mix_weights import BLOCK, _block_table, _plan
+from ..order import (ORDER_VERSION, SORT_MAX, Order, check_seed, check_version, indices_many,
+                     permutation)
+from ._weights import BLOCK, block_table, build_schedule
 
 _ALT_STRIDE = 0x9E3779B1
 # How many blocks back a MixOrder reads on from a block whose counts it has (see
@@ -24,7 +24,7 @@ _MANY_SOURCES = 16
 _TABLE_BYTES = 32 << 20
 
 
-def _source_seed(seed: int, name: str) -> int:
+def source_seed(seed: int, name: str) -> int:
     # A source's own stream is keyed by (seed, name): renaming nothing else,
     # adding a source leaves the other sources' orders as they were.
     data = seed.to_bytes(8, 'little') + name.encode()
@@ -38,6 +38,8 @@ class MixOrder:
     It has the Order protocol: ``n``, ``indices``, ``seeds``, ``index_at`` and
     ``alternative``. ``sources(start, count)`` gives the source of each
     position, and ``counts(p)`` how many of each source come before ``p``.
+    ``shifts`` holds what each weight segment adds to its own counts to carry
+    the counts over its change point; the Mix keeps them for its next orders.
 
     >>> order = MixOrder(['a', 'b'], [3, 5], [(0, {'a': 1, 'b': 3})], seed=0)
     >>> order.sources(0, 8).tolist()
@@ -55,7 +57,7 @@ class MixOrder:
         # The built schedules: given by the Mix (built once, in the main process), or
         # built here from the weights.
         self._plans = plans if plans is not None else [
-            _plan(w, self.names, f'weights at position {p}') for p, w in schedule]
+            build_schedule(w, self.names, f'weights at position {p}') for p, w in schedule]
         if shifts is not None:          # the Mix's, made by its first order
             self._setup(shifts)
             return
@@ -71,7 +73,7 @@ class MixOrder:
         self._setup(shifts)
 
     def _setup(self, shifts: list) -> None:
-        self._shift = shifts
+        self.shifts = shifts
         self.n = sum(self.sizes)
         self.offsets = np.cumsum([0] + self.sizes)[:-1].astype(np.int64)
         self._sizes_np = np.asarray(self.sizes, dtype=np.int64)
@@ -86,7 +88,7 @@ class MixOrder:
         # The built schedule goes as it is (arrays as bytes), never built again; a
         # mix of two sources pickles in some 300 bytes.
         return (self.names, self.sizes, self.seed, self.shuffle, self.version, self._starts,
-                self._plans, [s.tobytes() for s in self._shift])
+                self._plans, [s.tobytes() for s in self.shifts])
 
     def __setstate__(self, state):
         self.names, self.sizes, self.seed, self.shuffle, self.version, self._starts, \
@@ -96,7 +98,7 @@ class MixOrder:
     def _order(self, s: int) -> Order:
         order = self._orders[s]
         if order is None:
-            order = self._orders[s] = Order(self.sizes[s], _source_seed(self.seed, self.names[s]),
+            order = self._orders[s] = Order(self.sizes[s], source_seed(self.seed, self.names[s]),
                                             self.shuffle, self.version)
         return order
 
@@ -121,7 +123,7 @@ class MixOrder:
                 for j in range(back, k):
                     counts += plan.quotas(j)
             else:
-                counts = plan.counts_at_block(k) + self._shift[seg]
+                counts = plan.counts_at_block(k) + self.shifts[seg]
             if len(self._block_counts) >= 64:
                 self._block_counts.clear()
             self._block_counts[key] = counts
@@ -130,7 +132,7 @@ class MixOrder:
     def _block(self, seg: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The source and rank of each position of block ``k`` (kept for the last block)."""
         if self._table[0] != (seg, k):
-            self._table = ((seg, k), _block_table(self._plans[seg].quotas(k)))
+            self._table = ((seg, k), block_table(self._plans[seg].quotas(k)))
         return self._table[1]
 
     def _pieces(self, start: int, count: int):
@@ -165,7 +167,7 @@ class MixOrder:
         [250, 750]
         """
         seg = self._segment(p)
-        return self._plans[seg].counts_at(p) + self._shift[seg]
+        return self._plans[seg].counts_at(p) + self.shifts[seg]
 
     # -- the Order protocol ----------------------------------------------------
 
@@ -228,7 +230,7 @@ class MixOrder:
         key = (s, epoch)
         table = self._tables.get(key)
         if table is None:
-            table = permutation(self.sizes[s], _source_seed(self.seed, self.names[s]), epoch,
+            table = permutation(self.sizes[s], source_seed(self.seed, self.names[s]), epoch,
                                 self.version).table
             self._tables[key] = table
             self._table_bytes += table.nbytes

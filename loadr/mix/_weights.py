@@ -1,6 +1,6 @@
 """A :class:`~loadr.mix.Mix`'s weights made exact and laid out in blocks: each
 weight as a fraction, their rounding to one common denominator, and the
-schedule (:class:`_Schedule`) that gives each source its count at any
+schedule (:class:`Schedule`) that gives each source its count at any
 position. The module docstring of :mod:`loadr.mix` describes the method."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 BLOCK = 1024
@@ -25,7 +25,7 @@ WEIGHT_DENOMINATOR = 10**6
 # drift per 4.6e18 positions, and the floor sums stay cheap.
 _MAX_DENOMINATOR = 2**62
 _GOLDEN = (math.sqrt(5) - 1) / 2
-# _rotation(2**62), the search's answer (0.1 s), written out: tests/test_mix.py checks it.
+# rotation(2**62), the search's answer (0.1 s), written out: tests/test_mix.py checks it.
 _ROTATION_2_62 = 2850178704830800257
 
 
@@ -50,7 +50,7 @@ def _floor_sum(n: int, m: int, a: int, b: int) -> int:
         m, a = a, m
 
 
-def _block_table(quotas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def block_table(quotas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Source and rank of each position of a block with these quotas (int64, sum: BLOCK).
 
     Source ``s``'s ``i``-th datapoint in the block is due at time
@@ -85,7 +85,7 @@ def _partial_quotients(g: int, q: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=64)
-def _rotation(q: int) -> int:
+def rotation(q: int) -> int:
     """The step ``g`` (coprime to ``q``) of the turns ``k * g / q`` of the extras' points.
 
     The points spread evenly when ``g / q`` has small partial quotients (the
@@ -112,10 +112,10 @@ def _rotation(q: int) -> int:
     return best[2]
 
 
-class _Schedule:
+class Schedule:
     """One weight set: the notional counts of each source at any position.
 
-    Built from the normalised weights ``m_s / D`` (:func:`_normalise`), with
+    Built from the normalised weights ``m_s / D`` (:func:`normalise`), with
     the per-source figures in int64 arrays (what a worker receives: nothing is
     recomputed there). Counts run from position 0, as if this weight set held
     from the start. :class:`MixOrder` shifts them so that each change point
@@ -139,7 +139,7 @@ class _Schedule:
         self.base = np.asarray(base, dtype=np.int64)
         self.f = np.asarray(f, dtype=np.int64)
         self.arc = np.asarray([a % q for a in arc], dtype=np.int64)
-        self.g = _rotation(q)
+        self.g = rotation(q)
         self._extra = np.flatnonzero(self.f)                        # the sources with arcs
 
     def __reduce__(self):
@@ -168,37 +168,38 @@ class _Schedule:
     def counts_at(self, p: int) -> np.ndarray:
         """Each source's count before position ``p``."""
         k, j = divmod(p, BLOCK)
-        sources, _ = _block_table(self.quotas(k))
+        sources, _ = block_table(self.quotas(k))
         inside = np.bincount(sources[:j], minlength=len(self.base))
         return self.counts_at_block(k) + inside
 
 
-def _restore_schedule(q: int, r: int, g: int, base: bytes, f: bytes, arc: bytes) -> _Schedule:
-    plan = _Schedule.__new__(_Schedule)
-    plan.q, plan.r, plan.g = q, r, g
-    plan.base, plan.f, plan.arc = (np.frombuffer(b, dtype=np.int64) for b in (base, f, arc))
-    plan._extra = np.flatnonzero(plan.f)
-    return plan
+def _restore_schedule(q: int, r: int, g: int, base: bytes, f: bytes, arc: bytes) -> Schedule:
+    schedule = Schedule.__new__(Schedule)
+    schedule.q, schedule.r, schedule.g = q, r, g
+    schedule.base, schedule.f, schedule.arc = (np.frombuffer(b, dtype=np.int64)
+                                               for b in (base, f, arc))
+    schedule._extra = np.flatnonzero(schedule.f)
+    return schedule
 
 
 def _weight(value, name: str, where: str) -> tuple[int, int]:
     """One weight as ``(numerator, denominator)``, the nearest fraction with a denominator
     of at most 10^6; ConfigError naming it if it is not a number in ``[0, 1.8e308]`` (a
     float's range: the identity keeps it as a float)."""
-    _check_weight(value, name, where)
+    check_weight(value, name, where)
     if isinstance(value, float):
-        return _limit_denominator(*value.as_integer_ratio())
+        return limit_denominator(*value.as_integer_ratio())
     fraction = Fraction(value).limit_denominator(WEIGHT_DENOMINATOR)
     return fraction.numerator, fraction.denominator
 
 
-def _limit_denominator(n: int, d: int) -> tuple[int, int]:
+def limit_denominator(n: int, d: int) -> tuple[int, int]:
     """``Fraction(n, d).limit_denominator(10**6)`` (``n >= 0``, ``d > 0``, coprime) as a
     pair, without making Fractions: the same continued fraction, the same choice.
 
-    >>> _limit_denominator(*(0.8).as_integer_ratio())
+    >>> limit_denominator(*(0.8).as_integer_ratio())
     (4, 5)
-    >>> _limit_denominator(*math.pi.as_integer_ratio())
+    >>> limit_denominator(*math.pi.as_integer_ratio())
     (3126535, 995207)
     """
     if d <= WEIGHT_DENOMINATOR:
@@ -219,7 +220,7 @@ def _limit_denominator(n: int, d: int) -> tuple[int, int]:
     return p0 + k * p1, q0 + k * q1
 
 
-def _check_weight(value, name: str, where: str) -> None:
+def check_weight(value, name: str, where: str) -> None:
     if type(value) is float and 0.0 <= value <= sys.float_info.max:
         return                          # the common case, at once (nan fails the test)
     ok = not isinstance(value, bool) and isinstance(value, (int, float, Fraction, np.number))
@@ -236,7 +237,7 @@ def _check_weight(value, name: str, where: str) -> None:
                           f'(at most {sys.float_info.max:.3g}), got {text}')
 
 
-def _fractions(weights: dict, names: list, where: str) -> list[tuple[int, int]]:
+def weight_fractions(weights: dict, names: list, where: str) -> list[tuple[int, int]]:
     """The weights of ``names`` checked, each as a fraction ``(numerator, denominator)``
     with a denominator of at most 10^6 (a source left out: 0); ConfigError naming what is
     wrong."""
@@ -253,19 +254,19 @@ def _fractions(weights: dict, names: list, where: str) -> list[tuple[int, int]]:
     return raw
 
 
-def _sum(fractions: list[tuple[int, int]], lo: int, hi: int) -> tuple[int, int]:
+def fraction_sum(fractions: list[tuple[int, int]], lo: int, hi: int) -> tuple[int, int]:
     """``(numerator, lcm of the denominators)`` of the sum of ``fractions[lo:hi]``, halves
     first: the big numbers meet only near the top (a running sum grows them at every step)."""
     if hi - lo == 1:
         return fractions[lo]
     mid = (lo + hi) // 2
-    a1, b1 = _sum(fractions, lo, mid)
-    a2, b2 = _sum(fractions, mid, hi)
+    a1, b1 = fraction_sum(fractions, lo, mid)
+    a2, b2 = fraction_sum(fractions, mid, hi)
     b = b1 // math.gcd(b1, b2) * b2
     return a1 * (b // b1) + a2 * (b // b2), b
 
 
-def _normalise(raw: list[tuple[int, int]]) -> tuple[list[int], int]:
+def normalise(raw: list[tuple[int, int]]) -> tuple[list[int], int]:
     """The weights ``raw`` normalised by their sum, as numerators over one denominator ``D``.
 
     Exact where the common denominator is at most 2**62. Above, each weight is
@@ -282,10 +283,10 @@ def _normalise(raw: list[tuple[int, int]]) -> tuple[list[int], int]:
     numbers of a few hundred bits, and only a weight whose floor or remainder
     those leave in doubt is worked out exactly.
 
-    >>> _normalise([(4, 5), (1, 5)])
+    >>> normalise([(4, 5), (1, 5)])
     ([4, 1], 5)
     """
-    a_sum, b = _sum(raw, 0, len(raw))
+    a_sum, b = fraction_sum(raw, 0, len(raw))
     if b.bit_length() <= 128:
         nums = [n * (b // d) for n, d in raw]
         g = math.gcd(*nums)
@@ -294,12 +295,12 @@ def _normalise(raw: list[tuple[int, int]]) -> tuple[list[int], int]:
             return nums, d
         # Hamilton's method, exactly: 2**62 * w_s = (x << 62) / d.
         units, rests = zip(*(divmod(x << 62, d) for x in nums))
-        return _hamilton(list(units), lambda s: rests[s], _MAX_DENOMINATOR, len(raw)), \
+        return hamilton(list(units), lambda s: rests[s], _MAX_DENOMINATOR, len(raw)), \
             _MAX_DENOMINATOR
-    return _round_large(raw, a_sum, b), _MAX_DENOMINATOR
+    return round_large(raw, a_sum, b), _MAX_DENOMINATOR
 
 
-def _hamilton(units: list[int], rest, d: int, n: int, order=None) -> list[int]:
+def hamilton(units: list[int], rest, d: int, n: int, order=None) -> list[int]:
     """``units`` plus one for the ``d - sum(units)`` sources of the largest ``rest(s)``
     (ties: the earlier source). ``order``: the sources to consider, if not all."""
     left = d - sum(units)
@@ -312,10 +313,10 @@ def _hamilton(units: list[int], rest, d: int, n: int, order=None) -> list[int]:
 _FRACTION_BITS = 64
 
 
-def _round_large(raw: list[tuple[int, int]], a_sum: int, b: int,
+def round_large(raw: list[tuple[int, int]], a_sum: int, b: int,
                  bits: int = _FRACTION_BITS) -> list[int]:
     """Hamilton's rounding of ``raw / sum(raw)`` to multiples of 2**-62 (see
-    :func:`_normalise`) where the sum's denominator ``b`` is large.
+    :func:`normalise`) where the sum's denominator ``b`` is large.
 
     ``y_s = 2**(62 + 64) * w_s`` is computed as ``a_s * R // (b_s * 2**extra)``
     with ``R = 2**P * b // a_sum``: low by less than 1, so the floor is ``y_s``'s
@@ -377,6 +378,6 @@ def _round_large(raw: list[tuple[int, int]], a_sum: int, b: int,
     return units
 
 
-def _plan(weights: dict, names: list, where: str) -> _Schedule:
+def build_schedule(weights: dict, names: list, where: str) -> Schedule:
     """The schedule of one weight set (checked: ConfigError naming what is wrong)."""
-    return _Schedule(*_normalise(_fractions(weights, names, where)))
+    return Schedule(*normalise(weight_fractions(weights, names, where)))

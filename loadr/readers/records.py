@@ -4,6 +4,8 @@ copying, the :class:`Plan` a target's writer fills, and the bag types
 
 Nothing here imports a reader: readers build a :class:`Source` (``Reader.source``) and
 writers fill a :class:`Plan` (``Writer.plan``), and :mod:`loadr.convert` drives both.
+These records live with the readers, under the conversion: a reader that imported
+the conversion's package would import every reader through it.
 """
 
 from __future__ import annotations
