@@ -49,10 +49,7 @@ from ..convert.records import Plan, Source, infer_types
 from ..errors import WriterError
 from ..sources import BatchSource, Caching, Identified, Locating, Prefetching, one_by_one
 from ..storage import LocalStorage as Files
-from ..storage import read_error, storage_for
-
-if TYPE_CHECKING:
-    from ..storage import StagedDir, Storage, WriteFile
+from ..storage import StagedDir, Storage, WriteFile, read_error, storage_for
 
 __all__ = ['Reader', 'Writer', 'Files', 'Format', 'Problem', 'check_index', 'read_error',
            'open_each', 'remote', 'select_keys']

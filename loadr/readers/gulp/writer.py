@@ -5,19 +5,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
 from ...codecs import JPEG_QUALITY, encode_image
 from ...convert.records import Plan
 from ...errors import ConfigError, WriterError
-from ...storage import is_url
+from ...storage import WriteFile, is_url
 from ..base import Writer, _known
 from .layout import JPEG_SOI, LABEL2IDX_NAME, PAD_MULTIPLE_BYTES, SPEC, _JSON_TYPES
-
-if TYPE_CHECKING:
-    from ...storage import WriteFile
 
 
 class GulpWriter(Writer):

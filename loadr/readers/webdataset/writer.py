@@ -32,16 +32,13 @@ import json
 import os
 import re
 import tarfile
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...convert.records import Plan
 from ...errors import ConfigError, WriterError
+from ...storage import WriteFile
 from ..base import Writer, _known
-
-if TYPE_CHECKING:
-    from ...storage import WriteFile
 from .index import BLOCK, SIDECAR_SUFFIX, TarIndex, sidecar_bytes
 from .reader import DECODERS, KEY
 
