@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from typing import Literal, overload
 
 import msgpack
 import numpy as np
@@ -178,6 +179,14 @@ def check_record(recorded: tuple[bytes, str], file: str, record: int, data,
     if record_digest(data) != want:
         raise ChecksumError(f'record {record} of this file differs from the digest recorded '
                             f'in {sidecar}: its bytes changed', file, index)
+
+
+@overload
+def load(path, storage_options: dict | None = None, *, required: Literal[True]) -> Digests: ...
+
+
+@overload
+def load(path, storage_options: dict | None = None, required: bool = False) -> Digests | None: ...
 
 
 def load(path, storage_options: dict | None = None, required: bool = False) -> Digests | None:

@@ -260,7 +260,7 @@ class Order:
         return (self.n, self.seed, self.shuffle, self.version)
 
     def __setstate__(self, state):
-        self.__init__(*state)
+        Order.__init__(self, *state)
 
     def positions(self, start: int, count: int) -> np.ndarray:
         if start < 0 or count < 0 or start + count > 2**63:

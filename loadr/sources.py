@@ -87,7 +87,9 @@ class ErrorNaming(Protocol):
 class Prefetching(Protocol):
     """Can start reading datapoints ahead (remote files): a hint, when ``prefetches``."""
 
-    prefetches: bool
+    # Read-only: the readers answer it with a property (their files are remote or not).
+    @property
+    def prefetches(self) -> bool: ...
 
     def prefetch(self, indices) -> None: ...
 
@@ -97,7 +99,8 @@ class Caching(Protocol):
     """Keeps a local cache of remote records that learns the order (when ``caches``):
     ``cache_clock`` once per batch before its reads, ``cache_flush`` at the end."""
 
-    caches: bool
+    @property
+    def caches(self) -> bool: ...
 
     def cache_clock(self, order, start: int, count: int) -> None: ...
 
@@ -195,8 +198,8 @@ def members(protocol: type) -> tuple[str, ...]:
     """
     names = list(protocol.__dict__.get('__annotations__', {}))
     names += [name for name, value in protocol.__dict__.items()
-              if callable(value) and (not name.startswith('_')
-                                      or name in ('__len__', '__getitem__'))]
+              if isinstance(value, property) or callable(value) and (
+                  not name.startswith('_') or name in ('__len__', '__getitem__'))]
     return tuple(names)
 
 

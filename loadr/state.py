@@ -43,6 +43,8 @@ import hashlib
 import json
 import re
 import types
+from collections.abc import Sequence
+from typing import Any
 
 from .errors import StateError
 from .order import ORDER_VERSIONS, MAX_SEED
@@ -216,7 +218,8 @@ def parse(state) -> dict:
                              f'({STATE_VERSION}); upgrade loadr')
         if version < 1:
             raise StateError(f'state version must be 1 or more, got {version}')
-    out = {'step': _int(state, 'step', 0, MAX_STEP), 'seed': _int(state, 'seed', 0, MAX_SEED)}
+    out: dict[str, Any] = {'step': _int(state, 'step', 0, MAX_STEP),
+                           'seed': _int(state, 'seed', 0, MAX_SEED)}
     for key in ('n', 'global_batch'):
         if key in state:
             out[key] = _int(state, key, 1, MAX_STEP)
@@ -260,7 +263,7 @@ def parse(state) -> dict:
     return out
 
 
-def differences(saved: dict, mine: dict, fn_names: list[str] = (),
+def differences(saved: dict, mine: dict, fn_names: Sequence[str] = (),
                 source_fn_names: dict | None = None) -> list[str]:
     """One line per field of the fingerprint (and the seed) where ``saved`` and ``mine``
     differ; fields the saved state lacks are not compared. ``fn_names`` are this

@@ -43,13 +43,13 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from .records import Plan, Source, infer_types
 from ..errors import Problem, WriterError
 from ..sources import BatchSource, Caching, Identified, Locating, Prefetching, one_by_one
 from ..storage import LocalStorage as Files
-from ..storage import read_error, storage_for
+from ..storage import StagedDir, Storage, WriteFile, read_error, storage_for
 
 __all__ = ['Reader', 'Writer', 'Files', 'Format', 'Problem', 'check_index', 'read_error',
            'open_each', 'remote', 'select_keys']
@@ -145,10 +145,18 @@ class Reader(BatchSource, Prefetching, Caching, Identified, Locating):
     dataset's path; a reader of many files names the one that holds the index).
     """
 
-    spec: dict
+    #: The dataset's path (or URL, or pattern) and the storage its files are read through,
+    #: set by each format's ``__init__``; a reader without files (a test's) has neither.
+    path: str
+    _files: Storage
     #: What :func:`loadr.open` passes unless told otherwise: a format whose files can say
     #: how they are read (FFRecord: ``decode='auto'``) lets ``loadr.open`` find out.
     open_defaults: dict = {}
+
+    if TYPE_CHECKING:
+        # Each format's __init__ takes the path (or URL, pattern, list of files) and options
+        # of its own; Reader has none at run time (a reader of no files may take nothing).
+        def __init__(self, *args: Any, **options: Any) -> None: ...
 
     def __len__(self) -> int:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -157,6 +165,11 @@ class Reader(BatchSource, Prefetching, Caching, Identified, Locating):
         raise NotImplementedError
 
     def available(self, index: int) -> dict:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def spec(self) -> dict:  # pragma: no cover - abstract
+        """``{key: type}`` of the datapoints, as the format says (bag types)."""
         raise NotImplementedError
 
     def __getitem__(self, key) -> dict:
@@ -340,6 +353,12 @@ class Writer:
     directory: bool = True
     overwrite: bool = False
     path: str
+    closed: bool
+    #: The staged output, opened by :meth:`_stage`: ``_dir`` where the format is a
+    #: directory, ``_file`` where it is one file; ``_out`` is the one there is.
+    _out: StagedDir | WriteFile
+    _dir: StagedDir
+    _file: WriteFile
 
     def _stage(self, storage_options: dict | None = None) -> None:
         """Refuse an occupied target, then open the staged output as ``self._out``."""
@@ -348,8 +367,10 @@ class Writer:
             what = ('an existing non-empty directory' if storage.isdir(self.path)
                     else 'an existing file')
             raise WriterError(f'refusing to overwrite {what}', self.path)
-        self._out = (storage.stage_dir(self.path, parents=True) if self.directory
-                     else storage.open_write(self.path))
+        if self.directory:
+            self._out = self._dir = storage.stage_dir(self.path, parents=True)
+        else:
+            self._out = self._file = storage.open_write(self.path)
         self.closed = False
 
     def append(self, datapoint) -> int:  # pragma: no cover - abstract
@@ -392,9 +413,9 @@ class Writer:
         try:
             self._finish()
             if self.directory:
-                self._out.commit(sync=True)
+                self._dir.commit(sync=True)
             else:
-                self._out.commit(overwrite=self.overwrite)
+                self._file.commit(overwrite=self.overwrite)
         except WriterError:
             self.abort()
             raise
@@ -448,9 +469,10 @@ class Format:
     """
 
     name: str
-    detect: Callable[[str], bool]
-    reader: type
-    writer: type
+    #: Offered any path, pattern or list of files: it says False to what it does not read.
+    detect: Callable[[Any], bool]
+    reader: type[Reader]
+    writer: type[Writer]
     check: Callable[[str], Sequence[Problem]]
     checksums: str | None = None
     records: Callable[[str], dict] | None = None

@@ -36,7 +36,7 @@ import os
 
 from ..errors import ConfigError, FormatError, LoadrError, SpecError, WriterError
 from ..storage import storage_for
-from .base import Format, Problem, Reader, check_index
+from .base import Format, Problem, Reader, Writer, check_index
 
 __all__ = ['ImageFolderReader', 'FORMAT', 'check', 'detect', 'scan']
 
@@ -229,7 +229,7 @@ class ImageFolderReader(Reader):
                 'files_sha256': hashlib.sha256(listing).hexdigest()}
 
 
-class ImageFolderWriter:
+class ImageFolderWriter(Writer):
     """Image folders are read in place only; ``loadr convert`` writes other formats."""
 
     format_name = 'imagefolder'

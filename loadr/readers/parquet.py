@@ -39,6 +39,7 @@ import collections
 import io
 import json
 import os
+from typing import Any
 
 import numpy as np
 
@@ -139,6 +140,8 @@ def class_labels(schema) -> dict[str, list[str]]:
     (from its ``huggingface`` metadata, where ``datasets`` keeps its features); ``{}`` when
     there are none or the metadata cannot be read."""
     raw = (schema.metadata or {}).get(b'huggingface')
+    if raw is None:
+        return {}
     try:
         features = json.loads(raw)['info']['features']
     except (TypeError, ValueError, KeyError):
@@ -167,7 +170,7 @@ class _File:
 
     def __init__(self, path: str, base: int, starts: np.ndarray, size: int):
         self.path, self.base, self.starts, self.size = path, base, starts, size
-        self.handle = None
+        self.handle: Any = None         # its pyarrow.parquet.ParquetFile, once opened here
 
     def __getstate__(self):
         return (self.path, self.base, self.starts, self.size)
@@ -233,7 +236,8 @@ class ParquetReader(Reader):
         self.pattern = list(path) if isinstance(path, (list, tuple)) else os.fspath(path)
         self._files = storage_for(paths[0], storage_options)
         self._parts: list[_File] = []
-        base, schema, row_bytes, schemas = 0, None, 0, []
+        base, row_bytes = 0, 0
+        schemas: list = []                  # each file's pyarrow schema
         for p in paths:
             pf = _open(self._files, p)
             meta = pf.metadata
@@ -242,18 +246,16 @@ class ParquetReader(Reader):
             starts = np.zeros(len(counts) + 1, np.int64)
             np.cumsum(counts, out=starts[1:])
             names = pf.schema_arrow.names
-            if schema is None:
-                schema = pf.schema_arrow
-            elif names != schema.names:
+            if schemas and names != schemas[0].names:
                 raise FormatError(f'its columns {names} differ from the first file\'s '
-                                  f'{schema.names}', p)
+                                  f'{schemas[0].names}', p)
             schemas.append(pf.schema_arrow)
             part = _File(p, base, starts, self._files.size(p))
             part.handle = pf
             self._parts.append(part)
             base += int(starts[-1])
         self._n = base
-        self.schema = schema
+        self.schema = schema = schemas[0]
         self.columns = list(schema.names) if columns is None else list(columns)
         unknown = [c for c in self.columns if c not in schema.names]
         if unknown:
@@ -302,7 +304,8 @@ class ParquetReader(Reader):
     def _reset(self) -> None:
         self._groups: collections.OrderedDict = collections.OrderedDict()
         self._kept: dict = {}               # index -> row, for the positions ahead
-        self._window = None                 # (order, start, stop, {index: ...})
+        # (order, start, stop, the indices of positions start .. stop - 1)
+        self._window: tuple[Any, int, int, np.ndarray] | None = None
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -380,7 +383,7 @@ class ParquetReader(Reader):
             part, group, at = self._locate(i)
             columns = self._read_group(part, group, i)
             if self._window is not None:
-                self._keep_ahead(part, group, columns, i)
+                self._keep_ahead(self._window[3], part, group, columns, i)
             row = {name: values[at] for name, values in columns.items()}
         error = self._row_error(row, i)
         if error is not None:
@@ -406,9 +409,9 @@ class ParquetReader(Reader):
                                      f'and handle it in a fn', part.path, i)
         return None
 
-    def _keep_ahead(self, part: _File, group: int, columns: dict, i: int) -> None:
-        """Keep the rows of this group that the positions ahead ask for; drop the group."""
-        _, _, _, ahead = self._window
+    def _keep_ahead(self, ahead: np.ndarray, part: _File, group: int, columns: dict,
+                    i: int) -> None:
+        """Keep the rows of this group that the positions ``ahead`` ask for; drop the group."""
         lo, hi = part.base + int(part.starts[group]), part.base + int(part.starts[group + 1])
         wanted = ahead[(ahead >= lo) & (ahead < hi)]
         for j in np.unique(wanted).tolist():
@@ -539,7 +542,7 @@ class ParquetWriter(Writer):
         self.schema = pa.schema(fields)
         self.rows_per_group = rows_per_group or self.ROWS_PER_GROUP
         self._rows: list = []
-        self._writer = None
+        self._writer: Any = None        # the pyarrow.parquet.ParquetWriter, from the first rows
         self.count = 0
         self._stage(storage_options)
 
@@ -565,7 +568,7 @@ class ParquetWriter(Writer):
             raise WriterError(f'datapoints {first}..{self.count - 1} do not fit the columns '
                               f'{self.schema}: {exc}', self.path, first) from exc
         if self._writer is None:
-            self._writer = pq.ParquetWriter(_Sink(self._out), self.schema)
+            self._writer = pq.ParquetWriter(_Sink(self._file), self.schema)
         self._writer.write_table(table, row_group_size=len(self._rows) or None)
         self._rows = []
 
@@ -646,7 +649,8 @@ def check(path) -> list[Problem]:
                 row = {name: values[k] for name, values in columns.items()}
                 error = reader._row_error(row, first + k)
                 if error is not None:
-                    problems.append(Problem(error.path, error.index, error.message))
+                    problems.append(Problem(error.path or part.path, error.index,
+                                            error.message))
                     continue
                 for name, value in row.items():
                     if not isinstance(value, bytes):

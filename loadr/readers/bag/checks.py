@@ -31,7 +31,7 @@ def _check_dataset(files: Storage, directory: str, start: int, first_spec: dict 
     if first_spec is not None and spec_dict != first_spec:
         problems.append(Problem(os.path.join(directory, SPEC_NAME), None,
                                 f'spec differs from the first shard\'s {first_spec}'))
-    bags = {}
+    bags: dict[str, Bag | None] = {}
     for key in (REFS_KEY, *spec_dict):
         bag_path = os.path.join(directory, f'{key}.bag')
         bags[key] = None
@@ -53,11 +53,12 @@ def _check_dataset(files: Storage, directory: str, start: int, first_spec: dict 
         if name.endswith('.bag') and name[:-4] not in bags:
             problems.append(Problem(os.path.join(directory, name), None,
                                     'bag file of a key that is not in spec.json'))
-    if bags[REFS_KEY] is None:
+    refs = bags[REFS_KEY]
+    if refs is None:
         return 0, first_spec or spec_dict
     problem = _empty_refs_problem(bags)
     if problem:
-        problems.append(Problem(bags[REFS_KEY].path, None, problem))
+        problems.append(Problem(refs.path, None, problem))
         return 0, first_spec or spec_dict
     dataset = _Dataset(directory, spec, bags, start)
     readable = [k for k, t in spec

@@ -95,8 +95,8 @@ class Bag:
         self._files = files if files is not None else storage_for(self.path)
         self.cache_index = cache_index
         self.cache_data = cache_data
-        self._table = None       # per-process caches, filled lazily
-        self._data = None
+        self._table: np.ndarray | None = None     # per-process caches, filled lazily
+        self._data: bytes | None = None
         self.digests = None      # (record digests, sidecar) when verified (loadr.digests)
         if lazy:
             self.size = self._files.size(self.path)
@@ -186,9 +186,10 @@ class Bag:
 
     def _pread(self, offset: int, length: int, index: int | None) -> bytes:
         if self.cache_data:
-            if self._data is None:
-                self._data = self._files.read(self.path, 0, self.size, index)
-            return self._data[offset:offset + length]
+            data = self._data
+            if data is None:
+                self._data = data = self._files.read(self.path, 0, self.size, index)
+            return data[offset:offset + length]
         return self._files.read(self.path, offset, length, index)
 
     def _load_table(self, index: int | None, raw: bytes | None = None) -> np.ndarray:
@@ -314,9 +315,9 @@ class BagFileWriter(Writer):
                 if storage_for(self.path).exists(self.path):
                     raise WriterError('refusing to overwrite an existing file', self.path)
                 out = WriteFile(self.path, exclusive=True)
-            self._out, self.closed = out, False
-        self._file = self._out
-        self._tmp = self._out.path
+            self._out = self._file = out
+            self.closed = False
+        self._tmp = self._file.path
 
     def __len__(self) -> int:
         return len(self._ends)

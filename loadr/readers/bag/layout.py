@@ -147,7 +147,7 @@ class _Dataset:
         self.bags = bags                  # 'refs' and every key -> Bag (None: unusable)
         self.start = start                # global index of datapoint 0
         self._types = {k: parse_type(t) for k, t in spec}
-        self._last_refs = None            # (local index, refs), per process
+        self._last_refs: tuple[int, list] | None = None     # (local index, refs), per process
         self._refs_ahead: dict[int, list] = {}    # local index -> refs read ahead, per process
 
     @classmethod

@@ -72,21 +72,22 @@ class BagWriter(Writer):
     def __len__(self) -> int:
         return self._length
 
-    def _open_shard(self) -> None:
+    def _open_shard(self) -> dict[str, BagFileWriter]:
         if self.shardlen is None:
             directory = ''
         else:
             directory = f'{len(self._dataset_dirs):06}'
-            self._out.mkdir(directory)
+            self._dir.mkdir(directory)
         self._dataset_dirs.append(directory)
-        self._bags = {}
+        self._bags = bags = {}
         for key in (REFS_KEY, *self.spec):
             name = os.path.join(directory, f'{key}.bag')
-            self._bags[key] = BagFileWriter(self._out.join(name), out=self._out.open_write(name))
+            bags[key] = BagFileWriter(self._dir.join(name), out=self._dir.open_write(name))
         self._shard_count = 0
+        return bags
 
-    def _close_shard(self) -> None:
-        for bag in self._bags.values():
+    def _close_shard(self, bags: dict[str, BagFileWriter]) -> None:
+        for bag in bags.values():
             bag.close()
         self._bags = None
 
@@ -119,33 +120,33 @@ class BagWriter(Writer):
         if extra:
             raise WriterError(f'datapoint {number} has key {extra[0]!r}, which is not in the '
                               f'spec {list(self.spec)}', self.path, number)
-        encoded = {}
+        whole: dict[str, bytes] = {}            # the encoded values, by key
+        parts: dict[str, list[bytes]] = {}      # the encoded elements of each sequence
         for key, (base, is_seq) in self._types.items():
             value = datapoint[key]
             if not is_seq:
-                encoded[key] = self._encode(number, key, base, value)
+                whole[key] = self._encode(number, key, base, value)
                 continue
             if not isinstance(value, (list, tuple)) and not (
                     isinstance(value, np.ndarray) and value.ndim >= 1):
                 raise WriterError(f'datapoint {number}, key {key!r} is a sequence '
                                   f'({self.spec[key]}), so its value must be a list, not '
                                   f'{type(value).__name__}', self.path, number)
-            encoded[key] = [self._encode(number, key, base, v, p) for p, v in enumerate(value)]
-        if self._bags is None:
-            self._open_shard()
-        refs = []
+            parts[key] = [self._encode(number, key, base, v, p) for p, v in enumerate(value)]
+        bags = self._bags if self._bags is not None else self._open_shard()
+        refs: list[int | list[int]] = []
         for key, (_, is_seq) in self._types.items():
-            bag = self._bags[key]
+            bag = bags[key]
             if is_seq:
-                indices = [bag.append(data) for data in encoded[key]]
+                indices = [bag.append(data) for data in parts[key]]
                 refs.append([indices[0], len(indices)] if indices else [])
             else:
-                refs.append(bag.append(encoded[key]))
-        self._bags[REFS_KEY].append(msgpack.packb(refs))
+                refs.append(bag.append(whole[key]))
+        bags[REFS_KEY].append(msgpack.packb(refs))
         self._length += 1
         self._shard_count += 1
         if self.shardlen is not None and self._shard_count >= self.shardlen:
-            self._close_shard()
+            self._close_shard(bags)
         return number
 
     # -- conversion into a bag dataset (loadr convert) --------------------------
@@ -173,13 +174,14 @@ class BagWriter(Writer):
 
     def _finish(self) -> None:
         """Finish every bag and write spec.json (last, so a cut write never opens)."""
-        if self._bags is None and not self._dataset_dirs:
-            self._open_shard()          # no datapoints: still a valid, empty dataset
-        if self._bags is not None:
-            self._close_shard()
+        bags = self._bags
+        if bags is None and not self._dataset_dirs:
+            bags = self._open_shard()   # no datapoints: still a valid, empty dataset
+        if bags is not None:
+            self._close_shard(bags)
         spec_json = json.dumps(self.spec).encode('utf-8')   # granular's exact bytes
         for directory in self._dataset_dirs:
-            self._out.write_file(os.path.join(directory, SPEC_NAME), spec_json)
+            self._dir.write_file(os.path.join(directory, SPEC_NAME), spec_json)
 
     def _release(self) -> None:
         if self._bags is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Literal
 
 import numpy as np
 
@@ -193,7 +194,7 @@ def _check_piece(files: Storage, path: str, base: int, lo: int, start: int, size
         empty = np.flatnonzero(sane & (lengths == 0) & (crcs == 0))[:MAX_PROBLEMS_PER_FILE + 1]
         for i in empty.tolist():
             contents.visit(path, base + lo + i, lo + i, b'', mismatches)
-    found += sorted(mismatches, key=lambda p: p.index)
+    found += sorted(mismatches, key=lambda p: -1 if p.index is None else p.index)
 
 
 class _Contents:
@@ -209,7 +210,7 @@ class _Contents:
     """
 
     def __init__(self):
-        self.decode: str | None | bool = False      # False: not detected yet
+        self.decode: str | None | Literal[False] = False    # False: not detected yet
         self.images: dict = {}                      # key -> samples with an image there
         self.others: dict = {}                      # key -> [(path, index, local, head, n)]
 
@@ -265,4 +266,4 @@ class _Contents:
                                                 f'not a JPEG or PNG ({n} bytes starting '
                                                 f'{head!r}), while {images} other values of '
                                                 f'{key!r} are images'))
-        return sorted(out, key=lambda p: p.index)
+        return sorted(out, key=lambda p: -1 if p.index is None else p.index)

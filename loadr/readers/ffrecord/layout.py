@@ -60,8 +60,8 @@ class _Header:
     def __post_init__(self):
         self.crcs = np.ascontiguousarray(self.crcs, dtype=np.uint32)
         self.bounds = np.ascontiguousarray(self.bounds, dtype=np.int64)
-        self.crc_at = memoryview(self.crcs).cast('B').cast('I')
-        self.bound_at = memoryview(self.bounds).cast('B').cast('q')
+        self.crc_at = self.crcs.data.cast('B').cast('I')
+        self.bound_at = self.bounds.data.cast('B').cast('q')
 
 
 def _read_preamble(files: Storage, path: str) -> tuple[int, int, int]:

@@ -328,8 +328,10 @@ class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per
                 value = json.loads(data)
             elif decode == 'pickle':
                 value = pickle.loads(data)   # the user asked for it by name
-            else:
+            elif callable(decode):
                 value = decode(data)
+            else:                            # no other name gets past __init__
+                raise TypeError(f'unknown decode {decode!r}')
         except Exception as exc:
             h, local = self._locate(index)
             how = decode if isinstance(decode, str) else getattr(decode, '__name__', 'decode')

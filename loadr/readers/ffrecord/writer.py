@@ -70,7 +70,7 @@ class FFRecordWriter(Writer):
         view = view.cast('B')
         self._crcs[self.count] = crc32(view)
         self._offsets[self.count] = self._pos
-        self._out.pwrite(view, self._pos)
+        self._file.pwrite(view, self._pos)
         self._pos += len(view)
         self.count += 1
 
@@ -113,4 +113,4 @@ class FFRecordWriter(Writer):
             raise WriterError(f'closed after {self.count} of {self.n} samples; '
                               f'the file was not written', self.path)
         body = struct.pack('<q', self.n) + self._crcs.tobytes() + self._offsets.tobytes()
-        self._out.pwrite(struct.pack('<I', crc32(body)) + body, 0)
+        self._file.pwrite(struct.pack('<I', crc32(body)) + body, 0)

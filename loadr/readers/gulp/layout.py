@@ -49,7 +49,7 @@ class _Chunk:
         self.k, self.data_path, self.meta_path = k, data_path, meta_path
         self.data_size = self.meta_size = 0          # bytes, once the index is loaded
         self.frames = 0                              # frames of the videos before, so far
-        self.digests = None                          # (digests, sidecar) when verifying
+        self.digests: tuple[bytes, str] | None = None    # (digests, sidecar) when verifying
 
 
 # One video: its id, chunk, (offset, pad, total_length) triples, meta, and the record
@@ -74,6 +74,15 @@ class _Videos:
 
     __slots__ = ('chunks', 'chunk_of', 'fstart', 'first', 'triples', 'id_off', 'id_blob',
                  'meta_off', 'meta_blob')
+    chunks: list[_Chunk]
+    chunk_of: np.ndarray        # int32, per video
+    fstart: np.ndarray          # int64, per video and one more
+    first: np.ndarray           # int64, per video
+    triples: np.ndarray         # int64, (frames, 3)
+    id_off: np.ndarray          # int64, per video and one more
+    id_blob: bytes
+    meta_off: np.ndarray        # int64, per video and one more
+    meta_blob: bytes
 
     def __len__(self) -> int:
         return len(self.chunk_of)
@@ -338,7 +347,7 @@ def _load_index(storage: Storage, path: str, allow_pickle: bool) -> _Videos:
         parts['meta_lens'].append(np.fromiter(map(len, encoded), np.int64, len(encoded)))
         del counts, firsts, triples, ids, metas, encoded
     # (There is a chunk: _list_chunks says so of a directory with none.)
-    joined = {k: v if k in ('ids', 'metas') else np.concatenate(v) for k, v in parts.items()}
+    joined = {k: np.concatenate(v) for k, v in parts.items() if k not in ('ids', 'metas')}
     videos = _Videos()
     videos.chunks = chunks
     videos.chunk_of, videos.first, videos.triples = (joined['chunk_of'], joined['first'],

@@ -121,7 +121,7 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
         """
         index = self.index_of(id_)
         if isinstance(frames, (list, tuple, np.ndarray)):
-            frames = _from_end(frames, self._videos.count(index))
+            frames = _from_end(frames, self._index().count(index))
         return self._get(index, {'id': True, 'frames': True if frames is None else frames,
                                  'meta': True})
 
@@ -155,7 +155,7 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
 
     def _ranges(self, indices: list[int]) -> list[tuple]:
         videos = self._index()
-        out = []
+        out: list[tuple] = []
         for index in indices:
             path = videos.chunk(index).data_path
             out.extend((path, offset, length, index)
@@ -171,7 +171,7 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
         videos = self._index()
         if mask is None:
             mask = dict.fromkeys(SPEC, True)
-        out = {}
+        out: dict[str, Any] = {}
         for key, value in mask.items():
             if key not in SPEC:
                 raise ConfigError(f'mask key {key!r} is not one of {sorted(SPEC)}')
@@ -204,7 +204,7 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
                                  buf[a:a + frames[p][2]], index)
                 k += 1
                 jpegs.append(buf[a:b])
-        out = []
+        out: list[np.ndarray | bytes] = []
         for p, jpeg in zip(positions, jpegs):
             if jpeg[:2] != JPEG_SOI:
                 raise DecodeError(f'frame {p} of video {videos.id(index)!r} is not a JPEG '

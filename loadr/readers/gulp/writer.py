@@ -12,7 +12,7 @@ import numpy as np
 from ...codecs import JPEG_QUALITY, encode_image
 from ..records import Plan
 from ...errors import ConfigError, WriterError
-from ...storage import is_url
+from ...storage import WriteFile, is_url
 from ..base import Writer, _known
 from .layout import JPEG_SOI, LABEL2IDX_NAME, PAD_MULTIPLE_BYTES, SPEC, _JSON_TYPES
 
@@ -56,7 +56,7 @@ class GulpWriter(Writer):
             self._label2idx_json = _json_bytes(label2idx, 'label2idx', self.path)
         self._ids: set[str] = set()
         self._chunk = -1          # chunk being written; its data file is open in _data
-        self._data = None
+        self._data: WriteFile | None = None
         self._offset = 0          # bytes written to the current data file
         self._meta: list[str] = []   # '"id": {entry}' JSON of each video in the chunk
         self._count = 0
@@ -85,7 +85,7 @@ class GulpWriter(Writer):
         self._count += 1
         return self._count - 1
 
-    def _append(self, id_: str, meta: dict, frames: Sequence) -> None:
+    def _append(self, id_: object, meta: dict | None, frames: Sequence | None) -> None:
         if isinstance(id_, int) and not isinstance(id_, bool):
             id_ = str(id_)
         if not isinstance(id_, str):
@@ -105,10 +105,11 @@ class GulpWriter(Writer):
             raise WriterError(f'video {id_!r} has no frames', self.path)
         info = []
         try:
-            if self._data is None or len(self._meta) == self.videos_per_chunk:
-                self._next_chunk()
+            data = self._data
+            if data is None or len(self._meta) == self.videos_per_chunk:
+                data = self._next_chunk()
             for record, pad in records:
-                self._data.write(record)
+                data.write(record)
                 info.append([self._offset, pad, len(record)])
                 self._offset += len(record)
         except OSError as exc:
@@ -122,19 +123,20 @@ class GulpWriter(Writer):
                           f'"meta_data": [{meta_json}]}}')
         self._ids.add(id_)
 
-    def _next_chunk(self) -> None:
+    def _next_chunk(self) -> WriteFile:
         if self._data is not None:
-            self._finish_chunk()
+            self._finish_chunk(self._data)
         self._chunk += 1
-        self._data = self._out.open_write(f'data_{self._chunk}.gulp')
+        self._data = data = self._dir.open_write(f'data_{self._chunk}.gulp')
         self._offset = 0
         self._meta = []
+        return data
 
-    def _finish_chunk(self) -> None:
-        self._data.sync()
-        self._data.close()
+    def _finish_chunk(self, data: WriteFile) -> None:
+        data.sync()
+        data.close()
         # json.dump defaults (', ' and ': ', ensure_ascii) are what gulpio2 writes.
-        self._out.write_file(f'meta_{self._chunk}.gmeta',
+        self._dir.write_file(f'meta_{self._chunk}.gmeta',
                              ('{' + ', '.join(self._meta) + '}').encode('ascii'), sync=True)
 
     # -- conversion into gulp (loadr convert) -----------------------------------
@@ -207,10 +209,10 @@ class GulpWriter(Writer):
         """Finish the last chunk and write label2idx.json."""
         if self._data is None:
             raise WriterError('no videos were appended; nothing written', self.path)
-        self._finish_chunk()
+        self._finish_chunk(self._data)
         self._data = None
         if self._label2idx_json is not None:
-            self._out.write_file(LABEL2IDX_NAME, self._label2idx_json, sync=True)
+            self._dir.write_file(LABEL2IDX_NAME, self._label2idx_json, sync=True)
 
     def _release(self) -> None:
         if self._data is not None:

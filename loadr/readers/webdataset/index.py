@@ -237,13 +237,18 @@ def scan(storage, path: str, window: int | None = None, progress=None) -> TarInd
         window = REMOTE_WINDOW_BYTES if '://' in path else BLOCK
     if size:
         head = storage.read(path, 0, min(size, 8))
-        kind = compressed_kind(head)
-        if kind:
-            raise compressed_error(kind, path)
+        compressed = compressed_kind(head)
+        if compressed:
+            raise compressed_error(compressed, path)
     blocks = _Blocks(storage, path, size, window)
-    offsets, sizes, ext_ids, firsts, keys = [], [], [], [], []
+    offsets: list[int] = []
+    sizes: list[int] = []
+    ext_ids: list[int] = []
+    firsts: list[int] = []
+    keys: list[bytes] = []
     exts: dict[str, int] = {}
-    current_key, current_exts = None, set()
+    current_key: str | None = None
+    current_exts: set[str] = set()
     pos, member = 0, 0
     long_name, pax = None, {}
     name, ended = None, False
@@ -299,7 +304,7 @@ def scan(storage, path: str, window: int | None = None, progress=None) -> TarInd
                 or _META.match(name):
             continue
         key, ext = split_name(name)
-        if key is None:
+        if key is None or ext is None:      # (both are, or neither)
             continue
         ext = ext.lower()
         if key != current_key:

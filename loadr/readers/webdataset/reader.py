@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import pickle
+from typing import Literal, Sequence
 
 import msgpack
 import numpy as np
@@ -162,7 +163,7 @@ class _Shard:
         self.index, self.shipped = index, shipped
         # Per process: None until a header's name field came in a form header_matches does
         # not know; then {member: that field} if a fresh scan gave this very index, or False.
-        self.odd = None
+        self.odd: dict[int, bytes] | Literal[False] | None = None
 
     def __getstate__(self):
         # An index read from a sidecar is read again where it is needed (each process
@@ -211,7 +212,7 @@ class WebDatasetReader(Reader):
             base += index.samples
         self._n = base
         self._starts = [s.base for s in self._shards]
-        self._spec = None
+        self._spec: dict | None = None
 
     # -- the shards ------------------------------------------------------------------
 
@@ -302,11 +303,12 @@ class WebDatasetReader(Reader):
         once per process, gives this very index."""
         if len(block) != BLOCK or header_size(block) != int(index.size[m]):
             return False
-        if shard.odd is None:
-            shard.odd = {} if same_index(scan(self._files, shard.path), index) else False
-        if shard.odd is False:
+        odd = shard.odd
+        if odd is None:
+            shard.odd = odd = {} if same_index(scan(self._files, shard.path), index) else False
+        if odd is False:
             return False
-        field = shard.odd.setdefault(m, block[:100])
+        field = odd.setdefault(m, block[:100])
         return field == block[:100]
 
     def _plan(self, i: int, wanted=None) -> tuple:
@@ -324,7 +326,7 @@ class WebDatasetReader(Reader):
         """
         shard, local = self._locate(i)
         tar = self._index(shard)
-        members = tar.member_range(local)
+        members: Sequence[int] = tar.member_range(local)
         if wanted is not None:
             members = [m for m in members if tar.exts[tar.ext[m]] in wanted]
         ranges: list = []
@@ -413,10 +415,11 @@ class WebDatasetReader(Reader):
     @property
     def spec(self) -> dict:
         """``{key: bag type}`` of sample 0's values (what ``loadr convert`` would store)."""
-        if self._spec is None:
-            self._spec = {} if not self._n else {
+        spec = self._spec
+        if spec is None:
+            self._spec = spec = {} if not self._n else {
                 k: value_type(v) for k, v in self._get(0, None).items()}
-        return self._spec
+        return spec
 
     def details(self) -> dict:
         return {'shards': len(self._shards),

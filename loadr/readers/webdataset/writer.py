@@ -37,6 +37,7 @@ import numpy as np
 
 from ..records import Plan
 from ...errors import ConfigError, WriterError
+from ...storage import WriteFile
 from ..base import Writer, _known
 from .index import BLOCK, SIDECAR_SUFFIX, TarIndex, sidecar_bytes
 from .reader import DECODERS, KEY
@@ -113,22 +114,27 @@ class WebDatasetWriter(Writer):
             raise WriterError(f'shardlen must be a positive int, not {shardlen!r}', self.path)
         self.shardlen = shardlen
         self.count = 0
-        self._tar = None
+        self._tar: WriteFile | None = None          # the shard being written, if any
         self._stage(storage_options)
 
-    def _open_shard(self) -> None:
+    def _open_shard(self) -> WriteFile:
         self._name = f'shard-{self.count // self.shardlen:06d}.tar'
-        self._tar = self._out.open_write(self._name)
+        self._tar = tar = self._dir.open_write(self._name)
         self._pos = 0
-        self._offsets, self._sizes, self._ext_ids, self._firsts = [], [], [], []
-        self._keys, self._exts = [], {}
+        self._offsets: list[int] = []
+        self._sizes: list[int] = []
+        self._ext_ids: list[int] = []
+        self._firsts: list[int] = []
+        self._keys: list[bytes] = []
+        self._exts: dict[str, int] = {}
         self._shard_keys: dict[str, int] = {}      # the keys of this shard: datapoint numbers
+        return tar
 
-    def _close_shard(self) -> None:
+    def _close_shard(self, tar: WriteFile) -> None:
         end = self._pos + 2 * BLOCK
-        self._tar.write(bytes(2 * BLOCK + (-end % RECORD)))
+        tar.write(bytes(2 * BLOCK + (-end % RECORD)))
         size = end + (-end % RECORD)
-        self._tar.close()
+        tar.close()
         self._firsts.append(len(self._offsets))
         key_at = np.zeros(len(self._keys) + 1, np.int64)
         np.cumsum([len(k) for k in self._keys], out=key_at[1:])
@@ -136,7 +142,7 @@ class WebDatasetWriter(Writer):
                          np.array(self._sizes, np.int64), np.array(self._ext_ids, np.uint16),
                          list(self._exts), np.array(self._firsts, np.int64), key_at,
                          b''.join(self._keys))
-        self._out.write_file(self._name + SIDECAR_SUFFIX, sidecar_bytes(index))
+        self._dir.write_file(self._name + SIDECAR_SUFFIX, sidecar_bytes(index))
         self._tar = None
 
     def append(self, datapoint) -> int:
@@ -162,8 +168,7 @@ class WebDatasetWriter(Writer):
         if not members:
             raise WriterError(f'datapoint {number} has no value besides {KEY}: a sample needs '
                               f'at least one member', self.path, number)
-        if self._tar is None:
-            self._open_shard()
+        tar = self._tar if self._tar is not None else self._open_shard()
         first = self._shard_keys.get(key)
         if first is not None:
             raise WriterError(f'datapoint {number}: {KEY} {key!r} is already the key of datapoint '
@@ -176,15 +181,15 @@ class WebDatasetWriter(Writer):
         self._keys.append(key.encode('utf-8', 'surrogateescape'))
         for ext, data in members:
             head = _header(f'{key}.{ext}', len(data))
-            self._tar.write(head)
+            tar.write(head)
             self._offsets.append(self._pos + len(head))
             self._sizes.append(len(data))
             self._ext_ids.append(self._exts.setdefault(ext, len(self._exts)))
-            self._tar.write(data + bytes(-len(data) % BLOCK))
+            tar.write(data + bytes(-len(data) % BLOCK))
             self._pos += len(head) + len(data) + (-len(data) % BLOCK)
         self.count += 1
         if self.count % self.shardlen == 0:
-            self._close_shard()
+            self._close_shard(tar)
         return number
 
     # -- conversion (loadr convert --to webdataset) ----------------------------------
@@ -219,10 +224,11 @@ class WebDatasetWriter(Writer):
         return {'data': dp} if plan.source.raw else dp
 
     def _finish(self) -> None:
-        if self._tar is None and self.count == 0:
-            self._open_shard()              # no datapoints: one empty, valid tar
-        if self._tar is not None:
-            self._close_shard()
+        tar = self._tar
+        if tar is None and self.count == 0:
+            tar = self._open_shard()        # no datapoints: one empty, valid tar
+        if tar is not None:
+            self._close_shard(tar)
 
     def _release(self) -> None:
         if self._tar is not None:
