@@ -47,7 +47,7 @@ def test_smallest_run_writes_table_and_json(tmp_path):
     assert {'os.pread per record (limit)', 'ffrecord read() [crc]', 'bag read_batch()',
             'gulp read_batch()'} <= set(results['readers']['ways'])
     assert results['machine']['cores'] >= 1 and results['machine']['python']
-    # issue 22: the fused decode against the plain Pillow loop, and the decoders, per case
+    # The fused decode against the plain Pillow loop, and the decoders, per case
     cases = {c['name']: c for c in results['decode']['cases']}
     assert set(cases) == {'rrc 375x500', 'rrc 1600x1200', 'resize256+center_crop 375x500',
                           'video 8x240x320 rrc 112'}

@@ -1,5 +1,5 @@
 """loadr check: every image and frame decoded, no checksum promised where a format has none,
-and digests recorded beside a dataset that catch any changed byte (issue 11 item 5)."""
+and digests recorded beside a dataset that catch any changed byte."""
 
 from __future__ import annotations
 

@@ -612,7 +612,8 @@ def test_convert_ffrecord_to_bag_and_back_keeps_every_sample(tmp_path, fixtures)
 
 
 def test_convert_refuses_what_does_not_fit_and_writes_nothing(tmp_path, fixtures):
-    # numpy arrays fit an FFRecord sample since issue 11 item 15 (tests/test_convert.py).
+    # numpy arrays fit an FFRecord sample now (tests/test_convert.py): an unknown key and
+    # a gulp without JPEGs are what is left to refuse.
     done = loadr_cmd('convert', fixtures / 'bag', tmp_path / 'x.ffr', '--to', 'ffrecord',
                      '--keys', 'feat,nope')
     assert done.returncode == 2 and "--keys names 'nope'" in done.stderr

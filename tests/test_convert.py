@@ -192,7 +192,7 @@ def test_every_writer_appends_the_datapoints_its_reader_gives(fixtures, tmp_path
                 for k in a), (rel, i)
 
 
-# -- numpy arrays in FFRecord msgpack samples (issue 11 item 15) -------------------------------
+# -- numpy arrays in FFRecord msgpack samples ---------------------------------------------------
 
 def _same(a, b, where):
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):

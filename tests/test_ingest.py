@@ -43,7 +43,7 @@ def test_a_broken_file_fails_at_ingest_not_in_training():
 
 
 # ----------------------------------------------------------------------------- folders
-# loadr ingest images changes nothing silently (issue 11, item 13).
+# loadr ingest images changes nothing silently.
 
 
 def _save(path, image, fmt, **options) -> bytes:

@@ -14,6 +14,7 @@ from loadr.order import Order
 
 from .loader_helpers import (alive, batch_digest, noisy, our_segments, slowed, stream_digests,
                              trivial)
+from .waiting import wait_until
 
 
 def test_batches_follow_the_stream_contract():
@@ -498,10 +499,8 @@ def test_close_leaves_no_process_and_no_shared_memory():
 def assert_collected(pids):
     """After the last reference to a loader is dropped: its workers and memory go."""
     gc.collect()
-    deadline = time.time() + 5
-    while any(alive(p) for p in pids) and time.time() < deadline:
-        time.sleep(0.05)
-    assert not any(alive(p) for p in pids)
+    wait_until(lambda: not any(alive(p) for p in pids),
+               lambda: f'workers {[p for p in pids if alive(p)]} to end')
     assert not our_segments()
 
 

@@ -1,4 +1,4 @@
-"""Messages that say what is wrong in the user's words, once (issue 11, item 14).
+"""Messages that say what is wrong in the user's words, once.
 
 No ``<_io.BytesIO object at 0x…>``, a damaged JPEG called a damaged JPEG
 (not "not a JPEG"), the index named once in a worker's error, and one log

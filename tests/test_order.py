@@ -132,7 +132,7 @@ def test_order_for_and_alternative():
         Order(5, 0, version=99)
 
 
-# --- version 2: uniform over permutations (issue 11, item 16) -----------------
+# --- version 2: uniform over permutations -------------------------------------
 
 def _parity(perm: np.ndarray) -> int:
     """0 for an even permutation, 1 for an odd one: (n - cycles) mod 2.

@@ -1,4 +1,4 @@
-"""The public surface of ``loadr``, pinned (issue 10, §5).
+"""The public surface of ``loadr``, pinned.
 
 Changing what ``import loadr`` offers is a decision: this test makes it a
 visible one. Also: every module's ``__all__`` names what it has, and the

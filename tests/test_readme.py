@@ -1,4 +1,4 @@
-"""README's quickstart, run as written on a folder of photos of different sizes (issue 11, item 11).
+"""README's quickstart, run as written on a folder of photos of different sizes.
 
 The shell lines of the quickstart run as commands, its Python blocks are
 executed in order in one namespace, in a folder holding ``photos/``. The one
@@ -117,7 +117,7 @@ def install_lines(text: str) -> list[list[str]]:
 
 
 def test_no_install_line_fetches_the_unrelated_loadr_from_the_package_index():
-    # "loadr" on the package index is somebody else's project (issue 20, item 21): every
+    # "loadr" on the package index is somebody else's project: every
     # install line installs this one, from the checkout ('.', '.[s3]'), or packages by name.
     import tomllib
     project = tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']
@@ -151,7 +151,7 @@ def write_tar_shard(path: pathlib.Path, n: int) -> None:
 
 
 def test_your_own_data_runs_as_written(tmp_path, monkeypatch, caplog):
-    # README's "Your own data" (issue 20, item 22): the len()/[i] protocol, a dataset that
+    # README's "Your own data": the len()/[i] protocol, a dataset that
     # opens its file once per process, tuples, and a BagWriter, run in order as written.
     write_tar_shard(tmp_path / 'shards' / 'train-000.tar', 40)
     blocks = quickstart_blocks('Your own data')

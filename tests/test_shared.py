@@ -1,4 +1,4 @@
-"""loadr.shared: in-memory sources the workers read from one shared buffer (issue 27).
+"""loadr.shared: in-memory sources the workers read from one shared buffer.
 
 Everything runs for real: forked and spawned workers, their memory read
 from /proc, a main process SIGKILLed in its own process group.
@@ -11,7 +11,6 @@ import logging
 import os
 import pickle
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -24,12 +23,13 @@ from loadr.workers.shm import PREFIX, SHM_DIR
 
 from .faults.helpers import (finish, kill_group, memfds, owned_dirs, read_json_line,
                              start_script, wait_until_gone)
+from .waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def boxes(n: int) -> list[dict]:
-    """The issue's small dicts: a label, a name, a box (a list of 4 floats)."""
+    """Small dicts as an annotation list holds them: a label, a name, a box (4 floats)."""
     return [{'label': i % 1000, 'name': f'img_{i:08d}.jpg', 'box': [i * 0.5, 2.0, 3.0, 4.0]}
             for i in range(n)]
 
@@ -420,9 +420,10 @@ def test_sigkill_of_the_main_process_leaves_nothing_in_dev_shm(method, backend):
             assert any('shared-list' in os.readlink(p) for p in memfds(info['pid']))
         os.kill(info['pid'], signal.SIGKILL)
         finish(proc)
-        wait_until_gone(info['workers'], 2.0)
-        time.sleep(0.1)
-        assert owned_dirs(info['pid']) == [] and ours([info['pid'], *info['workers']]) == []
+        wait_until_gone(info['workers'])
+        everyone = [info['pid'], *info['workers']]
+        wait_until(lambda: owned_dirs(info['pid']) == [] and ours(everyone) == [],
+                   lambda: f"{owned_dirs(info['pid']) + ours(everyone)} to be removed")
     finally:
         kill_group(proc)
 

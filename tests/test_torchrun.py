@@ -13,7 +13,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 import uuid
 
 import numpy as np
@@ -104,12 +103,10 @@ def test_ranks_together_are_the_global_batch_and_rank0_state_resumes_two_ranks(t
 
 
 def test_a_rank_that_raises_stops_every_rank_with_its_error(tmp_path):
-    start = time.monotonic()
+    # Stopped, not left waiting for the broken rank: a hang ends in torchrun()'s timeout.
     run = torchrun(3, '--out', str(tmp_path), '--fail-rank', '1', '--workers', '1')
-    took = time.monotonic() - start
     assert run.returncode != 0
     out = run.stdout + run.stderr
     assert 'ValueError' in out and 'is broken' in out, out[-4000:]
     assert 'rank' in out and ': 1' in out                 # torchrun's summary names rank 1
     assert not list(tmp_path.glob('rank*.npz'))           # nobody finished
-    assert took < JOB_TIMEOUT_S

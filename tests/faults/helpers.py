@@ -27,6 +27,8 @@ import time
 
 from loadr.workers.shm import MARKER, PREFIX, SHM_DIR
 
+from ..waiting import wait_until
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT_TIMEOUT_S = 30
 
@@ -101,17 +103,11 @@ def running(pid: int) -> bool:
         return False
 
 
-def wait_until_gone(pids, timeout_s: float) -> float:
-    """Seconds until every pid is gone; AssertionError naming the survivors after timeout_s."""
-    start = time.monotonic()
-    while True:
-        alive = [p for p in pids if running(p)]
-        elapsed = time.monotonic() - start
-        if not alive:
-            return elapsed
-        if elapsed > timeout_s:
-            raise AssertionError(f'processes {alive} still run after {timeout_s} s')
-        time.sleep(0.01)
+def wait_until_gone(pids) -> None:
+    """Return once every pid is gone; AssertionError naming the survivors if that takes
+    as long as only a hang does (:data:`tests.waiting.HANG_S`)."""
+    wait_until(lambda: not any(running(p) for p in pids),
+               lambda: f'processes {[p for p in pids if running(p)]} to end')
 
 
 def children(pid: int | None = None) -> list[int]:

@@ -354,7 +354,7 @@ def test_a_full_cache_disk_gives_the_same_batches_and_one_warning(
     assert _entries(cache_dir)
 
 
-# -- a dataset replaced at its URL (issue 20, item 2) ----------------------------------
+# -- a dataset replaced at its URL ---------------------------------------------------
 
 N_REPLACED = 24
 

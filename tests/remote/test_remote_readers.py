@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import struct
-import time
 
 import pytest
 
@@ -22,6 +21,7 @@ from loadr.storage import netstats, using_storage_options
 from ..loader_helpers import batch_digest, stream_digests
 from ..readers.common import assert_equal, check_reader_contract
 from ..test_loader_readers import PIPELINES
+from ..waiting import wait_until
 from .proxy import Proxy
 from .servers import s3_client
 
@@ -347,7 +347,7 @@ def test_one_unreadable_record_fails_alone_for_any_worker_count(nginx, served_ro
     among healthy neighbours that share its merged ranges, multi-range request and
     read-ahead spans: only it is replaced under on_error='skip', by the datapoint that
     replaces it locally (where it fails its CRC), the same stream for workers 0, 1 and
-    2; under on_error='raise' the error names it (issue 20 item 1)."""
+    2; under on_error='raise' the error names it (its URL and index)."""
     bad = 3
     rel = 'ffrecord/multi'
     path, offset, length = _ffrecord_with_a_bad_sample(served_root / rel, tmp_path / 'multi',
@@ -427,7 +427,7 @@ def test_one_unreadable_bag_value_fails_alone_for_any_worker_count(served_root, 
                     assert_equal(reader[i], here[i], f'bag[{i}], attempt {attempt}')
 
 
-# Datasets of many files: opened concurrently (issue 20, item 23)
+# Datasets of many files: opened concurrently
 
 MANY = 24
 
@@ -722,7 +722,10 @@ def test_a_bag_counts_its_wait_on_the_read_ahead_job_not_the_jobs_own(nginx, ser
         assert _net_wait_s() > before
         before = _net_wait_s()
         reader.prefetch([2])
-        time.sleep(0.3)                 # the reader works while the job waits
+        # The reader does other work while its job waits on the network (here: the test
+        # waits for the job to end): that wait is the job's, not the reader's.
+        job = reader._ahead[2]
+        wait_until(job.done, 'the read-ahead job of datapoint 2')
         reader[2]
         assert _net_wait_s() == before
 

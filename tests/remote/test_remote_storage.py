@@ -233,7 +233,7 @@ def test_failed_read_ahead_raises_for_the_record_read(nginx, served_root):
 def test_an_answer_for_other_bytes_is_retried_then_a_clear_error(nginx, moto, served_root,
                                                                  protocol, fault):
     # A 206 for a shifted range (the same length), or one that gives the file another
-    # size: the single-range path took it as the bytes asked for (issue 20 item 4).
+    # size: the single-range path took it as the bytes asked for.
     data = (served_root / FILE).read_bytes()
 
     def storage_and_url(proxy):
@@ -272,7 +272,7 @@ def test_an_answer_for_other_bytes_is_retried_then_a_clear_error(nginx, moto, se
 def test_a_server_that_ignores_range_is_read_whole_once(served_root):
     # python's http.server answers a range request with the whole file (200): every
     # read but at offset 0 failed with '_ShortBody', after a whole download per
-    # retry (issue 20 item 13). A small file is read whole once and its ranges cut.
+    # retry. A small file is read whole once and its ranges cut.
     data = (served_root / FILE).read_bytes()
     with start_plain_http(served_root) as web:
         url = f'{web.url}/{FILE}'
@@ -318,7 +318,7 @@ def test_a_failed_grouped_request_is_asked_range_by_range(nginx, served_root, ma
     # Byte 5000 is never served: every request that carries it fails. The ranges
     # around it are merged into one request with it (and over HTTP go in one
     # multi-range request with far ones); they used to fail with it, under its
-    # first neighbour's index (issue 20 item 1).
+    # first neighbour's index.
     data = (served_root / FILE).read_bytes()
     with Proxy(nginx.url, refuse='single.ffr', refuse_bytes=(5000, 5001)) as proxy:
         storage = remote_storage(proxy.url, {'loadr': {**FAST, 'retries': 1, 'merge_gap_bytes':

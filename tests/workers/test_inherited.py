@@ -1,4 +1,4 @@
-"""A dataset that opened its file before the workers were forked (issue 20, item 22).
+"""A dataset that opened its file before the workers were forked.
 
 Every forked worker shares such a file (one file offset): their seek + read
 pairs interleave and return another record's bytes. The pool says so when it

@@ -15,10 +15,12 @@ import zmq
 
 import loadr
 from loadr.workers import pool as pool_module
+from loadr.workers import protocol
 from loadr.workers.pool import WorkerPool
 from loadr.workers.shm import Layout
 
 from ..loader_helpers import trivial
+from ..waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -95,6 +97,9 @@ def test_close_stops_a_worker_that_connects_late_instead_of_waiting_it_out(
     # that, connected meanwhile, waited for tasks. A join timeout longer than this test
     # may run makes such a wait a hang.
     monkeypatch.setattr(pool_module, 'JOIN_TIMEOUT_S', 600.0)
+    # Every STOP close() sends is made by protocol.stop(), counted here (and sent as ever).
+    stops, made = [], protocol.stop
+    monkeypatch.setattr(protocol, 'stop', lambda: stops.append(1) or made())
     gate = pathlib.Path(tmp_path) / 'gate'
     spec = {'label': (np.dtype('int64'), ()), 'vec': (np.dtype('float32'), (16,))}
     pool = WorkerPool(Gated(trivial(16), gate), [], spec, Layout(spec, 4), workers=2, slots=4,
@@ -102,7 +107,9 @@ def test_close_stops_a_worker_that_connects_late_instead_of_waiting_it_out(
     procs = [w.process for w in pool.workers]
     closing = threading.Thread(target=pool.close, daemon=True)
     closing.start()
-    time.sleep(0.2)                 # (the first STOPs go out while the gate holds the workers)
+    # The first STOP went out (and was refused) while the gate held the workers once the
+    # second is made: each is made just before it is sent, one at a time.
+    wait_until(lambda: len(stops) >= 2, 'close() to send its STOPs')
     gate.touch()
     closing.join(30)
     try:

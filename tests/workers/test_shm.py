@@ -260,7 +260,7 @@ def test_a_pool_makes_what_the_budget_holds_and_close_gives_everything_back(monk
         pids, dirs = pool.pids, list(pool._held.dirs)
     finally:
         pool.close()
-    wait_until_gone(pids, 5)
+    wait_until_gone(pids)
     assert set(memfds()) <= before and set(children()) <= before_children
     assert not any(os.path.exists(d) for d in dirs)
     pool.close()
