@@ -11,6 +11,11 @@ the conversion's package would import every reader through it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sized
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:     # the writers' base imports these records: only mypy reads this
+    from .base import Writer
 
 
 _JPEG_MAGIC = b'\xff\xd8'
@@ -141,7 +146,7 @@ class Source:
 
     path: str
     format: str
-    reader: object
+    reader: Sized
     types: dict
     raw: bool = False
     extras: dict = dataclasses.field(default_factory=dict)
@@ -162,7 +167,7 @@ class Plan:
     source: Source
     target: str
     keys: list
-    writer: type
+    writer: type[Writer]
     settings: dict = dataclasses.field(default_factory=dict)
 
     def describe(self) -> str:
