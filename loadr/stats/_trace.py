@@ -403,6 +403,10 @@ class Tracer:
         """Write the trace (to ``path``, default the tracer's) as Trace Event JSON; the
         path written."""
         self.drain()
+        if self.done:
+            # Its last batch is out and the loader lets it go: the agents' records stop
+            # coming here, or they would fill its rings for nothing.
+            self.detach()
         path = self.path if path is None else os.fspath(path)
         other = {'producer': 'loadr', 'clock': CLOCK,
                  'records_lost': self.lost + sum(int(a.get('lost', 0))

@@ -571,6 +571,7 @@ def test_a_trace_begun_mid_run_shows_the_agents_too(reference, tmp_path):
         # No rings yet: the pools start again with them (agents too); the same stream.
         loader.trace(tmp_path / 'late.trace.json', batches=3)
         got += [batch_digest(next(it)) for _ in range(3)]
+        assert loader._pool.remote.trace_sink is None       # written: it takes no more
         started = sorted(pid for pid, _ in agents_of(loader))
         # A second trace finds the rings there: nothing starts again.
         loader.trace(tmp_path / 'later.trace.json')
