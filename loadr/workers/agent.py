@@ -411,15 +411,18 @@ class Agent:
                     blocks.append(np.column_stack([np.full(len(rows), float(wid)), rows]))
         if blocks:
             block = np.ascontiguousarray(np.concatenate(blocks), dtype=np.float64)
-            self._send(peer, [wire_header(TRACE, self.trace_lost), block.data])
+            if not self._send(peer, [wire_header(TRACE, self.trace_lost), block.data]):
+                self.trace_lost += len(block)       # counted in the next one that goes
 
-    def _send(self, peer: bytes, frames: list) -> None:
+    def _send(self, peer: bytes, frames: list) -> bool:
         import zmq
 
         try:
             self.sock.send_multipart([peer, *frames], zmq.NOBLOCK, copy=True)
         except zmq.ZMQError as exc:
             log.debug('loadr agent: a reply could not go out: %r', exc)
+            return False
+        return True
 
     def _where(self) -> str:
         return f'host {socket.gethostname()}, agent {self.config.name or os.getpid()}'
