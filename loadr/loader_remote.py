@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 
 from .assemble import OBJECT, Assembler
+from .stats import WORKER_RECORDS
 from .workers.window import LEASED_SLOTS, Window
 
 __all__ = ['LoaderRemote', 'check_engine', 'canary_positions']
@@ -55,9 +56,12 @@ class LoaderRemote:
         if self._source is None:
             from .shared import share
             self._source = share(self.reader)
+        # Traced: every worker, local or an agent's, keeps a ring of task records.
+        traced = WORKER_RECORDS if self._tracer is not None else 0
         local = WorkerPool(self._source, self.fns, spec, layout, self.workers, slots, self.n,
                            self.shuffle, self.on_error, self.start_method, self.timeout,
-                           self.order_version, init_fn=self._worker_init_fn)
+                           self.order_version, init_fn=self._worker_init_fn,
+                           trace_records=traced)
         try:
             order = self._order()
             asm = Assembler(self.reader, self.fns, spec)
@@ -72,12 +76,14 @@ class LoaderRemote:
                     processes=engine.cpus, reader=None if recipe else self.reader,
                     fns=[] if recipe else list(self.fns), recipe=recipe,
                     rebuild=getattr(self, 'rebuild', None), seed=self.seed,
-                    canaries=positions, timeout=self.timeout))
+                    canaries=positions, timeout=self.timeout, trace_records=traced))
             remote = RemotePool(engine, make_config, local.views, layout, canaries)
         except BaseException:
             local.close()
             raise
         self._pool = HybridPool(local, remote)
+        if self._tracer is not None:
+            self._tracer.attach(self._pool)
         import weakref
         self._finalizer = weakref.finalize(self, self._pool.close)
         list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]

@@ -53,11 +53,13 @@ from ._accounting import (CONTENDED_SHARE, IO_BOUND_SHARE, MAX_STRIDE, STRIDE, T
 from ._settle import settle
 from ._plot import PLOT_SIZE, plot
 from ._snapshot import NOT_BOTTLENECK_FRACTION, Stats, format_table
-from ._trace import TRACE_EVENTS, WORKER_RECORDS, TaskRing, Tracer, record_width, ring_rows
+from ._trace import (TRACE_EVENTS, WORKER_RECORDS, TaskRing, Tracer, new_records, record_width,
+                     ring_rows)
 
 __all__ = ['Stats', 'WORKER_FIELDS', 'STRIDE', 'MAX_STRIDE', 'TIMED_ROW_COST_US', 'TIMING_SHARE',
            'TIME_EVERY_ROW_US', 'format_table', 'StageClock', 'NOT_BOTTLENECK_FRACTION',
            'IO_BOUND_SHARE', 'CONTENDED_SHARE', 'fn_names', 'row_width', 'worker_dict', 'cores',
            'settle', 'schedstat', 'process_times', 'FillTimer',
            'Tracer', 'TaskRing', 'TRACE_EVENTS', 'WORKER_RECORDS', 'record_width', 'ring_rows',
+           'new_records',
            'plot', 'PLOT_SIZE']

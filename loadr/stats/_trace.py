@@ -15,6 +15,15 @@ is ``clock_gettime(CLOCK_MONOTONIC)``, one clock for every process of a host (co
 from boot), so the workers' spans and the main process's waits line up with no
 offset to guess. Another host's clock is not comparable.
 
+Remote workers (agents, :mod:`loadr.workers.agent`) keep the same rings in their
+host's pool; the agent sends their new records to the trainer over its tcp link (raw
+float64 rows, before each reply), and :meth:`Tracer.remote` keeps them, a track per
+worker process, grouped by agent. Their times are the agent host's clock, converted to
+this one with an offset estimated when the link connects, NTP-style: the trainer
+pings, the agent answers with its clock, ``offset = agent_time - (t_send + t_recv) / 2``
+from the ping with the shortest round trip (error at most half of it; about 0 on one
+host). The trace's ``otherData`` says each agent's offset and round trip.
+
 A task's stages are laid end to end inside its span, in pipeline order (read, each fn,
 write), each as long as ``loader.stats()`` counts it for that task: the stage split is
 timed on a sample of the rows and scaled to the task's measured time, and the rows of
@@ -35,7 +44,7 @@ import numpy as np
 from ._accounting import WORKER_FIELDS
 
 __all__ = ['Tracer', 'TaskRing', 'Rows', 'RECORD', 'WORKER_RECORDS', 'TRACE_EVENTS', 'record_width',
-           'ring_rows', 'CLOCK']
+           'ring_rows', 'new_records', 'CLOCK', 'AGENT_CLOCKS']
 
 # One task's record: the worker's pid, when the task came and when its reply was ready
 # (perf_counter seconds), the task id, its first stream position, its datapoints,
@@ -53,6 +62,12 @@ LEVELS_EVERY_S = 0.01
 # Events kept per process by default: the last ones.
 TRACE_EVENTS = 100_000
 CLOCK = time.get_clock_info('perf_counter').implementation
+# What the trace's otherData says of remote workers' times.
+AGENT_CLOCKS = ("an agent's times are its host's clock minus its clock_offset_s, estimated when "
+                "its link connected from the ping with the shortest round trip: offset = "
+                "agent_time - (t_send + t_recv) / 2, off by at most round_trip_s / 2")
+# Where remote workers' tracks sort: after the local workers, grouped by agent.
+_AGENT_SORT = 1000
 _IN_FLIGHT = WORKER_FIELDS.index('net_in_flight')
 _AHEAD = WORKER_FIELDS.index('net_ahead_bytes')
 
@@ -65,6 +80,36 @@ def record_width(fns: int) -> int:
 def ring_rows(records: int = WORKER_RECORDS) -> int:
     """Rows of a worker's ring: its header row, then ``records`` records."""
     return records + 1
+
+
+def new_records(ring, seen: int) -> tuple:
+    """``(rows, written, lost)``: a copy of the records of ``ring`` (a :class:`TaskRing`'s
+    array, written to by a running worker) after the first ``seen``, oldest first; how
+    many it has ever written; how many of the new ones were overwritten before they could
+    be copied (dropped, never misread).
+
+    >>> rows = np.zeros((ring_rows(2), record_width(0)))
+    >>> ring = TaskRing(rows, pid=7)
+    >>> for t in range(3):
+    ...     ring.current = (t, 8 * t, 8); ring.task(t, t + 0.5, (0, 0, [], 8, 1))
+    >>> got, written, lost = new_records(rows, 0)
+    >>> got[:, TASK].tolist(), written, lost
+    ([1.0, 2.0], 3, 1)
+    """
+    written = int(ring[0, 0])
+    if written == seen:
+        return ring[1:1].copy(), seen, 0
+    records = len(ring) - 1
+    first = max(seen, written - records)
+    lost = first - seen
+    a, b = 1 + first % records, 1 + (written - 1) % records + 1
+    rows = ring[a:b].copy() if a < b else np.concatenate([ring[a:], ring[1:b]])
+    # Records the worker overwrote while they were copied are dropped, not misread.
+    over = int(ring[0, 0]) - records - first
+    if over > 0:
+        lost += min(over, len(rows))
+        rows = rows[over:]
+    return rows, written, lost
 
 
 class TaskRing:
@@ -181,6 +226,11 @@ class Tracer:
         self._seen: list[int] = []              # records read so far, per worker id
         self._inline = None                     # workers=0: the ring of this process
         self._inline_seen = 0
+        # Remote workers: (agent, agent pid, worker pid) -> its task records; -> (agent,
+        # host, worker id); (agent, agent pid) -> what its link says (clock offset, ...).
+        self.remote_tasks: dict[tuple, Rows] = {}
+        self.remote_who: dict[tuple, tuple] = {}
+        self.agents: dict[tuple, dict] = {}
 
     # -- sources ---------------------------------------------------------
 
@@ -189,6 +239,9 @@ class Tracer:
         rings = pool.trace_rings
         self._pool = pool
         self._seen = [int(r[0, 0]) for r in rings]      # what an earlier tracer read
+        trace_to = getattr(pool, 'trace_to', None)
+        if trace_to is not None:                        # agents: their records come to us
+            trace_to(self.remote)
 
     def inline_ring(self) -> TaskRing:
         """A ring for the pipeline run in this process (``workers=0``)."""
@@ -203,6 +256,9 @@ class Tracer:
 
     def detach(self) -> None:
         """Stop reading the pool (drain first): it is about to close."""
+        trace_to = getattr(self._pool, 'trace_to', None)
+        if trace_to is not None:
+            trace_to(None)
         self._pool = None
 
     def drain(self) -> None:
@@ -222,19 +278,10 @@ class Tracer:
             self._inline_seen = self._take(self._inline.rows, self._inline_seen, None)
 
     def _take(self, ring, seen: int, wid: int | None) -> int:
-        written = int(ring[0, 0])
-        if written == seen:
-            return seen
-        records = len(ring) - 1
-        first = max(seen, written - records)
-        self.lost += first - seen
-        a, b = 1 + first % records, 1 + (written - 1) % records + 1
-        rows = ring[a:b].copy() if a < b else np.concatenate([ring[a:], ring[1:b]])
-        # Records the worker overwrote while they were copied are dropped, not misread.
-        over = int(ring[0, 0]) - records - first
-        if over > 0:
-            self.lost += min(over, len(rows))
-            rows = rows[over:]
+        rows, written, lost = new_records(ring, seen)
+        self.lost += lost
+        if not len(rows):
+            return written
         pids = rows[:, PID]
         for pid in {int(p) for p in pids}:          # one, but where a worker was replaced
             kept = self.tasks.get(pid)
@@ -245,6 +292,30 @@ class Tracer:
             if wid is not None:
                 self._pid_of[wid] = int(pids[-1])
         return written
+
+    def remote(self, source: dict, rows) -> None:
+        """Records an agent sent: ``rows`` (float64) are its worker id, then a task record,
+        in the agent's clock; ``source`` says which agent (``agent``, ``host``, ``pid``) and
+        its clock (``clock_offset_s``: its clock minus ours; ``round_trip_s``), and
+        ``lost``, the records it could not send so far."""
+        key = (int(source['agent']), int(source['pid']))
+        self.agents[key] = dict(source)
+        if rows.ndim != 2 or rows.shape[1] != 1 + record_width(len(self.fn_names)):
+            self.lost += len(rows)          # another pipeline's records: not ours to show
+            return
+        records = rows[:, 1:].copy()
+        offset = float(source.get('clock_offset_s') or 0.0)
+        records[:, BEGIN] -= offset
+        records[:, END] -= offset
+        wids, pids = rows[:, 0], records[:, PID]
+        for wid, pid in {(int(w), int(p)) for w, p in zip(wids.tolist(), pids.tolist())}:
+            track = (*key, pid)
+            kept = self.remote_tasks.get(track)
+            if kept is None:
+                kept = self.remote_tasks[track] = Rows(self.events, records.shape[1])
+                self.remote_who[track] = (key[0], str(source.get('host', '?')), wid)
+            mine = (wids == wid) & (pids == pid)
+            kept.extend(records if mine.all() else records[mine])
 
     def _read_levels(self, pool, now: float) -> None:
         # A remote reader's bytes read ahead and requests in flight, per worker, from the
@@ -309,36 +380,71 @@ class Tracer:
                 events += [_meta(pid, tid, 'process_name', f'loadr worker {wid}'),
                            _meta(pid, tid, 'process_sort_index', wid + 1, key='sort_index'),
                            _meta(pid, tid, 'thread_name', f'worker {wid} (pid {pid})')]
-            for row in records.rows().tolist():
-                begin, end = row[BEGIN], row[END]
-                events.append({'name': 'task', 'cat': 'worker', 'ph': 'X', 'ts': begin * us,
-                               'dur': max(0.0, end - begin) * us, 'pid': pid, 'tid': tid,
-                               'args': {'task': int(row[TASK]), 'position': int(row[POSITION]),
-                                        'count': int(row[COUNT]),
-                                        'made': bool(row[FILLED])}})
-                seconds = [row[READ], *row[len(RECORD):], row[WRITE]]
-                at = begin
-                for name, s in zip(stages, seconds):
-                    s = min(max(0.0, s), max(0.0, end - at))      # inside the task's span
-                    if s > 0:
-                        events.append({'name': name, 'cat': 'stage', 'ph': 'X', 'ts': at * us,
-                                       'dur': s * us, 'pid': pid, 'tid': tid})
-                    at += s
+            events += _task_events(records, pid, tid, stages)
+        # Remote workers: a track each, named by agent and host, sorted by agent. A pid of
+        # another host may be one of this host's: such a track gets a pid of its own.
+        taken = {self.pid, *self.tasks}
+        for (agent, agent_pid, pid), records in sorted(self.remote_tasks.items()):
+            _, host, wid = self.remote_who[(agent, agent_pid, pid)]
+            shown = pid
+            while shown in taken:
+                shown += 1 << 22            # past Linux's largest pid
+            taken.add(shown)
+            events += [_meta(shown, shown, 'process_name',
+                             f'agent {agent} ({host}) worker {wid}'),
+                       _meta(shown, shown, 'process_sort_index',
+                             _AGENT_SORT * (agent + 1) + wid, key='sort_index'),
+                       _meta(shown, shown, 'thread_name',
+                             f'worker {wid} (pid {pid} on {host}, agent pid {agent_pid})')]
+            events += _task_events(records, shown, shown, stages)
         return events
 
     def write(self, path=None) -> str:
         """Write the trace (to ``path``, default the tracer's) as Trace Event JSON; the
         path written."""
         self.drain()
+        if self.done:
+            # Its last batch is out and the loader lets it go: the agents' records stop
+            # coming here, or they would fill its rings for nothing.
+            self.detach()
         path = self.path if path is None else os.fspath(path)
-        doc = {'traceEvents': self.trace_events(), 'displayTimeUnit': 'ms',
-               'otherData': {'producer': 'loadr', 'clock': CLOCK,
-                             'records_lost': self.lost}}
+        other = {'producer': 'loadr', 'clock': CLOCK,
+                 'records_lost': self.lost + sum(int(a.get('lost', 0))
+                                                 for a in self.agents.values())}
+        if self.agents:
+            other['agent_clocks'] = AGENT_CLOCKS
+            other['agents'] = [
+                {'agent': agent, 'pid': pid, 'host': a.get('host'),
+                 'clock_offset_s': a.get('clock_offset_s'), 'round_trip_s': a.get('round_trip_s'),
+                 'records_lost': int(a.get('lost', 0))}
+                for (agent, pid), a in sorted(self.agents.items())]
+        doc = {'traceEvents': self.trace_events(), 'displayTimeUnit': 'ms', 'otherData': other}
         tmp = f'{path}.tmp{os.getpid()}'
         with open(tmp, 'w', encoding='utf-8') as f:
             json.dump(doc, f, separators=(',', ':'))
         os.replace(tmp, path)
         return path
+
+
+def _task_events(records: Rows, pid: int, tid: int, stages: list) -> list[dict]:
+    """A span per task record, its stages laid end to end inside it."""
+    us = 1e6
+    events = []
+    for row in records.rows().tolist():
+        begin, end = row[BEGIN], row[END]
+        events.append({'name': 'task', 'cat': 'worker', 'ph': 'X', 'ts': begin * us,
+                       'dur': max(0.0, end - begin) * us, 'pid': pid, 'tid': tid,
+                       'args': {'task': int(row[TASK]), 'position': int(row[POSITION]),
+                                'count': int(row[COUNT]), 'made': bool(row[FILLED])}})
+        seconds = [row[READ], *row[len(RECORD):], row[WRITE]]
+        at = begin
+        for name, s in zip(stages, seconds):
+            s = min(max(0.0, s), max(0.0, end - at))      # inside the task's span
+            if s > 0:
+                events.append({'name': name, 'cat': 'stage', 'ph': 'X', 'ts': at * us,
+                               'dur': s * us, 'pid': pid, 'tid': tid})
+            at += s
+    return events
 
 
 def _meta(pid: int, tid: int, name: str, value, key: str = 'name') -> dict:

@@ -11,10 +11,21 @@ that host as they do on one machine, and serves the trainer over ZeroMQ tcp:
     trainer -> agent   TASK    protocol.task(header): the trainer's task id,
                                slot, row, seed, start, count, flags
                        CANCEL  wire header(upto): tasks up to this id are stale
+                       PING    wire header(n): what is the time on your clock?
     agent -> trainer   DONE    wire header(task id) + msgpack (extras, replaced)
                                + one raw frame per array key: the task's rows
                        FAIL    wire header(task id) + msgpack failure (a Portrait)
                        FATAL   wire header + msgpack failure: no worker can start
+                       PONG    wire header(n) + float64: time.perf_counter() here, at once
+                       TRACE   wire header(records this agent lost so far) + one raw
+                               float64 frame: rows of (worker id, task record), the
+                               workers' new trace records (loadr.stats.TaskRing)
+
+When the trainer traces (``AgentConfig.trace_records``), the pool's workers keep
+their rings of task records as local workers do, and the agent sends what is new
+before each reply (so a task's record comes before its rows) and every
+``TRACE_EVERY_S`` besides. The trainer converts the times to its own clock with
+the offset its PINGs measured when the link connected.
 
 Trust: the socket is a CURVE server whose ZAP handler admits only the
 trainer's key of this run (``allowed``); a connection with any other key,
@@ -48,12 +59,17 @@ from . import protocol
 
 __all__ = ['AgentConfig', 'Agent', 'WIRE_VERSION', 'CANCEL', 'DONE', 'FAIL', 'FATAL',
            'wire_header', 'parse_wire', 'failure_to_wire', 'failure_from_wire',
-           'datapoint_digest', 'canary', 'READY_MARK', 'main']
+           'datapoint_digest', 'canary', 'READY_MARK', 'main', 'PING', 'PONG', 'TRACE',
+           'TRACE_EVERY_S']
 
 log = logging.getLogger('loadr')
 
 WIRE_VERSION = 1
 CANCEL, DONE, FAIL, FATAL = b'C', b'D', b'F', b'X'
+PING, PONG, TRACE = b'P', b'O', b'T'
+# Trace records waiting for no reply go out at least this often.
+TRACE_EVERY_S = 0.25
+_CLOCK = struct.Struct('<d')
 _WIRE = struct.Struct('<4sBcQ')         # magic, version, kind, task id (or upto)
 _MAGIC = b'LDRA'
 # The line an agent process prints once it listens (then its JSON): see main().
@@ -160,6 +176,9 @@ class AgentConfig:
     name: str = ''              # how the trainer names this agent (for logs)
     # False: plain tcp, on loopback only (Subprocesses(curve=False), to measure CURVE's cost).
     curve: bool = True
+    # Records in each worker's trace ring (loadr.stats.TaskRing), sent to the trainer
+    # as TRACE messages; 0: the trainer does not trace.
+    trace_records: int = 0
 
 
 def _pipeline(config: AgentConfig):
@@ -202,7 +221,12 @@ class Agent:
         slots = 2 * c.processes + 1
         self.pool = WorkerPool(reader, fns, c.spec, layout, c.processes, slots, c.n,
                                c.shuffle, c.on_error, c.start_method, c.timeout,
-                               c.order_version, c.steady_memory)
+                               c.order_version, c.steady_memory,
+                               trace_records=c.trace_records)
+        # The records of each worker's ring sent so far, and those overwritten unsent.
+        self.trace_seen = [0] * c.processes
+        self.trace_lost = 0
+        self.trace_peer, self.trace_at = None, time.monotonic()
         # The canaries after the fork: files they open are this process's alone.
         order = order_for(reader, c.seed, c.shuffle, c.order_version)
         asm = Assembler(reader, fns, c.spec)
@@ -229,10 +253,14 @@ class Agent:
         self.resend: list[int] = []             # local ids whose worker died
         self.next_id = 0
         self.cancelled = -1                     # the trainer's stale task ids: up to this
+        from ..stats import record_width
+
         return {'host': socket.gethostname(), 'address': c.bind_host, 'port': port,
                 'loadr': _loadr().__version__, 'file': _loadr().__file__,
                 'protocol': protocol.VERSION, 'wire': WIRE_VERSION, 'pid': os.getpid(),
-                'canaries': canaries}
+                'canaries': canaries,
+                # Columns of a TRACE row (the worker id, then a task record); 0: no trace.
+                'trace_width': 1 + record_width(len(fns)) if c.trace_records else 0}
 
     # -- serving ---------------------------------------------------------------
 
@@ -259,6 +287,9 @@ class Agent:
             for event in pool.poll(0):
                 self._on_event(event)
             self._fill()
+            if self.trace_peer is not None and \
+                    time.monotonic() - self.trace_at >= TRACE_EVERY_S:
+                self._send_trace(self.trace_peer)
 
     def _take(self, msg: list) -> None:
         if len(msg) < 2:
@@ -266,7 +297,10 @@ class Agent:
         peer, head = msg[0], msg[1]
         wire = parse_wire(head)
         if wire is not None:
-            if wire[0] == CANCEL:
+            if wire[0] == PING:         # answered at once: the trainer times the round trip
+                self._send(peer, [wire_header(PONG, wire[1]),
+                                  _CLOCK.pack(time.perf_counter())])
+            elif wire[0] == CANCEL:
                 self.cancelled = max(self.cancelled, wire[1])
                 if self.next_id:
                     self.pool.cancel(self.next_id - 1)
@@ -287,6 +321,8 @@ class Agent:
             return
         if 0 < header.count <= self.config.batch:
             self.queue.append((peer, header))
+            if self.pool.trace_rings is not None:
+                self.trace_peer = peer
         else:       # answered, so that the trainer does not wait for it
             failure = protocol.Failure.capture(
                 ValueError(f'a task of {header.count} rows for batches of '
@@ -329,6 +365,8 @@ class Agent:
             self.resend.append(event.task_id)       # redone here: the host still runs
             return
         del self.tasks[event.task_id]
+        if self.pool.trace_rings is not None:
+            self._send_trace(peer)          # its record first: the trainer has it with the rows
         try:
             if kind is protocol.Failed:
                 self._send(peer, [wire_header(FAIL, header.task_id),
@@ -358,13 +396,33 @@ class Agent:
         frames += [np.ascontiguousarray(views[k][:header.count]).data for k in self.config.fields]
         self._send(peer, frames)
 
-    def _send(self, peer: bytes, frames: list) -> None:
+    def _send_trace(self, peer: bytes) -> None:
+        """Send the trace records the workers wrote since the last time (if any)."""
+        from ..stats import new_records
+
+        self.trace_at = time.monotonic()
+        rings, seen = self.pool.trace_rings, self.trace_seen
+        blocks = []
+        for wid, written in enumerate(rings[:, 0, 0].tolist()):
+            if written != seen[wid]:
+                rows, seen[wid], lost = new_records(rings[wid], seen[wid])
+                self.trace_lost += lost
+                if len(rows):
+                    blocks.append(np.column_stack([np.full(len(rows), float(wid)), rows]))
+        if blocks:
+            block = np.ascontiguousarray(np.concatenate(blocks), dtype=np.float64)
+            if not self._send(peer, [wire_header(TRACE, self.trace_lost), block.data]):
+                self.trace_lost += len(block)       # counted in the next one that goes
+
+    def _send(self, peer: bytes, frames: list) -> bool:
         import zmq
 
         try:
             self.sock.send_multipart([peer, *frames], zmq.NOBLOCK, copy=True)
         except zmq.ZMQError as exc:
             log.debug('loadr agent: a reply could not go out: %r', exc)
+            return False
+        return True
 
     def _where(self) -> str:
         return f'host {socket.gethostname()}, agent {self.config.name or os.getpid()}'

@@ -18,6 +18,12 @@ Either way the link is dropped, the agent killed, its tasks reported
 through the cluster.
 
 Each link holds up to ``DEPTH_PER_PROCESS`` tasks per process of its agent.
+
+Clocks: when a link connects the trainer pings its agent ``PINGS`` times, one
+after the other; from the ping with the shortest round trip, the agent's clock
+minus the trainer's is ``agent_time - (t_send + t_recv) / 2`` (NTP's estimate, off
+by at most half that round trip). A trace (:meth:`RemotePool.trace_to`) gets the
+agents' task records with it and shows them on the trainer's clock.
 """
 
 from __future__ import annotations
@@ -35,12 +41,12 @@ import zmq.utils.monitor
 
 from ..errors import LoadrError
 from . import protocol
-from .agent import (CANCEL, DONE, FAIL, FATAL, AgentConfig, failure_from_wire, parse_wire,
-                    wire_header)
+from .agent import (CANCEL, DONE, FAIL, FATAL, PING, PONG, TRACE, AgentConfig,
+                    failure_from_wire, parse_wire, wire_header)
 
 __all__ = ['RemotePool', 'HybridPool', 'Engine', 'AgentHandle', 'AgentError',
            'MAX_HOST_DEATHS', 'MAX_RESTARTS', 'DEPTH_PER_PROCESS', 'START_TIMEOUT_S',
-           'HEARTBEAT_IVL_MS', 'HEARTBEAT_TIMEOUT_MS']
+           'HEARTBEAT_IVL_MS', 'HEARTBEAT_TIMEOUT_MS', 'PINGS']
 
 log = logging.getLogger('loadr')
 
@@ -50,6 +56,7 @@ START_TIMEOUT_S = 120.0
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 3000
 MAX_RESTARTS = 8            # per agent slot, a run
+PINGS = 4                   # a link's clock pings: the shortest round trip is kept
 _DISCONNECTS = (zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
                 zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
@@ -105,6 +112,12 @@ class _Link:
     bytes: int = 0
     round_trip_s: float = 0.0   # summed over answered tasks
     answered: int = 0
+    # The agent's clock minus ours (perf_counter seconds) and the round trip of the
+    # ping it comes from; None until a ping has come back.
+    clock_offset_s: float | None = None
+    ping_s: float | None = None
+    pings: int = 0              # pings sent
+    ping_sent: float = 0.0      # when the last one went
 
     @property
     def name(self) -> str:
@@ -145,6 +158,7 @@ class RemotePool:
         self.row_bytes = {k: int(np.dtype(d).itemsize * int(np.prod(s, dtype=np.int64)))
                           for k, (d, s, _) in layout.fields.items()}
         self.poller_for = None
+        self.trace_sink = None                  # trace_to(): where agents' records go
         try:
             for index in range(engine.agents):
                 self._launch(index)
@@ -229,8 +243,49 @@ class RemotePool:
                                           | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
         sock.connect(f"tcp://{info['address']}:{info['port']}")
         depth = DEPTH_PER_PROCESS * max(1, int(self.engine.cpus))
-        self.links.append(_Link(index, handle, info, sock, monitor, depth, server_public))
+        link = _Link(index, handle, info, sock, monitor, depth, server_public)
+        self.links.append(link)
         self.poller_for = None
+        self._ping(link)        # queued before any task: its answer comes before any record
+
+    def _ping(self, link: _Link) -> None:
+        link.pings += 1
+        link.ping_sent = time.perf_counter()
+        try:
+            link.sock.send(wire_header(PING, link.pings), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
+    def _pong(self, link: _Link, seq: int, frames: list) -> None:
+        received = time.perf_counter()
+        if seq != link.pings or len(frames) != 1 or len(frames[0].buffer) != 8:
+            return          # a stale or odd answer: not timed
+        rtt = received - link.ping_sent
+        if link.ping_s is None or rtt < link.ping_s:
+            theirs = float(np.frombuffer(frames[0].buffer, dtype='<f8')[0])
+            link.ping_s = rtt
+            link.clock_offset_s = theirs - (link.ping_sent + received) / 2
+        if link.pings < PINGS:
+            self._ping(link)
+
+    def _trace(self, link: _Link, lost: int, frames: list) -> None:
+        width = int(link.info.get('trace_width') or 0)
+        if len(frames) != 1 or not width:
+            raise _BadReply('trace records without a trace')
+        buf = frames[0].buffer
+        if len(buf) % (8 * width):
+            raise _BadReply(f'{len(buf)} bytes of trace records of {width} columns')
+        sink = self.trace_sink
+        if sink is not None:
+            rows = np.frombuffer(buf, dtype='<f8').reshape(-1, width)
+            sink({'agent': link.index, 'host': link.info.get('host', '?'),
+                  'pid': link.info.get('pid', 0), 'clock_offset_s': link.clock_offset_s,
+                  'round_trip_s': link.ping_s, 'lost': lost}, rows)
+
+    def trace_to(self, sink) -> None:
+        """From now on give the task records the agents send to ``sink(source, rows)``
+        (:meth:`loadr.stats.Tracer.remote`); None: drop them."""
+        self.trace_sink = sink
 
     def _restart(self, index: int) -> None:
         self.restarts[index] = self.restarts.get(index, 0) + 1
@@ -364,6 +419,12 @@ class RemotePool:
         if wire is None:
             raise _BadReply('unknown header')
         kind, tid = wire
+        if kind == PONG:
+            self._pong(link, tid, msg[1:])
+            return []
+        if kind == TRACE:
+            self._trace(link, tid, msg[1:])
+            return []
         if kind == FATAL:
             failure = failure_from_wire(msg[1].bytes)
             failure.message = f'{link.name}: {failure.message}'
@@ -464,6 +525,16 @@ class HybridPool:
     def cancel(self, upto: int) -> None:
         self.local.cancel(upto)
         self.remote.cancel(upto)
+
+    @property
+    def trace_rings(self):
+        """The local workers' trace rings (None when not tracing; the agents' records come
+        through :meth:`trace_to`)."""
+        return self.local.trace_rings
+
+    def trace_to(self, sink) -> None:
+        """Where the agents' task records go (:meth:`RemotePool.trace_to`)."""
+        self.remote.trace_to(sink)
 
     def poll(self, timeout_ms: int) -> list:
         handles = self.local.waits_on() + self.remote.waits_on()

@@ -264,3 +264,38 @@ def test_loadr_run_and_bench_write_a_trace(tmp_path, local_data):
     events = read_trace(tmp_path / 'bench.json')
     check_valid(events)
     assert any(e['ph'] == 'M' and e['args'].get('name') == 'loadr worker 0' for e in events)
+
+
+def test_an_agent_s_records_are_shown_on_this_clock_on_tracks_of_their_own(tmp_path):
+    # Records as an agent on a host whose clock is 100 s ahead sends them (worker id, then
+    # a task record), from a worker whose pid is also one of this host's.
+    import numpy as np
+
+    from loadr.stats import Tracer, record_width
+
+    tracer = Tracer(tmp_path / 'agents.trace.json', ['noisy'])
+    here = os.getpid()
+    row = [0.0, here, 100.5, 100.75, 3, 16, 8, 1, 0.05, 0.05, 0.1]
+    assert len(row) == 1 + record_width(1)
+    source = {'agent': 1, 'host': 'far', 'pid': 4242, 'clock_offset_s': 100.0,
+              'round_trip_s': 0.002, 'lost': 2}
+    tracer.remote(source, np.array([row]))
+    tracer.remote(source, np.zeros((1, 4)))         # another pipeline's shape: dropped
+    tracer.write()
+    with open(tmp_path / 'agents.trace.json', encoding='utf-8') as f:
+        doc = json.load(f)
+    events = doc['traceEvents']
+    check_valid(events)
+    (task,) = spans(events, 'task', 'worker')
+    assert task['ts'] == pytest.approx(0.5e6) and task['dur'] == pytest.approx(0.25e6)
+    assert task['args'] == {'task': 3, 'position': 16, 'count': 8, 'made': True}
+    assert task['pid'] != here          # the same pid on two hosts: two tracks
+    names = {e['pid']: e['args']['name'] for e in events
+             if e['ph'] == 'M' and e['name'] == 'process_name'}
+    assert names[task['pid']] == 'agent 1 (far) worker 0'
+    assert [e['name'] for e in events if e.get('cat') == 'stage' and e['pid'] == task['pid']] \
+        == ['read', 'noisy', 'write']
+    other = doc['otherData']
+    assert other['agents'] == [{'agent': 1, 'pid': 4242, 'host': 'far', 'clock_offset_s': 100.0,
+                                'round_trip_s': 0.002, 'records_lost': 2}]
+    assert other['records_lost'] == 2 + 1 and 'offset' in other['agent_clocks']

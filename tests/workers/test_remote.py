@@ -5,8 +5,10 @@ cannot import, a stranger at its socket)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import sys
 import textwrap
 import time
@@ -491,3 +493,123 @@ def test_ring_mode_skipped_samples_and_list_keys_come_back_the_same():
     assert errors == 2                              # datapoint 17, once an epoch
     assert run(workers=0, ring=True, remote=loadr.remote.Subprocesses(agents=2)) == (want, 2)
     assert run(workers=1, remote=loadr.remote.Subprocesses(agents=1)) == (want, 2)
+
+
+def covered_once(events, every: bool = True) -> list[dict]:
+    """Check that every batch handed out (a trace's 'batch' instants) has its positions in
+    exactly one task (made), and return the task spans. A task whose host died after its
+    record went out is made again: the same positions twice, never a partial overlap.
+    ``every=False``: a trace begun mid-run, whose first batches may have been made before
+    it began: in one task at most."""
+    from ..stats.test_trace import spans
+
+    tasks = [t for t in spans(events, 'task', 'worker') if t['args']['made']]
+    distinct = {(t['args']['position'], t['args']['count']) for t in tasks}
+    by_position: dict[int, int] = {}
+    for start, count in distinct:
+        for p in range(start, start + count):
+            by_position[p] = by_position.get(p, 0) + 1
+    handed = [p for e in events if e['ph'] == 'i' and e['name'] == 'batch'
+              for p in range(e['args']['step'], e['args']['step'] + e['args']['samples'])]
+    assert handed and len(set(handed)) == len(handed)
+    if every:
+        assert {p: by_position.get(p, 0) for p in handed} == {p: 1 for p in handed}
+    else:
+        assert all(by_position.get(p, 0) <= 1 for p in handed)
+        assert any(by_position.get(p, 0) for p in handed)
+    return tasks
+
+
+def test_a_traced_run_has_a_track_per_remote_worker(reference, tmp_path):
+    from ..stats.test_trace import check_valid, read_trace
+
+    path = tmp_path / 'remote.trace.json'
+    with loadr.Loader(trivial(N), batch=BATCH, fns=[noisy], seed=SEED, workers=1,
+                      remote=loadr.remote.Subprocesses(agents=2, cpus=1), trace=path) as loader:
+        assert epochs(loader) == reference      # tracing never changes a batch
+        local = set(loader.worker_pids)
+        agents = agents_of(loader)
+    with open(path, encoding='utf-8') as f:
+        other = json.load(f)['otherData']
+    events = read_trace(path)
+    check_valid(events)
+    names = {e['pid']: e['args']['name'] for e in events
+             if e['ph'] == 'M' and e['name'] == 'process_name'}
+    host = socket.gethostname()
+    assert sorted(names.values()) == ['agent 0 (%s) worker 0' % host,
+                                      'agent 1 (%s) worker 0' % host,
+                                      'loadr worker 0', 'loadr: training process']
+    tasks = covered_once(events)
+    # Each track is a worker process: the local one, and the one of each agent.
+    remote_pids = {kid for _, kids in agents for kid in kids}
+    by_track = {names[t['pid']] for t in tasks}
+    assert by_track == set(names.values()) - {'loadr: training process'}
+    assert {t['pid'] for t in tasks} <= local | remote_pids
+    # Every stage of a remote task, as of a local one.
+    stages = {(names[e['pid']].startswith('agent'), e['name']) for e in events
+              if e.get('cat') == 'stage'}
+    assert {(True, 'noisy'), (False, 'noisy')} <= stages
+    # One host: the agents' clocks are this one's, and the offset says so (within its
+    # round trip).
+    assert other['agent_clocks'] and [a['agent'] for a in other['agents']] == [0, 1]
+    for a in other['agents']:
+        assert a['host'] == host and abs(a['clock_offset_s']) <= a['round_trip_s']
+    # The agents' spans sit inside the run, on this process's clock.
+    batches = [e['ts'] for e in events if e['ph'] == 'i' and e['name'] == 'batch']
+    first_wait = min(e['ts'] for e in events if e['name'] == 'loadr: wait for batch')
+    for t in tasks:
+        assert first_wait <= t['ts'] and t['ts'] + t['dur'] <= max(batches) + 1e6
+
+
+def test_a_trace_begun_mid_run_shows_the_agents_too(reference, tmp_path):
+    from ..stats.test_trace import check_valid, read_trace
+
+    with loadr.Loader(trivial(N), batch=BATCH, fns=[noisy], seed=SEED, workers=1,
+                      remote=loadr.remote.Subprocesses(agents=2)) as loader:
+        it = loader.epoch(0)
+        got = [batch_digest(next(it)) for _ in range(2)]
+        # No rings yet: the pools start again with them (agents too); the same stream.
+        loader.trace(tmp_path / 'late.trace.json', batches=3)
+        got += [batch_digest(next(it)) for _ in range(3)]
+        assert loader._pool.remote.trace_sink is None       # written: it takes no more
+        started = sorted(pid for pid, _ in agents_of(loader))
+        # A second trace finds the rings there: nothing starts again.
+        loader.trace(tmp_path / 'later.trace.json')
+        got += [batch_digest(b) for b in it]
+        got += [batch_digest(b) for b in loader.epoch(1)]
+        assert sorted(pid for pid, _ in agents_of(loader)) == started
+    assert got == reference
+    for name, steps in (('late', [16, 24, 32]), ('later', None)):
+        events = read_trace(tmp_path / f'{name}.trace.json')
+        check_valid(events)
+        handed = [e['args']['step'] for e in events if e['ph'] == 'i' and e['name'] == 'batch']
+        if steps is not None:
+            assert handed == steps
+            covered_once(events)        # the pools started again with the trace
+        names = {e['args']['name'] for e in events
+                 if e['ph'] == 'M' and e['name'] == 'process_name'}
+        assert {n.split(' (')[0] for n in names if n.startswith('agent')} == \
+            {'agent 0', 'agent 1'}, names
+    covered_once(read_trace(tmp_path / 'later.trace.json'), every=False)
+
+
+def test_a_traced_run_that_loses_an_agent_still_covers_every_batch(tmp_path):
+    from ..stats.test_trace import check_valid, read_trace
+
+    ref = digests(fns=[slowed(0.01)], workers=0)
+    path = tmp_path / 'lost.trace.json'
+    with loadr.Loader(trivial(N), batch=BATCH, fns=[slowed(0.01)], seed=SEED, workers=0,
+                      remote=loadr.remote.Subprocesses(agents=2), trace=path) as loader:
+        it = loader.epoch(0)
+        got = [batch_digest(next(it))]
+        (victim, _), _ = agents_of(loader)
+        os.kill(victim, signal.SIGKILL)
+        got += [batch_digest(b) for b in it]
+        got += [batch_digest(b) for b in loader.epoch(1)]
+    assert got == ref
+    events = read_trace(path)
+    check_valid(events)
+    tasks = covered_once(events)
+    names = {e['pid']: e['args']['name'] for e in events
+             if e['ph'] == 'M' and e['name'] == 'process_name'}
+    assert {names[t['pid']].split(' (')[0] for t in tasks} >= {'agent 1'}
