@@ -265,6 +265,99 @@ def candidates() -> dict:
 
 
 # ---------------------------------------------------------------------------
+# The resize candidates, on the region's own pixels
+
+
+def _resize_pillow(arr, ybox, xbox, out):
+    from PIL import Image
+    img = Image.frombuffer('RGB', (arr.shape[1], arr.shape[0]), arr, 'raw', 'RGB', 0, 1)
+    return np.asarray(img.resize((out[1], out[0]), Image.Resampling.BILINEAR,
+                                 box=(xbox[0], ybox[0], xbox[1], ybox[1])))
+
+
+def _resize_pillow_reduce(arr, ybox, xbox, out):
+    from PIL import Image
+    img = Image.frombuffer('RGB', (arr.shape[1], arr.shape[0]), arr, 'raw', 'RGB', 0, 1)
+    return np.asarray(img.resize((out[1], out[0]), Image.Resampling.BILINEAR,
+                                 box=(xbox[0], ybox[0], xbox[1], ybox[1]), reducing_gap=1.0))
+
+
+def _resize_loadr(arr, ybox, xbox, out):
+    from loadr.decode import resample
+    return resample(arr, ybox, xbox, out)
+
+
+def _resize_loadr_numpy(arr, ybox, xbox, out):
+    import os
+
+    from loadr.decode import REGION_ENV, resample
+    os.environ[REGION_ENV] = '0'
+    try:
+        return resample(arr, ybox, xbox, out)
+    finally:
+        del os.environ[REGION_ENV]
+
+
+def _cv2(interpolation):
+    import cv2
+    cv2.setNumThreads(1)    # one core, as every other row
+
+    def resize(arr, ybox, xbox, out):
+        # OpenCV resizes whole pixels: the box rounded to them
+        y0, y1 = int(round(ybox[0])), max(int(round(ybox[0])) + 1, int(round(ybox[1])))
+        x0, x1 = int(round(xbox[0])), max(int(round(xbox[0])) + 1, int(round(xbox[1])))
+        return cv2.resize(arr[y0:y1, x0:x1], (out[1], out[0]), interpolation=interpolation)
+    return resize
+
+
+def resize_candidates() -> dict:
+    """The resizes measured on the region decoder's output, by name."""
+    out = {'Pillow resize (antialiased bilinear, box)': _resize_pillow,
+           'Pillow reduce + resize (reducing_gap=1)': _resize_pillow_reduce,
+           "loadr resample (C: loadr._jpegregion)": _resize_loadr,
+           'loadr resample (numpy twin, no extension)': _resize_loadr_numpy}
+    try:
+        import cv2
+        out['OpenCV resize INTER_AREA (whole pixels)'] = _cv2(cv2.INTER_AREA)
+        out['OpenCV resize INTER_LINEAR (whole pixels)'] = _cv2(cv2.INTER_LINEAR)
+    except ImportError:
+        pass
+    return out
+
+
+def run_resizes(images: int, samples: int, runs: int, hw=(375, 500)) -> dict:
+    """CPU per sample and PSNR against Pillow's antialiased resize of each resize
+    candidate, on the regions the fused rrc(224) decodes at ``hw``: ``{name: {'cpu',
+    'psnr_min', 'psnr_median'}}``; empty where the extension is not built."""
+    from loadr.decode import _rect, dct_scale, extension
+    ext = extension()
+    if ext is None:
+        return {}
+    datas = [_jpeg(p) for p in pictures(images, *hw)]
+    items = []
+    for s, (box, out, _) in enumerate(_plans('rrc', hw, range(samples))):
+        k = dct_scale(box[2], box[3], *out)
+        scaled = (-(-hw[0] // k), -(-hw[1] // k))
+        top, bottom, left, right, ybox, xbox = _rect(scaled, box, hw, out)
+        buf, rh, rw, x0 = ext.decode_region(datas[s % images], k, top, bottom - top, left,
+                                            right - left, 3)
+        arr = np.frombuffer(buf, np.uint8).reshape(rh, rw, 3)[:, left - x0:right - x0]
+        items.append((np.ascontiguousarray(arr), ybox, xbox, out))
+    reference = [_resize_pillow(*item) for item in items]
+    rows = {}
+    for name, fn in resize_candidates().items():
+        cpu = _cpu_per_sample(fn, items, runs)
+        psnrs = [_psnr(fn(*item), want) for item, want in zip(items, reference)]
+        rows[name] = {'cpu': cpu, 'psnr_min': min(psnrs), 'psnr_median': float(np.median(psnrs))}
+    return rows
+
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return math.inf if mse == 0 else 10 * math.log10(255 ** 2 / mse)
+
+
+# ---------------------------------------------------------------------------
 # Timing
 
 

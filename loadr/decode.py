@@ -311,20 +311,28 @@ _PRECISION_BITS = 14
 def _resample_numpy(src: np.ndarray, ybox: tuple, xbox: tuple, out: tuple[int, int]
                     ) -> np.ndarray:
     # The extension's resize in integer numpy: the same weights, sums, rounding and
-    # clipping, vertical pass first.
+    # clipping, vertical pass first. The horizontal pass runs on the transposed rows, so
+    # that each tap, as in the vertical pass, gathers whole rows.
     ys, yw = resample_weights(src.shape[0], ybox[0], ybox[1], out[0])
     xs, xw = resample_weights(src.shape[1], xbox[0], xbox[1], out[1])
-    half = np.int32(1 << (_PRECISION_BITS - 1))
     img = src if src.ndim == 3 else src[:, :, None]
-    acc = np.full((out[0], img.shape[1], img.shape[2]), half, np.int32)
-    for t in range(yw.shape[1]):
-        acc += img[ys + t].astype(np.int32) * yw[:, t, None, None]
-    tmp = np.minimum(acc >> _PRECISION_BITS, 255).astype(np.uint8)
-    acc = np.full((out[0], out[1], img.shape[2]), half, np.int32)
-    for t in range(xw.shape[1]):
-        acc += tmp[:, xs + t].astype(np.int32) * xw[None, :, t, None]
-    res = np.minimum(acc >> _PRECISION_BITS, 255).astype(np.uint8)
+    ch = img.shape[2]
+    rows = _taps(img.reshape(img.shape[0], -1), ys, yw)
+    cols = rows.reshape(out[0], img.shape[1], ch).transpose(1, 0, 2).reshape(img.shape[1], -1)
+    res = _taps(np.ascontiguousarray(cols), xs, xw).reshape(out[1], out[0], ch)
+    res = np.ascontiguousarray(res.transpose(1, 0, 2))
     return res if src.ndim == 3 else res[:, :, 0]
+
+
+def _taps(rows: np.ndarray, starts: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    # Row i of the result: the rows starts[i] .. starts[i] + k weighted, rounded, clipped.
+    acc = np.full((len(starts), rows.shape[1]), 1 << (_PRECISION_BITS - 1), np.int32)
+    term = np.empty_like(acc)
+    for t in range(weights.shape[1]):
+        np.multiply(rows[starts + t], weights[:, t, None], out=term, dtype=np.int32)
+        acc += term
+    acc >>= _PRECISION_BITS
+    return np.minimum(acc, 255, out=acc).astype(np.uint8)
 
 
 def resample(arr: np.ndarray, ybox: tuple, xbox: tuple, out: tuple[int, int]) -> np.ndarray:
