@@ -388,22 +388,22 @@ static inline unsigned char clip8(int v) {
  * ROWS rows per tap) rather than gathering pixels: both inner loops vectorise. */
 #define ROWS 8
 
-/* One output row of the vertical pass into column r of the transposed block t. */
+/* One output row of the vertical pass into column r of the transposed block t: each value
+ * sums its k taps in a register (k a constant in the instances below, so the loop over the
+ * row vectorises without an accumulator in memory), then the row is stored transposed. */
 static inline __attribute__((always_inline)) void vertical_row(
         unsigned char *restrict t, const unsigned char *restrict src, size_t stride,
-        int *restrict acc, long long w, int ch, const short *restrict k, int ky) {
+        unsigned char *restrict line, long long w, int ch, const short *restrict k, int ky) {
     const size_t row = (size_t)w * ch, rc = (size_t)ROWS * ch;
-    for (size_t i = 0; i < row; i++)
-        acc[i] = HALF;
-    for (int tap = 0; tap < ky; tap++) {
-        const unsigned char *restrict p = src + (size_t)tap * stride;
-        const short kt = k[tap];
-        for (size_t i = 0; i < row; i++)
-            acc[i] += (short)p[i] * kt;
+    for (size_t i = 0; i < row; i++) {
+        int s = HALF;
+        for (int tap = 0; tap < ky; tap++)
+            s += (short)src[(size_t)tap * stride + i] * k[tap];
+        line[i] = clip8(s);
     }
     for (long long x = 0; x < w; x++)
         for (int c = 0; c < ch; c++)
-            t[(size_t)x * rc + c] = clip8(acc[(size_t)x * ch + c]);
+            t[(size_t)x * rc + c] = line[(size_t)x * ch + c];
 }
 
 /* The horizontal pass of one block (rows <= ROWS valid rows of t) into dst. */
@@ -430,31 +430,56 @@ static inline __attribute__((always_inline)) void horizontal_block(
     }
 }
 
+typedef void (*vertical_fn)(unsigned char *, const unsigned char *, size_t, unsigned char *,
+                            long long, const short *);
+
+#define VERTICAL(CH, K) \
+    static void vertical_##CH##_##K(unsigned char *t, const unsigned char *src, \
+            size_t stride, unsigned char *line, long long w, const short *k) { \
+        vertical_row(t, src, stride, line, w, CH, k, K); \
+    }
+VERTICAL(3, 1) VERTICAL(3, 2) VERTICAL(3, 3) VERTICAL(3, 4) VERTICAL(3, 5) VERTICAL(3, 6)
+VERTICAL(3, 7) VERTICAL(3, 8)
+VERTICAL(1, 1) VERTICAL(1, 2) VERTICAL(1, 3) VERTICAL(1, 4) VERTICAL(1, 5) VERTICAL(1, 6)
+VERTICAL(1, 7) VERTICAL(1, 8)
+
 /* The block loop, for ch 1 or 3 as a constant (the two instances below). */
 static inline __attribute__((always_inline)) void resize_blocks(
         const unsigned char *src, size_t stride, long long w, int ch, unsigned char *t,
-        int *acc, const plan *py, const plan *px, unsigned char *dst) {
+        unsigned char *line, const plan *py, const plan *px, unsigned char *dst) {
+    static const vertical_fn rgb[] = {vertical_3_1, vertical_3_2, vertical_3_3, vertical_3_4,
+                                      vertical_3_5, vertical_3_6, vertical_3_7, vertical_3_8};
+    static const vertical_fn gray[] = {vertical_1_1, vertical_1_2, vertical_1_3,
+                                       vertical_1_4, vertical_1_5, vertical_1_6,
+                                       vertical_1_7, vertical_1_8};
+    /* The tap count as a constant where it is small (the loop over a row vectorises with
+     * the taps unrolled), else as a variable. */
+    vertical_fn fixed = py->k <= 8 ? (ch == 3 ? rgb : gray)[py->k - 1] : NULL;
     size_t dst_stride = (size_t)px->out * ch;
     for (int y0 = 0; y0 < py->out; y0 += ROWS) {
         int rows = py->out - y0 < ROWS ? py->out - y0 : ROWS;
-        for (int r = 0; r < rows; r++)
-            vertical_row(t + (size_t)r * ch, src + (size_t)py->starts[y0 + r] * stride,
-                         stride, acc, w, ch, py->weights + (size_t)(y0 + r) * py->k, py->k);
+        for (int r = 0; r < rows; r++) {
+            unsigned char *col = t + (size_t)r * ch;
+            const unsigned char *first = src + (size_t)py->starts[y0 + r] * stride;
+            const short *k = py->weights + (size_t)(y0 + r) * py->k;
+            if (fixed != NULL)
+                fixed(col, first, stride, line, w, k);
+            else
+                vertical_row(col, first, stride, line, w, ch, k, py->k);
+        }
         horizontal_block(t, dst + (size_t)y0 * dst_stride, dst_stride, rows, px->out, ch,
                          px->starts, px->weights, px->k);
     }
 }
 
-static void resize_blocks_3(const unsigned char *src, size_t stride, long long w,
-                            unsigned char *t, int *acc, const plan *py, const plan *px,
-                            unsigned char *dst) {
-    resize_blocks(src, stride, w, 3, t, acc, py, px, dst);
+static void blocks_3(const unsigned char *src, size_t stride, long long w, unsigned char *t,
+                     unsigned char *line, const plan *py, const plan *px, unsigned char *dst) {
+    resize_blocks(src, stride, w, 3, t, line, py, px, dst);
 }
 
-static void resize_blocks_1(const unsigned char *src, size_t stride, long long w,
-                            unsigned char *t, int *acc, const plan *py, const plan *px,
-                            unsigned char *dst) {
-    resize_blocks(src, stride, w, 1, t, acc, py, px, dst);
+static void blocks_1(const unsigned char *src, size_t stride, long long w, unsigned char *t,
+                     unsigned char *line, const plan *py, const plan *px, unsigned char *dst) {
+    resize_blocks(src, stride, w, 1, t, line, py, px, dst);
 }
 
 /* [y0, y1) x [x0, x1) of an h x w x ch image (rows stride bytes apart) resized to out_h x
@@ -476,21 +501,18 @@ static int resize(const unsigned char *src, long long h, long long w, size_t str
     }
     /* Zeroed: the rows of a last, partial block are summed too (and never written). */
     unsigned char *t = PyMem_Calloc((size_t)w * ROWS * ch, 1);
-    int *acc = PyMem_Malloc((size_t)w * ch * sizeof(int));
-    if (t == NULL || acc == NULL) {
-        PyMem_Free(t), PyMem_Free(acc), plan_free(&py), plan_free(&px);
+    unsigned char *line = PyMem_Malloc((size_t)w * ch);
+    if (t == NULL || line == NULL) {
+        PyMem_Free(t), PyMem_Free(line), plan_free(&py), plan_free(&px);
         PyErr_NoMemory();
         return -1;
     }
     for (long long i = 0; i < out_w; i++)
         px.starts[i] += xoff;
     Py_BEGIN_ALLOW_THREADS
-    if (ch == 3)
-        resize_blocks_3(src, stride, w, t, acc, &py, &px, dst);
-    else
-        resize_blocks_1(src, stride, w, t, acc, &py, &px, dst);
+    (ch == 3 ? blocks_3 : blocks_1)(src, stride, w, t, line, &py, &px, dst);
     Py_END_ALLOW_THREADS
-    PyMem_Free(t), PyMem_Free(acc), plan_free(&py), plan_free(&px);
+    PyMem_Free(t), PyMem_Free(line), plan_free(&py), plan_free(&px);
     return 0;
 }
 
