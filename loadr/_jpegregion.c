@@ -443,6 +443,20 @@ VERTICAL(3, 7) VERTICAL(3, 8)
 VERTICAL(1, 1) VERTICAL(1, 2) VERTICAL(1, 3) VERTICAL(1, 4) VERTICAL(1, 5) VERTICAL(1, 6)
 VERTICAL(1, 7) VERTICAL(1, 8)
 
+typedef void (*horizontal_fn)(const unsigned char *, unsigned char *, size_t, int, long long,
+                              const int *, const short *);
+
+#define HORIZONTAL(CH, K) \
+    static void horizontal_##CH##_##K(const unsigned char *t, unsigned char *dst, \
+            size_t dst_stride, int rows, long long out_w, const int *starts, \
+            const short *weights) { \
+        horizontal_block(t, dst, dst_stride, rows, out_w, CH, starts, weights, K); \
+    }
+HORIZONTAL(3, 1) HORIZONTAL(3, 2) HORIZONTAL(3, 3) HORIZONTAL(3, 4) HORIZONTAL(3, 5)
+HORIZONTAL(3, 6) HORIZONTAL(3, 7) HORIZONTAL(3, 8)
+HORIZONTAL(1, 1) HORIZONTAL(1, 2) HORIZONTAL(1, 3) HORIZONTAL(1, 4) HORIZONTAL(1, 5)
+HORIZONTAL(1, 6) HORIZONTAL(1, 7) HORIZONTAL(1, 8)
+
 /* The block loop, for ch 1 or 3 as a constant (the two instances below). */
 static inline __attribute__((always_inline)) void resize_blocks(
         const unsigned char *src, size_t stride, long long w, int ch, unsigned char *t,
@@ -454,7 +468,14 @@ static inline __attribute__((always_inline)) void resize_blocks(
                                        vertical_1_7, vertical_1_8};
     /* The tap count as a constant where it is small (the loop over a row vectorises with
      * the taps unrolled), else as a variable. */
+    static const horizontal_fn hrgb[] = {horizontal_3_1, horizontal_3_2, horizontal_3_3,
+                                         horizontal_3_4, horizontal_3_5, horizontal_3_6,
+                                         horizontal_3_7, horizontal_3_8};
+    static const horizontal_fn hgray[] = {horizontal_1_1, horizontal_1_2, horizontal_1_3,
+                                          horizontal_1_4, horizontal_1_5, horizontal_1_6,
+                                          horizontal_1_7, horizontal_1_8};
     vertical_fn fixed = py->k <= 8 ? (ch == 3 ? rgb : gray)[py->k - 1] : NULL;
+    horizontal_fn hfixed = px->k <= 8 ? (ch == 3 ? hrgb : hgray)[px->k - 1] : NULL;
     size_t dst_stride = (size_t)px->out * ch;
     for (int y0 = 0; y0 < py->out; y0 += ROWS) {
         int rows = py->out - y0 < ROWS ? py->out - y0 : ROWS;
@@ -467,8 +488,12 @@ static inline __attribute__((always_inline)) void resize_blocks(
             else
                 vertical_row(col, first, stride, line, w, ch, k, py->k);
         }
-        horizontal_block(t, dst + (size_t)y0 * dst_stride, dst_stride, rows, px->out, ch,
-                         px->starts, px->weights, px->k);
+        if (hfixed != NULL)
+            hfixed(t, dst + (size_t)y0 * dst_stride, dst_stride, rows, px->out, px->starts,
+                   px->weights);
+        else
+            horizontal_block(t, dst + (size_t)y0 * dst_stride, dst_stride, rows, px->out, ch,
+                             px->starts, px->weights, px->k);
     }
 }
 
@@ -507,10 +532,11 @@ static int resize(const unsigned char *src, long long h, long long w, size_t str
         PyErr_NoMemory();
         return -1;
     }
-    for (long long i = 0; i < out_w; i++)
-        px.starts[i] += xoff;
+    /* Only the plan's columns go through the passes (not the ones libjpeg decoded to its
+     * left, to an iMCU boundary). */
     Py_BEGIN_ALLOW_THREADS
-    (ch == 3 ? blocks_3 : blocks_1)(src, stride, w, t, line, &py, &px, dst);
+    (ch == 3 ? blocks_3 : blocks_1)(src + (size_t)xoff * ch, stride, plan_w, t, line, &py,
+                                    &px, dst);
     Py_END_ALLOW_THREADS
     PyMem_Free(t), PyMem_Free(line), plan_free(&py), plan_free(&px);
     return 0;
