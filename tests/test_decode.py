@@ -706,3 +706,11 @@ def test_a_yaml_pipeline_is_fused_and_fuse_false_keeps_it_apart(tmp_path, local_
     assert 'decode_jpeg+random_resized_crop' in stages('{key: image}')
     off = stages('{key: image, fuse: false}')
     assert 'decode_jpeg' in off and 'random_resized_crop' in off
+
+
+def test_a_441_jpeg_decodes_unfused_with_either_backend():
+    data = jpeg_441((96, 64))
+    for backend in ('pillow', 'simplejpeg'):
+        for size in (None, 40):
+            out = F.decode_jpeg(backend=backend, size=size)({'image': data})['image']
+            assert out.shape[2] == 3 and out.shape[:2] == ((96, 64) if size is None else (60, 40))
