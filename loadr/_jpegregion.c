@@ -312,17 +312,15 @@ static int plan_make(plan *p, long long size, double in0, double in1, long long 
     p->starts = NULL, p->weights = NULL, p->out = (int)out, p->k = 0;
     if (size <= 0 || out <= 0 || size > (1 << 28) || out > (1 << 28) || !(in0 >= 0.0)
             || !(in1 > in0) || !(in1 <= (double)size)) {
-        PyErr_Format(PyExc_ValueError, "resample: box %g..%g of %lld pixels to %lld",
-                     in0, in1, size, out);
+        char message[200];     /* PyErr_Format has no %g */
+        snprintf(message, sizeof message, "resample: box %g..%g of %lld pixels to %lld",
+                 in0, in1, size, out);
+        PyErr_SetString(PyExc_ValueError, message);
         return -1;
     }
     double scale = (in1 - in0) / (double)out;
     double filterscale = scale < 1.0 ? 1.0 : scale;
-    double support = 1.0 * filterscale;
-    if (support > 4096.0) {
-        PyErr_Format(PyExc_ValueError, "resample: reduction %g too large", scale);
-        return -1;
-    }
+    double support = 1.0 * filterscale;     /* at most size: the buffers below stay bounded */
     int ksize = (int)ceil(support) * 2 + 1;
     double ss = 1.0 / filterscale;
     double *pre = PyMem_Malloc(sizeof(double) * (size_t)out * ksize);

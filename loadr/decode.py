@@ -368,8 +368,9 @@ def _rect(scaled: tuple[int, int], box: tuple, full: tuple[int, int], out: tuple
     top, left = max(0, math.floor(y * fy - my)), max(0, math.floor(x * fx - mx))
     bottom = min(scaled[0], math.ceil((y + h) * fy + my))
     right = min(scaled[1], math.ceil((x + w) * fx + mx))
-    return (top, bottom, left, right,
-            (y * fy - top, (y + h) * fy - top), (x * fx - left, (x + w) * fx - left))
+    # (y + h) * fy can round past the decoded side (25 * (4 / 25) > 4): clamped, for both.
+    return (top, bottom, left, right, (y * fy - top, min((y + h) * fy, bottom) - top),
+            (x * fx - left, min((x + w) * fx, right) - left))
 
 
 def decode_region(data: bytes, k: int, mode: str, box: tuple, full: tuple[int, int],

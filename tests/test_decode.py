@@ -714,3 +714,20 @@ def test_a_441_jpeg_decodes_unfused_with_either_backend():
         for size in (None, 40):
             out = F.decode_jpeg(backend=backend, size=size)({'image': data})['image']
             assert out.shape[2] == 3 and out.shape[:2] == ((96, 64) if size is None else (60, 40))
+
+
+def test_a_crop_to_the_images_edge_at_a_dct_scale_decodes(without_extension):
+    """At 1/k the image's side times (scaled side / side) can round past the scaled side
+    (25 × 4/25 > 4 by 1e-15): the resize's box is clamped to the decoded rows, on both
+    paths, rather than refused."""
+    pipelines = [[F.decode_jpeg(), F.resize(size=(2, 3))],
+                 [F.decode_jpeg(), F.resize(size=(3, 2))],
+                 [F.decode_jpeg(), F.random_resized_crop(size=2, scale=(0.9, 1.0))]]
+    datas = [jpeg(natural(h, w, seed=h)) for h, w in [(25, 29), (50, 51), (58, 25), (29, 58)]]
+    outs = []
+    for region in (True, False):
+        if not region:
+            without_extension()
+        outs.append(fused_outcomes(pipelines, datas, range(3)))
+        assert all(isinstance(x, np.ndarray) for x in outs[-1]), outs[-1]
+    assert same_outcomes(*outs)
