@@ -87,6 +87,21 @@ static int start(job *j) {
     c->dct_method = JDCT_ISLOW;
     c->do_fancy_upsampling = TRUE;
     jpeg_start_decompress(c);
+    /* A progressive file whose scans leave coefficients unrefined (scans missing: a valid
+     * file, no warning) is decoded with libjpeg's inter-block smoothing, which differs
+     * between libjpeg-turbo versions: left to the whole-image decoder (simplejpeg), so that
+     * its pixels are the same with and without this module. The whole file has been read
+     * here (a progressive decode buffers every scan). */
+    if (c->progressive_mode && c->coef_bits != NULL) {
+        for (int ci = 0; ci < c->num_components; ci++)
+            for (int k = 0; k < DCTSIZE2; k++)
+                if (c->coef_bits[ci][k] != 0) {
+                    snprintf(j->err.message, JMSG_LENGTH_MAX,
+                             "progressive scans incomplete (component %d, coefficient %d)",
+                             ci, k);
+                    return -1;
+                }
+    }
     /* In 64 bits: the caller's values are checked below 2^32, so no sum wraps. */
     if ((unsigned long long)j->top + j->height > c->output_height
             || (unsigned long long)j->left + j->width > c->output_width) {

@@ -731,3 +731,27 @@ def test_a_crop_to_the_images_edge_at_a_dct_scale_decodes(without_extension):
         outs.append(fused_outcomes(pipelines, datas, range(3)))
         assert all(isinstance(x, np.ndarray) for x in outs[-1]), outs[-1]
     assert same_outcomes(*outs)
+
+
+@needs_region
+@pytest.mark.parametrize('kind', ['420', '444', 'gray'])
+def test_a_progressive_file_without_its_last_scans_gives_the_same_bytes(kind, without_extension):
+    """A progressive JPEG cut at a scan's end (a valid file, decoded without a warning from
+    the scans it has) is decoded with libjpeg's inter-block smoothing, which differs between
+    libjpeg-turbo versions (the system's and simplejpeg's): the region decoder leaves it to
+    the whole-image decoder, so both paths give simplejpeg's pixels."""
+    from loadr import _jpegregion as jr
+    good = region_jpeg((189, 229), kind, progressive=True, seed=1)
+    scans = [i for i in range(len(good) - 1) if good[i:i + 2] == b'\xff\xda']
+    assert len(scans) > 3
+    cuts = [good[:at] + b'\xff\xd9' for at in scans[1:]]
+    for cut in cuts:
+        with pytest.raises(ValueError, match='progressive scans incomplete'):
+            jr.decode_region(cut, 1, 0, 10, 0, 10, 3 if kind != 'gray' else 1)
+    jr.decode_region(good, 1, 0, 10, 0, 10, 3)
+    pipelines = [[F.decode_jpeg(), F.random_resized_crop(size=48)],
+                 [F.decode_jpeg(), F.resize(size=64)]]
+    with_region = fused_outcomes(pipelines, cuts, range(3))
+    assert all(isinstance(x, np.ndarray) for x in with_region)
+    without_extension()
+    assert same_outcomes(fused_outcomes(pipelines, cuts, range(3)), with_region)
