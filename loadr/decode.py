@@ -32,7 +32,9 @@ C. Without it (or with ``LOADR_JPEGREGION=0``) simplejpeg decodes the whole
 image at the same DCT scale with the same libjpeg settings (accurate integer
 IDCT, fancy upsampling), the same rows and columns are cut from it and numpy
 resizes them with the same integer arithmetic (:func:`resize_region`): the
-bytes are equal (tests/test_decode.py runs both). Damaged files fail alike:
+bytes are equal (tests/test_decode.py runs both; a progressive file missing
+its last scans, which libjpeg-turbo versions smooth differently, is left to
+simplejpeg on both paths). Damaged files fail alike:
 the region decoder Huffman-decodes the rows below the region too and reads on
 to the end of the image, and both decoders treat libjpeg's warnings (corrupt
 data, a premature end) as errors, so a file either decodes to the same pixels
