@@ -173,53 +173,20 @@ def dct_scale(box_h: float, box_w: float, out_h: int, out_w: int) -> int:
 # Decoding
 
 
-# The frame types both decoders take: baseline, extended and progressive Huffman. Lossless,
-# hierarchical and arithmetic-coded files go the slow way on every install (the system
-# libjpeg-turbo and simplejpeg's may not agree on them).
-_SOF_TAKEN = (0xC0, 0xC1, 0xC2)
-_SOF_ANY = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-
-
 def jpeg_size(data: bytes) -> tuple[int, int, str] | None:
     """``(height, width, mode)`` from a JPEG's frame header ('RGB' for 3 components, 'L'
     for 1), or None if the fast path cannot take the file (not a JPEG, 4 components,
-    not 8-bit, a frame type other than baseline, extended or progressive Huffman).
-
-    Parsed here rather than by a decoder's header call, so that the choice of path is the
-    same on every install (and no decoder's own exception escapes).
+    not 8-bit, a frame type other than baseline, extended or progressive Huffman):
+    :func:`loadr.codecs.jpeg_header`, parsed by loadr rather than by a decoder's header
+    call, so that the choice of path is the same on every install (and no decoder's own
+    exception escapes).
 
     >>> from loadr.codecs import encode_image
     >>> jpeg_size(encode_image(np.zeros((30, 40, 3), np.uint8)))
     (30, 40, 'RGB')
     """
-    if data[:3] != b'\xff\xd8\xff':
-        return None
-    i, n = 2, len(data)
-    while i + 4 <= n:
-        if data[i] != 0xFF:
-            return None
-        marker = data[i + 1]
-        if marker == 0xFF:          # fill bytes before a marker
-            i += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD8:
-            i += 2                  # markers without a length
-            continue
-        if marker in (0xD9, 0xDA):  # end of image, or entropy data before any frame
-            return None
-        length = (data[i + 2] << 8) | data[i + 3]
-        if length < 2:
-            return None
-        if marker in _SOF_ANY:
-            if marker not in _SOF_TAKEN or i + 10 > n or data[i + 4] != 8:
-                return None
-            h, w, comps = (data[i + 5] << 8) | data[i + 6], (data[i + 7] << 8) | data[i + 8], \
-                data[i + 9]
-            if h == 0 or w == 0 or comps not in (1, 3):
-                return None
-            return h, w, 'L' if comps == 1 else 'RGB'
-        i += 2 + length
-    return None
+    from .codecs import jpeg_header
+    return jpeg_header(data)
 
 
 def decode_scaled(data: bytes, k: int, mode: str) -> np.ndarray:

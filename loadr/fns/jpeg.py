@@ -148,8 +148,8 @@ def _header(simplejpeg, data: bytes) -> tuple[int, int, str]:
     try:
         return simplejpeg.decode_jpeg_header(data)[:3]
     except KeyError:
-        from ..decode import jpeg_size
-        head = jpeg_size(data)
+        from ..codecs import jpeg_header
+        head = jpeg_header(data)
         if head is None:
             raise
         return head[0], head[1], 'GRAY' if head[2] == 'L' else 'YCbCr'
