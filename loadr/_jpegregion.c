@@ -26,6 +26,7 @@
 #include <Python.h>
 #include <setjmp.h>
 #include <stdio.h>
+#include <string.h>
 #include <jpeglib.h>
 #include <math.h>
 
@@ -401,22 +402,35 @@ static inline unsigned char clip8(int v) {
  * ROWS rows per tap) rather than gathering pixels: both inner loops vectorise. */
 #define ROWS 8
 
-/* One output row of the vertical pass into column r of the transposed block t: each value
- * sums its k taps in a register (k a constant in the instances below, so the loop over the
- * row vectorises without an accumulator in memory), then the row is stored transposed. */
+/* The bytes from one column of the transposed block to the next: ROWS pixels, padded to 32
+ * bytes for RGB so that a pixel can be stored as 4 bytes (the fourth lands in the next
+ * row's slot, written after it, or in the padding). */
+#define COLUMN(ch) ((ch) == 3 ? 32 : ROWS)
+
+/* One output row of the vertical pass into row r of the transposed block t (t points at
+ * that row's slot): each value sums its k taps in a register (k a constant in the
+ * instances below, so the loop over the row vectorises without an accumulator in memory),
+ * then the row is stored transposed. line has 4 bytes to spare. */
 static inline __attribute__((always_inline)) void vertical_row(
         unsigned char *restrict t, const unsigned char *restrict src, size_t stride,
         unsigned char *restrict line, long long w, int ch, const short *restrict k, int ky) {
-    const size_t row = (size_t)w * ch, rc = (size_t)ROWS * ch;
+    const size_t row = (size_t)w * ch;
     for (size_t i = 0; i < row; i++) {
         int s = HALF;
         for (int tap = 0; tap < ky; tap++)
             s += (short)src[(size_t)tap * stride + i] * k[tap];
         line[i] = clip8(s);
     }
-    for (long long x = 0; x < w; x++)
-        for (int c = 0; c < ch; c++)
-            t[(size_t)x * rc + c] = line[(size_t)x * ch + c];
+    if (ch == 3) {
+        for (long long x = 0; x < w; x++) {
+            unsigned int v;
+            memcpy(&v, line + (size_t)x * 3, 4);
+            memcpy(t + (size_t)x * COLUMN(3), &v, 4);
+        }
+    } else {
+        for (long long x = 0; x < w; x++)
+            t[(size_t)x * COLUMN(1)] = line[x];
+    }
 }
 
 /* The horizontal pass of one block (rows <= ROWS valid rows of t) into dst. */
@@ -428,12 +442,12 @@ static inline __attribute__((always_inline)) void horizontal_block(
     int acc[ROWS * 3];
     for (long long xx = 0; xx < out_w; xx++) {
         const short *restrict kk = weights + (size_t)xx * k;
-        const unsigned char *restrict p = t + (size_t)starts[xx] * rc;
+        const unsigned char *restrict p = t + (size_t)starts[xx] * COLUMN(ch);
         for (int j = 0; j < rc; j++)
             acc[j] = HALF;
         for (int tap = 0; tap < k; tap++) {
             const short kt = kk[tap];
-            const unsigned char *restrict q = p + (size_t)tap * rc;
+            const unsigned char *restrict q = p + (size_t)tap * COLUMN(ch);
             for (int j = 0; j < rc; j++)
                 acc[j] += (short)q[j] * kt;
         }
@@ -538,8 +552,8 @@ static int resize(const unsigned char *src, long long h, long long w, size_t str
         return -1;
     }
     /* Zeroed: the rows of a last, partial block are summed too (and never written). */
-    unsigned char *t = PyMem_Calloc((size_t)w * ROWS * ch, 1);
-    unsigned char *line = PyMem_Malloc((size_t)w * ch);
+    unsigned char *t = PyMem_Calloc((size_t)plan_w * COLUMN(ch), 1);
+    unsigned char *line = PyMem_Malloc((size_t)plan_w * ch + 4);
     if (t == NULL || line == NULL) {
         PyMem_Free(t), PyMem_Free(line), plan_free(&py), plan_free(&px);
         PyErr_NoMemory();
