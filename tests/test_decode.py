@@ -755,3 +755,23 @@ def test_a_progressive_file_without_its_last_scans_gives_the_same_bytes(kind, wi
     assert all(isinstance(x, np.ndarray) for x in with_region)
     without_extension()
     assert same_outcomes(fused_outcomes(pipelines, cuts, range(3)), with_region)
+
+
+@needs_region
+def test_under_skip_the_same_samples_come_with_and_without_the_extension(monkeypatch):
+    """Files cut short low down. With an EOI put back, crops above the cut were decoded by
+    the region path, while without it the unfused (lenient) Pillow decode made other
+    pixels: now both paths leave such files to the unfused fns. Without an EOI, Pillow
+    refuses them: skipped alike."""
+    data = [{'image': jpeg(natural(120, 160, seed=i)), 'label': i} for i in range(16)]
+    for i in (2, 5, 11):
+        good = data[i]['image']
+        data[i]['image'] = good[:len(good) - len(good) // 6] + (b'\xff\xd9' if i < 11 else b'')
+    fns = [F.decode_jpeg(), F.random_resized_crop(size=24, scale=(0.02, 0.1)), F.flip()]
+    runs = []
+    for region in ('1', '0'):
+        monkeypatch.setenv('LOADR_JPEGREGION', region)
+        with loadr.Loader(data, batch=4, fns=fns, seed=3, workers=0, on_error='skip',
+                          max_error_fraction=0.5) as loader:
+            runs.append((stream_digests(loader, 8), loader.errors))
+    assert runs[0] == runs[1] and runs[0][1] >= 1, runs
