@@ -6,7 +6,12 @@ without them the build of the extension fails quietly (``optional=True``), loadr
 without it and the fused decode uses simplejpeg instead.
 """
 
+import sys
+
 from setuptools import Extension, setup
 
+# No fused multiply-adds: the resize's weights must round as numpy's (the fallback) do.
+FLAGS = [] if sys.platform == 'win32' else ['-ffp-contract=off']
+
 setup(ext_modules=[Extension('loadr._jpegregion', ['loadr/_jpegregion.c'], libraries=['jpeg'],
-                             optional=True)])
+                             extra_compile_args=FLAGS, optional=True)])

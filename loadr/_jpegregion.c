@@ -1,26 +1,34 @@
-/* loadr._jpegregion: decode only a region of a JPEG, at a DCT scale.
+/* loadr._jpegregion: decode only a region of a JPEG, at a DCT scale, and resample it.
  *
  * simplejpeg and Pillow decode whole images; a random resized crop keeps about half of
  * one. libjpeg-turbo's partial decompression skips the inverse DCT, upsampling and colour
- * conversion outside the region (jpeg_crop_scanline, jpeg_skip_scanlines) and everything
- * below it (jpeg_abort_decompress before the last row): only the Huffman decoding of the
- * rows above the region and of the full width of its rows stays.
+ * conversion outside the region (jpeg_crop_scanline, jpeg_skip_scanlines): only the
+ * Huffman decoding of the rows outside the region stays.
  *
- * decode_region(data, denom, top, height, left, width, channels) -> (bytes, h, w, x)
+ * decode_region(data, denom, top, height, left, width, channels[, to_end]) -> (bytes, h, w, x)
  *   data: the JPEG (any buffer); denom: 1, 2, 4 or 8 (libjpeg's scale_denom);
  *   top, height, left, width: the region in the coordinates of the image at 1/denom;
- *   channels: 1 (L) or 3 (RGB).
+ *   channels: 1 (L) or 3 (RGB); to_end (default 1): Huffman-decode the rows below the
+ *   region too and read on to the EOI marker, so that a file damaged anywhere is refused
+ *   as a whole-image decoder refuses it (0: stop after the region's last row).
  * Returns the rows top..top+height (exactly) and the columns x..x+w, which cover
  * left..left+width: libjpeg widens a crop to iMCU boundaries, so x <= left.
  * A file libjpeg cannot decode raises ValueError, and so does one it would only warn
- * about (corrupt or truncated data): the caller then decodes it the way it did without
- * this module (simplejpeg stops on warnings too), with the same outcome. Nothing is printed.
+ * about (corrupt or truncated data), as simplejpeg (strict) does. Nothing is printed.
+ *
+ * resample(src, h, w, channels, (y0, y1), (x0, x1), (out_h, out_w)) -> bytes
+ *   An antialiased bilinear resize of the box (Pillow's filter and fixed point, vertical
+ *   pass first), mirrored by loadr.decode's numpy twin: the same bytes without this module.
+ * decode_resize(data, denom, top, height, left, width, channels, ybox, xbox, out) -> bytes
+ *   The two in one call, on the region as decoded.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <setjmp.h>
 #include <stdio.h>
+#include <string.h>
 #include <jpeglib.h>
+#include <math.h>
 
 /* Partial decompression is libjpeg-turbo's, not IJG libjpeg's: with another libjpeg the
  * build fails here and setup.py's optional=True leaves the module out (tested: 2.1.5). */
@@ -53,8 +61,9 @@ typedef struct {
     error_mgr err;
     const unsigned char *data;
     size_t size;
-    int denom, channels;
+    int denom, channels, to_end;
     JDIMENSION top, height, left, width;   /* requested; left/width: as libjpeg widened them */
+    unsigned char *scratch;                /* one row, for the last row when to_end */
 } job;
 
 /* Phase 1 (no GIL): header, scale, start, horizontal crop. Each phase has its own setjmp,
@@ -79,7 +88,24 @@ static int start(job *j) {
     c->dct_method = JDCT_ISLOW;
     c->do_fancy_upsampling = TRUE;
     jpeg_start_decompress(c);
-    if (j->top + j->height > c->output_height || j->left + j->width > c->output_width) {
+    /* A progressive file whose scans leave coefficients unrefined (scans missing: a valid
+     * file, no warning) is decoded with libjpeg's inter-block smoothing, which differs
+     * between libjpeg-turbo versions: left to the whole-image decoder (simplejpeg), so that
+     * its pixels are the same with and without this module. The whole file has been read
+     * here (a progressive decode buffers every scan). */
+    if (c->progressive_mode && c->coef_bits != NULL) {
+        for (int ci = 0; ci < c->num_components; ci++)
+            for (int k = 0; k < DCTSIZE2; k++)
+                if (c->coef_bits[ci][k] != 0) {
+                    snprintf(j->err.message, JMSG_LENGTH_MAX,
+                             "progressive scans incomplete (component %d, coefficient %d)",
+                             ci, k);
+                    return -1;
+                }
+    }
+    /* In 64 bits: the caller's values are checked below 2^32, so no sum wraps. */
+    if ((unsigned long long)j->top + j->height > c->output_height
+            || (unsigned long long)j->left + j->width > c->output_width) {
         snprintf(j->err.message, JMSG_LENGTH_MAX, "region outside the %ux%u image",
                  c->output_height, c->output_width);
         return -1;
@@ -114,41 +140,67 @@ static int rows(job *j, unsigned char *out) {
             return -1;
         }
     }
-    /* The rows below the region are never decoded. */
-    jpeg_abort_decompress(c);
+    if (!j->to_end) {
+        jpeg_abort_decompress(c);   /* the rows below the region are never decoded */
+        return 0;
+    }
+    /* Skipping to the last row Huffman-decodes every row below the region (a skip that
+     * reached the end would only set counters); reading that row and finishing reads the
+     * file on to its EOI marker: the damage a whole-image decode meets, this one meets. */
+    while (c->output_scanline + 1 < c->output_height) {
+        JDIMENSION n = jpeg_skip_scanlines(c, c->output_height - 1 - c->output_scanline);
+        if (n == 0) {
+            snprintf(j->err.message, JMSG_LENGTH_MAX, "cannot skip to the last row");
+            return -1;
+        }
+    }
+    if (c->output_scanline < c->output_height) {
+        JSAMPROW row = j->scratch;
+        if (jpeg_read_scanlines(c, &row, 1) != 1) {
+            snprintf(j->err.message, JMSG_LENGTH_MAX, "truncated at row %u",
+                     c->output_scanline);
+            return -1;
+        }
+    }
+    jpeg_finish_decompress(c);
     return 0;
 }
 
-static PyObject *decode_region(PyObject *self, PyObject *args) {
-    Py_buffer buf;
-    int denom, channels, ok;
-    unsigned int top, height, left, width;
+/* Decodes the region into a new bytes object (*out); the job (for its size and left) is
+ * returned, to be freed by finish(); NULL with a Python exception. */
+static job *region(Py_buffer *buf, int denom, long long top, long long height,
+                   long long left, long long width, int channels, int to_end,
+                   PyObject **out) {
+    int ok;
     job *j;
-    PyObject *out = NULL, *result = NULL;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "y*iIIIIi", &buf, &denom, &top, &height, &left, &width,
-                          &channels))
+    *out = NULL;
+    if (top < 0 || left < 0 || height < 0 || width < 0 || top > 0xFFFFFFFFLL
+            || left > 0xFFFFFFFFLL || height > 0xFFFFFFFFLL || width > 0xFFFFFFFFLL) {
+        PyErr_Format(PyExc_ValueError, "region %lld+%lld, %lld+%lld outside any image",
+                     top, height, left, width);
         return NULL;
+    }
     if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
-        PyBuffer_Release(&buf);
-        return PyErr_Format(PyExc_ValueError, "denom must be 1, 2, 4 or 8, not %d", denom);
+        PyErr_Format(PyExc_ValueError, "denom must be 1, 2, 4 or 8, not %d", denom);
+        return NULL;
     }
     if (channels != 1 && channels != 3) {
-        PyBuffer_Release(&buf);
-        return PyErr_Format(PyExc_ValueError, "channels must be 1 or 3, not %d", channels);
+        PyErr_Format(PyExc_ValueError, "channels must be 1 or 3, not %d", channels);
+        return NULL;
     }
     if (height == 0 || width == 0) {
-        PyBuffer_Release(&buf);
-        return PyErr_Format(PyExc_ValueError, "empty region");
+        PyErr_Format(PyExc_ValueError, "empty region");
+        return NULL;
     }
     j = PyMem_Calloc(1, sizeof(job));
     if (j == NULL) {
-        PyBuffer_Release(&buf);
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        return NULL;
     }
-    j->data = buf.buf, j->size = (size_t)buf.len;
-    j->denom = denom, j->channels = channels;
-    j->top = top, j->height = height, j->left = left, j->width = width;
+    j->data = buf->buf, j->size = (size_t)buf->len;
+    j->denom = denom, j->channels = channels, j->to_end = to_end;
+    j->top = (JDIMENSION)top, j->height = (JDIMENSION)height;
+    j->left = (JDIMENSION)left, j->width = (JDIMENSION)width;
     j->cinfo.err = jpeg_std_error(&j->err.pub);
     j->err.pub.error_exit = error_exit;
     j->err.pub.emit_message = emit_message;
@@ -159,25 +211,405 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     if (ok == 0) {
         /* The output buffer is a bytes object of the final size: no copy afterwards. */
-        out = PyBytes_FromStringAndSize(
+        *out = PyBytes_FromStringAndSize(
             NULL, (Py_ssize_t)j->height * j->width * j->cinfo.output_components);
-        if (out == NULL)
-            goto done;
+        j->scratch = PyMem_Malloc((size_t)j->width * j->cinfo.output_components);
+        if (*out == NULL || j->scratch == NULL) {
+            if (*out != NULL)
+                PyErr_NoMemory();
+            Py_CLEAR(*out);
+            goto fail;
+        }
         Py_BEGIN_ALLOW_THREADS
-        ok = rows(j, (unsigned char *)PyBytes_AS_STRING(out));
+        ok = rows(j, (unsigned char *)PyBytes_AS_STRING(*out));
         Py_END_ALLOW_THREADS
     }
     if (ok != 0) {
         PyErr_Format(PyExc_ValueError, "cannot decode JPEG region: %s", j->err.message);
-        goto done;
+        Py_CLEAR(*out);
+        goto fail;
     }
-    result = Py_BuildValue("(OIII)", out, j->height, j->width, j->left);
-done:
-    Py_XDECREF(out);
-    jpeg_destroy_decompress(&j->cinfo);    /* frees libjpeg's memory, also after an error */
+    return j;
+fail:
+    jpeg_destroy_decompress(&j->cinfo);
+    PyMem_Free(j->scratch);
     PyMem_Free(j);
+    return NULL;
+}
+
+static void finish(job *j) {
+    jpeg_destroy_decompress(&j->cinfo);    /* frees libjpeg's memory, also after an error */
+    PyMem_Free(j->scratch);
+    PyMem_Free(j);
+}
+
+static PyObject *decode_region(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    int denom, channels, to_end = 1;
+    long long top, height, left, width;   /* 64 bits: no argument wraps past the checks */
+    PyObject *out, *result;
+    job *j;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*iLLLLi|p", &buf, &denom, &top, &height, &left, &width,
+                          &channels, &to_end))
+        return NULL;
+    j = region(&buf, denom, top, height, left, width, channels, to_end, &out);
     PyBuffer_Release(&buf);
+    if (j == NULL)
+        return NULL;
+    result = Py_BuildValue("(OIII)", out, j->height, j->width, j->left);
+    Py_DECREF(out);
+    finish(j);
     return result;
+}
+
+static int resize(const unsigned char *src, long long h, long long w, size_t stride, int ch,
+                  double y0, double y1, double x0, double x1, long long out_h,
+                  long long out_w, long long plan_w, int xoff, unsigned char *dst);
+
+static PyObject *decode_resize(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    int denom, channels;
+    long long top, height, left, width, out_h, out_w;
+    double y0, y1, x0, x1;
+    PyObject *pixels, *out = NULL;
+    job *j;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*iLLLLi(dd)(dd)(LL)", &buf, &denom, &top, &height, &left,
+                          &width, &channels, &y0, &y1, &x0, &x1, &out_h, &out_w))
+        return NULL;
+    if (out_h <= 0 || out_w <= 0 || out_h > (1LL << 28) || out_w > (1LL << 28)) {
+        PyBuffer_Release(&buf);
+        return PyErr_Format(PyExc_ValueError, "output %lld x %lld", out_h, out_w);
+    }
+    j = region(&buf, denom, top, height, left, width, channels, 1, &pixels);
+    PyBuffer_Release(&buf);
+    if (j == NULL)
+        return NULL;
+    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(out_h * out_w * channels));
+    /* The x box is in the coordinates of the asked columns left..left+width; the decoded
+     * ones start at j->left <= left (iMCU boundaries): the plan's starts move by the gap. */
+    if (out != NULL
+            && resize((const unsigned char *)PyBytes_AS_STRING(pixels), j->height, j->width,
+                      (size_t)j->width * channels, channels, y0, y1, x0, x1, out_h, out_w,
+                      width, (int)(left - j->left), (unsigned char *)PyBytes_AS_STRING(out))
+               < 0)
+        Py_CLEAR(out);
+    Py_DECREF(pixels);
+    finish(j);
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* resample: an antialiased bilinear resize (Pillow's triangle filter, support scaled by the
+ * reduction, weights normalised per pixel) in 14-bit fixed point, vertical pass first. The
+ * weights' float arithmetic and the integer sums are mirrored operation for operation by
+ * loadr.decode's numpy twin (setup.py compiles with -ffp-contract=off so that no a*b+c
+ * becomes a fused multiply-add that numpy would round differently): the same bytes with
+ * and without this module. */
+
+#define PRECISION_BITS 14
+#define HALF (1 << (PRECISION_BITS - 1))
+
+typedef struct {
+    int out, k;          /* output pixels; taps per output pixel (the most any needs) */
+    int *starts;         /* out: the first of the k input pixels each output pixel reads */
+    short *weights;      /* out x k, zero past a pixel's own taps (at most 1 << 14) */
+} plan;
+
+static void plan_free(plan *p) {
+    PyMem_Free(p->starts), PyMem_Free(p->weights);
+    p->starts = NULL, p->weights = NULL;
+}
+
+/* The weights for resizing [in0, in1) of size pixels to out pixels; 0, or -1 with a Python
+ * exception. The same operations in the same order as loadr.decode.resample_weights. */
+static int plan_make(plan *p, long long size, double in0, double in1, long long out) {
+    p->starts = NULL, p->weights = NULL, p->out = (int)out, p->k = 0;
+    if (size <= 0 || out <= 0 || size > (1 << 28) || out > (1 << 28) || !(in0 >= 0.0)
+            || !(in1 > in0) || !(in1 <= (double)size)) {
+        char message[200];     /* PyErr_Format has no %g */
+        snprintf(message, sizeof message, "resample: box %g..%g of %lld pixels to %lld",
+                 in0, in1, size, out);
+        PyErr_SetString(PyExc_ValueError, message);
+        return -1;
+    }
+    double scale = (in1 - in0) / (double)out;
+    double filterscale = scale < 1.0 ? 1.0 : scale;
+    double support = 1.0 * filterscale;     /* at most size: the buffers below stay bounded */
+    int ksize = (int)ceil(support) * 2 + 1;
+    double ss = 1.0 / filterscale;
+    double *pre = PyMem_Malloc(sizeof(double) * (size_t)out * ksize);
+    int *xmin = PyMem_Malloc(sizeof(int) * (size_t)out), *n = PyMem_Malloc(sizeof(int) * (size_t)out);
+    if (pre == NULL || xmin == NULL || n == NULL) {
+        PyMem_Free(pre), PyMem_Free(xmin), PyMem_Free(n);
+        PyErr_NoMemory();
+        return -1;
+    }
+    int k = 1;
+    for (long long xx = 0; xx < out; xx++) {
+        double center = in0 + ((double)xx + 0.5) * scale;
+        double lo = trunc(center - support + 0.5), hi = trunc(center + support + 0.5);
+        int a = lo < 0.0 ? 0 : (int)lo;
+        int b = hi > (double)size ? (int)size : (int)hi;
+        double ww = 0.0, *w = pre + (size_t)xx * ksize;
+        for (int t = 0; t < ksize; t++) {
+            double v = 0.0;
+            if (t < b - a) {
+                v = fabs(((double)(a + t) - center + 0.5) * ss);
+                v = v < 1.0 ? 1.0 - v : 0.0;
+            }
+            w[t] = v;
+            ww = ww + v;
+        }
+        for (int t = 0; t < ksize; t++)
+            if (ww != 0.0)
+                w[t] = w[t] / ww;
+        xmin[xx] = a, n[xx] = b - a > 0 ? b - a : 0;
+        k = n[xx] > k ? n[xx] : k;
+    }
+    p->k = k;
+    p->starts = PyMem_Malloc(sizeof(int) * (size_t)out);
+    p->weights = PyMem_Calloc((size_t)out * k, sizeof(short));
+    if (p->starts == NULL || p->weights == NULL) {
+        plan_free(p);
+        PyMem_Free(pre), PyMem_Free(xmin), PyMem_Free(n);
+        PyErr_NoMemory();
+        return -1;
+    }
+    /* Every pixel reads k pixels: near the right edge the start moves left and the weights
+     * right by as much (only zero terms are added), so the loops have a constant count. */
+    for (long long xx = 0; xx < out; xx++) {
+        int start = xmin[xx] < size - k ? xmin[xx] : (int)(size - k);
+        int shift = xmin[xx] - start;
+        p->starts[xx] = start;
+        for (int t = 0; t < n[xx] && t < ksize; t++)
+            p->weights[(size_t)xx * k + shift + t] =
+                (short)trunc(0.5 + pre[(size_t)xx * ksize + t] * (double)(1 << PRECISION_BITS));
+    }
+    PyMem_Free(pre), PyMem_Free(xmin), PyMem_Free(n);
+    return 0;
+}
+
+static inline unsigned char clip8(int v) {
+    v >>= PRECISION_BITS;      /* v > 0: the weights are positive and HALF is added */
+    return (unsigned char)(v > 255 ? 255 : v);
+}
+
+/* The passes work on blocks of ROWS output rows. The vertical pass writes its rows
+ * transposed (t: a column of the block's rows after another, ROWS * ch bytes each), so that
+ * the horizontal pass, like the vertical one, sums whole contiguous vectors (one column of
+ * ROWS rows per tap) rather than gathering pixels: both inner loops vectorise. */
+#define ROWS 8
+
+/* The bytes from one column of the transposed block to the next: ROWS pixels, padded to 32
+ * bytes for RGB so that a pixel can be stored as 4 bytes (the fourth lands in the next
+ * row's slot, written after it, or in the padding). */
+#define COLUMN(ch) ((ch) == 3 ? 32 : ROWS)
+
+/* One output row of the vertical pass into row r of the transposed block t (t points at
+ * that row's slot): each value sums its k taps in a register (k a constant in the
+ * instances below, so the loop over the row vectorises without an accumulator in memory),
+ * then the row is stored transposed. line has 4 bytes to spare. */
+static inline __attribute__((always_inline)) void vertical_row(
+        unsigned char *restrict t, const unsigned char *restrict src, size_t stride,
+        unsigned char *restrict line, long long w, int ch, const short *restrict k, int ky) {
+    const size_t row = (size_t)w * ch;
+    for (size_t i = 0; i < row; i++) {
+        int s = HALF;
+        for (int tap = 0; tap < ky; tap++)
+            s += (short)src[(size_t)tap * stride + i] * k[tap];
+        line[i] = clip8(s);
+    }
+    if (ch == 3) {
+        for (long long x = 0; x < w; x++) {
+            unsigned int v;
+            memcpy(&v, line + (size_t)x * 3, 4);
+            memcpy(t + (size_t)x * COLUMN(3), &v, 4);
+        }
+    } else {
+        for (long long x = 0; x < w; x++)
+            t[(size_t)x * COLUMN(1)] = line[x];
+    }
+}
+
+/* The horizontal pass of one block (rows <= ROWS valid rows of t) into dst. */
+static inline __attribute__((always_inline)) void horizontal_block(
+        const unsigned char *restrict t, unsigned char *restrict dst, size_t dst_stride,
+        int rows, long long out_w, int ch, const int *restrict starts,
+        const short *restrict weights, int k) {
+    const int rc = ROWS * ch;
+    int acc[ROWS * 3];
+    for (long long xx = 0; xx < out_w; xx++) {
+        const short *restrict kk = weights + (size_t)xx * k;
+        const unsigned char *restrict p = t + (size_t)starts[xx] * COLUMN(ch);
+        for (int j = 0; j < rc; j++)
+            acc[j] = HALF;
+        for (int tap = 0; tap < k; tap++) {
+            const short kt = kk[tap];
+            const unsigned char *restrict q = p + (size_t)tap * COLUMN(ch);
+            for (int j = 0; j < rc; j++)
+                acc[j] += (short)q[j] * kt;
+        }
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < ch; c++)
+                dst[(size_t)r * dst_stride + (size_t)xx * ch + c] = clip8(acc[r * ch + c]);
+    }
+}
+
+typedef void (*vertical_fn)(unsigned char *, const unsigned char *, size_t, unsigned char *,
+                            long long, const short *);
+
+#define VERTICAL(CH, K) \
+    static void vertical_##CH##_##K(unsigned char *t, const unsigned char *src, \
+            size_t stride, unsigned char *line, long long w, const short *k) { \
+        vertical_row(t, src, stride, line, w, CH, k, K); \
+    }
+VERTICAL(3, 1) VERTICAL(3, 2) VERTICAL(3, 3) VERTICAL(3, 4) VERTICAL(3, 5) VERTICAL(3, 6)
+VERTICAL(3, 7) VERTICAL(3, 8)
+VERTICAL(1, 1) VERTICAL(1, 2) VERTICAL(1, 3) VERTICAL(1, 4) VERTICAL(1, 5) VERTICAL(1, 6)
+VERTICAL(1, 7) VERTICAL(1, 8)
+
+typedef void (*horizontal_fn)(const unsigned char *, unsigned char *, size_t, int, long long,
+                              const int *, const short *);
+
+#define HORIZONTAL(CH, K) \
+    static void horizontal_##CH##_##K(const unsigned char *t, unsigned char *dst, \
+            size_t dst_stride, int rows, long long out_w, const int *starts, \
+            const short *weights) { \
+        horizontal_block(t, dst, dst_stride, rows, out_w, CH, starts, weights, K); \
+    }
+HORIZONTAL(3, 1) HORIZONTAL(3, 2) HORIZONTAL(3, 3) HORIZONTAL(3, 4) HORIZONTAL(3, 5)
+HORIZONTAL(3, 6) HORIZONTAL(3, 7) HORIZONTAL(3, 8)
+HORIZONTAL(1, 1) HORIZONTAL(1, 2) HORIZONTAL(1, 3) HORIZONTAL(1, 4) HORIZONTAL(1, 5)
+HORIZONTAL(1, 6) HORIZONTAL(1, 7) HORIZONTAL(1, 8)
+
+/* The block loop, for ch 1 or 3 as a constant (the two instances below). */
+static inline __attribute__((always_inline)) void resize_blocks(
+        const unsigned char *src, size_t stride, long long w, int ch, unsigned char *t,
+        unsigned char *line, const plan *py, const plan *px, unsigned char *dst) {
+    static const vertical_fn rgb[] = {vertical_3_1, vertical_3_2, vertical_3_3, vertical_3_4,
+                                      vertical_3_5, vertical_3_6, vertical_3_7, vertical_3_8};
+    static const vertical_fn gray[] = {vertical_1_1, vertical_1_2, vertical_1_3,
+                                       vertical_1_4, vertical_1_5, vertical_1_6,
+                                       vertical_1_7, vertical_1_8};
+    /* The tap count as a constant where it is small (the loop over a row vectorises with
+     * the taps unrolled), else as a variable. */
+    static const horizontal_fn hrgb[] = {horizontal_3_1, horizontal_3_2, horizontal_3_3,
+                                         horizontal_3_4, horizontal_3_5, horizontal_3_6,
+                                         horizontal_3_7, horizontal_3_8};
+    static const horizontal_fn hgray[] = {horizontal_1_1, horizontal_1_2, horizontal_1_3,
+                                          horizontal_1_4, horizontal_1_5, horizontal_1_6,
+                                          horizontal_1_7, horizontal_1_8};
+    vertical_fn fixed = py->k <= 8 ? (ch == 3 ? rgb : gray)[py->k - 1] : NULL;
+    horizontal_fn hfixed = px->k <= 8 ? (ch == 3 ? hrgb : hgray)[px->k - 1] : NULL;
+    size_t dst_stride = (size_t)px->out * ch;
+    for (int y0 = 0; y0 < py->out; y0 += ROWS) {
+        int rows = py->out - y0 < ROWS ? py->out - y0 : ROWS;
+        for (int r = 0; r < rows; r++) {
+            unsigned char *col = t + (size_t)r * ch;
+            const unsigned char *first = src + (size_t)py->starts[y0 + r] * stride;
+            const short *k = py->weights + (size_t)(y0 + r) * py->k;
+            if (fixed != NULL)
+                fixed(col, first, stride, line, w, k);
+            else
+                vertical_row(col, first, stride, line, w, ch, k, py->k);
+        }
+        if (hfixed != NULL)
+            hfixed(t, dst + (size_t)y0 * dst_stride, dst_stride, rows, px->out, px->starts,
+                   px->weights);
+        else
+            horizontal_block(t, dst + (size_t)y0 * dst_stride, dst_stride, rows, px->out, ch,
+                             px->starts, px->weights, px->k);
+    }
+}
+
+static void blocks_3(const unsigned char *src, size_t stride, long long w, unsigned char *t,
+                     unsigned char *line, const plan *py, const plan *px, unsigned char *dst) {
+    resize_blocks(src, stride, w, 3, t, line, py, px, dst);
+}
+
+static void blocks_1(const unsigned char *src, size_t stride, long long w, unsigned char *t,
+                     unsigned char *line, const plan *py, const plan *px, unsigned char *dst) {
+    resize_blocks(src, stride, w, 1, t, line, py, px, dst);
+}
+
+/* [y0, y1) x [x0, x1) of an h x w x ch image (rows stride bytes apart) resized to out_h x
+ * out_w into dst, vertical pass first; the x box is in the coordinates of plan_w columns
+ * from column xoff. 0, or -1 with a Python exception. */
+static int resize(const unsigned char *src, long long h, long long w, size_t stride, int ch,
+                  double y0, double y1, double x0, double x1, long long out_h,
+                  long long out_w, long long plan_w, int xoff, unsigned char *dst) {
+    plan py, px;
+    if (xoff < 0 || (long long)xoff + plan_w > w) {
+        PyErr_SetString(PyExc_ValueError, "resample: columns outside the image");
+        return -1;
+    }
+    if (plan_make(&py, h, y0, y1, out_h) < 0)
+        return -1;
+    if (plan_make(&px, plan_w, x0, x1, out_w) < 0) {
+        plan_free(&py);
+        return -1;
+    }
+    /* Zeroed: the rows of a last, partial block are summed too (and never written). */
+    unsigned char *t = PyMem_Calloc((size_t)plan_w * COLUMN(ch), 1);
+    unsigned char *line = PyMem_Malloc((size_t)plan_w * ch + 4);
+    if (t == NULL || line == NULL) {
+        PyMem_Free(t), PyMem_Free(line), plan_free(&py), plan_free(&px);
+        PyErr_NoMemory();
+        return -1;
+    }
+    /* Only the plan's columns go through the passes (not the ones libjpeg decoded to its
+     * left, to an iMCU boundary). */
+    Py_BEGIN_ALLOW_THREADS
+    (ch == 3 ? blocks_3 : blocks_1)(src + (size_t)xoff * ch, stride, plan_w, t, line, &py,
+                                    &px, dst);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(t), PyMem_Free(line), plan_free(&py), plan_free(&px);
+    return 0;
+}
+
+static PyObject *resample(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    long long h, w, out_h, out_w;
+    int ch;
+    double y0, y1, x0, x1;
+    PyObject *out = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*LLi(dd)(dd)(LL)", &src, &h, &w, &ch, &y0, &y1, &x0, &x1,
+                          &out_h, &out_w))
+        return NULL;
+    if ((ch != 1 && ch != 3) || h <= 0 || w <= 0 || h > (1LL << 30) || w > (1LL << 30)
+            || src.len != h * w * ch || out_h <= 0 || out_w <= 0 || out_h > (1LL << 28)
+            || out_w > (1LL << 28)) {
+        PyErr_Format(PyExc_ValueError, "resample: inconsistent sizes");
+        goto release;
+    }
+    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(out_h * out_w * ch));
+    if (out == NULL)
+        goto release;
+    if (resize(src.buf, h, w, (size_t)w * ch, ch, y0, y1, x0, x1, out_h, out_w, w, 0,
+               (unsigned char *)PyBytes_AS_STRING(out)) < 0)
+        Py_CLEAR(out);
+release:
+    PyBuffer_Release(&src);
+    return out;
+}
+
+static PyObject *weights(PyObject *self, PyObject *args) {
+    long long size, out;
+    double in0, in1;
+    plan p;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "LddL", &size, &in0, &in1, &out))
+        return NULL;
+    if (plan_make(&p, size, in0, in1, out) < 0)
+        return NULL;
+    PyObject *r = Py_BuildValue("(y#y#i)", (const char *)p.starts,
+                                (Py_ssize_t)(p.out * sizeof(int)), (const char *)p.weights,
+                                (Py_ssize_t)((size_t)p.out * p.k * sizeof(short)), p.k);
+    plan_free(&p);
+    return r;
 }
 
 static PyMethodDef methods[] = {
@@ -185,12 +617,23 @@ static PyMethodDef methods[] = {
      "decode_region(data, denom, top, height, left, width, channels) -> (bytes, h, w, x)\n\n"
      "The rows top..top+height and columns x..x+w (x <= left, x+w >= left+width: widened\n"
      "to iMCU boundaries) of a JPEG decoded at 1/denom, as L or RGB (channels 1 or 3)."},
+    {"decode_resize", decode_resize, METH_VARARGS,
+     "decode_resize(data, denom, top, height, left, width, channels, (y0, y1), (x0, x1),\n"
+     "              (out_h, out_w)) -> bytes\n\n"
+     "decode_region, then resample of its [y0, y1) x [x0, x1) (in the coordinates of the\n"
+     "region top..top+height, left..left+width) to out_h x out_w."},
+    {"resample", resample, METH_VARARGS,
+     "resample(src, h, w, channels, (y0, y1), (x0, x1), (out_h, out_w)) -> bytes\n\n"
+     "[y0, y1) x [x0, x1) of an h x w x channels uint8 image, antialiased bilinear, resized\n"
+     "to out_h x out_w (loadr.decode.resample, whose numpy twin gives the same bytes)."},
+    {"weights", weights, METH_VARARGS,
+     "weights(size, in0, in1, out) -> (starts, weights, k): resample's int32 plan."},
     {NULL, NULL, 0, NULL}
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "loadr._jpegregion",
-    "Region decoding of JPEGs with the system libjpeg-turbo (loadr.decode).", -1, methods,
+    "Region decoding and resampling of JPEGs with the system libjpeg-turbo (loadr.decode).", -1, methods,
     NULL, NULL, NULL, NULL
 };
 

@@ -51,8 +51,8 @@ import numpy as np
 
 from .errors import DecodeError
 
-__all__ = ['decode_image', 'encode_image', 'ENCODERS', 'DECODERS', 'encode', 'decode',
-           'TYPES', 'UNSUPPORTED_TYPES']
+__all__ = ['decode_image', 'encode_image', 'jpeg_header', 'ENCODERS', 'DECODERS', 'encode',
+           'decode', 'TYPES', 'UNSUPPORTED_TYPES']
 
 JPEG_QUALITY = 90
 # The only formats decode_image hands to Pillow. Without this list Pillow picks a
@@ -175,6 +175,52 @@ ARRAY_MAX_DIMS = 64
 # Kind 'O' (object) is absent on purpose: it is the only way to pickles.
 _DTYPE_STR = re.compile(r'[<>|=]?[biufcmMSUV][0-9]{1,9}(\[[0-9]*[A-Za-z]+\])?\Z')
 _MAGIC = {'jpg': (b'\xff\xd8',), 'png': (b'\x89PNG\r\n\x1a\n',)}
+
+
+# The JPEG frame types jpeg_header takes: baseline, extended and progressive Huffman.
+_SOF_TAKEN = (0xC0, 0xC1, 0xC2)
+_SOF_ANY = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def jpeg_header(data: bytes) -> tuple[int, int, str] | None:
+    """``(height, width, mode)`` from a JPEG's frame header ('RGB' for 3 components, 'L'
+    for 1), or None for anything else: not a JPEG, 4 components, not 8-bit, a frame type
+    other than baseline, extended or progressive Huffman (lossless, hierarchical and
+    arithmetic-coded files, which libjpeg-turbo versions do not all decode alike).
+
+    >>> jpeg_header(encode_image(np.zeros((30, 40, 3), np.uint8)))
+    (30, 40, 'RGB')
+    >>> jpeg_header(b'not a JPEG') is None
+    True
+    """
+    if data[:3] != b'\xff\xd8\xff':
+        return None
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:          # fill bytes before a marker
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:
+            i += 2                  # markers without a length
+            continue
+        if marker in (0xD9, 0xDA):  # end of image, or entropy data before any frame
+            return None
+        length = (data[i + 2] << 8) | data[i + 3]
+        if length < 2:
+            return None
+        if marker in _SOF_ANY:
+            if marker not in _SOF_TAKEN or i + 10 > n or data[i + 4] != 8:
+                return None
+            h, w, comps = (data[i + 5] << 8) | data[i + 6], (data[i + 7] << 8) | data[i + 8], \
+                data[i + 9]
+            if h == 0 or w == 0 or comps not in (1, 3):
+                return None
+            return h, w, 'L' if comps == 1 else 'RGB'
+        i += 2 + length
+    return None
 
 
 def _as_int(value) -> int:

@@ -12,29 +12,40 @@ them by one fn that
    box stays the same pure function of (seed, image size)),
 3. decodes at the largest DCT scale (1, 1/2, 1/4, 1/8) that still gives at
    least the output resolution over the crop, and
-4. makes the output with one antialiased bilinear resize of the crop's region.
+4. makes the output with one antialiased bilinear resize of the crop's region
+   (:func:`resample`: Pillow's triangle filter in fixed point, vertical pass
+   first).
 
 The output has the same shape as the unfused pipeline's and differs from it
-in pixels only by the resampling (PSNR well above 35 dB, tests/test_decode.py).
+in pixels only by the resampling: at least 35 dB PSNR on natural-looking
+pictures; on pure noise as low as 25 dB, where the DCT scale and the resize's
+sub-pixel box filter high frequencies differently (tests/test_decode.py).
 It is a pure function of (bytes, seed), so a batch is the same for any worker
 count and across a resume. The list keeps its length: the geometric fns' places
 hold pass-throughs, and the stage names (``loader.stats()``) say what ran
 there, e.g. ``decode_jpeg+random_resized_crop`` then ``random_resized_crop(fused)``.
 
-The decoder is loadr's own extension ``loadr._jpegregion`` where it was built
-(``setup.py``, against the system libjpeg-turbo): it decodes only the rows and
-columns the resize reads (:func:`decode_region`). Without it (or on a file it
-refuses) simplejpeg (libjpeg-turbo, bundled in its wheel) decodes the whole
-image at the DCT scale, else Pillow's draft mode (the libjpeg-turbo in Pillow's
-wheel). The three give the same decoded pixels; the resized output of the
-region path differs from the others' by at most 1 (Pillow's resize weights,
-computed from the box's coordinates in the region rather than in the image,
-round differently now and then).
-Anything the fast path does not take (PNG, CMYK, a mode other than RGB or L,
-an already decoded array, frames of different sizes, a crop that does not
-fit, a file simplejpeg will not decode, one above Pillow's pixel limit)
-runs the original fns one after the other: the same crop boxes and the same
-errors as without fusion.
+The same bytes on every install. Where loadr's extension ``loadr._jpegregion``
+was built (``setup.py``, against the system libjpeg-turbo) it decodes only the
+rows and columns the resize reads (:func:`decode_region`) and resizes them in
+C. Without it (or with ``LOADR_JPEGREGION=0``) simplejpeg decodes the whole
+image at the same DCT scale with the same libjpeg settings (accurate integer
+IDCT, fancy upsampling), the same rows and columns are cut from it and numpy
+resizes them with the same integer arithmetic (:func:`resize_region`): the
+bytes are equal (tests/test_decode.py runs both; a progressive file missing
+its last scans, which libjpeg-turbo versions smooth differently, is left to
+simplejpeg on both paths). Damaged files fail alike:
+the region decoder Huffman-decodes the rows below the region too and reads on
+to the end of the image, and both decoders treat libjpeg's warnings (corrupt
+data, a premature end) as errors, so a file either decodes to the same pixels
+on both paths or fails on both; a failed file runs the unfused fns, whose
+error (or lenient Pillow decode) is then the same everywhere.
+
+Anything the fast path does not take (PNG, CMYK, 12-bit, lossless or
+arithmetic-coded JPEGs, a mode other than RGB or L, an already decoded array,
+frames of different sizes, a crop that does not fit, a file libjpeg refuses,
+one above Pillow's pixel limit) runs the original fns one after the other:
+the same crop boxes and the same errors as without fusion.
 
 Fusion is on by default. Turn it off for one pipeline with
 ``decode_jpeg(..., fuse=False)`` (``fuse: false`` in YAML), or everywhere with
@@ -60,10 +71,12 @@ import numpy as np
 
 from .errors import DecodeError, LoadrError
 
-__all__ = ['fuse', 'Fused', 'FUSE_ENV', 'fusion_enabled', 'jpeg_size', 'decode_scaled',
-           'decode_region', 'resize_region', 'DCT_SCALES']
+__all__ = ['fuse', 'Fused', 'FUSE_ENV', 'REGION_ENV', 'fusion_enabled', 'extension',
+           'jpeg_size', 'decode_scaled', 'decode_region', 'resize_region', 'resample',
+           'resample_weights', 'DCT_SCALES']
 
 FUSE_ENV = 'LOADR_FUSE'
+REGION_ENV = 'LOADR_JPEGREGION'
 # libjpeg-turbo's SIMD IDCTs: the fast scales (the M/8 in between use generic C code).
 DCT_SCALES = (8, 4, 2, 1)
 # The fns whose work depends only on the image size and the seed (the ones with a plan).
@@ -97,6 +110,19 @@ def _jpegregion():
     except ImportError:
         return None
     return module
+
+
+def extension():
+    """loadr's C extension ``loadr._jpegregion`` (region decoding and resampling), or None
+    where it was not built or the environment variable ``LOADR_JPEGREGION`` is ``0`` (the
+    fused decode then runs as on an install without it: the same bytes, more CPU).
+
+    >>> extension() is None or hasattr(extension(), 'decode_region')
+    True
+    """
+    if os.environ.get(REGION_ENV, '1').strip().lower() in ('0', 'false', 'no', 'off'):
+        return None
+    return _jpegregion()
 
 
 # ---------------------------------------------------------------------------
@@ -148,73 +174,182 @@ def dct_scale(box_h: float, box_w: float, out_h: int, out_w: int) -> int:
 
 
 def jpeg_size(data: bytes) -> tuple[int, int, str] | None:
-    """``(height, width, colour space)`` from a JPEG header, or None if the fast path cannot
-    take the file (not a JPEG, a colour space other than YCbCr/RGB/grayscale).
+    """``(height, width, mode)`` from a JPEG's frame header ('RGB' for 3 components, 'L'
+    for 1), or None if the fast path cannot take the file (not a JPEG, 4 components,
+    not 8-bit, a frame type other than baseline, extended or progressive Huffman):
+    :func:`loadr.codecs.jpeg_header`, parsed by loadr rather than by a decoder's header
+    call, so that the choice of path is the same on every install (and no decoder's own
+    exception escapes).
 
     >>> from loadr.codecs import encode_image
     >>> jpeg_size(encode_image(np.zeros((30, 40, 3), np.uint8)))
     (30, 40, 'RGB')
     """
-    if data[:3] != b'\xff\xd8\xff':
-        return None
-    sj = _simplejpeg()
-    if sj is not None:
-        try:
-            h, w, colorspace, _ = sj.decode_jpeg_header(data)
-        except ValueError:
-            return None
-        colorspace = colorspace.upper()
-        if colorspace not in ('YCBCR', 'RGB', 'GRAY'):
-            return None
-        return h, w, 'L' if colorspace == 'GRAY' else 'RGB'
-    from PIL import Image
-    try:
-        with Image.open(io.BytesIO(data), formats=('JPEG',)) as img:
-            if img.mode not in ('RGB', 'L'):
-                return None
-            return img.size[1], img.size[0], img.mode
-    except Exception:   # anything Pillow cannot parse goes the slow way, which explains it
-        return None
+    from .codecs import jpeg_header
+    return jpeg_header(data)
 
 
 def decode_scaled(data: bytes, k: int, mode: str) -> np.ndarray:
     """Decode a JPEG at 1/``k`` of its size (libjpeg's DCT scaling, sides rounded up) in
-    ``mode`` ('RGB' or 'L').
+    ``mode`` ('RGB' or 'L'). Raises :class:`DecodeError` on a file libjpeg finds corrupt
+    (simplejpeg's strict mode: a warning is an error, as in :func:`decode_region`).
 
     >>> from loadr.codecs import encode_image
     >>> decode_scaled(encode_image(np.zeros((30, 40, 3), np.uint8)), 4, 'RGB').shape
     (8, 10, 3)
     """
+    head = jpeg_size(data)
+    if head is None:
+        raise DecodeError('not a JPEG the fused decode takes')
+    h, w = head[:2]
+    want = (-(-h // k), -(-w // k))
     sj = _simplejpeg()
     if sj is not None:
-        h, w, _, _ = sj.decode_jpeg_header(data)
         try:
             arr = sj.decode_jpeg(data, colorspace='GRAY' if mode == 'L' else 'RGB',
-                                 min_height=-(-h // k), min_width=-(-w // k))
-        except ValueError as exc:
-            raise DecodeError(f'cannot decode JPEG with simplejpeg: {exc}') from exc
-        return arr[:, :, 0] if arr.ndim == 3 and arr.shape[2] == 1 else arr
-    from PIL import Image
-    try:
-        with Image.open(io.BytesIO(data), formats=('JPEG',)) as img:
-            w, h = img.size
-            if k > 1:
-                img.draft(mode, (-(-w // k), -(-h // k)))
-            if img.mode != mode:
-                img = img.convert(mode)
-            return np.asarray(img)
-    except (OSError, ValueError, SyntaxError) as exc:
-        raise DecodeError(f'cannot decode JPEG: {exc}') from exc
+                                 min_height=want[0], min_width=want[1], strict=True)
+        except (ValueError, KeyError) as exc:
+            raise DecodeError(f'cannot decode JPEG with simplejpeg: {exc!r}') from exc
+        arr = arr[:, :, 0] if arr.ndim == 3 and arr.shape[2] == 1 else arr
+    else:
+        from PIL import Image
+        try:
+            with Image.open(io.BytesIO(data), formats=('JPEG',)) as img:
+                if k > 1:
+                    # Pillow's draft takes the largest scale whose size is at least the one
+                    # asked: asking for the sides divided (down) by k gives 1/k exactly.
+                    img.draft(mode, (max(1, w // k), max(1, h // k)))
+                arr = np.asarray(img.convert(mode) if img.mode != mode else img)
+        except (OSError, ValueError, SyntaxError) as exc:
+            raise DecodeError(f'cannot decode JPEG: {exc}') from exc
+    if arr.shape[:2] != want:
+        raise DecodeError(f'decoded {arr.shape[:2]} at 1/{k}, not {want}')
+    return arr
+
+
+def resample_weights(size: int, in0: float, in1: float, out: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """The fused resize's weights for [``in0``, ``in1``) of ``size`` pixels to ``out``:
+    int32 starts (the first of the k pixels each output pixel reads) and int16 weights
+    in 14-bit fixed point, out × k. Pillow's antialiased bilinear (``precompute_coeffs``
+    in Resample.c: a triangle filter widened by the reduction, normalised per pixel),
+    computed with the float operations, in the order, that loadr's extension uses (its
+    ``weights``), so both give the same integers. 14 bits (not Pillow's 22) so that the
+    extension's loops multiply 16-bit lanes.
+
+    >>> starts, weights = resample_weights(8, 0.0, 8.0, 4)     # halving: 4 taps
+    >>> starts.tolist(), weights[1].tolist()
+    ([0, 1, 3, 4], [2048, 6144, 6144, 2048])
+    """
+    if not (0.0 <= in0 < in1 <= size) or out <= 0:
+        raise ValueError(f'resample: box {in0}..{in1} of {size} pixels to {out}')
+    scale = (in1 - in0) / out
+    filterscale = max(scale, 1.0)
+    support = 1.0 * filterscale                 # bilinear: support 1
+    ksize = int(math.ceil(support)) * 2 + 1
+    center = in0 + (np.arange(out, dtype=np.float64) + 0.5) * scale
+    ss = 1.0 / filterscale
+    xmin = np.maximum(np.trunc(center - support + 0.5), 0).astype(np.int64)
+    xmax = np.minimum(np.trunc(center + support + 0.5), size).astype(np.int64)
+    n = np.maximum(xmax - xmin, 0)
+    taps = []
+    ww = np.zeros(out)
+    for t in range(ksize):                      # summed in the extension's order
+        v = np.abs(((xmin + t).astype(np.float64) - center + 0.5) * ss)
+        wt = np.where((t < n) & (v < 1.0), 1.0 - v, 0.0)
+        taps.append(wt)
+        ww = ww + wt
+    pre = np.stack(taps, axis=1)
+    pre = np.where(ww[:, None] != 0.0, pre / np.where(ww == 0.0, 1.0, ww)[:, None], pre)
+    fixed = np.trunc(0.5 + pre * float(1 << _PRECISION_BITS)).astype(np.int16)
+    # Every pixel reads k pixels (the most any reads): near the right edge its start moves
+    # left and its weights right by as much, adding only zero terms.
+    k = max(1, int(n.max()))
+    starts = np.minimum(xmin, size - k)
+    shift = xmin - starts
+    weights = np.zeros((out, k), np.int16)
+    for t in range(min(ksize, k)):
+        has = np.nonzero(t < n)[0]
+        weights[has, shift[has] + t] = fixed[has, t]
+    return starts.astype(np.int32), weights
+
+
+_PRECISION_BITS = 14
+
+
+def _resample_numpy(src: np.ndarray, ybox: tuple, xbox: tuple, out: tuple[int, int]
+                    ) -> np.ndarray:
+    # The extension's resize in integer numpy: the same weights, sums, rounding and
+    # clipping, vertical pass first. The horizontal pass runs on the transposed rows, so
+    # that each tap, as in the vertical pass, gathers whole rows.
+    ys, yw = resample_weights(src.shape[0], ybox[0], ybox[1], out[0])
+    xs, xw = resample_weights(src.shape[1], xbox[0], xbox[1], out[1])
+    img = src if src.ndim == 3 else src[:, :, None]
+    ch = img.shape[2]
+    rows = _taps(img.reshape(img.shape[0], -1), ys, yw)
+    cols = rows.reshape(out[0], img.shape[1], ch).transpose(1, 0, 2).reshape(img.shape[1], -1)
+    res = _taps(np.ascontiguousarray(cols), xs, xw).reshape(out[1], out[0], ch)
+    res = np.ascontiguousarray(res.transpose(1, 0, 2))
+    return res if src.ndim == 3 else res[:, :, 0]
+
+
+def _taps(rows: np.ndarray, starts: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    # Row i of the result: the rows starts[i] .. starts[i] + k weighted, rounded, clipped.
+    acc = np.full((len(starts), rows.shape[1]), 1 << (_PRECISION_BITS - 1), np.int32)
+    term = np.empty_like(acc)
+    for t in range(weights.shape[1]):
+        np.multiply(rows[starts + t], weights[:, t, None], out=term, dtype=np.int32)
+        acc += term
+    acc >>= _PRECISION_BITS
+    return np.minimum(acc, 255, out=acc).astype(np.uint8)
+
+
+def resample(arr: np.ndarray, ybox: tuple, xbox: tuple, out: tuple[int, int]) -> np.ndarray:
+    """[``ybox``) × [``xbox``) (float (start, end) pairs) of ``arr`` (uint8, H×W or H×W×3)
+    resized to ``out`` (h, w) with Pillow's antialiased bilinear filter in 14-bit fixed
+    point, vertical pass first: in loadr's extension where it is built, else in numpy,
+    with the same bytes.
+
+    >>> resample(np.full((10, 20), 7, np.uint8), (0, 10), (0, 20), (5, 5))[0, :3].tolist()
+    [7, 7, 7]
+    """
+    ybox, xbox = (float(ybox[0]), float(ybox[1])), (float(xbox[0]), float(xbox[1]))
+    ext = extension()
+    if ext is None:
+        return _resample_numpy(arr, ybox, xbox, out)
+    arr = np.ascontiguousarray(arr)
+    ch = 1 if arr.ndim == 2 else arr.shape[2]
+    buf = ext.resample(arr, arr.shape[0], arr.shape[1], ch, ybox, xbox, tuple(out))
+    return np.frombuffer(buf, np.uint8).reshape(tuple(out) if arr.ndim == 2 else (*out, ch))
+
+
+def _rect(scaled: tuple[int, int], box: tuple, full: tuple[int, int], out: tuple[int, int]):
+    """The rows [top, bottom) and columns [left, right) of the image at its decoded size
+    ``scaled`` that the resize of ``box`` reads, and the box in their coordinates: the
+    same for the region decode and the whole-image one, so both resize the same pixels
+    with the same weights."""
+    fy, fx = scaled[0] / full[0], scaled[1] / full[1]
+    y, x, h, w = box
+    # The resize reads up to max(1, box/out) + 0.5 pixels beyond the box, and libjpeg's
+    # fancy upsampling of subsampled chroma makes the outermost row and column of a cut
+    # differ from the whole decode: 2 pixels more keep both out of the output.
+    my, mx = max(1.0, h * fy / out[0]) + 2, max(1.0, w * fx / out[1]) + 2
+    top, left = max(0, math.floor(y * fy - my)), max(0, math.floor(x * fx - mx))
+    bottom = min(scaled[0], math.ceil((y + h) * fy + my))
+    right = min(scaled[1], math.ceil((x + w) * fx + mx))
+    # (y + h) * fy can round past the decoded side (25 * (4 / 25) > 4): clamped, for both.
+    return (top, bottom, left, right, (y * fy - top, min((y + h) * fy, bottom) - top),
+            (x * fx - left, min((x + w) * fx, right) - left))
 
 
 def decode_region(data: bytes, k: int, mode: str, box: tuple, full: tuple[int, int],
                   out: tuple[int, int]) -> np.ndarray | None:
     """The region ``box`` (y, x, h, w in the coordinates of the ``full`` (h, w) image) of a
-    JPEG decoded at 1/``k`` in ``mode`` ('RGB' or 'L') and resized to ``out`` (h, w) as
-    :func:`resize_region` does, decoding only the rows and columns the resize reads; None
-    where the extension ``loadr._jpegregion`` is not built, or the file does not end with
-    an EOI marker. Raises :class:`DecodeError` on data libjpeg finds corrupt (it would
-    only warn).
+    JPEG decoded at 1/``k`` in ``mode`` ('RGB' or 'L') and resized to ``out`` (h, w),
+    decoding only the rows and columns the resize reads (the rows below them are
+    Huffman-decoded and checked, not converted); the same bytes as :func:`resize_region`
+    on :func:`decode_scaled`. None where the extension ``loadr._jpegregion`` is not built.
+    Raises :class:`DecodeError` on data libjpeg finds corrupt anywhere in the file.
 
     >>> from loadr.codecs import encode_image
     >>> data = encode_image(np.zeros((300, 400, 3), np.uint8))
@@ -222,52 +357,32 @@ def decode_region(data: bytes, k: int, mode: str, box: tuple, full: tuple[int, i
     >>> r is None or r.shape == (50, 60, 3)
     True
     """
-    jr = _jpegregion()
-    # The rows below the region are never read: a file cut short there would decode without
-    # an error that the whole-image decoders (and the unfused decode_jpeg) raise.
-    if jr is None or data[-2:] != b'\xff\xd9':
+    ext = extension()
+    if ext is None:
         return None
-    from PIL import Image
     sh, sw = -(-full[0] // k), -(-full[1] // k)     # libjpeg's size at 1/k: sides rounded up
-    fy, fx = sh / full[0], sw / full[1]
-    y, x, h, w = box
-    # Pillow's antialiased bilinear reads up to max(1, box/out) + 0.5 pixels beyond the box,
-    # and libjpeg's fancy upsampling of subsampled chroma makes the outermost row and column
-    # of a cut differ from the full decode: 2 pixels more keep both out of the output.
-    my, mx = max(1.0, h * fy / out[0]) + 2, max(1.0, w * fx / out[1]) + 2
-    top, left = max(0, math.floor(y * fy - my)), max(0, math.floor(x * fx - mx))
-    bottom = min(sh, math.ceil((y + h) * fy + my))
-    right = min(sw, math.ceil((x + w) * fx + mx))
+    top, bottom, left, right, ybox, xbox = _rect((sh, sw), box, full, out)
+    channels = 1 if mode == 'L' else 3
     try:
-        buf, rh, rw, x0 = jr.decode_region(data, k, top, bottom - top, left, right - left,
-                                           1 if mode == 'L' else 3)
+        res = ext.decode_resize(data, k, top, bottom - top, left, right - left, channels,
+                                ybox, xbox, tuple(out))
     except ValueError as exc:
         raise DecodeError(str(exc)) from exc
-    # The region's columns start at x0 <= left: libjpeg widens a crop to iMCU boundaries.
-    img = Image.frombuffer(mode, (rw, rh), buf, 'raw', mode, 0, 1)
-    pil_box = (x * fx - x0, y * fy - top, (x + w) * fx - x0, (y + h) * fy - top)
-    if out == (rh, rw) and pil_box == (0, 0, rw, rh):
-        return np.asarray(img)
-    return np.asarray(img.resize((out[1], out[0]), Image.Resampling.BILINEAR, box=pil_box))
+    return np.frombuffer(res, np.uint8).reshape(out if channels == 1 else (*out, 3))
 
 
 def resize_region(arr: np.ndarray, box: tuple, full: tuple[int, int], out: tuple[int, int]
                   ) -> np.ndarray:
     """The region ``box`` (y, x, h, w in the coordinates of a ``full`` (h, w) image) of
-    ``arr`` (that image decoded at some scale), resized to ``out`` (h, w): Pillow's
-    antialiased bilinear, as :class:`~loadr.fns.resize`.
+    ``arr`` (that image decoded at some scale), resized to ``out`` (h, w) by
+    :func:`resample` (Pillow's antialiased bilinear), reading the rows and columns
+    :func:`decode_region` decodes: the same bytes.
 
     >>> resize_region(np.zeros((10, 20), np.uint8), (0, 0, 20, 40), (20, 40), (5, 5)).shape
     (5, 5)
     """
-    from PIL import Image
-    fy, fx = arr.shape[0] / full[0], arr.shape[1] / full[1]
-    y, x, h, w = box
-    pil_box = (x * fx, y * fy, (x + w) * fx, (y + h) * fy)
-    if (out == arr.shape[:2] and pil_box == (0, 0, arr.shape[1], arr.shape[0])):
-        return arr
-    img = Image.fromarray(arr)
-    return np.asarray(img.resize((out[1], out[0]), Image.Resampling.BILINEAR, box=pil_box))
+    top, bottom, left, right, ybox, xbox = _rect(arr.shape[:2], box, full, out)
+    return resample(arr[top:bottom, left:right], ybox, xbox, out)
 
 
 # ---------------------------------------------------------------------------

@@ -126,17 +126,30 @@ class decode_jpeg(Fn):  # noqa: N801
     def _simplejpeg(self, data: bytes) -> np.ndarray:
         simplejpeg = _simplejpeg()
         try:
-            full_h, full_w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+            full_h, full_w, colorspace = _header(simplejpeg, data)
             gray = self.mode == 'L' or (self.mode is None and colorspace.upper() == 'GRAY')
             options = {'colorspace': 'GRAY' if gray else 'RGB'}
             if self.size is not None:
                 h, w = _target(full_h, full_w, self.size)
                 options.update(min_height=h, min_width=w)
             arr = simplejpeg.decode_jpeg(data, **options)
-        except ValueError as exc:
-            raise DecodeError(f'cannot decode JPEG with simplejpeg: {exc}') from exc
+        except (ValueError, KeyError) as exc:
+            raise DecodeError(f'cannot decode JPEG with simplejpeg: {exc!r}') from exc
         if arr.ndim == 3 and arr.shape[2] == 1:
             arr = arr[:, :, 0]
         if self.size is not None:
             arr = _resize_array(self, self.key, arr, h, w)
         return arr
+
+
+def _header(simplejpeg, data: bytes) -> tuple[int, int, str]:
+    # simplejpeg's header call raises KeyError on valid files whose chroma subsampling has
+    # no TurboJPEG name (4:4:1): loadr's own parse of the frame header answers for those.
+    try:
+        return simplejpeg.decode_jpeg_header(data)[:3]
+    except KeyError:
+        from ..codecs import jpeg_header
+        head = jpeg_header(data)
+        if head is None:
+            raise
+        return head[0], head[1], 'GRAY' if head[2] == 'L' else 'YCbCr'
