@@ -79,7 +79,7 @@ def open_each(storage, fn: Callable, items: Sequence) -> list:
         return [fn(item) for item in items]
     import concurrent.futures
     import contextvars
-    threads = int(getattr(storage, 'settings', {}).get('max_concurrency') or 1)
+    threads = int(getattr(storage, 'concurrency', 1))
     pool = concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(items))),
                                                  thread_name_prefix='loadr-open')
     try:
@@ -461,7 +461,7 @@ class Format:
     """
 
     name: str
-    detect: Callable[[str], bool]
+    detect: Callable[..., bool]     # (path, storage_options=None)
     reader: type
     writer: type
     check: Callable[[str], Sequence[Problem]]

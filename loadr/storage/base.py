@@ -62,6 +62,11 @@ class Storage:
 
     # -- what only a remote storage does: read ahead (loadr.storage.readahead) --------
 
+    @property
+    def concurrency(self) -> int:
+        """How many reads are worth running at once (a remote storage's ``max_concurrency``)."""
+        return 1
+
     #: True where every question is a round trip (a URL's): reads are worth starting
     #: ahead (:meth:`prefetch`) and running concurrently.
     remote = False

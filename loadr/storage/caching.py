@@ -27,7 +27,7 @@ class CacheHookup:
     @property
     def caching(self) -> bool:
         """True when a ``cache_dir`` is set: the loader then calls :meth:`cache_clock`."""
-        return bool(self.settings['cache_dir'])
+        return bool(self.settings.cache_dir)
 
     def cache_clock(self, root: str, order, start: int, count: int) -> None:
         """Say that the reads that follow are those of positions ``start ..
@@ -38,7 +38,7 @@ class CacheHookup:
         once per batch, where the reads happen (workers, or inline).
         """
         self._this_process()
-        if not self.settings['cache_dir']:
+        if not self.settings.cache_dir:
             return
         self._offer()
         from .policy import NextUse                 # numpy: not on import loadr
@@ -59,8 +59,8 @@ class CacheHookup:
             from .cache import RangeCache
             name = hashlib.sha1(root.encode()).hexdigest()[:16]
             cache = self._caches[root] = RangeCache(
-                os.path.join(self.settings['cache_dir'], name),
-                int(self.settings['cache_bytes'] or 0), self.settings['cache_policy'])
+                os.path.join(self.settings.cache_dir, name),
+                int(self.settings.cache_bytes or 0), self.settings.cache_policy)
         return cache
 
     def _offer(self) -> None:
@@ -115,11 +115,11 @@ class CacheHookup:
             return
         self._unversioned.add(path)
         host = path.partition('://')[2].partition('/')[0]
-        warn_once(f'{self.settings["cache_dir"]}\0unversioned\0{host}',
+        warn_once(f'{self.settings.cache_dir}\0unversioned\0{host}',
                   f'{path}: the server gives no version of this file (no ETag, no '
                   f'Last-Modified), so a file replaced at its URL could not be told from '
                   f'the one cached: its reads are not cached in '
-                  f'{self.settings["cache_dir"]} (nor those of any such file of {host})')
+                  f'{self.settings.cache_dir} (nor those of any such file of {host})')
 
     def cache_stats(self) -> dict:
         """This process's cache counts (hits, misses, bytes_hit, admitted, evicted, ...)."""

@@ -84,7 +84,7 @@ class HTTPStorage(RemoteStorage):
         if 'get_client' not in options and 'connector' not in client:
             # aiohttp's connector holds 100 connections unless told: as many as
             # max_concurrency lets be in flight.
-            client['connector_limit'] = int(self.settings['max_concurrency'])
+            client['connector_limit'] = int(self.settings.max_concurrency)
             options['get_client'] = _client
         options['client_kwargs'] = client
         options.setdefault('headers', {'Accept-Encoding': 'identity'})
@@ -266,10 +266,10 @@ class HTTPStorage(RemoteStorage):
     def _groups(self, requests: list) -> list[list[int]]:
         """Requests (``(path, start, end, members)``, sorted by path) that go out
         together: over HTTP up to ``max_ranges`` of one file, else one each."""
-        most = int(self.settings['max_ranges'])
+        most = int(self.settings.max_ranges)
         if most < 2:
             return [[k] for k in range(len(requests))]
-        limit = int(self.settings['max_request_bytes'])
+        limit = int(self.settings.max_request_bytes)
         groups: list[list[int]] = []
         size = 0
         for k, (path, start, end, _) in enumerate(requests):

@@ -293,14 +293,14 @@ class ReadingAhead:
                 data = span.future.result(0)
             else:
                 t0 = time.perf_counter()
-                data = span.future.result(self.settings['timeout_s'] + 5)
+                data = span.future.result(self.settings.timeout_s + 5)
                 netstats.waited(time.perf_counter() - t0)
         except concurrent.futures.CancelledError:
             return None
         except concurrent.futures.TimeoutError:
             # Its own deadline should have ended it: the IO thread is stuck.
             raise ReadError(f'cannot read: the read ahead did not finish within timeout_s='
-                            f'{self.settings["timeout_s"]:g}', path, index) from None
+                            f'{self.settings.timeout_s:g}', path, index) from None
         except LoadrError as exc:
             if (span.start, span.end) != (offset, offset + length) and not getattr(
                     exc, 'deadline_spent', False):
@@ -319,7 +319,7 @@ class ReadingAhead:
         else:
             t0 = time.perf_counter()
         try:
-            data = whole.result(self.settings['timeout_s'] + 5)
+            data = whole.result(self.settings.timeout_s + 5)
         except Exception:
             with self._buffer.lock:
                 if self._small.get(path) is whole:
@@ -336,12 +336,12 @@ class ReadingAhead:
     def _read_small(self, fresh: list, sizes: dict, loop) -> list:
         """Start the whole-file reads of the small files among ``fresh``'s (once per
         process); the ranges left to read as ranges."""
-        small = int(self.settings['small_file_bytes'])
-        if not small or self.settings['cache_dir']:
+        small = int(self.settings.small_file_bytes)
+        if not small or self.settings.cache_dir:
             # Under a local cache, reads look there range by range (and verify what
             # they find): a whole file in memory would hide its entries.
             return fresh
-        budget = int(self.settings['small_files_bytes'])
+        budget = int(self.settings.small_files_bytes)
         out = []
         with self._buffer.lock:
             for r in fresh:
@@ -393,7 +393,7 @@ class ReadingAhead:
             futures += [f for f in (self._small or {}).values() if f is not None]
         if not futures:
             return True
-        timeout = self.settings['timeout_s'] + 5 if timeout_s is None else timeout_s
+        timeout = self.settings.timeout_s + 5 if timeout_s is None else timeout_s
         _, left = concurrent.futures.wait(futures, timeout)
         return not left
 
@@ -409,7 +409,7 @@ class ReadingAhead:
         buffer = self._buffer
         fresh = []
         cache = None
-        if cache_root is not None and self.settings['cache_dir']:
+        if cache_root is not None and self.settings.cache_dir:
             cache = self._cache_of(cache_root)
         elif self._clock is not None:
             cache = self._clock[0]
@@ -439,8 +439,8 @@ class ReadingAhead:
         fresh = self._read_small(fresh, sizes, loop)
         if not fresh:
             return
-        requests = merge(fresh, int(self.settings['merge_gap_bytes']),
-                          int(self.settings['max_request_bytes']))
+        requests = merge(fresh, int(self.settings.merge_gap_bytes),
+                          int(self.settings.max_request_bytes))
         with buffer.lock:
             for ks in self._groups(requests):
                 future = asyncio.run_coroutine_threadsafe(self._fetch_group(

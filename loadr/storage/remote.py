@@ -62,7 +62,7 @@ from .caching import CacheHookup
 from .errors import KIND_TEXT, for_record, kind, one_line, remote_error
 from .ranges import check_part
 from .readahead import Buffer, ReadingAhead, index_of, kept_small, kept_spans, merge, resolved
-from .settings import install_hint, settings_of, split_url
+from .settings import StorageSettings, install_hint, split_url
 from .staging import RemoteStagedDir, RemoteStagedFile
 from .versions import Versions, info_version
 
@@ -112,12 +112,10 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
 
     remote = True
 
-    def __init__(self, url: str, storage_options: dict | None = None):
+    def __init__(self, url: str, settings: StorageSettings | dict | None = None):
         self.url = url
         self.protocol, _ = split_url(url)
-        options = dict(storage_options or {})
-        self.settings = settings_of(options, url)
-        self.options = options
+        self.settings = StorageSettings.of(settings, url)
         self._sizes: dict[str, int] = {}
         self._kinds: dict[str, str | None] = {}          # 'file' | 'directory' | None (absent)
         self._listings: dict[str, list[str]] = {}
@@ -128,14 +126,14 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         self._filesystem_class()          # a missing package is told now, at open
 
     def __getstate__(self):
-        return {'url': self.url, 'protocol': self.protocol, 'options': self.options,
-                'settings': self.settings, 'sizes': dict(self._sizes),
+        return {'url': self.url, 'protocol': self.protocol, 'settings': self.settings,
+                'sizes': dict(self._sizes),
                 'kinds': dict(self._kinds), 'listings': dict(self._listings),
                 'versions': dict(self._versions), 'unversioned': set(self._unversioned)}
 
     def __setstate__(self, state):
         self.url, self.protocol = state['url'], state['protocol']
-        self.options, self.settings = state['options'], state['settings']
+        self.settings = state['settings']
         self._sizes, self._kinds = state['sizes'], state['kinds']
         self._listings = state['listings']
         self._versions = state.get('versions', {})
@@ -148,7 +146,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         # A forked child keeps the spans its parent had fetched ahead (the loader reads
         # the first batches' records before it forks) and its small files.
         parents = getattr(self, '_buffer', None)
-        self._buffer = Buffer(int(self.settings['readahead_bytes']))
+        self._buffer = Buffer(int(self.settings.readahead_bytes))
         for span in kept_spans(parents):
             self._buffer.add(span)
         # path -> future of the whole (small) file; None: its whole read failed (ranges).
@@ -166,6 +164,16 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         self._caches: dict[str, object] = {}
         self._clock = None                  # (cache, NextUse, position after the batch)
         self._fetched: list[tuple] = []
+
+    @property
+    def options(self) -> dict:
+        """The fsspec filesystem's options (``storage_options`` without ``'loadr'``)."""
+        return dict(self.settings.options)
+
+    @property
+    def concurrency(self) -> int:
+        """Requests in flight at once (``max_concurrency``)."""
+        return self.settings.max_concurrency
 
     def _this_process(self) -> None:
         """Start afresh in a forked child (the parent's filesystem, buffer and cache
@@ -272,14 +280,14 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
     async def _retried(self, make, url: str, index: int | None, what: str = 'read'):
         """``await make()`` with the retry policy; the result, or a loadr error."""
         s = self.settings
-        deadline = time.monotonic() + s['timeout_s']
+        deadline = time.monotonic() + s.timeout_s
         attempts = 0
         while True:
             attempts += 1
             left = deadline - time.monotonic()
             try:
                 if left <= 0:
-                    raise TimeoutError(f'no answer within timeout_s={s["timeout_s"]:g}')
+                    raise TimeoutError(f'no answer within timeout_s={s.timeout_s:g}')
                 if _timeout is None:                        # Python 3.10
                     return await asyncio.wait_for(make(), left)
                 async with _timeout(left):                  # no task of its own: cheaper
@@ -288,11 +296,11 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
                 raise
             except Exception as exc:
                 if isinstance(exc, asyncio.TimeoutError) and not str(exc):
-                    exc = TimeoutError(f'no answer within timeout_s={s["timeout_s"]:g}')
+                    exc = TimeoutError(f'no answer within timeout_s={s.timeout_s:g}')
                 pause = self._random.uniform(0.5, 1.0) * min(
-                    s['backoff_max_s'], s['backoff_s'] * 2 ** (attempts - 1))
+                    s.backoff_max_s, s.backoff_s * 2 ** (attempts - 1))
                 transient = kind(exc) == 'transient'
-                if not transient or attempts > s['retries'] or time.monotonic() + pause >= deadline:
+                if not transient or attempts > s.retries or time.monotonic() + pause >= deadline:
                     err = remote_error(exc, url, index, attempts, what)
                     # Ended by the deadline, not by the retries: a request that carried
                     # several records is then not asked again range by range (that
@@ -303,7 +311,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
 
     async def _limited(self, coro_fn):
         if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(int(self.settings['max_concurrency']) or 1)
+            self._semaphore = asyncio.Semaphore(int(self.settings.max_concurrency) or 1)
         async with self._semaphore:
             t0 = netstats.started()
             nbytes = 0
@@ -435,13 +443,13 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         """Keep a small file that a read fetched whole as the read-ahead keeps one it reads
         whole (``small_file_bytes``): the open reads a small bag's header so (its last
         bytes are all of it), and the warm-up and the workers then ask for it again."""
-        small = int(self.settings['small_file_bytes'])
-        if offset or not small or len(data) > small or self.settings['cache_dir'] \
+        small = int(self.settings.small_file_bytes)
+        if offset or not small or len(data) > small or self.settings.cache_dir \
                 or self._sizes.get(path) != len(data):
             return
         with self._buffer.lock:
             if path in self._small or self._small_bytes + len(data) > \
-                    int(self.settings['small_files_bytes']):
+                    int(self.settings.small_files_bytes):
                 return
             self._small[path] = resolved(data)
             self._small_bytes += len(data)
@@ -497,8 +505,8 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         (requests, future), or None for nothing to fetch."""
         if not todo:
             return None
-        requests = merge([ranges[k] for k in todo], int(self.settings['merge_gap_bytes']),
-                         int(self.settings['max_request_bytes']))
+        requests = merge([ranges[k] for k in todo], int(self.settings.merge_gap_bytes),
+                         int(self.settings.max_request_bytes))
         future = asyncio.run_coroutine_threadsafe(self._fetch_all(
             requests, lambda k: index_of(ranges[todo[requests[k][3][0]]])), self._loop_of())
         return requests, future

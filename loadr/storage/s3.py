@@ -63,7 +63,7 @@ class S3Storage(RemoteStorage):
         # botocore keeps 10 connections by default: more requests than that in flight
         # (the read-ahead keeps up to max_concurrency) queued for one, which showed as
         # round trips of 200 ms behind a 20 ms proxy.
-        config.setdefault('max_pool_connections', int(self.settings['max_concurrency']))
+        config.setdefault('max_pool_connections', int(self.settings.max_concurrency))
         # botocore presigns with Signature Version 2 where a region still takes it (its
         # requests are SigV4 already): S3 refuses SigV2 for buckets made after June 2020.
         # A version the profile sets (a store that needs another) is left to rule both.
@@ -79,7 +79,7 @@ class S3Storage(RemoteStorage):
     def _presigned(self, bucket: str):
         """The filesystem's :class:`~loadr.storage.s3gets.PresignedGets`, or None where a
         range is a ``get_object`` (the setting, the options, or a redirecting bucket)."""
-        if not self.settings.get('s3_presigned', True) or bucket in self._no_presign:
+        if not self.settings.s3_presigned or bucket in self._no_presign:
             return None
         fs = self.fs
         gets = _gets.get(id(fs))
@@ -91,7 +91,7 @@ class S3Storage(RemoteStorage):
                 gets = _gets.get(id(fs))
                 if gets is None or gets.fs is not fs:
                     gets = _gets[id(fs)] = PresignedGets(
-                        fs, self.options, int(self.settings['max_concurrency']))
+                        fs, self.options, int(self.settings.max_concurrency))
         return gets
 
     async def _range_once(self, path: str, start: int, end: int, index: int | None) -> bytes:

@@ -465,9 +465,9 @@ def test_numeric_settings_in_range_are_taken():
     storage = remote_storage('s3://b/x', {'loadr': {'retries': 3.0, 'timeout_s': 2,
                                                    'readahead_bytes': np.int64(0),
                                                    'max_ranges': 0, 'backoff_s': np.float32(.5)}})
-    assert storage.settings['retries'] == 3 and type(storage.settings['retries']) is int
-    assert storage.settings['timeout_s'] == 2.0 and storage.settings['backoff_s'] == 0.5
-    assert type(storage.settings['readahead_bytes']) is int
+    assert storage.settings.retries == 3 and type(storage.settings.retries) is int
+    assert storage.settings.timeout_s == 2.0 and storage.settings.backoff_s == 0.5
+    assert type(storage.settings.readahead_bytes) is int
 
 
 # ---------------------------------------------------------------------------
