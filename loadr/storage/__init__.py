@@ -24,8 +24,9 @@ once by :func:`settings_for` from the user's ``storage_options`` and passed
 down explicitly: the storages of one open are shared). The rest is one
 concern per module: ``errors`` (every failure mapped to a loadr error),
 ``staging`` (writes renamed or uploaded into place), ``settings``,
-``ranges``, ``readahead``, ``versions`` and ``caching`` of the remote
-storage, and the cache itself (``cache``, ``cachedir``, ``policy``).
+``filesystems``, ``ranges``, and the parts the remote storage holds
+(``versions``, ``caching``, ``readahead``), and the cache itself (``cache``,
+``cachedir``, ``policy``).
 
 Example::
 

@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from .ranges import check_part, content_range
 from .remote import RemoteStorage
 
+if TYPE_CHECKING:
+    from .s3gets import PresignedGets
+
 __all__ = ['S3Storage']
 
-# The presigned GETs of each filesystem (one per process and options: see _make_fs).
-_gets: dict[int, object] = {}
+# The presigned GETs of each filesystem (one per process and options: see filesystems).
+_gets: dict[int, PresignedGets] = {}
 _gets_lock = threading.Lock()
 
 
@@ -102,7 +106,7 @@ class S3Storage(RemoteStorage):
         gets = self._presigned(bucket)
         if gets is not None:
             from .s3gets import Redirected
-            headers = {'Range': f'bytes={start}-{end - 1}', **self._conditions(path)}
+            headers = {'Range': f'bytes={start}-{end - 1}', **self.versions.conditions(path)}
             headers.pop('If-Unmodified-Since', None)    # get_object's path sends IfMatch alone
             try:
                 answer, body = await gets.get(bucket, key, version, headers)
@@ -117,19 +121,19 @@ class S3Storage(RemoteStorage):
                                        **self._s3_conditions(path))
             try:
                 etag = answer.get('ETag')
-                self._check_version(path, etag)
+                self.versions.check(path, etag)
                 body = await answer['Body'].read()
             finally:
                 answer['Body'].close()
             header = answer.get('ContentRange')
-        self._check_version(path, etag)
+        self.versions.check(path, etag)
         self.bytes_fetched += len(body)
         got = content_range(header) if header else (start, start + len(body), None)
-        check_part((start, end), got, len(body), self._sizes.get(path))
+        check_part((start, end), got, len(body), self.versions.size_of(path))
         return body
 
     def _s3_conditions(self, path: str) -> dict:
         """The ``get_object`` keywords that ask for the version of ``path`` the reader
         opened (S3 answers 412 PreconditionFailed for another)."""
-        etag = (self._versions.get(path) or (None,))[0]
+        etag = self.versions.etag(path)
         return {'IfMatch': etag} if etag and not etag.startswith('W/') else {}
