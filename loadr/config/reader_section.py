@@ -140,7 +140,7 @@ class _ReaderSection:
                 raise self.error(f'unknown reader format {fmt_name!r}', where + ('format',),
                                  _did_you_mean(fmt_name, list(known)))
             fmt = known[fmt_name]
-            if not fmt.detect(path, settings):
+            if not fmt.detects(path, settings):
                 try:
                     actual = f'it looks like {detect(path, settings).name}'
                 except DataError:

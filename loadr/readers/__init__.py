@@ -55,7 +55,7 @@ def detect(path: str | os.PathLike, storage_options=None) -> Format:
         path = path if isinstance(path, (list, tuple)) else os.fspath(path)
         if not isinstance(path, str) or not storage_for(path, storage_options).exists(path):
             for fmt in formats():
-                if fmt.detect(path, storage_options):
+                if fmt.detects(path, storage_options):
                     return fmt
             raise FormatError(names_nothing(path) or (
                 f"the files named are no dataset loadr knows (looked for: "
@@ -68,7 +68,7 @@ def detect(path: str | os.PathLike, storage_options=None) -> Format:
     if not (kind(path) is not None if kind is not None else storage.exists(path)):
         raise FormatError('no such file or directory', path)
     for fmt in formats():
-        if fmt.detect(path, storage_options):
+        if fmt.detects(path, storage_options):
             return fmt
     names = ', '.join(f.name for f in formats())
     raise FormatError(f'not a dataset loadr knows (looked for: {names})', path)

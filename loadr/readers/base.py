@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 from typing import Any, Callable, Iterable, Sequence
@@ -452,7 +453,9 @@ class Problem:
 class Format:
     """One row of the detection table in ``loadr.readers``.
 
-    ``detect(path) -> bool`` must be cheap and must not raise; ``check(path)``
+    ``detect(path) -> bool`` must be cheap and must not raise (a format that
+    reads URLs takes ``detect(path, storage_options)`` too: the settings of the
+    open, see :meth:`detects`); ``check(path)``
     returns every :class:`Problem` it finds. ``checksums`` says what the
     format itself guards its bytes with (None: nothing, so ``loadr check``
     promises none); ``records(path)`` says where the records of each file lie,
@@ -461,9 +464,20 @@ class Format:
     """
 
     name: str
-    detect: Callable[..., bool]     # (path, storage_options=None)
+    detect: Callable[..., bool]
     reader: type
     writer: type
     check: Callable[[str], Sequence[Problem]]
     checksums: str | None = None
     records: Callable[[str], dict] | None = None
+
+    def detects(self, path: Any, storage_options: Any = None) -> bool:
+        """``detect(path)``, given the storage settings of the open where the format's
+        ``detect`` takes them (a format of one's own may take the path alone)."""
+        if storage_options is None:
+            return self.detect(path)
+        try:
+            takes = len(inspect.signature(self.detect).parameters) > 1
+        except (TypeError, ValueError):
+            takes = False
+        return self.detect(path, storage_options) if takes else self.detect(path)
