@@ -236,7 +236,7 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
         settings = getattr(storage, 'settings', None)       # a URL's StorageSettings
         small, budget = (settings.small_file_bytes, settings.small_files_bytes) \
             if settings is not None else (0, 0)
-        if small and not settings.cache_dir:
+        if small and settings is not None and not settings.cache_dir:
             whole = []
             for bag in bags:
                 if 0 < bag.size <= small and bag.size <= budget:
