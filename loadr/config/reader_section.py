@@ -9,8 +9,8 @@ from .. import fns as fns_module
 from ..errors import ConfigError, DataError, LoadrError
 from ..readers import detect, formats
 from ..readers.patterns import names_files, names_nothing
-from ..storage import (CACHE_KEYS, is_url, storage_for, using_storage_options,
-                       with_cache_settings)
+from ..storage import CACHE_KEYS, StorageSettings, is_url, settings_for, storage_for, \
+    with_cache_settings
 from .schema import _did_you_mean, _kind
 from .yaml_guard import _plain
 
@@ -98,15 +98,19 @@ class _ReaderSection:
                                                   {key: _plain(section[key]) for key in cache})
             section = {k: v for k, v in section.items() if k not in CACHE_KEYS}
             section['storage_options'] = storage_options
-        # A URL's storage_options apply to the detection too (loadr.storage).
-        with using_storage_options(_plain(section.get('storage_options'))):
-            return self._build_at(section, where, path)
+        if is_url(path):
+            # A URL's settings, made once: the detection and the reader share its storage.
+            section = {**section, 'storage_options': settings_for(
+                path, _plain(section.get('storage_options')))}
+        return self._build_at(section, where, path)
 
     def _build_at(self, section: dict, where: tuple, path: str):
         dotted = '.'.join(map(str, where))
+        settings = section.get('storage_options')
+        settings = settings if isinstance(settings, StorageSettings) else None
         # A pattern (shards/train-{000000..000099}.tar, data/*.parquet) names files, not itself.
-        if not names_files(path):
-            storage = storage_for(path)
+        if not names_files(path, settings):
+            storage = storage_for(path, settings)
             kind = getattr(storage, 'kind', None)      # a URL's: unreachable is not "missing"
             try:
                 there = kind(path) is not None if kind is not None else storage.exists(path)
@@ -122,9 +126,9 @@ class _ReaderSection:
         fmt_name = section.get('format')
         if fmt_name is None:
             try:
-                fmt = detect(path)
+                fmt = detect(path, settings)
             except DataError as exc:
-                nothing = names_nothing(path) if names_files(path) else None
+                nothing = names_nothing(path) if names_files(path, settings) else None
                 if nothing is not None:
                     raise self.error(f'{dotted}.path {section["path"]!r} names no file to read',
                                      where + ('path',), f'{nothing} ({path})') from exc
@@ -136,9 +140,9 @@ class _ReaderSection:
                 raise self.error(f'unknown reader format {fmt_name!r}', where + ('format',),
                                  _did_you_mean(fmt_name, list(known)))
             fmt = known[fmt_name]
-            if not fmt.detect(path):
+            if not fmt.detects(path, settings):
                 try:
-                    actual = f'it looks like {detect(path).name}'
+                    actual = f'it looks like {detect(path, settings).name}'
                 except DataError:
                     actual = 'it is not a dataset loadr recognises'
                 raise self.error(f'{dotted}.path {section["path"]!r} is not a {fmt_name} dataset',

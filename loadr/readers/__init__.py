@@ -15,8 +15,7 @@ from __future__ import annotations
 import os
 
 from ..errors import ConfigError, FormatError
-from ..storage import (CACHE_KEYS, is_url, storage_for, using_storage_options,
-                       with_cache_settings)
+from ..storage import CACHE_KEYS, is_url, settings_for, storage_for, with_cache_settings
 from . import bag, ffrecord, folder, gulp, parquet, webdataset
 from .bag import BagReader
 from .base import Files, Format, Problem, Reader, check_index
@@ -44,8 +43,9 @@ def formats() -> list[Format]:
     return list(FORMATS)
 
 
-def detect(path: str | os.PathLike) -> Format:
-    """The :class:`Format` of ``path``, or a FormatError naming what was looked for.
+def detect(path: str | os.PathLike, storage_options=None) -> Format:
+    """The :class:`Format` of ``path``, or a FormatError naming what was looked for;
+    ``storage_options``: a URL's (the settings of the open, or a dict of them).
 
     >>> detect(FIXTURES / 'gulp').name
     'gulp'
@@ -53,22 +53,22 @@ def detect(path: str | os.PathLike) -> Format:
     if isinstance(path, (list, tuple)) or is_pattern(os.fspath(path)):
         # Files named by a list or a pattern: the formats that read many files say.
         path = path if isinstance(path, (list, tuple)) else os.fspath(path)
-        if not isinstance(path, str) or not storage_for(path).exists(path):
+        if not isinstance(path, str) or not storage_for(path, storage_options).exists(path):
             for fmt in formats():
-                if fmt.detect(path):
+                if fmt.detects(path, storage_options):
                     return fmt
             raise FormatError(names_nothing(path) or (
                 f"the files named are no dataset loadr knows (looked for: "
                 f"{', '.join(f.name for f in formats())})"), str(path))
     path = os.fspath(path)
-    storage = storage_for(path)
+    storage = storage_for(path, storage_options)
     # A URL's storage tells a server it cannot reach (a ReadError with the cause) from
     # nothing being there; exists() alone would call both "no such file".
     kind = getattr(storage, 'kind', None)
     if not (kind(path) is not None if kind is not None else storage.exists(path)):
         raise FormatError('no such file or directory', path)
     for fmt in formats():
-        if fmt.detect(path):
+        if fmt.detects(path, storage_options):
             return fmt
     names = ', '.join(f.name for f in formats())
     raise FormatError(f'not a dataset loadr knows (looked for: {names})', path)
@@ -93,9 +93,11 @@ def open(path: str | os.PathLike, **options) -> Reader:  # noqa: A001 - mirrors 
             raise ConfigError(f'{sorted(cache)} apply to datasets behind URLs; a local '
                               f'dataset is read in place', os.fspath(path))
         options['storage_options'] = with_cache_settings(options.get('storage_options'), cache)
-    # A URL's storage_options apply to the detection too (loadr.storage).
-    with using_storage_options(options.get('storage_options')):
-        reader = detect(path).reader
-        if not isinstance(path, (list, tuple)):
-            path = os.fspath(path)
-        return reader(path, **{**reader.open_defaults, **options})
+    # A URL's settings, made once: the detection and the reader share its storage.
+    settings = settings_for(path, options.get('storage_options'))
+    if settings is not None:
+        options['storage_options'] = settings
+    reader = detect(path, settings).reader
+    if not isinstance(path, (list, tuple)):
+        path = os.fspath(path)
+    return reader(path, **{**reader.open_defaults, **options})

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
@@ -50,6 +51,7 @@ from ..errors import Problem, WriterError
 from ..sources import BatchSource, Caching, Identified, Locating, Prefetching, one_by_one
 from ..storage import LocalStorage as Files
 from ..storage import StagedDir, Storage, WriteFile, read_error, storage_for
+from ..storage.staging import RemoteStagedFile
 
 __all__ = ['Reader', 'Writer', 'Files', 'Format', 'Problem', 'check_index', 'read_error',
            'open_each', 'remote', 'select_keys']
@@ -79,7 +81,7 @@ def open_each(storage, fn: Callable, items: Sequence) -> list:
         return [fn(item) for item in items]
     import concurrent.futures
     import contextvars
-    threads = int(getattr(storage, 'settings', {}).get('max_concurrency') or 1)
+    threads = int(getattr(storage, 'concurrency', 1))
     pool = concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(items))),
                                                  thread_name_prefix='loadr-open')
     try:
@@ -356,9 +358,9 @@ class Writer:
     closed: bool
     #: The staged output, opened by :meth:`_stage`: ``_dir`` where the format is a
     #: directory, ``_file`` where it is one file; ``_out`` is the one there is.
-    _out: StagedDir | WriteFile
+    _out: StagedDir | WriteFile | RemoteStagedFile
     _dir: StagedDir
-    _file: WriteFile
+    _file: WriteFile | RemoteStagedFile      # a StagedFile is a WriteFile
 
     def _stage(self, storage_options: dict | None = None) -> None:
         """Refuse an occupied target, then open the staged output as ``self._out``."""
@@ -460,7 +462,9 @@ class Writer:
 class Format:
     """One row of the detection table in ``loadr.readers``.
 
-    ``detect(path) -> bool`` must be cheap and must not raise; ``check(path)``
+    ``detect(path) -> bool`` must be cheap and must not raise (a format that
+    reads URLs takes ``detect(path, storage_options)`` too: the settings of the
+    open, see :meth:`detects`); ``check(path)``
     returns every :class:`Problem` it finds. ``checksums`` says what the
     format itself guards its bytes with (None: nothing, so ``loadr check``
     promises none); ``records(path)`` says where the records of each file lie,
@@ -470,9 +474,21 @@ class Format:
 
     name: str
     #: Offered any path, pattern or list of files: it says False to what it does not read.
-    detect: Callable[[Any], bool]
+    #: It may take the storage settings as a second argument (``storage_options``).
+    detect: Callable[..., bool]
     reader: type[Reader]
     writer: type[Writer]
     check: Callable[[str], Sequence[Problem]]
     checksums: str | None = None
     records: Callable[[str], dict] | None = None
+
+    def detects(self, path: Any, storage_options: Any = None) -> bool:
+        """``detect(path)``, given the storage settings of the open where the format's
+        ``detect`` takes them (a format of one's own may take the path alone)."""
+        if storage_options is None:
+            return self.detect(path)
+        try:
+            takes = len(inspect.signature(self.detect).parameters) > 1
+        except (TypeError, ValueError):
+            takes = False
+        return self.detect(path, storage_options) if takes else self.detect(path)

@@ -243,11 +243,11 @@ class ImageFolderWriter(Writer):
         raise WriterError('image folders are read in place, not written')
 
 
-def detect(path) -> bool:
+def detect(path, storage_options=None) -> bool:
     """True for a directory whose class folders hold image files; never raises."""
     try:
         path = os.fspath(path)
-        storage = storage_for(path)
+        storage = storage_for(path, storage_options)
         if not storage.isdir(path):
             return False
         looked = 0

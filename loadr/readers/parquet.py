@@ -606,16 +606,17 @@ class ParquetWriter(Writer):
         self._writer = None
 
 
-def detect(path) -> bool:
+def detect(path, storage_options=None) -> bool:
     """True for a ``.parquet`` file, a list or pattern of them, or a directory holding them."""
     try:
         if isinstance(path, (list, tuple)):
             return bool(path) and all(os.fspath(p).endswith(SUFFIX) for p in path)
         path = os.fspath(path)
-        if names_files(path):
-            files = expand(path)
-            return files[0].endswith(SUFFIX) and storage_for(files[0]).isfile(files[0])
-        storage = storage_for(path)
+        if names_files(path, storage_options):
+            files = expand(path, storage_options)
+            return files[0].endswith(SUFFIX) and storage_for(files[0], storage_options).isfile(
+                files[0])
+        storage = storage_for(path, storage_options)
         if storage.isfile(path):
             return path.endswith(SUFFIX)
         if storage.isdir(path):

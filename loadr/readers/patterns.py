@@ -19,7 +19,7 @@ import os
 import re
 
 from ..errors import ConfigError, FormatError, LoadrError
-from ..storage import storage_for
+from ..storage import StorageSettings, storage_for
 
 __all__ = ['expand', 'expand_braces', 'is_pattern', 'names_files', 'names_nothing',
            'common_root', 'dataset_files']
@@ -44,7 +44,7 @@ def is_pattern(path) -> bool:
     return bool(_BRACE.search(name)) or any(c in name for c in '*?[')
 
 
-def names_files(path, storage_options: dict | None = None) -> bool:
+def names_files(path, storage_options: StorageSettings | dict | None = None) -> bool:
     """True when ``path`` is a list, or a pattern that is not itself an existing name
     (a folder called ``data[1]`` is a folder)."""
     if isinstance(path, (list, tuple)):
@@ -94,7 +94,7 @@ def _glob(storage, pattern: str) -> list[str]:
             for n in sorted(names)]
 
 
-def expand(path, storage_options: dict | None = None) -> list[str]:
+def expand(path, storage_options: StorageSettings | dict | None = None) -> list[str]:
     """The files ``path`` names, in order: a list as given, braces as written, globs sorted.
 
     A FormatError names the first file of a brace range or list that does not exist.
@@ -116,7 +116,7 @@ def expand(path, storage_options: dict | None = None) -> list[str]:
     return files
 
 
-def names_nothing(path, storage_options: dict | None = None) -> str | None:
+def names_nothing(path, storage_options: StorageSettings | dict | None = None) -> str | None:
     """Why the pattern or list ``path`` gives no file to read, if it does not: a glob that
     matched nothing, or a first file that does not exist; else None. Never raises.
 
@@ -167,7 +167,7 @@ def common_root(files: list[str]) -> str:
 
 
 def dataset_files(path, suffixes: tuple, what: str,
-                  storage_options: dict | None = None) -> tuple[str, list[str]]:
+                  storage_options: StorageSettings | dict | None = None) -> tuple[str, list[str]]:
     """``(root, files)``: the files ``path`` names, and the directory they are named
     relative to: a pattern or a list (:func:`expand`), a directory (its files ending in
     ``suffixes``, hidden ones left out), or one file. ``what`` names the files in the

@@ -19,11 +19,13 @@ writers use, and nothing else (:class:`~loadr.storage.base.Storage`)::
     close()
 
 This module is the factory: :func:`storage_for` picks the storage of a path,
-:func:`using_storage_options` scopes the options of URLs and the storages of
-one open. The rest is one concern per module: ``errors`` (every failure
-mapped to a loadr error), ``staging`` (writes renamed or uploaded into
-place), ``settings``, ``ranges``, ``readahead``, ``versions`` and
-``caching`` of the remote storage, and the cache itself (``cache``,
+given the :class:`~loadr.storage.settings.StorageSettings` of the open (made
+once by :func:`settings_for` from the user's ``storage_options`` and passed
+down explicitly: the storages of one open are shared). The rest is one
+concern per module: ``errors`` (every failure mapped to a loadr error),
+``staging`` (writes renamed or uploaded into place), ``settings``,
+``filesystems``, ``ranges``, and the parts the remote storage holds
+(``versions``, ``caching``, ``readahead``), and the cache itself (``cache``,
 ``cachedir``, ``policy``).
 
 Example::
@@ -39,21 +41,19 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import os
 
 from ..errors import ConfigError
-from . import forks
 from .base import Storage
 from .errors import TRANSIENT_ERRNOS, mapped, read_error, transient
 from .local import RECHECK_INTERVAL_S, LocalStorage
-from .settings import split_url
+from .settings import StorageSettings, split_url
 from .staging import StagedDir, StagedFile, WriteFile
 
 __all__ = ['Storage', 'LocalStorage', 'StagedFile', 'StagedDir', 'WriteFile', 'storage_for',
            'remote_storage', 'mapped', 'read_error', 'transient', 'is_url', 'CACHE_KEYS',
            'with_cache_settings', 'using_storage_options', 'merged_options', 'TRANSIENT_ERRNOS',
-           'RECHECK_INTERVAL_S', 'storage_class']
+           'RECHECK_INTERVAL_S', 'storage_class', 'StorageSettings', 'settings_for']
 
 
 
@@ -65,18 +65,9 @@ CACHE_KEYS = ('cache_dir', 'cache_bytes', 'cache_policy')
 def with_cache_settings(storage_options: dict | None, cache: dict) -> dict:
     """``storage_options`` with the :data:`CACHE_KEYS` in ``cache`` put under ``'loadr'``.
 
-    ``None`` stands for the options in force (the command line's
-    ``--storage-option``, see :func:`using_storage_options`): the cache
-    settings are added to them, never put in their place.
-
     >>> with_cache_settings({'anon': True}, {'cache_bytes': 10})
     {'anon': True, 'loadr': {'cache_bytes': 10}}
-    >>> with using_storage_options({'anon': True, 'loadr': {'retries': 1}}):
-    ...     with_cache_settings(None, {'cache_bytes': 10})
-    {'anon': True, 'loadr': {'retries': 1, 'cache_bytes': 10}}
     """
-    if storage_options is None:
-        storage_options = _OPTIONS.get()
     options = dict(storage_options or {})
     options['loadr'] = {**(options.get('loadr') or {}), **cache}
     return options
@@ -91,13 +82,6 @@ def is_url(path) -> bool:
     text = os.fspath(path) if not isinstance(path, str) else path
     scheme, sep, _ = text.partition('://')
     return bool(sep) and scheme.isidentifier() and scheme != 'file' and len(scheme) > 1
-
-
-# The storage_options of URLs opened without their own (detection, check, the CLI's
-# --storage-option): set by ``with using_storage_options(...)``.
-_OPTIONS = contextvars.ContextVar('loadr_storage_options', default=None)
-# (fork generation, {key: storage}): the URL storages of one open (remote_storage).
-_SCOPE = contextvars.ContextVar('loadr_storage_scope', default=None)
 
 
 def merged_options(outer: dict | None, own: dict | None) -> dict | None:
@@ -120,73 +104,102 @@ def merged_options(outer: dict | None, own: dict | None) -> dict | None:
     return out
 
 
+# The storage_options of a whole command (the CLI's --storage-option), under those of each
+# open: set by ``with using_storage_options(...)``, read only where settings are made.
+_COMMAND_OPTIONS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    'loadr_command_storage_options', default=None)
+
+
 @contextlib.contextmanager
 def using_storage_options(storage_options: dict | None):
-    """Within the block, URLs get these storage options, under their own.
+    """Within the block, every open of a URL gets these storage options under its own.
 
-    A URL opened with ``storage_options`` of its own (a YAML reader's, a
-    ``loadr.open`` argument) gets both, its own winning key by key
-    (:func:`merged_options`): the command line's ``--storage-option`` is
-    never dropped. ``None`` keeps those of an enclosing block. The
-    block is also one open: the storages of its URLs are shared inside it
-    (detection and the reader ask the server once) and learn afresh outside
-    it (a dataset replaced at its URL is seen anew by the next open).
+    For a whole command (the CLI's ``--storage-option``, ``loadr.check``):
+    the settings an open makes (:func:`settings_for`) merge its own
+    ``storage_options`` over these, key by key (:func:`merged_options`).
+    ``None`` keeps those of an enclosing block.
 
     >>> with using_storage_options({'anon': True}):
     ...     with using_storage_options(None):
-    ...         _OPTIONS.get()
-    {'anon': True}
+    ...         settings_for('s3://b/x', {'loadr': {'retries': 1}}).as_options()
+    {'anon': True, 'loadr': {'retries': 1}}
     """
-    token = _OPTIONS.set(merged_options(_OPTIONS.get(), storage_options))
-    scope = _SCOPE.set(_SCOPE.get() or (forks.generation, {}))
+    token = _COMMAND_OPTIONS.set(merged_options(_COMMAND_OPTIONS.get(), storage_options))
     try:
         yield
     finally:
-        _SCOPE.reset(scope)
-        _OPTIONS.reset(token)
+        _COMMAND_OPTIONS.reset(token)
 
 
-def storage_for(path, storage_options: dict | None = None) -> Storage:
+def settings_for(path, storage_options: StorageSettings | dict | None = None
+                 ) -> StorageSettings | None:
+    """The :class:`StorageSettings` of one open of ``path``: those given, or made once from
+    a ``storage_options`` dict (over the command's, :func:`using_storage_options`); None
+    for a local path, which takes none.
+
+    An opener (``loadr.open``, a YAML reader, ``loadr.check``) calls it once and passes
+    the settings to everything it opens: the storages they make are then shared (see
+    :func:`remote_storage`).
+
+    >>> settings_for('s3://b/x', {'loadr': {'retries': 1}}).retries
+    1
+    >>> settings_for('data/train') is None
+    True
+    """
+    if isinstance(storage_options, StorageSettings):
+        return storage_options
+    first = path[0] if isinstance(path, (list, tuple)) and path else path
+    if isinstance(first, (str, os.PathLike)) and is_url(first):
+        return StorageSettings.of(merged_options(_COMMAND_OPTIONS.get(), storage_options),
+                                  os.fspath(first))
+    if storage_options:
+        raise ConfigError(f'storage_options ({", ".join(map(str, storage_options))}) apply to '
+                          f'URLs only; this is a local path', os.fspath(first))
+    return None
+
+
+def storage_for(path, storage_options: StorageSettings | dict | None = None) -> Storage:
     """The storage that reads and writes ``path``: local files, or an fsspec URL.
 
     URLs (``s3://``, ``https://``, …) go to :func:`remote_storage` (fsspec is
-    imported then, not before).
+    imported then, not before), with ``storage_options``: the
+    :class:`StorageSettings` of the open, or a dict of them (checked here).
 
     >>> type(storage_for('../shared/fixtures/bag')).__name__
     'LocalStorage'
     """
     if is_url(path):
-        return remote_storage(os.fspath(path), merged_options(_OPTIONS.get(), storage_options))
+        return remote_storage(os.fspath(path), storage_options)
     if storage_options:
-        raise ConfigError(f'storage_options ({", ".join(map(str, storage_options))}) apply to '
+        what = storage_options.as_options() if isinstance(storage_options, StorageSettings) \
+            else storage_options
+        raise ConfigError(f'storage_options ({", ".join(map(str, what))}) apply to '
                           f'URLs only; this is a local path', os.fspath(path))
     return LocalStorage()
 
 
-
-def remote_storage(url: str, storage_options: dict | None = None):
-    """The storage of ``url``: a new one, or within one open the same for a protocol and options.
+def remote_storage(url: str, storage_options: StorageSettings | dict | None = None) -> Storage:
+    """The storage of ``url``: the one made already with the same settings and protocol, or
+    a new one.
 
     What a storage learns (listings, sizes, versions) is the snapshot a
-    reader reads: shared within one open (``loadr.open``, a YAML reader, a
-    command: :func:`using_storage_options`), so that detection and the
-    reader ask once, and never across opens, so that a dataset replaced at
-    its URL is seen anew by the next open. Options that are not plain data
-    (an object in ``client_kwargs``) get a storage of their own. HTTP(S) and
-    S3 get their subclasses of :class:`~loadr.storage.remote.RemoteStorage`.
+    reader reads: shared by every open of one :class:`StorageSettings`
+    (``loadr.open``, a YAML reader, a command make them once and pass them
+    down), so that detection and the reader ask once, and never across
+    settings, so that a dataset replaced at its URL is seen anew by the next
+    open. A ``storage_options`` dict makes settings of its own (over the
+    command's, :func:`using_storage_options`): a new storage.
+    HTTP(S) and S3 get their subclasses of
+    :class:`~loadr.storage.remote.RemoteStorage`.
     """
     cls = storage_class(url)
-    shared = _SCOPE.get()
-    if shared is None or shared[0] != forks.generation:   # none, or a forked parent's
-        return cls(url, storage_options)
-    try:
-        key = (cls.__name__, url.partition('://')[0].lower(),
-               json.dumps(storage_options or {}, sort_keys=True))
-    except (TypeError, ValueError):
-        return cls(url, storage_options)
-    storage = shared[1].get(key)
+    settings = settings_for(url, storage_options)
+    assert settings is not None                 # a URL's
+    shared = settings.shared()
+    key = (cls.__name__, url.partition('://')[0].lower())
+    storage = shared.get(key)
     if storage is None:
-        storage = shared[1][key] = cls(url, storage_options)
+        storage = shared[key] = cls(url, settings)
     return storage
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
-    from .staging import StagedDir, StagedFile
+    from .staging import RemoteStagedFile, StagedDir, StagedFile
 
 __all__ = ['Storage']
 
@@ -51,7 +51,7 @@ class Storage:
     def occupied(self, path: str) -> bool:  # pragma: no cover
         raise NotImplementedError
 
-    def open_write(self, path: str) -> StagedFile:  # pragma: no cover
+    def open_write(self, path: str) -> StagedFile | RemoteStagedFile:  # pragma: no cover
         raise NotImplementedError
 
     def stage_dir(self, path: str, parents: bool = False) -> StagedDir:  # pragma: no cover
@@ -61,6 +61,11 @@ class Storage:
         pass
 
     # -- what only a remote storage does: read ahead (loadr.storage.readahead) --------
+
+    @property
+    def concurrency(self) -> int:
+        """How many reads are worth running at once (a remote storage's ``max_concurrency``)."""
+        return 1
 
     #: True where every question is a round trip (a URL's): reads are worth starting
     #: ahead (:meth:`prefetch`) and running concurrently.
@@ -83,8 +88,10 @@ class Storage:
     # -- the local cache of a remote storage (loadr.storage.caching) ------------------
     # A storage without one says so here: a reader asks these, never probes for them.
 
-    #: True when the storage keeps a local cache that learns the order (``cache_dir``).
-    caching = False
+    @property
+    def caching(self) -> bool:
+        """True when the storage keeps a local cache that learns the order (``cache_dir``)."""
+        return False
 
     def cache_clock(self, root: str, order, start: int, count: int) -> None:
         """The reads that follow serve positions ``start .. start + count - 1`` of ``order``

@@ -278,7 +278,7 @@ class RangeCache:
                     f'directory as cache_dir', self.directory)
             self._write_marker(marker, {'version': CACHE_VERSION,
                                         'created_dir': self._created})
-            meta = self._read_marker()
+            meta = self._read_marker() or {}
         if meta.get('version') == 1:
             meta = self._upgrade()
         if meta.get('version') != CACHE_VERSION:
@@ -565,7 +565,8 @@ class RangeCache:
         self._prepare()
         if not self._writable:
             return
-        new, seen = [], set()
+        new: list[tuple[str, int, int, memoryview]] = []
+        seen: set[str] = set()
         for path, offset, length, index, data in items:
             if index is None or length > self.max_bytes or int(index) < 0:
                 continue
@@ -581,13 +582,13 @@ class RangeCache:
             return
         try:
             with self._locked():
-                view = self._view
-                new = [item for item in new if item[0] not in view.slots]
+                table = self._view
+                new = [item for item in new if item[0] not in table.slots]
                 if not new:
                     return
-                slots = np.flatnonzero(view.live)
+                slots = np.flatnonzero(table.live)
                 new_length = np.array([item[2] for item in new], dtype=np.int64)
-                total = view.bytes + int(new_length.sum())
+                total = table.bytes + int(new_length.sum())
                 if total <= self.max_bytes:
                     evict_slots, admit = slots[:0], np.ones(len(new), dtype=bool)
                 elif self.policy == 'furthest':

@@ -3,11 +3,11 @@
 A remote storage with ``cache_dir`` set keeps one
 :class:`~loadr.storage.cache.RangeCache` per dataset (a subdirectory of
 ``cache_dir``). The loader tells it, once per batch, which positions of the
-order the reads that follow serve (:meth:`CacheHookup.cache_clock`, reached
+order the reads that follow serve (:meth:`CacheHookup.clock`, reached
 through the reader's declared :class:`loadr.sources.Caching` hooks); the
 ranges fetched for a batch are offered to the cache at the next call, with
 their next use known from the order (:class:`~loadr.storage.policy.NextUse`).
-Reads ask the cache before the server (:meth:`CacheHookup._cached`).
+Reads ask the cache before the server (:meth:`CacheHookup.cached`).
 """
 
 from __future__ import annotations
@@ -15,78 +15,98 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+from typing import Any, Callable
 
 from ..errors import LoadrError
+from .settings import StorageSettings
+from .versions import Versions
 
 __all__ = ['CacheHookup']
 
 
 class CacheHookup:
-    """The cache half of :class:`~loadr.storage.remote.RemoteStorage`."""
+    """The local cache part of a :class:`~loadr.storage.remote.RemoteStorage`, one per
+    process: the caches of its datasets, the loader's clock, and the ranges fetched
+    since the clock last moved.
+
+    It needs the storage's settings, what the storage learnt of its files
+    (``versions``: the cache keys its entries by their version) and
+    ``ask_version(path)``, which asks the server for the version of a file the
+    open learnt no version of (a HEAD; its answer lands in ``versions``).
+    """
+
+    def __init__(self, settings: StorageSettings, versions: Versions,
+                 ask_version: Callable[[str], None]):
+        self.settings = settings
+        self.versions = versions
+        self.ask_version = ask_version
+        self.caches: dict[str, Any] = {}        # root -> RangeCache
+        self.now: tuple | None = None           # (cache, NextUse, position after the batch)
+        self.fetched: list[tuple] = []          # (key, offset, length, index, data)
 
     @property
-    def caching(self) -> bool:
-        """True when a ``cache_dir`` is set: the loader then calls :meth:`cache_clock`."""
-        return bool(self.settings['cache_dir'])
+    def on(self) -> bool:
+        """True when a ``cache_dir`` is set: the loader then calls :meth:`clock`."""
+        return bool(self.settings.cache_dir)
 
-    def cache_clock(self, root: str, order, start: int, count: int) -> None:
+    def clock(self, root: str, order: Any, start: int, count: int) -> None:
         """Say that the reads that follow are those of positions ``start ..
         start + count - 1`` of ``order`` over the dataset at ``root``.
 
         Ranges fetched since the last call are offered to the cache first, as
-        of that call's batch (their next use is after it). Called by the loader
-        once per batch, where the reads happen (workers, or inline).
+        of that call's batch (their next use is after it).
         """
-        self._this_process()
-        if not self.settings['cache_dir']:
+        if not self.settings.cache_dir:
             return
-        self._offer()
+        self.offer()
         from .policy import NextUse                 # numpy: not on import loadr
-        cache = self._cache_of(root)
-        old = self._clock
+        cache = self.cache_of(root)
+        old = self.now
         next_use = old[1] if old is not None and old[1].order is order else NextUse(order)
-        self._clock = (cache, next_use, start + count)
+        self.now = (cache, next_use, start + count)
 
-    def cache_flush(self) -> None:
-        """Offer the cache the ranges fetched for the last batch (a worker that stops)."""
-        if self._same_process() and self._clock is not None:
-            self._offer()
+    def current(self) -> Any:
+        """The cache of the batch under way (the clock's), or None."""
+        return None if self.now is None else self.now[0]
 
-    def _cache_of(self, root: str):
+    def cache_of(self, root: str) -> Any:
         """The cache of the dataset at ``root``: a subdirectory of ``cache_dir``."""
-        cache = self._caches.get(root)
+        cache = self.caches.get(root)
         if cache is None:
             from .cache import RangeCache
+            assert self.settings.cache_dir is not None      # only asked with one
             name = hashlib.sha1(root.encode()).hexdigest()[:16]
-            cache = self._caches[root] = RangeCache(
-                os.path.join(self.settings['cache_dir'], name),
-                int(self.settings['cache_bytes'] or 0), self.settings['cache_policy'])
+            cache = self.caches[root] = RangeCache(
+                os.path.join(self.settings.cache_dir, name), int(self.settings.cache_bytes or 0),
+                self.settings.cache_policy)
         return cache
 
-    def _offer(self) -> None:
-        clock, fetched = self._clock, self._fetched
-        if clock is None or not fetched:
+    def offer(self) -> None:
+        """Offer the cache the ranges fetched since the clock last moved."""
+        now, fetched = self.now, self.fetched
+        if now is None or not fetched:
             return
-        self._fetched = []
-        cache, next_use, now = clock
-        cache.offer(fetched, functools.partial(next_use, now=now))
+        self.fetched = []
+        cache, next_use, position = now
+        cache.offer(fetched, functools.partial(next_use, now=position))
 
-    def _cached(self, path: str, offset: int, length: int) -> bytes | None:
-        clock = self._clock
-        if clock is None or length == 0:
+    def cached(self, path: str, offset: int, length: int) -> bytes | None:
+        """The range from the cache of the batch under way, or None."""
+        now = self.now
+        if now is None or length == 0:
             return None
-        key = self._cache_key(path)
-        return None if key is None else clock[0].get(key, offset, length)
+        key = self.key(path)
+        return None if key is None else now[0].get(key, offset, length)
 
-    def _fetched_now(self, path: str, offset: int, length: int, index: int | None,
-                     data: bytes) -> None:
+    def fetched_now(self, path: str, offset: int, length: int, index: int | None,
+                    data: bytes) -> None:
         """Remember a range fetched from the server, for the cache's next offer."""
-        if self._clock is not None and index is not None and length:
-            key = self._cache_key(path)
+        if self.now is not None and index is not None and length:
+            key = self.key(path)
             if key is not None:
-                self._fetched.append((key, offset, length, index, data))
+                self.fetched.append((key, offset, length, index, data))
 
-    def _cache_key(self, path: str) -> str | None:
+    def key(self, path: str) -> str | None:
         """The name the cache knows ``path`` by, or None where it must not be cached.
 
         A file not yet opened has no name yet. A file whose version is not known
@@ -96,35 +116,37 @@ class CacheHookup:
         leaves no way to tell a file replaced at the URL from the one cached:
         such a file is not cached, and one warning says so.
         """
-        if path not in self._sizes:
+        versions = self.versions
+        if versions.size_of(path) is None:
             return None
-        if path not in self._versions and path not in self._unversioned:
-            self._ask_version(path)
-        if path not in self._versions:
+        if not versions.known(path):
+            self.learn_version(path)
+        if path not in versions.versions:
             return None
-        return self._cache_path(path)
+        return versions.cache_name(path)
 
-    def _ask_version(self, path: str) -> None:
-        """Ask the server for the version of ``path`` (see :meth:`_cache_key`)."""
+    def learn_version(self, path: str) -> None:
+        """Ask the server for the version of ``path`` (see :meth:`key`)."""
         from .cachedir import warn_once             # numpy: not on import loadr
         try:
-            self._run(self._retried(lambda: self._stat_once(path), path, None, 'open'))
+            self.ask_version(path)
         except LoadrError:
             pass                # the read itself says what is wrong; uncached meanwhile
-        if path in self._versions:
+        if path in self.versions.versions:
             return
-        self._unversioned.add(path)
+        self.versions.unversioned.add(path)
         host = path.partition('://')[2].partition('/')[0]
-        warn_once(f'{self.settings["cache_dir"]}\0unversioned\0{host}',
+        cache_dir = self.settings.cache_dir
+        warn_once(f'{cache_dir}\0unversioned\0{host}',
                   f'{path}: the server gives no version of this file (no ETag, no '
                   f'Last-Modified), so a file replaced at its URL could not be told from '
                   f'the one cached: its reads are not cached in '
-                  f'{self.settings["cache_dir"]} (nor those of any such file of {host})')
+                  f'{cache_dir} (nor those of any such file of {host})')
 
-    def cache_stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         """This process's cache counts (hits, misses, bytes_hit, admitted, evicted, ...)."""
-        out: dict = {}
-        for cache in self._caches.values():
+        out: dict[str, int] = {}
+        for cache in self.caches.values():
             for key, value in cache.stats().items():
                 out[key] = out.get(key, 0) + value
         return out

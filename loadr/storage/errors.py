@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import errno
 import re
+from typing import Any, TypeVar
 
 from ..errors import LoadrError, ReadError
 
+E = TypeVar('E', bound=BaseException)
+
 __all__ = ['read_error', 'mapped', 'transient', 'TRANSIENT_ERRNOS', 'kind', 'remote_error',
-           'for_record', 'one_line', 'KIND_TEXT']
+           'for_record', 'one_line', 'KIND_TEXT', 'ShortBody', 'WrongRange', 'VersionChanged',
+           'with_details']
 
 # Errors of the OS that may pass when the read is tried again (a network
 # filesystem's hiccup, an interrupted call); anything else is final.
@@ -42,7 +46,18 @@ def read_error(exc: OSError, path: str, index: int | None) -> ReadError:
     name = errno.errorcode.get(exc.errno or 0, 'error')
     err = ReadError(f'cannot read ({name}): {exc.strerror or exc}', path, index)
     err.errno = exc.errno
-    err.transient = exc.errno in TRANSIENT_ERRNOS
+    return with_details(err, transient=exc.errno in TRANSIENT_ERRNOS)
+
+
+def with_details(err: E, **details: Any) -> E:
+    """``err`` with ``details`` as attributes (``transient``, ``attempts``, ``kind``,
+    ``deadline_spent``): what a storage says of a failure beyond its message. Not every
+    error has them: they are read with ``getattr(err, name, default)``.
+
+    >>> with_details(ReadError('gone', 'x'), transient=False).transient
+    False
+    """
+    vars(err).update(details)
     return err
 
 
@@ -97,11 +112,11 @@ def transient(exc: BaseException) -> bool:
 # Remote objects
 
 
-class _ShortBody(Exception):
+class ShortBody(Exception):
     """Fewer bytes came than were asked for (a connection cut mid-body)."""
 
 
-class _WrongRange(Exception):
+class WrongRange(Exception):
     """A 206 answer for other bytes than were asked (its range, length or total size).
 
     Transient: a cache or a proxy between us and the server may have mixed up
@@ -110,7 +125,7 @@ class _WrongRange(Exception):
     """
 
 
-class _Changed(Exception):
+class VersionChanged(Exception):
     """The answer came from another version of the object than the reader opened."""
 
 
@@ -132,17 +147,18 @@ def _status(exc: BaseException) -> int | None:
 
 def _names(exc: BaseException) -> set[str]:
     """Class names of the exception, its bases and its causes (no import of the libraries)."""
-    names = set()
+    names: set[str] = set()
     seen = 0
-    while exc is not None and seen < 4:
-        names.update(cls.__name__ for cls in type(exc).__mro__)
-        exc = exc.__cause__ or exc.__context__
+    at: BaseException | None = exc
+    while at is not None and seen < 4:
+        names.update(cls.__name__ for cls in type(at).__mro__)
+        at = at.__cause__ or at.__context__
         seen += 1
     return names
 
 
 _TRANSIENT_NAMES = {
-    '_ShortBody', '_WrongRange', 'TimeoutError', 'ClientPayloadError', 'ServerDisconnectedError',
+    'ShortBody', 'WrongRange', 'TimeoutError', 'ClientPayloadError', 'ServerDisconnectedError',
     'ClientConnectionError', 'ClientOSError', 'ServerTimeoutError', 'ConnectionError',
     'EndpointConnectionError', 'ConnectionClosedError', 'ReadTimeoutError',
     'ConnectTimeoutError', 'IncompleteReadError', 'ResponseStreamingError', 'IncompleteRead',
@@ -159,7 +175,7 @@ def kind(exc: BaseException) -> str:
     if names & _CREDENTIAL_NAMES:
         return 'credentials'
     status = _status(exc)
-    if status == 412 or '_Changed' in names:     # If-Match / If-Unmodified-Since refused
+    if status == 412 or 'VersionChanged' in names:     # If-Match / If-Unmodified-Since refused
         return 'changed'
     if status is not None:
         if status == 404:
@@ -222,11 +238,8 @@ def remote_error(exc: BaseException, url: str, index: int | None, attempts: int,
     else:
         tries = f' after {attempts} attempts' if attempts > 1 else ''
         err = ReadError(f'cannot {what}{tries}: {one_line(exc)}', url, index)
-    err.attempts = attempts
     # Our own retries are spent: the loader's retry policy must not start them again.
-    err.transient = False
-    err.kind = found
-    return err
+    return with_details(err, attempts=attempts, transient=False, kind=found)
 
 
 def for_record(exc: LoadrError, path: str, index: int | None) -> LoadrError:

@@ -29,7 +29,7 @@ from typing import Sequence
 from ..errors import ConfigError, ReadError
 from . import netstats
 from .cachedir import warn_once
-from .errors import _ShortBody, _WrongRange
+from .errors import ShortBody, WrongRange, with_details
 from .ranges import boundary, byteranges, check_part, content_range, cut
 from .remote import RemoteStorage
 
@@ -84,7 +84,7 @@ class HTTPStorage(RemoteStorage):
         if 'get_client' not in options and 'connector' not in client:
             # aiohttp's connector holds 100 connections unless told: as many as
             # max_concurrency lets be in flight.
-            client['connector_limit'] = int(self.settings['max_concurrency'])
+            client['connector_limit'] = int(self.settings.max_concurrency)
             options['get_client'] = _client
         options['client_kwargs'] = client
         options.setdefault('headers', {'Accept-Encoding': 'identity'})
@@ -109,14 +109,14 @@ class HTTPStorage(RemoteStorage):
         kw = dict(self.fs.kwargs)
         headers = dict(kw.pop('headers', None) or {})
         headers['Range'] = 'bytes=' + ','.join(f'{a}-{b - 1}' for a, b in spans)
-        headers.update(self._conditions(path))
+        headers.update(self.versions.conditions(path))
         kw['headers'] = headers
         self.requests += 1
         return kw
 
     async def _range_once(self, path: str, start: int, end: int, index: int | None) -> bytes:
         """One attempt at bytes ``[start, end)`` over HTTP, the answer checked: a 206 for
-        exactly those bytes of a file of the size we know (else a _WrongRange, retried)."""
+        exactly those bytes of a file of the size we know (else a WrongRange, retried)."""
         whole = await self._whole_kept(path, index)
         if whole is not None:
             netstats.read_whole()
@@ -137,7 +137,7 @@ class HTTPStorage(RemoteStorage):
                 if r.status >= 400:
                     fs._raise_not_found_for_status(r, path)
                 if r.status != 206:
-                    raise _WrongRange(f'HTTP {r.status} {r.reason} to a range request')
+                    raise WrongRange(f'HTTP {r.status} {r.reason} to a range request')
                 self._range_hosts.add(host)
                 got = content_range(r.headers.get('Content-Range', ''))
                 body = await r.read()
@@ -145,7 +145,7 @@ class HTTPStorage(RemoteStorage):
             if probing:
                 self._probes.pop(host).set_result(None)
         self.bytes_fetched += len(body)
-        check_part((start, end), got, len(body), self._sizes.get(path))
+        check_part((start, end), got, len(body), self.versions.size_of(path))
         return body
 
     async def _probing(self, host: str) -> bool:
@@ -184,7 +184,7 @@ class HTTPStorage(RemoteStorage):
         pending = self._whole_pending.get(path)
         if pending is not None:
             return await asyncio.shield(pending)
-        size = self._sizes.get(path)
+        size = self.versions.size_of(path)
         if size is not None and size > WHOLE_FILE_MAX_BYTES:
             raise self._no_ranges(path, index, size)
         fs = self.fs
@@ -195,13 +195,13 @@ class HTTPStorage(RemoteStorage):
             if r.status >= 400:
                 fs._raise_not_found_for_status(r, path)
             if r.status != 200:
-                raise _WrongRange(f'HTTP {r.status} {r.reason} to a GET of the whole file')
+                raise WrongRange(f'HTTP {r.status} {r.reason} to a GET of the whole file')
             return await self._whole_answer(r, path, index)
 
     async def _whole_answer(self, r, path: str, index: int | None) -> _Whole:
         """The whole file of a 200 answer, kept; a ReadError if too big."""
         self._ignores_range(path, r.content_length)
-        size = r.content_length if r.content_length is not None else self._sizes.get(path)
+        size = r.content_length if r.content_length is not None else self.versions.size_of(path)
         if size is None or size > WHOLE_FILE_MAX_BYTES:
             r.close()                       # not read: the error is what it would end in
             raise self._no_ranges(path, index, size)
@@ -217,18 +217,18 @@ class HTTPStorage(RemoteStorage):
         try:
             body = await r.read()
             self.bytes_fetched += len(body)
-            known = self._sizes.get(path)
+            known = self.versions.size_of(path)
             if len(body) != size:
-                raise _ShortBody(f'got {len(body)} of the {size} bytes of the whole file')
+                raise ShortBody(f'got {len(body)} of the {size} bytes of the whole file')
             if known is not None and size != known:
-                raise _WrongRange(f'the answer gives the file {size} bytes, not the {known} '
+                raise WrongRange(f'the answer gives the file {size} bytes, not the {known} '
                                   f'it had when it was opened')
             whole = _Whole(body)
         except BaseException as exc:
             # The waiters try again (a transient error), also when this read was
             # cancelled (its deadline): they must not be cancelled with it.
             pending.set_exception(exc if isinstance(exc, Exception) else
-                                  _ShortBody('the read of the whole file was cut short'))
+                                  ShortBody('the read of the whole file was cut short'))
             pending.exception()             # retrieved: nobody may be waiting
             raise
         finally:
@@ -260,16 +260,15 @@ class HTTPStorage(RemoteStorage):
         err = ReadError(f'the server ignored the Range request; loadr needs byte ranges (it '
                         f'answered with the whole file, and {what} is more than loadr reads '
                         f'whole: {WHOLE_FILE_MAX_BYTES >> 20} MiB)', path, index)
-        err.transient, err.attempts, err.kind = False, 1, 'other'
-        return err
+        return with_details(err, transient=False, attempts=1, kind='other')
 
     def _groups(self, requests: list) -> list[list[int]]:
         """Requests (``(path, start, end, members)``, sorted by path) that go out
         together: over HTTP up to ``max_ranges`` of one file, else one each."""
-        most = int(self.settings['max_ranges'])
+        most = int(self.settings.max_ranges)
         if most < 2:
             return [[k] for k in range(len(requests))]
-        limit = int(self.settings['max_request_bytes'])
+        limit = int(self.settings.max_request_bytes)
         groups: list[list[int]] = []
         size = 0
         for k, (path, start, end, _) in enumerate(requests):
@@ -302,12 +301,12 @@ class HTTPStorage(RemoteStorage):
             if r.status >= 400:
                 fs._raise_not_found_for_status(r, path)
             if r.status != 206:
-                raise _WrongRange(f'HTTP {r.status} {r.reason} to a range request')
+                raise WrongRange(f'HTTP {r.status} {r.reason} to a range request')
             content_type = r.headers.get('Content-Type', '')
             content_range = r.headers.get('Content-Range', '')
             body = await r.read()
         self.bytes_fetched += len(body)
-        size = self._sizes.get(path)
+        size = self.versions.size_of(path)
         if content_type.lower().startswith('multipart/byteranges'):
             parts = byteranges(body, boundary(content_type), size)
         else:                           # the server made one range of them
@@ -334,7 +333,7 @@ class HTTPStorage(RemoteStorage):
             if r.status >= 400:
                 r.raise_for_status()
             if r.status == 200:
-                self._learn(url, r.headers.get('Content-Length'), r.headers.get('ETag'),
+                self.versions.learn(url, r.headers.get('Content-Length'), r.headers.get('ETag'),
                             r.headers.get('Last-Modified'))
                 if r.headers.get('Accept-Ranges', '').strip().lower() == 'bytes':
                     self._range_hosts.add(_host(url))    # no first request alone
@@ -352,7 +351,7 @@ class HTTPStorage(RemoteStorage):
                                              for e in entries):
             return [(e['name'], 'directory' if e.get('type') == 'directory' else 'file',
                      e.get('size'), (None, e.get('mtime'))) for e in entries]
-        out = []
+        out: list[tuple[str, str, int | None, tuple]] = []
         for link in await fs._ls(url + '/', detail=False):
             rest = link[len(url) + 1:] if link.startswith(url + '/') else None
             if rest and rest.rstrip('/') and '/' not in rest.rstrip('/'):

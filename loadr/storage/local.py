@@ -40,7 +40,7 @@ _O_CLOEXEC = getattr(os, 'O_CLOEXEC', 0)
 
 
 
-def _identity(st: os.stat_result) -> tuple[int, int]:
+def _identity(st: os.stat_result) -> tuple[int, ...]:
     return st.st_dev, st.st_ino
 
 
@@ -68,7 +68,7 @@ class LocalStorage(Storage):
         self._fds: dict[str, int] = {}
         self._generation = forks.generation
         # path -> (device, inode) as first seen by whoever made us; pickled
-        self._seen: dict[str, tuple[int, int, int]] = {}
+        self._seen: dict[str, tuple[int, ...]] = {}
         self._opened: list[str] = []          # paths with a descriptor here, in open order
         self._recheck_at = time.monotonic() + RECHECK_INTERVAL_S
         self._cursor = 0

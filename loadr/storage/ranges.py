@@ -2,13 +2,13 @@
 
 Every answer is checked against what was asked (its range, its length, the
 file's size when it was opened): an answer for other bytes is a
-:class:`~loadr.storage.errors._WrongRange`, a body cut short a
-:class:`~loadr.storage.errors._ShortBody`; both are transient (retried).
+:class:`~loadr.storage.errors.WrongRange`, a body cut short a
+:class:`~loadr.storage.errors.ShortBody`; both are transient (retried).
 """
 
 from __future__ import annotations
 
-from .errors import _ShortBody, _WrongRange
+from .errors import ShortBody, WrongRange
 
 __all__ = ['boundary', 'content_range', 'check_part', 'byteranges', 'cut']
 
@@ -19,7 +19,7 @@ def boundary(content_type: str) -> bytes:
         key, _, value = param.strip().partition('=')
         if key.strip().lower() == 'boundary':
             return value.strip().strip('"').encode('latin-1')
-    raise _ShortBody(f'multipart answer without a boundary ({content_type!r})')
+    raise ShortBody(f'multipart answer without a boundary ({content_type!r})')
 
 
 def content_range(value: str) -> tuple[int, int, int | None]:
@@ -35,31 +35,31 @@ def content_range(value: str) -> tuple[int, int, int | None]:
     total = total.strip()
     if (unit.lower() != 'bytes' or not first.strip().isdigit() or not last.strip().isdigit()
             or not (total.isdigit() or total == '*') or int(last) < int(first)):
-        raise _WrongRange(f'unreadable Content-Range {value!r}')
+        raise WrongRange(f'unreadable Content-Range {value!r}')
     return int(first), int(last) + 1, int(total) if total != '*' else None
 
 
 def check_part(asked: tuple[int, int] | None, got: tuple[int, int, int | None], length: int,
                 size: int | None) -> None:
-    """Raise _WrongRange (or _ShortBody) unless an answer of ``length`` bytes with
+    """Raise WrongRange (or ShortBody) unless an answer of ``length`` bytes with
     Content-Range ``got`` is bytes ``asked`` (None: any) of a file of ``size`` bytes.
 
     >>> check_part((0, 10), (0, 10, 100), 10, 100)
     >>> check_part((0, 10), (10, 20, 100), 10, 100)
     Traceback (most recent call last):
-    loadr.storage.errors._WrongRange: asked for bytes 0-9, the answer holds bytes 10-19
+    loadr.storage.errors.WrongRange: asked for bytes 0-9, the answer holds bytes 10-19
     """
     first, last, total = got
     if asked is not None and (first, last) != tuple(asked):
-        raise _WrongRange(f'asked for bytes {asked[0]}-{asked[1] - 1}, the answer holds bytes '
+        raise WrongRange(f'asked for bytes {asked[0]}-{asked[1] - 1}, the answer holds bytes '
                           f'{first}-{last - 1}')
     if total is not None and size is not None and total != size:
-        raise _WrongRange(f'the answer gives the file {total} bytes, not the {size} it had '
+        raise WrongRange(f'the answer gives the file {total} bytes, not the {size} it had '
                           f'when it was opened')
     if length < last - first:
-        raise _ShortBody(f'got {length} of {last - first} bytes at offset {first}')
+        raise ShortBody(f'got {length} of {last - first} bytes at offset {first}')
     if length > last - first:
-        raise _WrongRange(f'got {length} bytes for the {last - first} of bytes '
+        raise WrongRange(f'got {length} bytes for the {last - first} of bytes '
                           f'{first}-{last - 1}')
 
 
@@ -69,7 +69,7 @@ def byteranges(body: bytes, boundary: bytes, size: int | None = None
 
     Each part's length comes from its Content-Range, so the boundary is never
     searched for inside the data (where it may well occur). A part of a file
-    of another ``size`` (when given) is a _WrongRange.
+    of another ``size`` (when given) is a WrongRange.
 
     >>> body = (b'\r\n--B\r\nContent-Range: bytes 0-2/9\r\n\r\nabc'
     ...         b'\r\n--B\r\nContent-Range: bytes 6-8/9\r\n\r\n--B\r\n--B--\r\n')
@@ -77,10 +77,10 @@ def byteranges(body: bytes, boundary: bytes, size: int | None = None
     [(0, 3, b'abc'), (6, 9, b'--B')]
     >>> byteranges(body, b'B', size=10)        # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    loadr.storage.errors._WrongRange: the answer gives the file 9 bytes, not the 10 it had ...
+    loadr.storage.errors.WrongRange: the answer gives the file 9 bytes, not the 10 it had ...
     """
     delimiter = b'--' + boundary
-    parts = []
+    parts: list[tuple[int, int, bytes]] = []
     at = body.find(delimiter)
     while at >= 0:
         at += len(delimiter)
@@ -96,14 +96,14 @@ def byteranges(body: bytes, boundary: bytes, size: int | None = None
                 span = content_range(value)
                 check_part(None, span, span[1] - span[0], size)
         if span is None:
-            raise _ShortBody('a part of a multipart answer has no Content-Range')
+            raise ShortBody('a part of a multipart answer has no Content-Range')
         start = head_end + 4
         stop = start + span[1] - span[0]
         if stop > len(body):
             break
         parts.append((span[0], span[1], body[start:stop]))
         at = body.find(delimiter, stop)
-    raise _ShortBody(f'the multipart answer was cut short after {len(parts)} parts')
+    raise ShortBody(f'the multipart answer was cut short after {len(parts)} parts')
 
 
 def cut(parts: list[tuple[int, int, bytes]], start: int, end: int) -> bytes | None:

@@ -3,7 +3,7 @@
 :meth:`ReadingAhead.prefetch` starts the reads of records that will be
 needed soon (a worker's next batches; the order is known) and returns at
 once; their bytes wait in a small per-process buffer (``readahead_bytes``)
-that the next read of a range inside them consumes (:meth:`ReadingAhead._take`).
+that the next read of a range inside them consumes (:meth:`ReadingAhead.take`).
 :func:`merge` is the one plan of requests, used by reads and read-ahead alike:
 ranges of a file within ``merge_gap_bytes`` of each other go in one request.
 
@@ -22,11 +22,13 @@ import collections
 import concurrent.futures
 import threading
 import time
-from typing import Iterable, Sequence
+from typing import Any, Callable, Coroutine, Iterable, Sequence
 
 from ..errors import LoadrError, ReadError
 from . import netstats
+from .caching import CacheHookup
 from .errors import for_record
+from .settings import StorageSettings
 
 __all__ = ['Span', 'Buffer', 'Part', 'merge', 'index_of', 'finished', 'kept_spans',
            'kept_small', 'resolved', 'ReadingAhead']
@@ -176,7 +178,7 @@ def merge(ranges: list[tuple[str, int, int]], gap: int, max_bytes: int
 
 class Part:
     """The ``k``-th result of a future that fetched several spans in one request:
-    the future's surface that :class:`Buffer` and ``_take`` use."""
+    the future's surface that :class:`Buffer` and :meth:`ReadingAhead.take` use."""
 
     __slots__ = ('future', 'k')
 
@@ -206,7 +208,8 @@ def finished(future) -> bytes | None:
     data = getattr(future, '_result', None)
     if k is not None:
         data = data[k] if isinstance(data, list) and k < len(data) else None
-    return data if isinstance(data, (bytes, bytearray, memoryview)) else None
+    return bytes(data) if isinstance(data, (bytearray, memoryview)) else \
+        data if isinstance(data, bytes) else None
 
 
 def kept_spans(buffer: Buffer | None) -> list[Span]:
@@ -245,7 +248,7 @@ def kept_small(small: dict | None) -> dict:
 def resolved(data) -> concurrent.futures.Future:
     """A future that holds ``data`` already: what a finished read gives, made in this
     process (a parent's futures are not waited on; see :func:`finished`)."""
-    future = concurrent.futures.Future()
+    future: concurrent.futures.Future = concurrent.futures.Future()
     future.set_result(data)
     return future
 
@@ -255,17 +258,51 @@ def index_of(r: Sequence) -> int | None:
     return r[3] if len(r) > 3 else None
 
 
-class ReadingAhead:
-    """The read-ahead half of :class:`~loadr.storage.remote.RemoteStorage`: what it
-    starts (:meth:`prefetch`) and what a read takes from it (:meth:`_take`)."""
+# What the read-ahead asks of its storage's transport (see :class:`ReadingAhead`).
+Fetch = Callable[[str, int, int, 'int | None'], Coroutine[Any, Any, bytes]]
+FetchGroup = Callable[[list, list, Callable[[int], 'int | None']], Coroutine[Any, Any, list]]
 
-    def _take(self, path: str, offset: int, length: int, index: int | None) -> bytes | None:
+
+class ReadingAhead:
+    """The read-ahead part of a :class:`~loadr.storage.remote.RemoteStorage`, one per
+    process: what it starts (:meth:`prefetch`) and what a read takes from it
+    (:meth:`take`), a buffer of spans and the small files read whole.
+
+    What it needs of the storage is passed in, each a callable:
+    ``fetch(path, start, end, index)`` (a coroutine: one range, retried),
+    ``groups(requests)`` and ``fetch_group(requests, ks, index_of)`` (the
+    requests that go out together, and a coroutine that fetches one such
+    group), ``size(path)`` and ``loop()`` (the IO thread's event loop); and
+    the storage's ``cache`` (ranges there are not fetched). ``parent``: the
+    read-ahead of the process this one was forked from, whose finished
+    spans and small files it keeps.
+    """
+
+    def __init__(self, settings: StorageSettings, *, fetch: Fetch,
+                 groups: Callable[[list], list[list[int]]], fetch_group: FetchGroup,
+                 size: Callable[[str], int], loop: Callable[[], asyncio.AbstractEventLoop],
+                 cache: CacheHookup, parent: ReadingAhead | None = None):
+        self.settings = settings
+        self.fetch, self.groups, self.fetch_group = fetch, groups, fetch_group
+        self.size, self.loop, self.cache = size, loop, cache
+        # A forked child keeps the spans its parent had fetched ahead (the loader reads
+        # the first batches' records before it forks) and its small files.
+        self.buffer = Buffer(settings.readahead_bytes)
+        for span in kept_spans(parent.buffer if parent is not None else None):
+            self.buffer.add(span)
+        # path -> future of the whole (small) file; None: its whole read failed (ranges).
+        # A forked child keeps the ones its parent had read (bytes, no request in flight:
+        # the loader warms before it forks, so that its workers need not each warm).
+        self.small: dict[str, Any] = kept_small(parent.small if parent is not None else None)
+        self.small_bytes = sum(len(f.result()) for f in self.small.values())
+
+    def take(self, path: str, offset: int, length: int, index: int | None) -> bytes | None:
         """The range from the read-ahead buffer; None when it is not there, or when the
         request that carried it failed along with other ranges (asked alone then)."""
-        claim = self._claim(path, offset, length)
-        return None if claim is None else self._taken(claim, path, offset, length, index)
+        claim = self.claim(path, offset, length)
+        return None if claim is None else self.taken(claim, path, offset, length, index)
 
-    def _claim(self, path: str, offset: int, length: int):
+    def claim(self, path: str, offset: int, length: int) -> tuple[bool, Any] | None:
         """What read ahead will serve the range (a whole small file's read, or a span,
         claimed), without waiting for it; None when nothing read ahead holds it.
 
@@ -273,34 +310,35 @@ class ReadingAhead:
         before it waits (:meth:`~loadr.storage.remote.RemoteStorage.read_many`): a
         range read ahead then costs no round trip of its own before the rest go out.
         """
-        buffer = self._buffer
+        buffer = self.buffer
         with buffer.lock:
-            whole = self._small.get(path) if self._small else None
+            whole = self.small.get(path) if self.small else None
             if whole is not None:
                 return True, whole
             span = buffer.take(path, offset, length)
         return None if span is None else (False, span)
 
-    def _taken(self, claim, path: str, offset: int, length: int,
-               index: int | None) -> bytes | None:
-        """The bytes of a range :meth:`_claim` claimed, waited for (see :meth:`_take`)."""
+    def taken(self, claim: tuple[bool, Any], path: str, offset: int, length: int,
+              index: int | None) -> bytes | None:
+        """The bytes of a range :meth:`claim` claimed, waited for (see :meth:`take`)."""
         small, span = claim
         if small:
-            return self._take_small(path, span, offset, length)
+            return self.take_small(path, span, offset, length)
+        timeout_s = self.settings.timeout_s
         try:
             if span.future.future.done() if isinstance(span.future, Part) else \
                     span.future.done():
                 data = span.future.result(0)
             else:
                 t0 = time.perf_counter()
-                data = span.future.result(self.settings['timeout_s'] + 5)
+                data = span.future.result(timeout_s + 5)
                 netstats.waited(time.perf_counter() - t0)
         except concurrent.futures.CancelledError:
             return None
         except concurrent.futures.TimeoutError:
             # Its own deadline should have ended it: the IO thread is stuck.
             raise ReadError(f'cannot read: the read ahead did not finish within timeout_s='
-                            f'{self.settings["timeout_s"]:g}', path, index) from None
+                            f'{timeout_s:g}', path, index) from None
         except LoadrError as exc:
             if (span.start, span.end) != (offset, offset + length) and not getattr(
                     exc, 'deadline_spent', False):
@@ -311,21 +349,18 @@ class ReadingAhead:
             raise for_record(exc, path, index) from None
         return data[offset - span.start:offset - span.start + length]
 
-    def _take_small(self, path: str, whole, offset: int, length: int) -> bytes | None:
+    def take_small(self, path: str, whole: Any, offset: int, length: int) -> bytes | None:
         """The range from the whole small file ``whole`` (a future) read ahead; None
         when that read failed (the range is then asked alone, and reports the error)."""
-        if whole.done():
-            t0 = None
-        else:
-            t0 = time.perf_counter()
+        t0 = None if whole.done() else time.perf_counter()
         try:
-            data = whole.result(self.settings['timeout_s'] + 5)
+            data = whole.result(self.settings.timeout_s + 5)
         except Exception:
-            with self._buffer.lock:
-                if self._small.get(path) is whole:
+            with self.buffer.lock:
+                if self.small.get(path) is whole:
                     # Read as ranges from now on: one bad record of it then fails alone,
                     # and only once, as in a file read range by range.
-                    self._small[path] = None
+                    self.small[path] = None
             return None
         if t0 is not None:
             netstats.waited(time.perf_counter() - t0)
@@ -333,28 +368,44 @@ class ReadingAhead:
             return None
         return data[offset:offset + length]
 
-    def _read_small(self, fresh: list, sizes: dict, loop) -> list:
+    def keep_whole(self, path: str, offset: int, data: bytes, size: int | None) -> None:
+        """Keep a small file that a read fetched whole (``size``: the file's) as a small
+        file read ahead is kept (``small_file_bytes``): the open reads a small bag's
+        header so (its last bytes are all of it), and the warm-up and the workers then
+        ask for it again."""
+        small = self.settings.small_file_bytes
+        if offset or not small or len(data) > small or self.settings.cache_dir \
+                or size != len(data):
+            return
+        with self.buffer.lock:
+            if path in self.small or self.small_bytes + len(data) > \
+                    self.settings.small_files_bytes:
+                return
+            self.small[path] = resolved(data)
+            self.small_bytes += len(data)
+
+    def read_small(self, fresh: list, sizes: dict, loop: asyncio.AbstractEventLoop) -> list:
         """Start the whole-file reads of the small files among ``fresh``'s (once per
         process); the ranges left to read as ranges."""
-        small = int(self.settings['small_file_bytes'])
-        if not small or self.settings['cache_dir']:
+        small = self.settings.small_file_bytes
+        if not small or self.settings.cache_dir:
             # Under a local cache, reads look there range by range (and verify what
             # they find): a whole file in memory would hide its entries.
             return fresh
-        budget = int(self.settings['small_files_bytes'])
+        budget = self.settings.small_files_bytes
         out = []
-        with self._buffer.lock:
+        with self.buffer.lock:
             for r in fresh:
                 path = r[0]
-                if path in self._small:
-                    if self._small[path] is None:       # its whole read failed: ranges
+                if path in self.small:
+                    if self.small[path] is None:        # its whole read failed: ranges
                         out.append(r)
                     continue
                 size = sizes[path]
-                if 0 < size <= small and self._small_bytes + size <= budget:
-                    self._small[path] = asyncio.run_coroutine_threadsafe(
-                        self._fetch(path, 0, size, index_of(r)), loop)
-                    self._small_bytes += size
+                if 0 < size <= small and self.small_bytes + size <= budget:
+                    self.small[path] = asyncio.run_coroutine_threadsafe(
+                        self.fetch(path, 0, size, index_of(r)), loop)
+                    self.small_bytes += size
                     continue
                 out.append(r)
         return out
@@ -365,14 +416,12 @@ class ReadingAhead:
         keep it (:func:`kept_spans`; a child's buffer is its own, not holding). The
         loader's warm-up before the fork reads the first batches' records so, while its
         own spec probe reads one of them."""
-        self._this_process()
-        self._buffer.keep = True
+        self.buffer.keep = True
 
     def release(self) -> None:
         """Drop what :meth:`hold` kept, once the children it was kept for are forked (they
         have their own copy): this process does not read it."""
-        self._this_process()
-        buffer = self._buffer
+        buffer = self.buffer
         with buffer.lock:
             buffer.keep = False
             for span in buffer.held:
@@ -386,39 +435,43 @@ class ReadingAhead:
         A process about to fork calls it: a forked child keeps what its parent
         fetched ahead (:func:`kept_spans`), never what was still on its way.
         """
-        self._this_process()
-        with self._buffer.lock:
+        with self.buffer.lock:
             futures = [s.future.future if isinstance(s.future, Part) else s.future
-                       for s in self._buffer.age.values()]
-            futures += [f for f in (self._small or {}).values() if f is not None]
+                       for s in self.buffer.age.values()]
+            futures += [f for f in (self.small or {}).values() if f is not None]
         if not futures:
             return True
-        timeout = self.settings['timeout_s'] + 5 if timeout_s is None else timeout_s
+        timeout = self.settings.timeout_s + 5 if timeout_s is None else timeout_s
         _, left = concurrent.futures.wait(futures, timeout)
         return not left
+
+    def clear(self) -> None:
+        """Drop everything read ahead (the storage is closed)."""
+        with self.buffer.lock:
+            self.buffer.clear()
+            self.small, self.small_bytes = {}, 0
 
     def prefetch(self, ranges: Iterable[Sequence], cache_root: str | None = None) -> None:
         """Start reading ``(path, offset, length[, index])`` ranges now; returns at once.
 
-        The next :meth:`read` (or :meth:`read_many`) of a range inside one of
-        them takes its bytes from here. Ranges already buffered, or in the
-        local cache of the dataset at ``cache_root``, are not fetched again;
-        ranges past the end of their file are left for the read to report.
+        The next read of a range inside one of them takes its bytes from here.
+        Ranges already buffered, or in the local cache of the dataset at
+        ``cache_root``, are not fetched again; ranges past the end of their
+        file are left for the read to report.
         """
-        self._this_process()
-        buffer = self._buffer
+        buffer = self.buffer
         fresh = []
         cache = None
-        if cache_root is not None and self.settings['cache_dir']:
-            cache = self._cache_of(cache_root)
-        elif self._clock is not None:
-            cache = self._clock[0]
+        if cache_root is not None and self.settings.cache_dir:
+            cache = self.cache.cache_of(cache_root)
+        else:
+            cache = self.cache.current()
         ranges = list(ranges)
         # Each file's name in the cache, its version asked first where not known.
-        keys = {path: self._cache_key(path) for path in {r[0] for r in ranges}} \
+        keys = {path: self.cache.key(path) for path in {r[0] for r in ranges}} \
             if cache is not None else {}
         with buffer.lock:
-            small = self._small
+            small = self.small
             for r in ranges:
                 if small.get(r[0]) is not None:
                     continue
@@ -435,19 +488,19 @@ class ReadingAhead:
         fresh = [r for r in fresh if r[2] > 0 and r[1] >= 0 and r[1] + r[2] <= sizes[r[0]]]
         if not fresh:
             return
-        loop = self._loop_of()
-        fresh = self._read_small(fresh, sizes, loop)
+        loop = self.loop()
+        fresh = self.read_small(fresh, sizes, loop)
         if not fresh:
             return
-        requests = merge(fresh, int(self.settings['merge_gap_bytes']),
-                          int(self.settings['max_request_bytes']))
+        requests = merge(fresh, self.settings.merge_gap_bytes, self.settings.max_request_bytes)
         with buffer.lock:
-            for ks in self._groups(requests):
-                future = asyncio.run_coroutine_threadsafe(self._fetch_group(
-                    requests, ks, lambda k: index_of(fresh[requests[k][3][0]])), loop)
+            for ks in self.groups(requests):
+                future: concurrent.futures.Future = asyncio.run_coroutine_threadsafe(
+                    self.fetch_group(requests, ks, lambda k: index_of(fresh[requests[k][3][0]])),
+                    loop)
                 for j, k in enumerate(ks):
                     path, start, end, members = requests[k]
                     span = Span(path, start, end, Part(future, j), 0)
                     buffer.add(span)
                     for m in members:
-                        buffer.claim(*fresh[m][:3], span=span)
+                        buffer.claim(fresh[m][0], fresh[m][1], fresh[m][2], span=span)

@@ -48,61 +48,43 @@ Settings: :mod:`loadr.storage.settings`.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
+import builtins
 import random
-import threading
 import time
-from typing import Iterable, Sequence
+from typing import Any, Awaitable, Callable, Coroutine, Iterable, Sequence
 
-from ..errors import ConfigError, FormatError, LoadrError, ReadError
+from ..errors import FormatError, LoadrError, ReadError
 from . import forks, netstats
 from .base import Storage
 from .caching import CacheHookup
-from .errors import KIND_TEXT, for_record, kind, one_line, remote_error
+from .errors import KIND_TEXT, for_record, kind, one_line, remote_error, with_details
+from .filesystems import filesystem, filesystem_class
 from .ranges import check_part
-from .readahead import Buffer, ReadingAhead, index_of, kept_small, kept_spans, merge, resolved
-from .settings import install_hint, settings_of, split_url
+from .readahead import ReadingAhead, index_of, merge
+from .settings import StorageSettings, split_url
 from .staging import RemoteStagedDir, RemoteStagedFile
 from .versions import Versions, info_version
 
 __all__ = ['RemoteStorage']
 
 _timeout = getattr(asyncio, 'timeout', None)
-# The fsspec filesystems of this process, never dropped (see _make_fs).
-_filesystems: dict[tuple, object] = {}
-_filesystems_lock = threading.Lock()
-_kept: list = []
-_ENVIRONMENT_PREFIXES = ('AWS_', 'GOOGLE_', 'GCS', 'FSSPEC', 'HTTP_PROXY', 'HTTPS_PROXY',
-                         'NO_PROXY', 'http_proxy', 'https_proxy', 'no_proxy')
 
 
-def _after_fork() -> None:
-    # A forked child must not use the parent's filesystem objects (their sessions
-    # belong to the parent's IO thread) nor its read-ahead futures: forks.generation.
-    global _filesystems_lock
-    _filesystems_lock = threading.Lock()    # another thread may have held it at fork
-
-
-if hasattr(os, 'register_at_fork'):
-    os.register_at_fork(after_in_child=_after_fork)
-
-
-def _named(value):
-    """A function among a filesystem's options, by its name (json's ``default``)."""
-    if callable(value) and hasattr(value, '__qualname__'):
-        return f'{value.__module__}.{value.__qualname__}'
-    raise TypeError(f'not JSON: {type(value).__name__}')
-
-
-class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
+class RemoteStorage(Storage):
     """The storage of URLs of one fsspec protocol; see the module docstring.
     Made by :func:`loadr.storage.remote_storage`, which picks the subclass of
     the protocol (HTTP, S3) where it has one.
 
-    Picklable: a copy keeps the protocol, the options and what was learnt
-    about the files (sizes, listings), and opens its own filesystem on first
-    use in its process.
+    It holds its parts, each with its own typed fields: ``versions`` (what
+    was learnt of each file: size and version, :mod:`loadr.storage.versions`),
+    ``cache`` (the local cache, :mod:`loadr.storage.caching`) and ``ahead``
+    (the read-ahead, :mod:`loadr.storage.readahead`); the storage itself is
+    the transport (one request, retried) and the reads that join them. A
+    subclass (HTTP, S3) overrides the transport only.
+
+    Picklable: a copy keeps the protocol, the settings and what was learnt
+    about the files (sizes, versions, listings), and opens its own filesystem
+    on first use in its process.
 
     Example::
 
@@ -112,174 +94,157 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
 
     remote = True
 
-    def __init__(self, url: str, storage_options: dict | None = None):
+    def __init__(self, url: str, settings: StorageSettings | dict | None = None):
         self.url = url
         self.protocol, _ = split_url(url)
-        options = dict(storage_options or {})
-        self.settings = settings_of(options, url)
-        self.options = options
-        self._sizes: dict[str, int] = {}
-        self._kinds: dict[str, str | None] = {}          # 'file' | 'directory' | None (absent)
-        self._listings: dict[str, list[str]] = {}
-        # path -> (ETag, Last-Modified) as first learnt: the version every read asks for.
-        self._versions: dict[str, tuple] = {}
-        self._unversioned: set[str] = set()     # asked, and the server gives no version
+        self.settings = StorageSettings.of(settings, url)
+        self.versions = Versions()
+        self.kinds: dict[str, str | None] = {}   # 'file' | 'directory' | None (absent)
+        self.listings: dict[str, list[str]] = {}
         self._init_process()
-        self._filesystem_class()          # a missing package is told now, at open
+        filesystem_class(self.protocol, url)     # a missing package is told now, at open
 
-    def __getstate__(self):
-        return {'url': self.url, 'protocol': self.protocol, 'options': self.options,
-                'settings': self.settings, 'sizes': dict(self._sizes),
-                'kinds': dict(self._kinds), 'listings': dict(self._listings),
-                'versions': dict(self._versions), 'unversioned': set(self._unversioned)}
+    def __getstate__(self) -> dict:
+        return {'url': self.url, 'protocol': self.protocol, 'settings': self.settings,
+                'kinds': dict(self.kinds), 'listings': dict(self.listings),
+                **self.versions.state()}
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict) -> None:
         self.url, self.protocol = state['url'], state['protocol']
-        self.options, self.settings = state['options'], state['settings']
-        self._sizes, self._kinds = state['sizes'], state['kinds']
-        self._listings = state['listings']
-        self._versions = state.get('versions', {})
-        self._unversioned = state.get('unversioned', set())
+        self.settings = state['settings']
+        self.kinds, self.listings = state['kinds'], state['listings']
+        self.versions = Versions.from_state(state)
         self._init_process()
 
     def _init_process(self) -> None:
-        self._fs = None
+        """The parts of this process: the filesystem, the local cache and the read-ahead
+        (a forked child keeps what its parent had read ahead and finished)."""
+        self._fs: Any = None
+        self._loop: Any = None
         self._generation = forks.generation
-        # A forked child keeps the spans its parent had fetched ahead (the loader reads
-        # the first batches' records before it forks) and its small files.
-        parents = getattr(self, '_buffer', None)
-        self._buffer = Buffer(int(self.settings['readahead_bytes']))
-        for span in kept_spans(parents):
-            self._buffer.add(span)
-        # path -> future of the whole (small) file; None: its whole read failed (ranges).
-        # A forked child keeps the ones its parent had read (bytes, no request in flight:
-        # the loader warms before it forks, so that its workers need not each warm).
-        self._small: dict[str, object] = kept_small(getattr(self, '_small', None))
-        self._small_bytes = sum(len(f.result()) for f in self._small.values())
-        self._semaphore = None
+        self._semaphore: asyncio.Semaphore | None = None
         self._why: dict[str, str] = {}       # path -> why it is missing, for the message
         self._random = random.Random()
         self.requests = 0            # requests sent by this process (for tests and benchmarks)
         self.bytes_fetched = 0
-        # The local cache (cache_dir): one per dataset, and what the loader said of
-        # the reads under way (see cache_clock); ranges fetched since, to offer it.
-        self._caches: dict[str, object] = {}
-        self._clock = None                  # (cache, NextUse, position after the batch)
-        self._fetched: list[tuple] = []
+        self.cache = CacheHookup(self.settings, self.versions, self._ask_version)
+        self.ahead = ReadingAhead(
+            self.settings, fetch=self._fetch, groups=self._groups,
+            fetch_group=self._fetch_group, size=self.size, loop=self._loop_of,
+            cache=self.cache, parent=getattr(self, 'ahead', None))
 
     def _this_process(self) -> None:
-        """Start afresh in a forked child (the parent's filesystem, buffer and cache
+        """Start afresh in a forked child (the parent's filesystem, read-ahead and cache
         clock are not ours)."""
         if self._generation != forks.generation:
             self._init_process()
 
-    def _same_process(self) -> bool:
-        return self._generation == forks.generation
+    @property
+    def options(self) -> dict:
+        """The fsspec filesystem's options (``storage_options`` without ``'loadr'``)."""
+        return dict(self.settings.options)
+
+    @property
+    def concurrency(self) -> int:
+        """Requests in flight at once (``max_concurrency``)."""
+        return self.settings.max_concurrency
+
+    # -- the parts, as the Storage interface offers them ---------------------------------
+
+    @property
+    def caching(self) -> bool:
+        """True when a ``cache_dir`` is set: the loader then calls :meth:`cache_clock`."""
+        return self.cache.on
+
+    def cache_clock(self, root: str, order: Any, start: int, count: int) -> None:
+        """The reads that follow serve positions ``start .. start + count - 1`` of ``order``
+        over the dataset at ``root`` (see :meth:`loadr.storage.caching.CacheHookup.clock`).
+        Called by the loader once per batch, where the reads happen (workers, or inline)."""
+        self._this_process()
+        self.cache.clock(root, order, start, count)
+
+    def cache_flush(self) -> None:
+        """Offer the cache the ranges fetched for the last batch (a worker that stops)."""
+        if self._generation == forks.generation:
+            self.cache.offer()
+
+    def cache_stats(self) -> dict[str, int]:
+        """This process's cache counts (hits, misses, bytes_hit, admitted, evicted, ...)."""
+        return self.cache.stats()
+
+    def _ask_version(self, path: str) -> None:
+        """Ask the server what it says of ``path`` now (its version, for the cache)."""
+        self._run(self._retried(lambda: self._stat_once(path), path, None, 'open'))
+
+    def modified(self, path: str) -> float | None:
+        """The Last-Modified time of the version of ``path`` the reader opened (seconds since
+        the epoch), or None where the server gave none."""
+        return self.versions.modified(path)
+
+    def prefetch(self, ranges: Iterable[Sequence], cache_root: str | None = None) -> None:
+        """Start reading ``(path, offset, length[, index])`` ranges now; returns at once
+        (see :meth:`loadr.storage.readahead.ReadingAhead.prefetch`)."""
+        self._this_process()
+        self.ahead.prefetch(ranges, cache_root)
+
+    def hold(self) -> None:
+        """Keep what is read ahead after it is read, for children about to be forked."""
+        self._this_process()
+        self.ahead.hold()
+
+    def release(self) -> None:
+        """Drop what :meth:`hold` kept, once the children are forked."""
+        self._this_process()
+        self.ahead.release()
+
+    def settle(self, timeout_s: float | None = None) -> bool:
+        """Wait for the reads ahead under way (before a fork); whether they all ended."""
+        self._this_process()
+        return self.ahead.settle(timeout_s)
 
     def __repr__(self) -> str:
         return f'RemoteStorage({self.protocol}://)'
 
     # -- the filesystem -----------------------------------------------------------------
 
-    def _filesystem_class(self):
-        try:
-            import fsspec
-        except ImportError:
-            raise ConfigError(f'reading {self.protocol}:// URLs needs fsspec, which is not '
-                              f'installed: {install_hint(self.protocol)}', self.url) from None
-        try:
-            return fsspec.get_filesystem_class(self.protocol)
-        except ImportError as exc:
-            raise ConfigError(f'{self.protocol}:// needs a package that is not installed '
-                              f'({one_line(exc)}): {install_hint(self.protocol)}',
-                              self.url) from None
-        except ValueError:
-            raise ConfigError(f'unknown protocol {self.protocol}:// (not an fsspec protocol): '
-                              f'use a local path or a URL fsspec knows (s3://, gs://, '
-                              f'https://, ...)', self.url) from None
-
     @property
-    def fs(self):
+    def fs(self) -> Any:
         """The fsspec filesystem of this process (made on first use, again after a fork)."""
         self._this_process()
         if self._fs is None:
-            with _filesystems_lock:         # the read-ahead thread may ask at once
-                if self._fs is None:
-                    self._fs = self._make_fs()
+            import fsspec.asyn
+            fs = filesystem(self.protocol, self.url, self._fs_options(dict(self.options)))
+            self._loop = fsspec.asyn.get_loop()
+            self._fs = fs
         return self._fs
 
     def _fs_options(self, options: dict) -> dict:
         """The options the filesystem is made with (a subclass adds its protocol's)."""
         return options
 
-    def _make_fs(self):
-        import fsspec.asyn
-
-        cls = self._filesystem_class()
-        options = self._fs_options(dict(self.options))
-        # One filesystem per protocol and options in a process, kept for the
-        # process's life: fsspec closes a dropped HTTP filesystem's session from
-        # the thread that drops it, and when the IO loop is busy for 0.1 s it
-        # closes the connections there, beside the loop, which loses a socket
-        # from the loop's epoll set (a read then waits forever: seen as a
-        # timeout). Storages are pickled and copied freely; their filesystems are not.
-        # The environment is part of what made it (a credentials chain reads it).
-        environment = tuple(sorted((k, v) for k, v in os.environ.items()
-                                   if k.startswith(_ENVIRONMENT_PREFIXES)))
-        try:
-            key = (forks.generation, self.protocol,
-                   json.dumps(options, sort_keys=True, default=_named), environment)
-        except (TypeError, ValueError):
-            key = None
-        fs = _filesystems.get(key) if key is not None else None
-        if fs is not None:
-            self._loop = fsspec.asyn.get_loop()
-            return fs
-        try:
-            fs = cls(skip_instance_cache=True, **options)
-        except Exception as exc:
-            raise ConfigError(f'cannot make the {self.protocol}:// filesystem with these '
-                              f'storage_options: {one_line(exc)}', self.url) from None
-        if hasattr(fs, 'retries'):
-            fs.retries = 1                 # s3fs: one try per call, we retry
-        if not getattr(fs, 'async_impl', False):
-            # A synchronous filesystem (sftp, memory, ...): its calls run in threads.
-            try:
-                from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
-            except ImportError:
-                raise ConfigError(f'{self.protocol}:// is a synchronous fsspec filesystem, '
-                                  f'which needs fsspec >= 2024.12: pip install -U fsspec',
-                                  self.url) from None
-            fs = AsyncFileSystemWrapper(fs, asynchronous=False)
-        self._loop = fsspec.asyn.get_loop()
-        if key is not None:
-            _filesystems[key] = fs
-        else:
-            _kept.append(fs)
-        return fs
-
-    def _run(self, coro, timeout_s: float | None = None):
+    def _run(self, coro: Coroutine[Any, Any, Any], timeout_s: float | None = None) -> Any:
         """Run ``coro`` on fsspec's IO thread and wait for it."""
         future = asyncio.run_coroutine_threadsafe(coro, self._loop_of())
         return future.result(timeout_s)
 
-    def _loop_of(self):
+    def _loop_of(self) -> asyncio.AbstractEventLoop:
         self.fs                            # noqa: B018 - makes the filesystem (and loop)
         return self._loop
 
     # -- one request, retried -----------------------------------------------------------
 
-    async def _retried(self, make, url: str, index: int | None, what: str = 'read'):
+    async def _retried(self, make: Callable[[], Awaitable], url: str, index: int | None,
+                       what: str = 'read') -> Any:
         """``await make()`` with the retry policy; the result, or a loadr error."""
         s = self.settings
-        deadline = time.monotonic() + s['timeout_s']
+        deadline = time.monotonic() + s.timeout_s
         attempts = 0
         while True:
             attempts += 1
             left = deadline - time.monotonic()
             try:
                 if left <= 0:
-                    raise TimeoutError(f'no answer within timeout_s={s["timeout_s"]:g}')
+                    raise TimeoutError(f'no answer within timeout_s={s.timeout_s:g}')
                 if _timeout is None:                        # Python 3.10
                     return await asyncio.wait_for(make(), left)
                 async with _timeout(left):                  # no task of its own: cheaper
@@ -288,22 +253,22 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
                 raise
             except Exception as exc:
                 if isinstance(exc, asyncio.TimeoutError) and not str(exc):
-                    exc = TimeoutError(f'no answer within timeout_s={s["timeout_s"]:g}')
+                    exc = TimeoutError(f'no answer within timeout_s={s.timeout_s:g}')
                 pause = self._random.uniform(0.5, 1.0) * min(
-                    s['backoff_max_s'], s['backoff_s'] * 2 ** (attempts - 1))
+                    s.backoff_max_s, s.backoff_s * 2 ** (attempts - 1))
                 transient = kind(exc) == 'transient'
-                if not transient or attempts > s['retries'] or time.monotonic() + pause >= deadline:
+                if not transient or attempts > s.retries or time.monotonic() + pause >= deadline:
                     err = remote_error(exc, url, index, attempts, what)
                     # Ended by the deadline, not by the retries: a request that carried
                     # several records is then not asked again range by range (that
                     # would run past timeout_s, once per range, on a server that stalls).
-                    err.deadline_spent = transient and time.monotonic() + pause >= deadline
-                    raise err from None
+                    raise with_details(err, deadline_spent=transient and time.monotonic()
+                                       + pause >= deadline) from None
                 await asyncio.sleep(pause)
 
-    async def _limited(self, coro_fn):
+    async def _limited(self, coro_fn: Callable[[], Awaitable]) -> Any:
         if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(int(self.settings['max_concurrency']) or 1)
+            self._semaphore = asyncio.Semaphore(self.settings.max_concurrency or 1)
         async with self._semaphore:
             t0 = netstats.started()
             nbytes = 0
@@ -339,7 +304,8 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         together: one each here; HTTP sends up to ``max_ranges`` of a file in one."""
         return [[k] for k in range(len(requests))]
 
-    async def _fetch_group(self, requests: list, ks: list[int], index_of) -> list:
+    async def _fetch_group(self, requests: list, ks: list[int],
+                           index_of: Callable[[int], int | None]) -> list:
         """The bytes of requests ``ks`` (all of one file), or for each that failed its
         LoadrError; ``index_of(k)``: the record named in request ``k``'s error.
 
@@ -350,7 +316,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         """
         path = requests[ks[0]][0]
         spans = [(requests[k][1], requests[k][2]) for k in ks]
-        got: list = [None] * len(spans)
+        got: list | None = [None] * len(spans)
         if len(ks) > 1:
             try:
                 got = await self._limited(lambda: self._retried(
@@ -359,8 +325,8 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
                 if getattr(exc, 'deadline_spent', False):
                     return [exc] * len(spans)
                 got = None
-            if got is None:
-                got = [None] * len(spans)
+        if got is None:
+            got = [None] * len(spans)
         missing = [j for j, data in enumerate(got) if data is None]
         if missing:
             results = await asyncio.gather(*(self._fetch(path, *spans[j], index_of(ks[j]))
@@ -371,7 +337,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
                 got[j] = result
         return got
 
-    async def _fetch_all(self, requests: list, index_of) -> list:
+    async def _fetch_all(self, requests: list, index_of: Callable[[int], int | None]) -> list:
         """The bytes of every request (or its LoadrError), the groups of
         :meth:`_groups` concurrently; ``index_of(k)`` as for :meth:`_fetch_group`."""
         groups = self._groups(requests)
@@ -387,7 +353,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
 
     def size(self, path: str, index: int | None = None) -> int:
         """Bytes in object ``path`` (asked once per process, then remembered)."""
-        size = self._sizes.get(path)
+        size = self.versions.size_of(path)
         if size is None:
             kind = self._stat(path, index)
             if kind is None:
@@ -396,13 +362,13 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
                                 + (f' ({why})' if why else ''), path, index)
             if kind == 'directory':
                 raise ReadError('cannot open: is a directory, not a file', path, index)
-            size = self._sizes.get(path)
+            size = self.versions.size_of(path)
             if size is None:
                 info = self._run(self._retried(lambda: self.fs._info(path), path, index, 'open'))
                 if info.get('size') is None:
                     raise ReadError('the server does not say the size of this file', path, index)
-                self._learn(path, info['size'], *info_version(info))
-                size = self._sizes[path]
+                self.versions.learn(path, info['size'], *info_version(info))
+                size = self.versions.sizes[path]
         return size
 
     def _check_bounds(self, path: str, offset: int, length: int, index: int | None) -> None:
@@ -416,9 +382,9 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
     def read(self, path: str, offset: int, length: int, index: int | None = None) -> bytes:
         """Exactly ``length`` bytes at ``offset``: from the read-ahead buffer, or fetched now."""
         self._this_process()
-        data = self._take(path, offset, length, index)
+        data = self.ahead.take(path, offset, length, index)
         if data is None:
-            data = self._cached(path, offset, length)
+            data = self.cache.cached(path, offset, length)
             if data is not None:
                 return data
             self._check_bounds(path, offset, length, index)
@@ -427,24 +393,9 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
             t0 = time.perf_counter()
             data = self._run(self._fetch(path, offset, offset + length, index))
             netstats.waited(time.perf_counter() - t0, uncovered=True)
-            self._keep_whole(path, offset, data)
-        self._fetched_now(path, offset, length, index, data)
+            self.ahead.keep_whole(path, offset, data, self.versions.size_of(path))
+        self.cache.fetched_now(path, offset, length, index, data)
         return data
-
-    def _keep_whole(self, path: str, offset: int, data: bytes) -> None:
-        """Keep a small file that a read fetched whole as the read-ahead keeps one it reads
-        whole (``small_file_bytes``): the open reads a small bag's header so (its last
-        bytes are all of it), and the warm-up and the workers then ask for it again."""
-        small = int(self.settings['small_file_bytes'])
-        if offset or not small or len(data) > small or self.settings['cache_dir'] \
-                or self._sizes.get(path) != len(data):
-            return
-        with self._buffer.lock:
-            if path in self._small or self._small_bytes + len(data) > \
-                    int(self.settings['small_files_bytes']):
-                return
-            self._small[path] = resolved(data)
-            self._small_bytes += len(data)
 
     def read_many(self, ranges: Iterable[Sequence]) -> list[bytes]:
         """The bytes of each ``(path, offset, length[, index])``, fetched concurrently.
@@ -460,7 +411,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         out: list = [None] * len(ranges)
         claims, todo = {}, []
         for k, r in enumerate(ranges):
-            claim = self._claim(r[0], r[1], r[2])
+            claim = self.ahead.claim(r[0], r[1], r[2])
             if claim is not None:
                 claims[k] = claim
             elif self._missing(ranges, k, out):
@@ -469,9 +420,9 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         late = []
         for k, claim in claims.items():
             r = ranges[k]
-            out[k] = self._taken(claim, r[0], r[1], r[2], index_of(r))
+            out[k] = self.ahead.taken(claim, r[0], r[1], r[2], index_of(r))
             if out[k] is not None:
-                self._fetched_now(r[0], r[1], r[2], index_of(r), out[k])
+                self.cache.fetched_now(r[0], r[1], r[2], index_of(r), out[k])
             elif self._missing(ranges, k, out):
                 late.append(k)      # its read ahead failed with others': asked alone below
         self._end_fetch(ranges, todo, fetching, out)
@@ -486,24 +437,24 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         """Whether range ``k`` must be fetched (not in the local cache; ``out[k]`` set
         when it is); raises when it lies outside its file."""
         r = ranges[k]
-        out[k] = self._cached(r[0], r[1], r[2])
+        out[k] = self.cache.cached(r[0], r[1], r[2])
         if out[k] is not None:
             return False
         self._check_bounds(r[0], r[1], r[2], index_of(r))
         return True
 
-    def _start_fetch(self, ranges: list, todo: list):
+    def _start_fetch(self, ranges: list, todo: list) -> tuple | None:
         """Start fetching ``ranges[k]`` for each ``k`` of ``todo`` (merged into requests);
         (requests, future), or None for nothing to fetch."""
         if not todo:
             return None
-        requests = merge([ranges[k] for k in todo], int(self.settings['merge_gap_bytes']),
-                         int(self.settings['max_request_bytes']))
+        requests = merge([ranges[k] for k in todo], self.settings.merge_gap_bytes,
+                         self.settings.max_request_bytes)
         future = asyncio.run_coroutine_threadsafe(self._fetch_all(
             requests, lambda k: index_of(ranges[todo[requests[k][3][0]]])), self._loop_of())
         return requests, future
 
-    def _end_fetch(self, ranges: list, todo: list, fetching, out: list) -> None:
+    def _end_fetch(self, ranges: list, todo: list, fetching: tuple | None, out: list) -> None:
         """Wait for :meth:`_start_fetch`'s requests and put each range's bytes (or its
         LoadrError) in ``out``; ranges of a failed merged request are asked alone."""
         if fetching is None:
@@ -525,8 +476,8 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
                         alone.setdefault(tuple(r[:3]), []).append(k)
                     continue
                 out[k] = data[r[1] - start:r[1] - start + r[2]]
-                self._keep_whole(r[0], r[1], out[k])
-                self._fetched_now(r[0], r[1], r[2], index_of(r), out[k])
+                self.ahead.keep_whole(r[0], r[1], out[k], self.versions.size_of(r[0]))
+                self.cache.fetched_now(r[0], r[1], r[2], index_of(r), out[k])
         if alone:
             # Merged requests that failed: each of their ranges alone, so that only
             # a range that fails by itself fails its record.
@@ -536,7 +487,8 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
                 for k in ks:
                     out[k] = data
                     if not isinstance(data, LoadrError):
-                        self._fetched_now(*ranges[k][:3], index_of(ranges[k]), data)
+                        r = ranges[k]
+                        self.cache.fetched_now(r[0], r[1], r[2], index_of(r), data)
 
     async def _fetch_each(self, ranges: list[Sequence]) -> list:
         """The bytes of each ``(path, offset, length[, index])`` alone (or its LoadrError)."""
@@ -559,13 +511,13 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
     def _stat(self, path: str, index: int | None = None) -> str | None:
         """'file', 'directory' or None (nothing there); asked once per process."""
         path = path.rstrip('/') or path
-        if path in self._kinds:
-            return self._kinds[path]
+        if path in self.kinds:
+            return self.kinds[path]
         parent, _, name = path.rpartition('/')
-        if name not in self._listings.get(parent, (name,)):
+        if name not in self.listings.get(parent, (name,)):
             return None                     # its directory was listed, without it
         kind = self._run(self._retried(lambda: self._stat_once(path), path, index, 'open'))
-        self._kinds[path] = kind
+        self.kinds[path] = kind
         return kind
 
     async def _stat_once(self, path: str) -> str | None:
@@ -580,26 +532,27 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
             return None
         if info.get('type') == 'directory':
             return 'directory'
-        self._learn(path, info.get('size'), *info_version(info))
+        self.versions.learn(path, info.get('size'), *info_version(info))
         return 'file'
 
     def list(self, path: str) -> list:
         """The names in directory ``path``, sorted (asked once per process)."""
         path = path.rstrip('/') or path
-        names = self._listings.get(path)
+        names = self.listings.get(path)
         if names is None:
             entries = self._run(self._retried(lambda: self._list_once(path), path, None,
                                               'list'))
             names = sorted(name for name, *_ in entries)
             for name, kind, size, version in entries:
-                self._kinds[f'{path}/{name}'] = kind
+                self.kinds[f'{path}/{name}'] = kind
                 if kind == 'file':
-                    self._learn(f'{path}/{name}', size, *version)
-            self._listings[path] = names
-            self._kinds[path] = 'directory'
+                    self.versions.learn(f'{path}/{name}', size, *version)
+            self.listings[path] = names
+            self.kinds[path] = 'directory'
         return list(names)
 
-    async def _list_once(self, path: str) -> list[tuple[str, str, int | None, tuple]]:
+    async def _list_once(self, path: str
+                         ) -> builtins.list[tuple[str, str, int | None, tuple]]:
         """``(name, kind, size, version)`` of each entry of directory ``path``, asked once."""
         self._invalidate(path)                      # asked afresh: this open's snapshot
         entries = await self.fs._ls(path, detail=True)
@@ -647,7 +600,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
 
     def occupied(self, path: str) -> bool:
         """True if anything is at ``path`` or under ``path/`` (asked afresh, never cached)."""
-        self._forget(path)
+        self.forget(path)
         kind = self._stat(path)
         if kind == 'directory':
             try:
@@ -656,16 +609,15 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
                 return True
         return kind is not None
 
-    def _forget(self, path: str) -> None:
+    def forget(self, path: str) -> None:
         """Drop what we remembered about ``path`` and what lies under it (we are writing it)."""
         path = path.rstrip('/')
-        self._unversioned = {k for k in self._unversioned
-                             if k != path and not k.startswith(path + '/')}
-        for table in (self._sizes, self._kinds, self._listings, self._versions):
+        self.versions.forget(path)
+        for table in (self.kinds, self.listings):
             for key in [k for k in table if k == path or k.startswith(path + '/')]:
                 del table[key]
         parent = path.rpartition('/')[0]
-        self._listings.pop(parent, None)
+        self.listings.pop(parent, None)
         if self._fs is not None and hasattr(self._fs, 'invalidate_cache'):
             self._fs.invalidate_cache(path)
 
@@ -683,9 +635,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         return _strip_protocol(url)
 
     def close(self) -> None:
-        with self._buffer.lock:
-            self._buffer.clear()
-            self._small, self._small_bytes = {}, 0
+        self.ahead.clear()
 
     # -- writing ------------------------------------------------------------------------
 
@@ -702,7 +652,8 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
         self._check_writable(path)
         return RemoteStagedDir(self, path)
 
-    def upload(self, pairs: Sequence[tuple[str, str]], done: list | None = None) -> None:
+    def upload(self, pairs: Sequence[tuple[str, str]],
+               done: builtins.list[str] | None = None) -> None:
         """Upload ``(local file, url)`` pairs concurrently, each retried.
 
         The URLs uploaded are appended to ``done``, also when another failed
@@ -733,7 +684,7 @@ class RemoteStorage(Versions, CacheHookup, ReadingAhead, Storage):
             self._run(all_of())
         finally:
             for u in urls:
-                self._forget(u)
+                self.forget(u)
 
 
 def _strip_protocol(url: str) -> str:

@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from .ranges import check_part, content_range
 from .remote import RemoteStorage
 
+if TYPE_CHECKING:
+    from .s3gets import PresignedGets
+
 __all__ = ['S3Storage']
 
-# The presigned GETs of each filesystem (one per process and options: see _make_fs).
-_gets: dict[int, object] = {}
+# The presigned GETs of each filesystem (one per process and options: see filesystems).
+_gets: dict[int, PresignedGets] = {}
 _gets_lock = threading.Lock()
 
 
@@ -63,7 +67,7 @@ class S3Storage(RemoteStorage):
         # botocore keeps 10 connections by default: more requests than that in flight
         # (the read-ahead keeps up to max_concurrency) queued for one, which showed as
         # round trips of 200 ms behind a 20 ms proxy.
-        config.setdefault('max_pool_connections', int(self.settings['max_concurrency']))
+        config.setdefault('max_pool_connections', int(self.settings.max_concurrency))
         # botocore presigns with Signature Version 2 where a region still takes it (its
         # requests are SigV4 already): S3 refuses SigV2 for buckets made after June 2020.
         # A version the profile sets (a store that needs another) is left to rule both.
@@ -79,7 +83,7 @@ class S3Storage(RemoteStorage):
     def _presigned(self, bucket: str):
         """The filesystem's :class:`~loadr.storage.s3gets.PresignedGets`, or None where a
         range is a ``get_object`` (the setting, the options, or a redirecting bucket)."""
-        if not self.settings.get('s3_presigned', True) or bucket in self._no_presign:
+        if not self.settings.s3_presigned or bucket in self._no_presign:
             return None
         fs = self.fs
         gets = _gets.get(id(fs))
@@ -91,7 +95,7 @@ class S3Storage(RemoteStorage):
                 gets = _gets.get(id(fs))
                 if gets is None or gets.fs is not fs:
                     gets = _gets[id(fs)] = PresignedGets(
-                        fs, self.options, int(self.settings['max_concurrency']))
+                        fs, self.options, int(self.settings.max_concurrency))
         return gets
 
     async def _range_once(self, path: str, start: int, end: int, index: int | None) -> bytes:
@@ -102,7 +106,7 @@ class S3Storage(RemoteStorage):
         gets = self._presigned(bucket)
         if gets is not None:
             from .s3gets import Redirected
-            headers = {'Range': f'bytes={start}-{end - 1}', **self._conditions(path)}
+            headers = {'Range': f'bytes={start}-{end - 1}', **self.versions.conditions(path)}
             headers.pop('If-Unmodified-Since', None)    # get_object's path sends IfMatch alone
             try:
                 answer, body = await gets.get(bucket, key, version, headers)
@@ -117,19 +121,19 @@ class S3Storage(RemoteStorage):
                                        **self._s3_conditions(path))
             try:
                 etag = answer.get('ETag')
-                self._check_version(path, etag)
+                self.versions.check(path, etag)
                 body = await answer['Body'].read()
             finally:
                 answer['Body'].close()
             header = answer.get('ContentRange')
-        self._check_version(path, etag)
+        self.versions.check(path, etag)
         self.bytes_fetched += len(body)
         got = content_range(header) if header else (start, start + len(body), None)
-        check_part((start, end), got, len(body), self._sizes.get(path))
+        check_part((start, end), got, len(body), self.versions.size_of(path))
         return body
 
     def _s3_conditions(self, path: str) -> dict:
         """The ``get_object`` keywords that ask for the version of ``path`` the reader
         opened (S3 answers 412 PreconditionFailed for another)."""
-        etag = (self._versions.get(path) or (None,))[0]
+        etag = self.versions.etag(path)
         return {'IfMatch': etag} if etag and not etag.startswith('W/') else {}

@@ -42,7 +42,7 @@ _OTHER_REGION = frozenset({'AuthorizationQueryParametersError', 'AuthorizationHe
 _NOT_PRESIGNABLE = ('requester_pays', 's3_additional_kwargs', 'session')
 # The sessions made, (pid, loop, session), never dropped before the exit (a session
 # closed from another thread than its loop's can lose a socket from the loop's epoll set:
-# see remote._make_fs); a forked child never uses its parent's.
+# see loadr.storage.filesystems); a forked child never uses its parent's.
 _kept: list = []
 
 

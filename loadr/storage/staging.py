@@ -339,9 +339,9 @@ class RemoteStagedFile:
             storage = self.storage
             if not overwrite and storage.occupied(self.target):
                 raise WriterError('the object appeared while it was being written', self.target)
-            storage._forget(self.target)
+            storage.forget(self.target)
             storage.upload([(self.path, self.target)])
-            storage._forget(self.target)
+            storage.forget(self.target)
         except BaseException:
             self.abort()
             raise
@@ -404,7 +404,7 @@ class RemoteStagedDir(StagedDir):
                 # left. Where that fails too, the markers that make a dataset are missing.
                 storage.remove(uploaded)
                 raise
-            storage._forget(self.target)
+            storage.forget(self.target)
         except BaseException:
             self.abort()
             raise

@@ -130,7 +130,7 @@ def test_workers_share_the_cache_and_give_the_same_batches(nginx, served_root, t
 def test_loadr_open_takes_the_cache_settings(nginx, served_root, tmp_path):
     reader = loadr.open(f'{nginx.url}/ffrecord/multi', decode='msgpack',
                         cache_dir=tmp_path / 'c', cache_bytes=10_000)
-    assert reader.caches and reader._files.settings['cache_bytes'] == 10_000
+    assert reader.caches and reader._files.settings.cache_bytes == 10_000
     local = loadr.open(served_root / 'ffrecord/multi', decode='msgpack')
     with loadr.Loader(reader, batch=BATCH, seed=1, workers=0) as loader:
         got = stream_digests(loader, 6)
@@ -228,7 +228,7 @@ def test_each_source_of_a_mix_keeps_its_cache(nginx, served_root, tmp_path):
 
 def test_a_cache_dir_alone_gets_a_share_of_the_free_disk(nginx, served_root, tmp_path):
     reader = loadr.open(f'{nginx.url}/ffrecord/multi', decode='msgpack', cache_dir=tmp_path / 'c')
-    budget = reader._files.settings['cache_bytes']
+    budget = reader._files.settings.cache_bytes
     assert 0 < budget <= DEFAULT_CAP                # storage.cachedir.default_budget, fixed at open
     with loadr.Loader(reader, batch=BATCH, seed=1, workers=0) as loader:
         got = stream_digests(loader, 4)
@@ -243,7 +243,7 @@ def test_a_cache_dir_alone_gets_a_share_of_the_free_disk(nginx, served_root, tmp
                       f'loader: {{batch: {BATCH}, seed: 1, workers: 2}}\n')
     with loadr.pipeline(str(config)) as loader:
         assert stream_digests(loader, 4) == got
-        assert 0 < loader.reader._files.settings['cache_bytes'] <= DEFAULT_CAP
+        assert 0 < loader.reader._files.settings.cache_bytes <= DEFAULT_CAP
 
 
 def _flip(path: str) -> None:

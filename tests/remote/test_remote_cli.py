@@ -122,13 +122,13 @@ def test_storage_option_is_merged_with_the_cache_settings_of_a_yaml_reader(moto,
                              'loader': {'batch': 2, 'workers': 0}}) as loader:
             storage = loader.reader._files
     assert storage.options['endpoint_url'] == moto.url
-    assert storage.settings['cache_bytes'] == 10_000
+    assert storage.settings.cache_bytes == 10_000
     # A reader's own storage_options are merged with them too, its own winning.
     with loadr.storage.using_storage_options({'endpoint_url': moto.url,
                                               'loadr': {'retries': 1, 'timeout_s': 9}}):
         reader = loadr.open('s3://fixtures/gulp', storage_options={'loadr': {'timeout_s': 30}})
     assert reader._files.options['endpoint_url'] == moto.url
-    assert (reader._files.settings['retries'], reader._files.settings['timeout_s']) == (1, 30)
+    assert (reader._files.settings.retries, reader._files.settings.timeout_s) == (1, 30)
 
 
 def test_an_unreachable_server_is_not_reported_as_missing(moto, capsys):

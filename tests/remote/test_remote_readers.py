@@ -809,7 +809,7 @@ def test_forked_workers_inherit_the_first_batches_records(nginx, served_root, wo
             got = [batch_digest(next(it))]
             remote = loader.stats().as_dict()['remote']
             # The workers are forked: this process let go of what it read for them.
-            held = reader._files._buffer.bytes
+            held = reader._files.ahead.buffer.bytes
             got += [batch_digest(next(it)) for _ in range(5)]
     assert got == expected
     assert remote is None or remote['requests'] == 0, remote

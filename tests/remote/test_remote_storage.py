@@ -221,7 +221,7 @@ def test_failed_read_ahead_raises_for_the_record_read(nginx, served_root):
     with Proxy(nginx.url, error=1.0, max_faults=100) as proxy:
         storage = remote_storage(proxy.url, {'loadr': {**FAST, 'retries': 1}})
         url = f'{proxy.url}/{FILE}'
-        storage._sizes[url] = (served_root / FILE).stat().st_size
+        storage.versions.sizes[url] = (served_root / FILE).stat().st_size
         storage.prefetch([(url, 0, 10, 1), (url, 5000, 10, 2)])
         with pytest.raises(ReadError, match='after 2 attempts') as info:
             storage.read(url, 5000, 10, 2)
@@ -259,19 +259,19 @@ def test_an_answer_for_other_bytes_is_retried_then_a_clear_error(nginx, moto, se
         storage, url = storage_and_url(proxy)
         expected = 'asked for bytes 1000-1049' if fault == 'wrong' else \
             f'the answer gives the file {len(data) + 1} bytes, not the {len(data)}'
-        with pytest.raises(ReadError, match=f'after 3 attempts: _WrongRange: {expected}') \
+        with pytest.raises(ReadError, match=f'after 3 attempts: WrongRange: {expected}') \
                 as info:
             storage.read(url, 1000, 50, 4)
         assert info.value.path == url and info.value.index == 4 and info.value.attempts == 3
         if fault == 'wrong':
-            with pytest.raises(ReadError, match='_WrongRange') as info:
+            with pytest.raises(ReadError, match='WrongRange') as info:
                 storage.read_many([(url, *r[1:]) for r in ranges])
             assert info.value.index == 0
 
 
 def test_a_server_that_ignores_range_is_read_whole_once(served_root):
     # python's http.server answers a range request with the whole file (200): every
-    # read but at offset 0 failed with '_ShortBody', after a whole download per
+    # read but at offset 0 failed with 'ShortBody', after a whole download per
     # retry. A small file is read whole once and its ranges cut.
     data = (served_root / FILE).read_bytes()
     with start_plain_http(served_root) as web:
@@ -361,7 +361,7 @@ def test_a_grouped_request_that_times_out_is_not_asked_again_range_by_range(ngin
     with Proxy(nginx.url, hang=True) as proxy:
         storage = remote_storage(proxy.url, {'loadr': {**FAST, 'timeout_s': 0.3}})
         url = f'{proxy.url}/{FILE}'
-        storage._sizes[url] = 144_202
+        storage.versions.sizes[url] = 144_202
         ranges = [(url, off, 10, k) for k, off in enumerate([0, 100, 5000, 9000])]
         with pytest.raises(ReadError, match='timeout_s=0.3') as info:
             storage.read_many(ranges)
@@ -465,9 +465,9 @@ def test_numeric_settings_in_range_are_taken():
     storage = remote_storage('s3://b/x', {'loadr': {'retries': 3.0, 'timeout_s': 2,
                                                    'readahead_bytes': np.int64(0),
                                                    'max_ranges': 0, 'backoff_s': np.float32(.5)}})
-    assert storage.settings['retries'] == 3 and type(storage.settings['retries']) is int
-    assert storage.settings['timeout_s'] == 2.0 and storage.settings['backoff_s'] == 0.5
-    assert type(storage.settings['readahead_bytes']) is int
+    assert storage.settings.retries == 3 and type(storage.settings.retries) is int
+    assert storage.settings.timeout_s == 2.0 and storage.settings.backoff_s == 0.5
+    assert type(storage.settings.readahead_bytes) is int
 
 
 # ---------------------------------------------------------------------------
@@ -586,7 +586,7 @@ def test_overlapping_read_ahead_serves_every_range_once_without_refetching(nginx
     sent = 2            # the first batch's span, and the second's last range (outside it)
     assert storage.requests == sent
     # All given back: the spans are gone, a read fetches again.
-    assert storage._buffer.bytes == 0 and not storage._buffer.claims
+    assert storage.ahead.buffer.bytes == 0 and not storage.ahead.buffer.claims
     storage.read(*first[0])
     assert storage.requests == sent + 1
 

@@ -6,13 +6,14 @@ made on first use), so these run without the network.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import pytest
 
 from loadr.errors import ConfigError
-from loadr.storage import (LocalStorage, remote_storage, storage_class, storage_for,
-                           using_storage_options)
+from loadr.storage import (LocalStorage, remote_storage, settings_for, storage_class,
+                           storage_for)
 
 pytest.importorskip('fsspec')
 pytest.importorskip('aiohttp')
@@ -44,18 +45,40 @@ def test_http_is_read_only_and_says_so_before_anything_is_written(tmp_path):
 def test_a_pickled_storage_keeps_its_class_and_settings():
     storage = remote_storage('https://h/x', {'loadr': {'retries': 2}})
     copy = pickle.loads(pickle.dumps(storage))
-    assert type(copy) is type(storage) and copy.settings['retries'] == 2
+    assert type(copy) is type(storage) and copy.settings.retries == 2
     assert copy._one_range_hosts == set()           # HTTP's own per-process state, made anew
 
 
 def test_storages_are_shared_within_one_open_and_never_across_opens():
-    options = {'loadr': {'retries': 1}}
-    with using_storage_options(None):
-        a = remote_storage('https://h/a', options)
-        assert remote_storage('https://h/b', options) is a
-        assert remote_storage('https://h/b', {'loadr': {'retries': 2}}) is not a
-        assert remote_storage('s3://b/x', options) is not a
-    assert remote_storage('https://h/a', options) is not a
+    # One open makes its settings once and passes them down: its storages are shared.
+    settings = settings_for('https://h/a', {'loadr': {'retries': 1}})
+    a = remote_storage('https://h/a', settings)
+    assert remote_storage('https://h/b', settings) is a
+    assert remote_storage('https://h/b', {'loadr': {'retries': 1}}) is not a
+    assert remote_storage('s3://b/x', settings) is not a
+    # Another open (other settings, equal or not) learns afresh.
+    assert remote_storage('https://h/a', settings_for('https://h/a', {'loadr': {'retries': 1}})) \
+        is not a
+    # A forked child's storages are its own, made with a copy of the settings.
+    assert remote_storage('https://h/a', pickle.loads(pickle.dumps(settings))) is not a
+
+
+def test_settings_are_checked_once_and_typed():
+    settings = settings_for('s3://b/x', {'endpoint_url': 'http://h', 'loadr': {
+        'retries': 3.0, 'timeout_s': 2}})
+    assert (settings.retries, settings.timeout_s) == (3, 2.0) and type(settings.retries) is int
+    assert dict(settings.options) == {'endpoint_url': 'http://h'}
+    storage = remote_storage('s3://b/x', settings)
+    assert storage.settings is settings
+    with pytest.raises(ConfigError,
+                       match=r"unknown storage_options\['loadr'\] settings \['retry'\]"):
+        settings_for('s3://b/x', {'loadr': {'retry': 3}})
+    with pytest.raises(ConfigError, match='s3_presigned must be True or False'):
+        settings_for('s3://b/x', {'loadr': {'s3_presigned': 'yes'}})
+    with pytest.raises(ConfigError, match='apply to URLs only'):
+        settings_for('data/train', {'anon': True})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.retries = 1
 
 
 def test_the_local_cache_is_asked_of_the_storage_never_probed():

@@ -59,7 +59,7 @@ __all__ = ['Bag', 'BagFileWriter', 'BagReader', 'BagWriter', 'FORMAT', 'check', 
            'parse_type']
 
 
-def detect(path: str) -> bool:
+def detect(path: str, storage_options=None) -> bool:
     """True for a directory with spec.json, or with shard directories holding one.
 
     >>> detect(FIXTURES / 'bag_sharded'), detect(FIXTURES / 'bag_raw')
@@ -67,7 +67,7 @@ def detect(path: str) -> bool:
     """
     try:
         path = os.fspath(path)
-        storage = storage_for(path)
+        storage = storage_for(path, storage_options)
         if not storage.isdir(path):
             return False
         if storage.isfile(os.path.join(path, SPEC_NAME)):

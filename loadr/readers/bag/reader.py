@@ -150,7 +150,8 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
                 # That wait is on the network (its refs' round trip): counted.
                 t0 = None if job.done() else time.perf_counter()
                 try:
-                    job.result(getattr(self._files, 'settings', {}).get('timeout_s', 60) + 5)
+                    job.result(getattr(getattr(self._files, 'settings', None), 'timeout_s',
+                                       60.0) + 5)
                 except Exception:
                     pass            # a hint: the read below reports what is wrong
                 if t0 is not None:
@@ -199,7 +200,8 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
         storage = self._files
         if not storage.remote:
             return
-        first = first if not getattr(storage, 'settings', {}).get('cache_dir') else ()
+        first = first if not getattr(getattr(storage, 'settings', None), 'cache_dir', None) \
+            else ()
         if first:
             # Under a local cache the workers' reads go through it, range by range: not
             # here. Else what is read stays, for the workers, when this process reads
@@ -231,9 +233,10 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
         headers (tables with them), all at once."""
         storage = self._files
         bags = [b for b in bags if b is not None]
-        settings = getattr(storage, 'settings', {})
-        small, budget = settings.get('small_file_bytes', 0), settings.get('small_files_bytes', 0)
-        if small and not settings.get('cache_dir'):
+        settings = getattr(storage, 'settings', None)       # a URL's StorageSettings
+        small, budget = (settings.small_file_bytes, settings.small_files_bytes) \
+            if settings is not None else (0, 0)
+        if small and settings is not None and not settings.cache_dir:
             whole = []
             for bag in bags:
                 if 0 < bag.size <= small and bag.size <= budget:

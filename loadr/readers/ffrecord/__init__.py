@@ -46,7 +46,7 @@ __all__ = ['FFRecordReader', 'FFRecordWriter', 'FORMAT', 'check', 'detect', 'pac
            'crc32', 'crc32_combine', 'header_bytes']
 
 
-def detect(path: str | os.PathLike) -> bool:
+def detect(path: str | os.PathLike, storage_options=None) -> bool:
     """True for a ``.ffr`` file or a directory directly holding ``*.ffr`` files; never raises.
 
     >>> detect(FIXTURES / 'ffrecord/multi')
@@ -54,7 +54,7 @@ def detect(path: str | os.PathLike) -> bool:
     """
     try:
         path = os.fspath(path)
-        storage = storage_for(path)
+        storage = storage_for(path, storage_options)
         if storage.isfile(path):
             return path.endswith(SUFFIX)
         if storage.isdir(path):

@@ -52,7 +52,7 @@ from .writer import GulpWriter
 __all__ = ['GulpReader', 'GulpWriter', 'check', 'detect', 'FORMAT']
 
 
-def detect(path: str | os.PathLike) -> bool:
+def detect(path: str | os.PathLike, storage_options=None) -> bool:
     """True for a directory holding ``data_*.gulp`` or ``meta_*.gmeta`` files. Never raises.
 
     >>> detect(FIXTURES / 'gulp')
@@ -60,7 +60,7 @@ def detect(path: str | os.PathLike) -> bool:
     """
     try:
         path = os.fspath(path)
-        storage = storage_for(path)
+        storage = storage_for(path, storage_options)
         if not storage.isdir(path):
             return False
         return any(fnmatch.fnmatchcase(n, 'data_*.gulp') or fnmatch.fnmatchcase(n, 'meta_*.gmeta')

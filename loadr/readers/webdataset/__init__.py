@@ -36,7 +36,7 @@ def _is_tar_name(name) -> bool:
     return isinstance(name, str) and name.endswith(SUFFIXES + COMPRESSED_SUFFIXES)
 
 
-def detect(path) -> bool:
+def detect(path, storage_options=None) -> bool:
     """True for a tar, a list or pattern of tars, or a directory directly holding tars.
 
     Never raises.
@@ -45,10 +45,11 @@ def detect(path) -> bool:
         if isinstance(path, (list, tuple)):
             return bool(path) and all(_is_tar_name(os.fspath(p)) for p in path)
         path = os.fspath(path)
-        if names_files(path):
-            files = expand(path)
-            return _is_tar_name(files[0]) and storage_for(files[0]).isfile(files[0])
-        storage = storage_for(path)
+        if names_files(path, storage_options):
+            files = expand(path, storage_options)
+            return _is_tar_name(files[0]) and storage_for(files[0], storage_options).isfile(
+                files[0])
+        storage = storage_for(path, storage_options)
         if storage.isfile(path):
             return _is_tar_name(path)
         if storage.isdir(path):
