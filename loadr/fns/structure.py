@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError, SpecError
-from .base import Fn, _key, _positive_int
-from .video import _is_scalar_array
+from .base import Fn, check_key, positive_int
+from .video import is_scalar_array
 
 
 # ---------------------------------------------------------------------------
@@ -84,14 +84,14 @@ class pad_sequence(Fn):  # noqa: N801
     """
 
     def __init__(self, key: str = None, length: int | None = None, value=0):
-        self._keep(key=_key(key), length=_positive_int(length, 'length'), value=value)
+        self._keep(key=check_key(key), length=positive_int(length, 'length'), value=value)
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         seq = self._get(dp, self.key)
         length_key = f'{self.key}_length'
         if length_key in dp:
             raise SpecError(f'{self!r}: the datapoint already has a key {length_key!r}')
-        if not isinstance(seq, (list, tuple, np.ndarray)) or _is_scalar_array(seq):
+        if not isinstance(seq, (list, tuple, np.ndarray)) or is_scalar_array(seq):
             raise SpecError(f'{self!r}: key {self.key!r} must be a list or an array, '
                             f'got {type(seq).__name__}')
         n = len(seq)
@@ -122,13 +122,13 @@ class truncate(Fn):  # noqa: N801
     """
 
     def __init__(self, key: str = None, length: int | None = None):
-        self._keep(key=_key(key), length=_positive_int(length, 'length'))
+        self._keep(key=check_key(key), length=positive_int(length, 'length'))
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         seq = self._get(dp, self.key)
         if isinstance(seq, tuple):
             seq = list(seq)
-        if not isinstance(seq, (list, np.ndarray, str, bytes)) or _is_scalar_array(seq):
+        if not isinstance(seq, (list, np.ndarray, str, bytes)) or is_scalar_array(seq):
             raise SpecError(f'{self!r}: key {self.key!r} must be a list, an array, a string or '
                             f'bytes, got {type(seq).__name__}')
         return {**dp, self.key: seq[:self.length]}

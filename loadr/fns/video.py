@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError, SpecError
-from .base import Fn, _key, _positive_int
+from .base import Fn, check_key, positive_int
 
 
 # ---------------------------------------------------------------------------
@@ -56,8 +56,8 @@ class sample_frames(Fn):  # noqa: N801
             raise ConfigError(f'train must be True or False, got {train!r}')
         if short not in ('loop', 'clamp'):
             raise ConfigError(f"short must be 'loop' or 'clamp', got {short!r}")
-        self._keep(key=_key(key), num=_positive_int(num, 'num'), mode=mode,
-                   stride=_positive_int(stride, 'stride'), train=train, short=short)
+        self._keep(key=check_key(key), num=positive_int(num, 'num'), mode=mode,
+                   stride=positive_int(stride, 'stride'), train=train, short=short)
         self._keep_stream(stream)
 
     def positions(self, n: int, seed: int | None = None) -> list[int]:
@@ -97,7 +97,7 @@ class sample_frames(Fn):  # noqa: N801
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         value = self._get(dp, self.key)
-        if not isinstance(value, (list, tuple, np.ndarray)) or _is_scalar_array(value):
+        if not isinstance(value, (list, tuple, np.ndarray)) or is_scalar_array(value):
             raise SpecError(f'{self!r}: key {self.key!r} must be a list of frames or a T×… '
                             f'array, got {type(value).__name__}')
         return {**dp, self.key: _pick(value, self.positions(len(value), seed))}
@@ -131,7 +131,8 @@ class sample_frames(Fn):  # noqa: N801
         return {**dp, self.key: _pick(got, [slot[p] for p in chosen])}
 
 
-def _is_scalar_array(value) -> bool:
+def is_scalar_array(value) -> bool:
+    """Whether ``value`` is a numpy array of no dimension (one number)."""
     return isinstance(value, np.ndarray) and value.ndim == 0
 
 
