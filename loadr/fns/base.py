@@ -34,18 +34,24 @@ class Fn:
 
     Subclasses call ``self._keep(...)`` with their (validated) arguments and
     implement ``__call__(datapoint, seed=None) -> datapoint``. ``reads`` is
-    True for a fn that also implements ``read(reader, index, seed)``.
+    True for a fn that also implements ``read(reader, index, seed)``. A
+    subclass declares the arguments it keeps as annotated class attributes:
+    ``_keep`` sets them on the instance, the annotations say what they are (to
+    a reader, and to mypy).
 
     Example::
 
         class double(Fn):
+            key: str
+
             def __init__(self, key='x'):
                 self._keep(key=key)
             def __call__(self, dp, seed=None):
-                return {**dp, 'x': 2 * dp['x']}
+                return {**dp, self.key: 2 * dp[self.key]}
     """
 
     reads = False
+    stream: str | None          # a random fn's shared-stream name (None: its own stream)
 
     def _keep(self, **args: Any) -> None:
         self._args = args

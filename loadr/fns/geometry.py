@@ -28,6 +28,9 @@ class resize(Fn):  # noqa: N801
         resize(size=256)({'image': img})['image'].shape   # (256, 341, 3)
     """
 
+    key: str
+    size: int | tuple[int, int]        # an int: the short side
+
     def __init__(self, key: str = 'image', size=None):
         self._keep(key=check_key(key), size=check_size(size, allow_short_side=True))
 
@@ -51,6 +54,9 @@ class center_crop(Fn):  # noqa: N801
 
         center_crop(size=224)({'image': img})['image'].shape   # (224, 224, 3)
     """
+
+    key: str
+    size: tuple[int, int]
 
     def __init__(self, key: str = 'image', size=None):
         self._keep(key=check_key(key), size=check_size(size, allow_short_side=False))
@@ -83,6 +89,9 @@ class random_crop(Fn):  # noqa: N801
 
         random_crop(size=(32, 48))(dp, seed=3)['image'].shape   # (32, 48, 3)
     """
+
+    key: str
+    size: tuple[int, int]
 
     def __init__(self, key: str = 'image', size=None, stream: str | None = None):
         self._keep(key=check_key(key), size=check_size(size, allow_short_side=False))
@@ -132,6 +141,11 @@ class random_resized_crop(Fn):  # noqa: N801
         pair = [random_resized_crop(key='image', size=224, stream='geometry'),
                 random_resized_crop(key='mask', size=224, stream='geometry')]   # the same crop
     """
+
+    key: str
+    size: tuple[int, int]
+    scale: tuple[float, float]
+    ratio: tuple[float, float]
 
     def __init__(self, key: str = 'image', size=None, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
                  stream: str | None = None):
@@ -189,6 +203,9 @@ class flip(Fn):  # noqa: N801
 
         flip(p=1.0)({'image': np.array([[1, 2, 3]], np.uint8)}, seed=0)['image']  # [[3, 2, 1]]
     """
+
+    key: str
+    p: float
 
     def __init__(self, key: str = 'image', p: float = 0.5, stream: str | None = None):
         if not is_number(p) or not 0 <= p <= 1:

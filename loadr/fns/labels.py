@@ -31,7 +31,11 @@ class label_to_index(Fn):  # noqa: N801
         label_to_index(mapping={'cat': 0, 'dog': 1})({'label': 'dog'})['label']   # 1
     """
 
+    key: str
+    mapping: dict | str | None        # as given: a dict, a path or None
+
     def __init__(self, key: str = 'label', mapping=None):
+        table: dict | None
         if isinstance(mapping, (str, os.PathLike)):
             table, shown = _load_mapping(mapping), os.fspath(mapping)
         elif isinstance(mapping, dict) or mapping is None:
@@ -81,6 +85,9 @@ class one_hot(Fn):  # noqa: N801
 
         one_hot(num_classes=4)({'label': 2})['label']   # [0., 0., 1., 0.]
     """
+
+    key: str
+    num_classes: int
 
     def __init__(self, key: str = 'label', num_classes: int | None = None):
         self._keep(key=check_key(key), num_classes=positive_int(num_classes, 'num_classes'))

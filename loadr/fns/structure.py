@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,8 @@ class select(Fn):  # noqa: N801
         select(['image', 'label'])({'image': 1, 'label': 2, 'path': 'x'})
         # {'image': 1, 'label': 2}
     """
+
+    keys: tuple[str, ...]
 
     def __init__(self, keys=None):
         if isinstance(keys, str):
@@ -48,6 +51,8 @@ class rename(Fn):  # noqa: N801
 
         rename({'frames': 'video'})({'frames': f, 'label': 1})   # {'video': f, 'label': 1}
     """
+
+    mapping: dict[str, str]
 
     def __init__(self, mapping=None):
         if (not isinstance(mapping, dict) or not mapping
@@ -83,7 +88,11 @@ class pad_sequence(Fn):  # noqa: N801
         # {'tokens': [5, 6, 0, 0], 'tokens_length': 2}
     """
 
-    def __init__(self, key: str = None, length: int | None = None, value=0):
+    key: str
+    length: int
+    value: Any
+
+    def __init__(self, key: str | None = None, length: int | None = None, value=0):
         self._keep(key=check_key(key), length=positive_int(length, 'length'), value=value)
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
@@ -99,6 +108,7 @@ class pad_sequence(Fn):  # noqa: N801
             raise SpecError(f'{self!r}: key {self.key!r} has {n} items, more than {self.length}; '
                             f'put truncate(key={self.key!r}, length={self.length}) before')
         missing = self.length - n
+        out: np.ndarray | list
         if isinstance(seq, np.ndarray):
             try:
                 pad = np.full((missing, *seq.shape[1:]), self.value, dtype=seq.dtype)
@@ -121,7 +131,10 @@ class truncate(Fn):  # noqa: N801
         truncate('tokens', 2)({'tokens': [5, 6, 7]})['tokens']   # [5, 6]
     """
 
-    def __init__(self, key: str = None, length: int | None = None):
+    key: str
+    length: int
+
+    def __init__(self, key: str | None = None, length: int | None = None):
         self._keep(key=check_key(key), length=positive_int(length, 'length'))
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:

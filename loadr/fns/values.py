@@ -43,6 +43,11 @@ class normalize(Fn):
         # (3, 224, 224)
     """
 
+    key: str
+    mean: str | tuple[float, ...]        # a name ('imagenet') or values
+    std: str | tuple[float, ...]
+    layout: str
+
     def __init__(self, key: str = 'image', mean='imagenet', std='imagenet', layout: str = 'HWC'):
         mean_v, std_v = _channel_values(mean, 'mean'), _channel_values(std, 'std')
         if any(s <= 0 for s in std_v):
@@ -97,6 +102,9 @@ class to_float(Fn):  # noqa: N801
 
         to_float()({'image': np.array([0, 255], np.uint8)})['image']   # [0., 1.]
     """
+
+    key: str
+    scale: float
 
     def __init__(self, key: str = 'image', scale: float = 1 / 255):
         if not is_number(scale) or not math.isfinite(scale):

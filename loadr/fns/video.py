@@ -48,6 +48,13 @@ class sample_frames(Fn):  # noqa: N801
     reads = True
     MODES = ('uniform', 'random_clip', 'tsn')
 
+    key: str
+    num: int
+    mode: str
+    stride: int
+    train: bool
+    short: str
+
     def __init__(self, key: str = 'frames', num: int = 8, mode: str = 'uniform', stride: int = 1,
                  train: bool = True, short: str = 'loop', stream: str | None = None):
         if mode not in self.MODES:
@@ -120,7 +127,7 @@ class sample_frames(Fn):  # noqa: N801
         chosen = self.positions(len(frames), seed)
         # Ask for each frame once, in file order; repeats come back from the copy.
         wanted = sorted(set(chosen))
-        mask = {k: True for k in available if k != self.key}
+        mask: dict[str, bool | list[int]] = {k: True for k in available if k != self.key}
         mask[self.key] = wanted
         dp = reader[index, mask]
         got = dp.get(self.key) if isinstance(dp, dict) else None
