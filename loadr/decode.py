@@ -463,7 +463,7 @@ def _pixel_limit() -> float:
 
 
 def _target(full: tuple[int, int], size) -> tuple[int, int]:
-    from .fns.frames import _target as target
+    from .fns.frames import target_size as target
     return target(full[0], full[1], size)
 
 

@@ -403,9 +403,9 @@ def _map_readonly(fd: int, size: int):
     """A read-only mapping of ``fd`` that holds no descriptor (Python's mmap keeps a
     duplicate: a second fd on the memfd for as long as it lives); unmapped when the
     last object using it is collected."""
-    from .workers.shm import _libc
+    from .workers.shm import load_libc
 
-    libc = _libc()
+    libc = load_libc()
     addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
     if addr is None or addr == ctypes.c_void_p(-1).value:
         err = ctypes.get_errno()

@@ -18,7 +18,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 RESIZED_CROP_TRIES = 10
 
 
-def _pil():
+def pil_image():
+    """Pillow's ``Image`` module."""
     # Pillow loads on first use so that `import loadr.fns` stays cheap.
     from PIL import Image
     return Image
@@ -33,18 +34,24 @@ class Fn:
 
     Subclasses call ``self._keep(...)`` with their (validated) arguments and
     implement ``__call__(datapoint, seed=None) -> datapoint``. ``reads`` is
-    True for a fn that also implements ``read(reader, index, seed)``.
+    True for a fn that also implements ``read(reader, index, seed)``. A
+    subclass declares the arguments it keeps as annotated class attributes:
+    ``_keep`` sets them on the instance, the annotations say what they are (to
+    a reader, and to mypy).
 
     Example::
 
         class double(Fn):
+            key: str
+
             def __init__(self, key='x'):
                 self._keep(key=key)
             def __call__(self, dp, seed=None):
-                return {**dp, 'x': 2 * dp['x']}
+                return {**dp, self.key: 2 * dp[self.key]}
     """
 
     reads = False
+    stream: str | None          # a random fn's shared-stream name (None: its own stream)
 
     def _keep(self, **args: Any) -> None:
         self._args = args
@@ -105,21 +112,25 @@ class Fn:
                             f'(it has {sorted(map(str, dp))})') from None
 
 
-def _is_int(x) -> bool:
+def is_int(x) -> bool:
+    """Whether ``x`` is an int (a numpy integer too), not a bool."""
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
-def _is_number(x) -> bool:
+def is_number(x) -> bool:
+    """Whether ``x`` is a real number (numpy ones too), not a bool."""
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
-def _positive_int(value, name: str) -> int:
-    if not _is_int(value) or value < 1:
+def positive_int(value, name: str) -> int:
+    """``value`` as an int >= 1; ConfigError naming ``name`` otherwise."""
+    if not is_int(value) or value < 1:
         raise ConfigError(f'{name} must be a positive int, got {value!r}')
     return int(value)
 
 
-def _key(value, name: str = 'key') -> str:
+def check_key(value, name: str = 'key') -> str:
+    """``value``, a non-empty string (a datapoint key); ConfigError naming ``name`` otherwise."""
     if not isinstance(value, str) or not value:
         raise ConfigError(f'{name} must be a non-empty string, got {value!r}')
     return value
@@ -128,25 +139,26 @@ def _key(value, name: str = 'key') -> str:
 def _pair(value, name: str, of: str = 'positive ints') -> tuple:
     """Two positive ints (h, w) from a tuple or a YAML list."""
     if (not isinstance(value, (tuple, list)) or len(value) != 2
-            or not all(_is_int(v) and v >= 1 for v in value)):
+            or not all(is_int(v) and v >= 1 for v in value)):
         raise ConfigError(f'{name} must be two {of}, got {value!r}')
     return int(value[0]), int(value[1])
 
 
-def _size(value, allow_short_side: bool):
+def check_size(value, allow_short_side: bool):
     """An int (the short side, or a square crop) or an exact (h, w)."""
-    if _is_int(value) and value >= 1:
+    if is_int(value) and value >= 1:
         return int(value) if allow_short_side else (int(value), int(value))
     if value is None:
         raise ConfigError('size is required: an int or two positive ints (h, w)')
-    if _is_int(value):
+    if is_int(value):
         raise ConfigError(f'size must be a positive int or two positive ints (h, w), got {value!r}')
     return _pair(value, 'size')
 
 
-def _float_range(value, name: str, upper: float | None = None) -> tuple:
+def float_range(value, name: str, upper: float | None = None) -> tuple:
+    """``(low, high)``: two positive finite numbers, low <= high (<= ``upper``)."""
     ok = (isinstance(value, (tuple, list)) and len(value) == 2
-          and all(_is_number(v) and math.isfinite(v) and v > 0 for v in value)
+          and all(is_number(v) and math.isfinite(v) and v > 0 for v in value)
           and value[0] <= value[1] and (upper is None or value[1] <= upper))
     if not ok:
         limit = f' and at most {upper}' if upper is not None else ''

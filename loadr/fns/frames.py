@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import SpecError
-from .base import Fn, _pil
+from .base import Fn, pil_image
 
 
 # ---------------------------------------------------------------------------
 # Images, videos and the pixel operations they share
 
 
-def _frames(fn: Fn, key: str, value, stack: bool = False):
+def frames_of(fn: Fn, key: str, value, stack: bool = False):
     """``(frames, rebuild)``: the H×W(×C) arrays in ``value`` and how to put results back.
 
     ``rebuild`` returns one image for one image, a list for a list (or a
@@ -48,7 +48,7 @@ def _stack(fn: Fn, key: str, arrays: list) -> np.ndarray:
         raise SpecError(f'{fn!r}: the frames of key {key!r} cannot be stacked: {exc}') from None
 
 
-def _frame_size(fn: Fn, key: str, frames: list) -> tuple[int, int]:
+def frame_size(fn: Fn, key: str, frames: list) -> tuple[int, int]:
     """(H, W) shared by every frame; frames of different sizes cannot share one crop."""
     h, w = frames[0].shape[:2]
     for i, frame in enumerate(frames):
@@ -65,18 +65,19 @@ def _short_side(h: int, w: int, size: int) -> tuple[int, int]:
     return max(1, int(size * h / w)), size
 
 
-def _target(h: int, w: int, size) -> tuple[int, int]:
+def target_size(h: int, w: int, size) -> tuple[int, int]:
+    """The (h, w) to resize an ``h``×``w`` image to: ``size`` as (h, w), or an int short side."""
     return _short_side(h, w, size) if isinstance(size, int) else size
 
 
-def _resize_array(fn: Fn, key: str, arr: np.ndarray, h: int, w: int) -> np.ndarray:
+def resize_array(fn: Fn, key: str, arr: np.ndarray, h: int, w: int) -> np.ndarray:
     """Bilinear (Pillow, antialiased when shrinking) resize of one uint8 or float32 frame."""
     if arr.shape[:2] == (h, w):
         return arr
     if arr.dtype not in (np.uint8, np.float32):
         raise SpecError(f'{fn!r}: key {key!r} must be a uint8 or float32 image to resize, '
                         f'got {arr.dtype}')
-    Image = _pil()
+    Image = pil_image()
     bilinear = Image.Resampling.BILINEAR
     arr = np.ascontiguousarray(arr)
     if arr.dtype == np.uint8 and (arr.ndim == 2 or arr.shape[2] == 3):
@@ -89,11 +90,13 @@ def _resize_array(fn: Fn, key: str, arr: np.ndarray, h: int, w: int) -> np.ndarr
     return np.stack([np.asarray(c) for c in channels], axis=-1)
 
 
-def _crop(frame: np.ndarray, top: int, left: int, h: int, w: int) -> np.ndarray:
+def crop_array(frame: np.ndarray, top: int, left: int, h: int, w: int) -> np.ndarray:
+    """The ``h``×``w`` window of ``frame`` at (``top``, ``left``), contiguous."""
     return np.ascontiguousarray(frame[top:top + h, left:left + w])
 
 
-def _check_fits(fn: Fn, key: str, hw: tuple, crop: tuple) -> None:
+def check_fits(fn: Fn, key: str, hw: tuple, crop: tuple) -> None:
+    """Refuse a ``crop`` (h, w) larger than the image ``hw`` (h, w), naming the key."""
     if crop[0] > hw[0] or crop[1] > hw[1]:
         raise SpecError(f'{fn!r}: key {key!r} is {hw[0]}×{hw[1]} (H×W), smaller than the crop '
                         f'{crop[0]}×{crop[1]}; resize it first (e.g. resize(size=...) before)')

@@ -8,8 +8,8 @@ import math
 import numpy as np
 
 from ..errors import ConfigError
-from .base import Fn, RESIZED_CROP_TRIES, _float_range, _is_number, _key, _size
-from .frames import _check_fits, _crop, _frame_size, _frames, _resize_array, _target
+from .base import RESIZED_CROP_TRIES, Fn, check_key, check_size, float_range, is_number
+from .frames import check_fits, crop_array, frame_size, frames_of, resize_array, target_size
 
 
 # ---------------------------------------------------------------------------
@@ -28,18 +28,21 @@ class resize(Fn):  # noqa: N801
         resize(size=256)({'image': img})['image'].shape   # (256, 341, 3)
     """
 
+    key: str
+    size: int | tuple[int, int]        # an int: the short side
+
     def __init__(self, key: str = 'image', size=None):
-        self._keep(key=_key(key), size=_size(size, allow_short_side=True))
+        self._keep(key=check_key(key), size=check_size(size, allow_short_side=True))
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
-        frames, rebuild = _frames(self, self.key, self._get(dp, self.key))
-        out = [_resize_array(self, self.key, f, *_target(f.shape[0], f.shape[1], self.size))
+        frames, rebuild = frames_of(self, self.key, self._get(dp, self.key))
+        out = [resize_array(self, self.key, f, *target_size(f.shape[0], f.shape[1], self.size))
                for f in frames]
         return {**dp, self.key: rebuild(out)}
 
     def plan(self, region, seed: int | None = None) -> None:
         """Do to ``region`` (a :class:`loadr.decode.Region`) what ``__call__`` does to an image."""
-        region.resize(*_target(region.h, region.w, self.size))
+        region.resize(*target_size(region.h, region.w, self.size))
 
 
 class center_crop(Fn):  # noqa: N801
@@ -52,24 +55,27 @@ class center_crop(Fn):  # noqa: N801
         center_crop(size=224)({'image': img})['image'].shape   # (224, 224, 3)
     """
 
+    key: str
+    size: tuple[int, int]
+
     def __init__(self, key: str = 'image', size=None):
-        self._keep(key=_key(key), size=_size(size, allow_short_side=False))
+        self._keep(key=check_key(key), size=check_size(size, allow_short_side=False))
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
-        frames, rebuild = _frames(self, self.key, self._get(dp, self.key))
+        frames, rebuild = frames_of(self, self.key, self._get(dp, self.key))
         if not frames:
             return dict(dp)
-        hw = _frame_size(self, self.key, frames)
+        hw = frame_size(self, self.key, frames)
         h, w = self.size
-        _check_fits(self, self.key, hw, self.size)
+        check_fits(self, self.key, hw, self.size)
         top, left = int(round((hw[0] - h) / 2)), int(round((hw[1] - w) / 2))
-        return {**dp, self.key: rebuild([_crop(f, top, left, h, w) for f in frames])}
+        return {**dp, self.key: rebuild([crop_array(f, top, left, h, w) for f in frames])}
 
     def plan(self, region, seed: int | None = None) -> None:
         """Do to ``region`` (a :class:`loadr.decode.Region`) what ``__call__`` does to an image."""
         hw = (region.h, region.w)
         h, w = self.size
-        _check_fits(self, self.key, hw, self.size)
+        check_fits(self, self.key, hw, self.size)
         region.crop(int(round((hw[0] - h) / 2)), int(round((hw[1] - w) / 2)), h, w)
 
 
@@ -84,21 +90,24 @@ class random_crop(Fn):  # noqa: N801
         random_crop(size=(32, 48))(dp, seed=3)['image'].shape   # (32, 48, 3)
     """
 
+    key: str
+    size: tuple[int, int]
+
     def __init__(self, key: str = 'image', size=None, stream: str | None = None):
-        self._keep(key=_key(key), size=_size(size, allow_short_side=False))
+        self._keep(key=check_key(key), size=check_size(size, allow_short_side=False))
         self._keep_stream(stream)
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         rng = self._rng(seed)
-        frames, rebuild = _frames(self, self.key, self._get(dp, self.key))
+        frames, rebuild = frames_of(self, self.key, self._get(dp, self.key))
         if not frames:
             return dict(dp)
-        hw = _frame_size(self, self.key, frames)
+        hw = frame_size(self, self.key, frames)
         h, w = self.size
-        _check_fits(self, self.key, hw, self.size)
+        check_fits(self, self.key, hw, self.size)
         top = int(rng.integers(0, hw[0] - h + 1))
         left = int(rng.integers(0, hw[1] - w + 1))
-        return {**dp, self.key: rebuild([_crop(f, top, left, h, w) for f in frames])}
+        return {**dp, self.key: rebuild([crop_array(f, top, left, h, w) for f in frames])}
 
     def plan(self, region, seed: int | None = None) -> None:
         """Do to ``region`` (a :class:`loadr.decode.Region`) what ``__call__`` does to an image:
@@ -106,7 +115,7 @@ class random_crop(Fn):  # noqa: N801
         rng = self._rng(seed)
         hw = (region.h, region.w)
         h, w = self.size
-        _check_fits(self, self.key, hw, self.size)
+        check_fits(self, self.key, hw, self.size)
         top = int(rng.integers(0, hw[0] - h + 1))
         left = int(rng.integers(0, hw[1] - w + 1))
         region.crop(top, left, h, w)
@@ -133,11 +142,16 @@ class random_resized_crop(Fn):  # noqa: N801
                 random_resized_crop(key='mask', size=224, stream='geometry')]   # the same crop
     """
 
+    key: str
+    size: tuple[int, int]
+    scale: tuple[float, float]
+    ratio: tuple[float, float]
+
     def __init__(self, key: str = 'image', size=None, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
                  stream: str | None = None):
-        self._keep(key=_key(key), size=_size(size, allow_short_side=False),
-                   scale=_float_range(scale, 'scale', upper=1.0),
-                   ratio=_float_range(ratio, 'ratio'))
+        self._keep(key=check_key(key), size=check_size(size, allow_short_side=False),
+                   scale=float_range(scale, 'scale', upper=1.0),
+                   ratio=float_range(ratio, 'ratio'))
         self._keep_stream(stream)
 
     def box(self, height: int, width: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
@@ -164,11 +178,12 @@ class random_resized_crop(Fn):  # noqa: N801
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         rng = self._rng(seed)
-        frames, rebuild = _frames(self, self.key, self._get(dp, self.key))
+        frames, rebuild = frames_of(self, self.key, self._get(dp, self.key))
         if not frames:
             return dict(dp)
-        top, left, h, w = self.box(*_frame_size(self, self.key, frames), rng)
-        out = [_resize_array(self, self.key, _crop(f, top, left, h, w), *self.size) for f in frames]
+        top, left, h, w = self.box(*frame_size(self, self.key, frames), rng)
+        out = [resize_array(self, self.key, crop_array(f, top, left, h, w), *self.size)
+               for f in frames]
         return {**dp, self.key: rebuild(out)}
 
     def plan(self, region, seed: int | None = None) -> None:
@@ -189,15 +204,18 @@ class flip(Fn):  # noqa: N801
         flip(p=1.0)({'image': np.array([[1, 2, 3]], np.uint8)}, seed=0)['image']  # [[3, 2, 1]]
     """
 
+    key: str
+    p: float
+
     def __init__(self, key: str = 'image', p: float = 0.5, stream: str | None = None):
-        if not _is_number(p) or not 0 <= p <= 1:
+        if not is_number(p) or not 0 <= p <= 1:
             raise ConfigError(f'p must be a probability between 0 and 1, got {p!r}')
-        self._keep(key=_key(key), p=float(p))
+        self._keep(key=check_key(key), p=float(p))
         self._keep_stream(stream)
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         rng = self._rng(seed)
-        frames, rebuild = _frames(self, self.key, self._get(dp, self.key))
+        frames, rebuild = frames_of(self, self.key, self._get(dp, self.key))
         if not rng.random() < self.p:
             return dict(dp)
         return {**dp, self.key: rebuild([_flip_lr(f) for f in frames])}

@@ -7,8 +7,8 @@ import io
 import numpy as np
 
 from ..errors import ConfigError, DecodeError, SpecError
-from .base import Fn, _key, _pil, _size
-from .frames import _frames, _resize_array, _target
+from .base import Fn, check_key, check_size, pil_image
+from .frames import frames_of, resize_array, target_size
 
 
 # ---------------------------------------------------------------------------
@@ -58,7 +58,7 @@ class decode_jpeg(Fn):  # noqa: N801
         if not isinstance(fuse, bool):
             raise ConfigError(f'fuse must be True or False, got {fuse!r}')
         if size is not None:
-            size = _size(size, allow_short_side=True)
+            size = check_size(size, allow_short_side=True)
         if backend not in ('pillow', 'simplejpeg'):
             raise ConfigError(f"backend must be 'pillow' or 'simplejpeg', got {backend!r}")
         allowed = _DECODE_MODES if backend == 'pillow' else (None, 'RGB', 'L')
@@ -67,7 +67,7 @@ class decode_jpeg(Fn):  # noqa: N801
                               f'got {mode!r}')
         if backend == 'simplejpeg':
             _simplejpeg()
-        self._keep(key=_key(key), size=size, mode=mode, backend=backend)
+        self._keep(key=check_key(key), size=size, mode=mode, backend=backend)
         # Kept out of _args unless off: a default decode_jpeg's repr (and so a saved
         # state's fn names) stays what it was.
         if not fuse:
@@ -77,7 +77,7 @@ class decode_jpeg(Fn):  # noqa: N801
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         value = self._get(dp, self.key)
         if isinstance(value, np.ndarray) and value.ndim >= 2:
-            frames, rebuild = _frames(self, self.key, value)  # already decoded
+            frames, rebuild = frames_of(self, self.key, value)  # already decoded
             return {**dp, self.key: rebuild([self._one(f, None) for f in frames])}
         if isinstance(value, (list, tuple)):
             out = [self._one(v, i) for i, v in enumerate(value)]
@@ -89,8 +89,8 @@ class decode_jpeg(Fn):  # noqa: N801
         if isinstance(value, np.ndarray) and value.ndim in (2, 3):
             if self.size is None:
                 return value
-            h, w = _target(value.shape[0], value.shape[1], self.size)
-            return _resize_array(self, self.key, value, h, w)
+            h, w = target_size(value.shape[0], value.shape[1], self.size)
+            return resize_array(self, self.key, value, h, w)
         if isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 1:
             value = value.tobytes()  # encoded bytes that came back as an array
         if not isinstance(value, (bytes, bytearray, memoryview)):
@@ -109,7 +109,7 @@ class decode_jpeg(Fn):  # noqa: N801
         from ..codecs import IMAGE_FORMATS, decode_image, image_problem
         if self.size is None:
             return decode_image(data, mode=self.mode)
-        Image = _pil()
+        Image = pil_image()
         try:
             # Opening only parses the header; the target size comes from the
             # full-size dimensions so that draft or not, the shape is the same.
@@ -119,9 +119,9 @@ class decode_jpeg(Fn):  # noqa: N801
             # decode_image gives the full account of a bad or foreign image
             decode_image(data, mode=self.mode)
             raise DecodeError(f'cannot decode image: {image_problem(data, exc)}') from exc
-        h, w = _target(full_h, full_w, self.size)
+        h, w = target_size(full_h, full_w, self.size)
         arr = decode_image(data, mode=self.mode, draft=(w, h))
-        return _resize_array(self, self.key, arr, h, w)
+        return resize_array(self, self.key, arr, h, w)
 
     def _simplejpeg(self, data: bytes) -> np.ndarray:
         simplejpeg = _simplejpeg()
@@ -130,7 +130,7 @@ class decode_jpeg(Fn):  # noqa: N801
             gray = self.mode == 'L' or (self.mode is None and colorspace.upper() == 'GRAY')
             options = {'colorspace': 'GRAY' if gray else 'RGB'}
             if self.size is not None:
-                h, w = _target(full_h, full_w, self.size)
+                h, w = target_size(full_h, full_w, self.size)
                 options.update(min_height=h, min_width=w)
             arr = simplejpeg.decode_jpeg(data, **options)
         except (ValueError, KeyError) as exc:
@@ -138,7 +138,7 @@ class decode_jpeg(Fn):  # noqa: N801
         if arr.ndim == 3 and arr.shape[2] == 1:
             arr = arr[:, :, 0]
         if self.size is not None:
-            arr = _resize_array(self, self.key, arr, h, w)
+            arr = resize_array(self, self.key, arr, h, w)
         return arr
 
 

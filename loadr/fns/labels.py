@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from ..errors import ConfigError, SpecError
-from .base import Fn, _is_int, _key, _positive_int
+from .base import Fn, check_key, is_int, positive_int
 
 
 # ---------------------------------------------------------------------------
@@ -31,7 +31,11 @@ class label_to_index(Fn):  # noqa: N801
         label_to_index(mapping={'cat': 0, 'dog': 1})({'label': 'dog'})['label']   # 1
     """
 
+    key: str
+    mapping: dict | str | None        # as given: a dict, a path or None
+
     def __init__(self, key: str = 'label', mapping=None):
+        table: dict | None
         if isinstance(mapping, (str, os.PathLike)):
             table, shown = _load_mapping(mapping), os.fspath(mapping)
         elif isinstance(mapping, dict) or mapping is None:
@@ -40,12 +44,12 @@ class label_to_index(Fn):  # noqa: N801
             raise ConfigError(f'mapping must be None, a dict or the path of a JSON file, '
                               f'got {type(mapping).__name__}')
         if table is not None:
-            bad = [k for k, v in table.items() if not _is_int(v)]
+            bad = [k for k, v in table.items() if not is_int(v)]
             if bad:
                 raise ConfigError(f'mapping values must be ints; label {bad[0]!r} maps to '
                                   f'{table[bad[0]]!r}')
             table = {k: int(v) for k, v in table.items()}
-        self._keep(key=_key(key), mapping=shown)
+        self._keep(key=check_key(key), mapping=shown)
         self._table = table
 
     def __repr__(self) -> str:
@@ -63,7 +67,7 @@ class label_to_index(Fn):  # noqa: N801
 
     def _one(self, label) -> int:
         if self._table is None:
-            if _is_int(label):
+            if is_int(label):
                 return int(label)
             raise SpecError(f'{self!r}: label {label!r} of key {self.key!r} is not an int; '
                             f'pass mapping= (a dict or a label2idx.json path)')
@@ -82,14 +86,17 @@ class one_hot(Fn):  # noqa: N801
         one_hot(num_classes=4)({'label': 2})['label']   # [0., 0., 1., 0.]
     """
 
+    key: str
+    num_classes: int
+
     def __init__(self, key: str = 'label', num_classes: int | None = None):
-        self._keep(key=_key(key), num_classes=_positive_int(num_classes, 'num_classes'))
+        self._keep(key=check_key(key), num_classes=positive_int(num_classes, 'num_classes'))
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         label = self._get(dp, self.key)
         if isinstance(label, np.ndarray) and label.ndim == 0:
             label = label[()]
-        if not _is_int(label) or not 0 <= label < self.num_classes:
+        if not is_int(label) or not 0 <= label < self.num_classes:
             raise SpecError(f'{self!r}: key {self.key!r} must be an int label in '
                             f'[0, {self.num_classes}), got {label!r}')
         out = np.zeros(self.num_classes, np.float32)

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+from typing import Any
 
 import numpy as np
 
 from ..errors import ConfigError, SpecError
-from .base import Fn, _key, _positive_int
-from .video import _is_scalar_array
+from .base import Fn, check_key, positive_int
+from .video import is_scalar_array
 
 
 # ---------------------------------------------------------------------------
@@ -23,6 +24,8 @@ class select(Fn):  # noqa: N801
         select(['image', 'label'])({'image': 1, 'label': 2, 'path': 'x'})
         # {'image': 1, 'label': 2}
     """
+
+    keys: tuple[str, ...]
 
     def __init__(self, keys=None):
         if isinstance(keys, str):
@@ -48,6 +51,8 @@ class rename(Fn):  # noqa: N801
 
         rename({'frames': 'video'})({'frames': f, 'label': 1})   # {'video': f, 'label': 1}
     """
+
+    mapping: dict[str, str]
 
     def __init__(self, mapping=None):
         if (not isinstance(mapping, dict) or not mapping
@@ -83,15 +88,19 @@ class pad_sequence(Fn):  # noqa: N801
         # {'tokens': [5, 6, 0, 0], 'tokens_length': 2}
     """
 
-    def __init__(self, key: str = None, length: int | None = None, value=0):
-        self._keep(key=_key(key), length=_positive_int(length, 'length'), value=value)
+    key: str
+    length: int
+    value: Any
+
+    def __init__(self, key: str | None = None, length: int | None = None, value=0):
+        self._keep(key=check_key(key), length=positive_int(length, 'length'), value=value)
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         seq = self._get(dp, self.key)
         length_key = f'{self.key}_length'
         if length_key in dp:
             raise SpecError(f'{self!r}: the datapoint already has a key {length_key!r}')
-        if not isinstance(seq, (list, tuple, np.ndarray)) or _is_scalar_array(seq):
+        if not isinstance(seq, (list, tuple, np.ndarray)) or is_scalar_array(seq):
             raise SpecError(f'{self!r}: key {self.key!r} must be a list or an array, '
                             f'got {type(seq).__name__}')
         n = len(seq)
@@ -99,6 +108,7 @@ class pad_sequence(Fn):  # noqa: N801
             raise SpecError(f'{self!r}: key {self.key!r} has {n} items, more than {self.length}; '
                             f'put truncate(key={self.key!r}, length={self.length}) before')
         missing = self.length - n
+        out: np.ndarray | list
         if isinstance(seq, np.ndarray):
             try:
                 pad = np.full((missing, *seq.shape[1:]), self.value, dtype=seq.dtype)
@@ -121,14 +131,17 @@ class truncate(Fn):  # noqa: N801
         truncate('tokens', 2)({'tokens': [5, 6, 7]})['tokens']   # [5, 6]
     """
 
-    def __init__(self, key: str = None, length: int | None = None):
-        self._keep(key=_key(key), length=_positive_int(length, 'length'))
+    key: str
+    length: int
+
+    def __init__(self, key: str | None = None, length: int | None = None):
+        self._keep(key=check_key(key), length=positive_int(length, 'length'))
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         seq = self._get(dp, self.key)
         if isinstance(seq, tuple):
             seq = list(seq)
-        if not isinstance(seq, (list, np.ndarray, str, bytes)) or _is_scalar_array(seq):
+        if not isinstance(seq, (list, np.ndarray, str, bytes)) or is_scalar_array(seq):
             raise SpecError(f'{self!r}: key {self.key!r} must be a list, an array, a string or '
                             f'bytes, got {type(seq).__name__}')
         return {**dp, self.key: seq[:self.length]}

@@ -7,8 +7,8 @@ import math
 import numpy as np
 
 from ..errors import ConfigError, SpecError
-from .base import Fn, IMAGENET_MEAN, IMAGENET_STD, _is_number, _key
-from .frames import _frames
+from .base import IMAGENET_MEAN, IMAGENET_STD, Fn, check_key, is_number
+from .frames import frames_of
 
 
 # ---------------------------------------------------------------------------
@@ -18,10 +18,10 @@ from .frames import _frames
 def _channel_values(value, name: str) -> tuple:
     if value == 'imagenet':
         return IMAGENET_MEAN if name == 'mean' else IMAGENET_STD
-    if _is_number(value):
+    if is_number(value):
         value = (value,)
     if (not isinstance(value, (tuple, list)) or not value
-            or not all(_is_number(v) and math.isfinite(v) for v in value)):
+            or not all(is_number(v) and math.isfinite(v) for v in value)):
         raise ConfigError(f"{name} must be 'imagenet', a number or a list of numbers (one per "
                           f'channel), got {value!r}')
     return tuple(float(v) for v in value)
@@ -43,13 +43,18 @@ class normalize(Fn):
         # (3, 224, 224)
     """
 
+    key: str
+    mean: str | tuple[float, ...]        # a name ('imagenet') or values
+    std: str | tuple[float, ...]
+    layout: str
+
     def __init__(self, key: str = 'image', mean='imagenet', std='imagenet', layout: str = 'HWC'):
         mean_v, std_v = _channel_values(mean, 'mean'), _channel_values(std, 'std')
         if any(s <= 0 for s in std_v):
             raise ConfigError(f'std must be positive, got {std!r}')
         if layout not in ('HWC', 'CHW'):
             raise ConfigError(f"layout must be 'HWC' or 'CHW', got {layout!r}")
-        self._keep(key=_key(key), mean=mean if isinstance(mean, str) else mean_v,
+        self._keep(key=check_key(key), mean=mean if isinstance(mean, str) else mean_v,
                    std=std if isinstance(std, str) else std_v, layout=layout)
         mean64, std64 = np.asarray(mean_v, np.float64), np.asarray(std_v, np.float64)
         # (x - mean) / std as x * scale - offset: two passes over the pixels instead of four.
@@ -58,7 +63,7 @@ class normalize(Fn):
         self._offset = (mean64 / std64).astype(np.float32)
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
-        frames, rebuild = _frames(self, self.key, self._get(dp, self.key), stack=True)
+        frames, rebuild = frames_of(self, self.key, self._get(dp, self.key), stack=True)
         return {**dp, self.key: rebuild([self._one(f) for f in frames])}
 
     def _one(self, frame: np.ndarray) -> np.ndarray:
@@ -98,10 +103,13 @@ class to_float(Fn):  # noqa: N801
         to_float()({'image': np.array([0, 255], np.uint8)})['image']   # [0., 1.]
     """
 
+    key: str
+    scale: float
+
     def __init__(self, key: str = 'image', scale: float = 1 / 255):
-        if not _is_number(scale) or not math.isfinite(scale):
+        if not is_number(scale) or not math.isfinite(scale):
             raise ConfigError(f'scale must be a finite number, got {scale!r}')
-        self._keep(key=_key(key), scale=float(scale))
+        self._keep(key=check_key(key), scale=float(scale))
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         value = self._get(dp, self.key)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError, SpecError
-from .base import Fn, _key, _positive_int
+from .base import Fn, check_key, positive_int
 
 
 # ---------------------------------------------------------------------------
@@ -48,6 +48,13 @@ class sample_frames(Fn):  # noqa: N801
     reads = True
     MODES = ('uniform', 'random_clip', 'tsn')
 
+    key: str
+    num: int
+    mode: str
+    stride: int
+    train: bool
+    short: str
+
     def __init__(self, key: str = 'frames', num: int = 8, mode: str = 'uniform', stride: int = 1,
                  train: bool = True, short: str = 'loop', stream: str | None = None):
         if mode not in self.MODES:
@@ -56,8 +63,8 @@ class sample_frames(Fn):  # noqa: N801
             raise ConfigError(f'train must be True or False, got {train!r}')
         if short not in ('loop', 'clamp'):
             raise ConfigError(f"short must be 'loop' or 'clamp', got {short!r}")
-        self._keep(key=_key(key), num=_positive_int(num, 'num'), mode=mode,
-                   stride=_positive_int(stride, 'stride'), train=train, short=short)
+        self._keep(key=check_key(key), num=positive_int(num, 'num'), mode=mode,
+                   stride=positive_int(stride, 'stride'), train=train, short=short)
         self._keep_stream(stream)
 
     def positions(self, n: int, seed: int | None = None) -> list[int]:
@@ -97,7 +104,7 @@ class sample_frames(Fn):  # noqa: N801
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         value = self._get(dp, self.key)
-        if not isinstance(value, (list, tuple, np.ndarray)) or _is_scalar_array(value):
+        if not isinstance(value, (list, tuple, np.ndarray)) or is_scalar_array(value):
             raise SpecError(f'{self!r}: key {self.key!r} must be a list of frames or a T×… '
                             f'array, got {type(value).__name__}')
         return {**dp, self.key: _pick(value, self.positions(len(value), seed))}
@@ -120,7 +127,7 @@ class sample_frames(Fn):  # noqa: N801
         chosen = self.positions(len(frames), seed)
         # Ask for each frame once, in file order; repeats come back from the copy.
         wanted = sorted(set(chosen))
-        mask = {k: True for k in available if k != self.key}
+        mask: dict[str, bool | list[int]] = {k: True for k in available if k != self.key}
         mask[self.key] = wanted
         dp = reader[index, mask]
         got = dp.get(self.key) if isinstance(dp, dict) else None
@@ -131,7 +138,8 @@ class sample_frames(Fn):  # noqa: N801
         return {**dp, self.key: _pick(got, [slot[p] for p in chosen])}
 
 
-def _is_scalar_array(value) -> bool:
+def is_scalar_array(value) -> bool:
+    """Whether ``value`` is a numpy array of no dimension (one number)."""
     return isinstance(value, np.ndarray) and value.ndim == 0
 
 

@@ -11,8 +11,8 @@ import os
 
 from ..codecs import JPEG_QUALITY, image_kind, image_problem
 from ..errors import ConfigError, DecodeError
-from .scan import _check_empty, scan_images
-from .writer import _check_out, _default_workers, _write
+from .scan import check_empty, scan_images
+from .writer import check_out, default_workers, write_records
 
 
 INGEST_FORMATS = ('JPEG', 'PNG', 'BMP', 'GIF', 'WEBP', 'TIFF', 'PPM')   # Pillow's names
@@ -21,7 +21,8 @@ INGEST_FORMATS = ('JPEG', 'PNG', 'BMP', 'GIF', 'WEBP', 'TIFF', 'PPM')   # Pillow
 _EXPECTED = 'an image file of a format ingest reads (JPEG, PNG, BMP, GIF, WEBP, TIFF, PPM)'
 
 
-def _encode(img, quality: int = JPEG_QUALITY) -> bytes:
+def encode_frame(img, quality: int = JPEG_QUALITY) -> bytes:
+    """An image (Pillow) as JPEG bytes at ``quality``."""
     buf = io.BytesIO()
     img.save(buf, format='JPEG', quality=quality)
     return buf.getvalue()
@@ -45,7 +46,8 @@ def _shrink_scale(w: int, h: int, short_side: int | None, max_side: int | None =
     return scale if scale < 1 else None
 
 
-def _shrunk(img, short_side: int | None, max_side: int | None = None):
+def shrunk_image(img, short_side: int | None, max_side: int | None = None):
+    """The image shrunk to ``short_side`` and within ``max_side``; itself when small enough."""
     from PIL import Image
     w, h = img.size
     scale = _shrink_scale(w, h, short_side, max_side)
@@ -149,9 +151,9 @@ def image_bytes(data: bytes, target: str = 'jpg', short_side: int | None = None,
                     ' (alpha dropped: JPEG has none)' if dropped and target == 'jpg' else ''))
                 img = img.convert(new_mode)
             if needs_resize:
-                img = _shrunk(img, short_side, max_side)
+                img = shrunk_image(img, short_side, max_side)
                 changes.append(f'shrunk from {w}x{h} to {img.size[0]}x{img.size[1]}')
-            encoded = _encode(img) if target == 'jpg' else _encode_png(img)
+            encoded = encode_frame(img) if target == 'jpg' else _encode_png(img)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         problem = image_problem(data, exc, _EXPECTED, INGEST_FORMATS)
         raise DecodeError(f'cannot decode image: {problem}') from exc
@@ -243,9 +245,9 @@ def ingest_images(src: str, out: str, format: str = 'bag', workers: int | None =
 
         ingest_images('photos', 'data/photos', workers=4, short_side=256)
     """
-    _check_out(out, format)
+    check_out(out, format)
     scan = scan_images(src)
-    _check_empty(scan, src, allow_empty)
+    check_empty(scan, src, allow_empty)
     label2idx = {label: i for i, label in enumerate(scan.labels)}
     if progress is not None:
         progress.total = len(scan.items)
@@ -254,8 +256,8 @@ def ingest_images(src: str, out: str, format: str = 'bag', workers: int | None =
     jobs = [(path, target, short_side, exif_transpose, max_side) for path in paths]
     entries = [(path, rel, label, {'label': label})
                for path, (rel, label) in zip(paths, scan.items, strict=True)]
-    summary = _write(out, format, jobs, _image_task, _default_workers(workers), entries,
-                     label2idx, progress, skip_bad, videos_per_chunk, shardlen, video=False,
-                     image_type=target)
+    summary = write_records(out, format, jobs, _image_task, default_workers(workers), entries,
+                            label2idx, progress, skip_bad, videos_per_chunk, shardlen, video=False,
+                            image_type=target)
     summary.update(image_type=target, ignored=scan.ignored, empty_labels=scan.empty)
     return summary

@@ -8,8 +8,8 @@ import os
 from ..errors import ConfigError
 from ..jsonfiles import read_json
 from .scan import VIDEO_EXTENSIONS
-from .videos import _need_backend, _video_task
-from .writer import _check_out, _default_workers, _write
+from .videos import need_backend, video_task
+from .writer import check_out, default_workers, write_records
 
 
 def _load_labels(path: str) -> dict:
@@ -80,7 +80,7 @@ def ingest_json(list_path: str, videos: str, out: str, format: str = 'gulp',  # 
 
         ingest_json('jester-train.json', '20bn-jester-v1', 'data/jester', format='gulp')
     """
-    _check_out(out, format)
+    check_out(out, format)
     if not os.path.isdir(videos):
         raise ConfigError('the videos folder does not exist', videos)
     entries_in = read_list(list_path, label_field)
@@ -103,11 +103,11 @@ def ingest_json(list_path: str, videos: str, out: str, format: str = 'gulp',  # 
         raise ConfigError(f'{len(missing)} video(s) of the list are missing from the videos '
                           f'folder, e.g. id {missing[0]!r} (looked for a folder <id>/ or a file '
                           f'<id>{{{",".join(VIDEO_EXTENSIONS)}}})', videos)
-    _need_backend(paths, backend)
+    need_backend(paths, backend)
     if progress is not None:
         progress.total = len(paths)
     jobs = [(p, fps, short_side, backend) for p in paths]
     entries = [(p, id_, label, meta)
                for p, (id_, label, meta) in zip(paths, entries_in, strict=True)]
-    return _write(out, format, jobs, _video_task, _default_workers(workers), entries, label2idx,
-                  progress, skip_bad, videos_per_chunk, shardlen, video=True)
+    return write_records(out, format, jobs, video_task, default_workers(workers), entries,
+                         label2idx, progress, skip_bad, videos_per_chunk, shardlen, video=True)

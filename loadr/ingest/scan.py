@@ -25,7 +25,8 @@ def _natural(name: str):
     return [int(part) if part.isdigit() else part for part in re.split(r'(\d+)', name)]
 
 
-def _visible(names):
+def visible(names):
+    """The names not hidden (no leading dot), in natural order (``2`` before ``10``)."""
     return sorted((n for n in names if not n.startswith('.')), key=_natural)
 
 
@@ -68,7 +69,7 @@ def scan_images(root: str) -> ImageScan:
             rel_dir = os.path.relpath(dirpath, root).replace(os.sep, '/')
             ignored.extend(f'{rel_dir}/{d}/ (hidden)' for d in sorted(dirnames)
                            if d.startswith('.'))
-            dirnames[:] = _visible(dirnames)
+            dirnames[:] = visible(dirnames)
             for name in sorted(filenames, key=_natural):
                 rel = f'{rel_dir}/{name}'
                 if name.startswith('.'):
@@ -106,11 +107,12 @@ def find_images(root: str, allow_empty: bool = False) -> tuple[list[tuple[str, s
     ``([('cat/1.jpg', 'cat'), ('dog/7.png', 'dog')], ['cat', 'dog'])``.
     """
     scan = scan_images(root)
-    _check_empty(scan, root, allow_empty)
+    check_empty(scan, root, allow_empty)
     return scan.items, scan.labels
 
 
-def _check_empty(scan: ImageScan, root: str, allow_empty: bool) -> None:
+def check_empty(scan: ImageScan, root: str, allow_empty: bool) -> None:
+    """Refuse class folders without an image unless ``allow_empty``, as ImageFolder does."""
     if scan.empty and not allow_empty:
         names = ', '.join(repr(e) for e in scan.empty)
         raise ConfigError(f'class folder(s) without any image: {names} (torchvision\'s '
@@ -119,8 +121,9 @@ def _check_empty(scan: ImageScan, root: str, allow_empty: bool) -> None:
                           f'ImageFolder(allow_empty=True) gives it', root)
 
 
-def _frame_files(folder: str) -> list[str]:
-    return [os.path.join(folder, n) for n in _visible(os.listdir(folder))
+def frame_files(folder: str) -> list[str]:
+    """The image files of a video's frame folder, in natural order."""
+    return [os.path.join(folder, n) for n in visible(os.listdir(folder))
             if n.lower().endswith(IMAGE_EXTENSIONS)]
 
 
@@ -129,11 +132,11 @@ def find_videos(root: str) -> tuple[list[tuple[str, str]], list[str]]:
     if not os.path.isdir(root):
         raise ConfigError('not a directory', root)
     items = []
-    for label in _visible(os.listdir(root)):
+    for label in visible(os.listdir(root)):
         top = os.path.join(root, label)
         if not os.path.isdir(top):
             continue
-        for name in _visible(os.listdir(top)):
+        for name in visible(os.listdir(top)):
             path = os.path.join(top, name)
             if os.path.isdir(path) or name.lower().endswith(VIDEO_EXTENSIONS):
                 items.append((f'{label}/{name}', label))

@@ -9,9 +9,9 @@ import subprocess
 import tempfile
 
 from ..errors import ConfigError, DecodeError
-from .images import _encode, _shrunk, image_jpeg
-from .scan import _frame_files, _visible, find_videos
-from .writer import _check_out, _default_workers, _write
+from .images import encode_frame, shrunk_image, image_jpeg
+from .scan import frame_files, visible, find_videos
+from .writer import check_out, default_workers, write_records
 
 
 FFMPEG_TIMEOUT_S = 600
@@ -52,7 +52,7 @@ def _frames_pyav(path: str, fps: float | None, short_side: int | None) -> list[b
                 if t is not None and t + 1e-6 < next_t:
                     continue
                 next_t += 1.0 / fps
-            out.append(_encode(_shrunk(frame.to_image(), short_side)))
+            out.append(encode_frame(shrunk_image(frame.to_image(), short_side)))
     return out
 
 
@@ -69,7 +69,7 @@ def _frames_ffmpeg(path: str, fps: float | None, short_side: int | None) -> list
             raise DecodeError(f'ffmpeg failed (exit {done.returncode}): '
                               f'{detail[-1] if detail else "no message"}', path)
         frames = []
-        for name in _visible(os.listdir(tmp)):
+        for name in visible(os.listdir(tmp)):
             with open(os.path.join(tmp, name), 'rb') as f:
                 frames.append(image_jpeg(f.read(), short_side))
         return frames
@@ -82,7 +82,7 @@ def video_frames(path: str, fps: float | None = None, short_side: int | None = N
     Example: ``video_frames('clips/jump/0001')`` (a folder of JPEGs).
     """
     if os.path.isdir(path):
-        files = _frame_files(path)
+        files = frame_files(path)
         frames = []
         for file in files:
             with open(file, 'rb') as f:
@@ -105,7 +105,8 @@ def video_frames(path: str, fps: float | None = None, short_side: int | None = N
                           path) from exc
 
 
-def _video_task(args):
+def video_task(args):
+    """One video's frames as a worker task: ``('ok', frames)``, or ``('error', why)``."""
     path, fps, short_side, backend = args
     try:
         frames = video_frames(path, fps, short_side, backend)
@@ -118,7 +119,8 @@ def _video_task(args):
     return 'ok', frames
 
 
-def _need_backend(paths: list, backend: str) -> None:
+def need_backend(paths: list, backend: str) -> None:
+    """Refuse video files (not frame folders) when no video backend is installed."""
     files = [p for p in paths if not os.path.isdir(p)]
     if files and video_backend(backend) is None:
         raise ConfigError(f'{len(files)} of the videos are files (e.g. '
@@ -136,11 +138,11 @@ def ingest_videos(src: str, out: str, format: str = 'gulp',  # noqa: A002
 
         ingest_videos('clips', 'data/clips', format='gulp', fps=8, short_side=128)
     """
-    _check_out(out, format)
+    check_out(out, format)
     items, labels = find_videos(src)
     label2idx = {label: i for i, label in enumerate(labels)}
     paths = [os.path.join(src, rel) for rel, _ in items]
-    _need_backend(paths, backend)
+    need_backend(paths, backend)
     if progress is not None:
         progress.total = len(items)
     jobs = [(p, fps, short_side, backend) for p in paths]
@@ -148,5 +150,5 @@ def ingest_videos(src: str, out: str, format: str = 'gulp',  # noqa: A002
     for path, (rel, label) in zip(paths, items, strict=True):
         id_ = rel if os.path.isdir(path) else os.path.splitext(rel)[0]
         entries.append((path, id_, label, {'label': label}))
-    return _write(out, format, jobs, _video_task, _default_workers(workers), entries, label2idx,
-                  progress, skip_bad, videos_per_chunk, shardlen, video=True)
+    return write_records(out, format, jobs, video_task, default_workers(workers), entries,
+                         label2idx, progress, skip_bad, videos_per_chunk, shardlen, video=True)

@@ -33,19 +33,21 @@ def _results(task, jobs: list, workers: int):
         pool.join()
 
 
-def _check_out(out: str, fmt: str) -> None:
+def check_out(out: str, fmt: str) -> None:
+    """Refuse an unknown output format or an output path that exists and is not empty."""
     if fmt not in ('bag', 'gulp'):
         raise ConfigError(f"--format must be 'bag' or 'gulp', got {fmt!r}")
     if os.path.lexists(out) and not (os.path.isdir(out) and not os.listdir(out)):
         raise ConfigError('the output already exists; remove it or pick another path', out)
 
 
-def _default_workers(workers: int | None) -> int:
+def default_workers(workers: int | None) -> int:
+    """The number of workers: ``workers``, or the CPUs up to 8 when None."""
     return max(1, min(8, os.cpu_count() or 1)) if workers is None else int(workers)
 
 
-def _write(out, fmt, jobs, task, workers, entries, label2idx, progress, skip_bad,
-           videos_per_chunk, shardlen, video: bool, image_type: str = 'jpg') -> dict:
+def write_records(out, fmt, jobs, task, workers, entries, label2idx, progress, skip_bad,
+                  videos_per_chunk, shardlen, video: bool, image_type: str = 'jpg') -> dict:
     """Run ``task`` over ``jobs`` and write each result with its ``entries`` row.
 
     An image task gives ``(bytes, changes, notes)``; they are collected per

@@ -260,7 +260,7 @@ class Reader(BatchSource, Prefetching, Caching, Identified, Locating):
         ``options`` are the command line's (``allow_pickle``, ``decode``, …):
         each format takes the ones it knows.
         """
-        return cls(path, **_known(cls, options))
+        return cls(path, **known_options(cls, options))
 
     def details(self) -> dict:
         """What ``loadr inspect`` shows besides datapoints and spec (chunks, shards, …)."""
@@ -273,7 +273,7 @@ class Reader(BatchSource, Prefetching, Caching, Identified, Locating):
         The default reads datapoints as they are, typed by :func:`infer_types`
         over all of them; formats with a spec or undecoded images override it.
         """
-        reader = cls(path, **_known(cls, options))
+        reader = cls(path, **known_options(cls, options))
         return Source(path, reader.format_name, reader, infer_types(reader))
 
     def _identity_files(self) -> dict[str, int]:  # pragma: no cover - abstract
@@ -325,7 +325,7 @@ class Reader(BatchSource, Prefetching, Caching, Identified, Locating):
         return f'{type(self).__name__}({str(path)!r}, {len(self)} datapoints)'
 
 
-def _known(cls, options: dict) -> dict:
+def known_options(cls, options: dict) -> dict:
     """The entries of ``options`` that ``cls(path, ...)`` accepts by name."""
     import inspect
     names = inspect.signature(cls).parameters

@@ -261,7 +261,8 @@ class Segment:
             _unlink(self.path)
 
 
-def _libc():
+def load_libc():
+    """The C library, its ``mmap`` and ``munmap`` typed for ctypes."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
@@ -278,7 +279,7 @@ def _map_shared(fd: int, size: int):
     mapping is undone when the last object using it is collected (numpy
     arrays and memoryviews keep it alive), and never earlier.
     """
-    libc = _libc()
+    libc = load_libc()
     addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
     if addr is None or addr == ctypes.c_void_p(-1).value:
         err = ctypes.get_errno()

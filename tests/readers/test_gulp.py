@@ -228,10 +228,10 @@ def test_contiguous_frames_are_one_read(fixtures):
 
 def test_read_plan_groups_only_adjacent_frames():
     frames = [(0, 1, 8), (8, 0, 4), (12, 2, 8), (40, 0, 4)]    # frame 3 is not adjacent
-    assert gulp.layout._read_plan(frames, [0, 1, 2, 3]) == [
+    assert gulp.layout.read_plan(frames, [0, 1, 2, 3]) == [
         (0, 20, [(0, 7), (8, 12), (12, 18)]), (40, 4, [(0, 4)])]
-    assert gulp.layout._read_plan(frames, [2, 1]) == [(12, 8, [(0, 6)]), (8, 4, [(0, 4)])]
-    assert gulp.layout._read_plan(frames, []) == []
+    assert gulp.layout.read_plan(frames, [2, 1]) == [(12, 8, [(0, 6)]), (8, 4, [(0, 4)])]
+    assert gulp.layout.read_plan(frames, []) == []
 
 
 # ----------------------------------------------------------------------------- pickle

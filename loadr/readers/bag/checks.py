@@ -11,7 +11,7 @@ from ...errors import LoadrError
 from ...storage import Storage, storage_for
 from ..base import Problem
 from .file import Bag, REFS_KEY, SPEC_NAME, parse_type
-from .layout import _Dataset, _empty_refs_problem, _list_shards, _read_spec
+from .layout import Dataset, empty_refs_problem, list_shards, read_spec
 from .reader import BagReader
 
 
@@ -23,7 +23,7 @@ def _check_dataset(files: Storage, directory: str, start: int, first_spec: dict 
                    problems: list[Problem]) -> tuple[int, dict | None]:
     """Append the problems of one dataset directory; returns (datapoints, spec)."""
     try:
-        spec, _ = _read_spec(files, directory)
+        spec, _ = read_spec(files, directory)
     except LoadrError as exc:           # FormatError, or ReadError (e.g. EACCES)
         problems.append(_problem(exc, directory))
         return 0, first_spec
@@ -56,11 +56,11 @@ def _check_dataset(files: Storage, directory: str, start: int, first_spec: dict 
     refs = bags[REFS_KEY]
     if refs is None:
         return 0, first_spec or spec_dict
-    problem = _empty_refs_problem(bags)
+    problem = empty_refs_problem(bags)
     if problem:
         problems.append(Problem(refs.path, None, problem))
         return 0, first_spec or spec_dict
-    dataset = _Dataset(directory, spec, bags, start)
+    dataset = Dataset(directory, spec, bags, start)
     readable = [k for k, t in spec
                 if bags[k] is not None and parse_type(t)[0] not in codecs.UNSUPPORTED_TYPES]
     for local in range(len(dataset)):
@@ -122,7 +122,7 @@ def check(path: str | os.PathLike) -> list[Problem]:
         files = storage_for(path)
     except LoadrError as exc:
         return [_problem(exc, path)]
-    dirs, fatal, odd = _list_shards(files, path)
+    dirs, fatal, odd = list_shards(files, path)
     problems = fatal + odd
     start, spec = 0, None
     try:

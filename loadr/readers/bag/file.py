@@ -34,8 +34,8 @@ IMAGE_TYPES = ('jpg', 'png')
 # Keys become file names: nothing that leaves the directory or hides the file.
 _KEY_FORBIDDEN = re.compile(r'[/\\\x00]')
 # granular's DatasetWriter asks that keys and types start with [a-z_].
-_GRANULAR_NAME = re.compile(r'[a-z_]')
-_CONVERTIBLE_KEY = re.compile(r'[a-z_][^/\\\x00]*\Z')
+GRANULAR_NAME = re.compile(r'[a-z_]')
+CONVERTIBLE_KEY = re.compile(r'[a-z_][^/\\\x00]*\Z')
 
 _u64 = struct.Struct('<Q')
 
@@ -51,7 +51,7 @@ def parse_type(type_name: str) -> tuple[str, bool]:
     return type_name, False
 
 
-def _spec_problem(spec) -> str | None:
+def spec_problem(spec) -> str | None:
     """Why ``spec`` is not a valid spec (a dict of key -> known type), or None."""
     if not isinstance(spec, dict):
         return f'the spec must be a JSON object of key -> type, not {type(spec).__name__}'
@@ -80,7 +80,7 @@ class Bag:
     ``cache_index`` keeps the table in memory and ``cache_data`` the whole
     file, each loaded on first use, once per process, never pickled.
     ``lazy`` leaves the header (version, table, length) until first asked
-    for (a round trip saved at open behind a URL; :func:`_read_headers`
+    for (a round trip saved at open behind a URL; :func:`read_headers`
     reads many at once).
 
     Example::

@@ -17,10 +17,10 @@ from ...errors import ConfigError, DecodeError, FormatError, LoadrError, ReadErr
 from ...storage import Storage
 from ..base import Problem, remote
 from .file import (Bag, ENTRY_BYTES, IMAGE_TYPES, REFS_KEY, SHARD_NAME, SPEC_MAX_BYTES, SPEC_NAME,
-                   _spec_problem, parse_type)
+                   spec_problem, parse_type)
 
 
-def _read_spec(storage: Storage, directory: str) -> tuple[list[tuple[str, str]], int]:
+def read_spec(storage: Storage, directory: str) -> tuple[list[tuple[str, str]], int]:
     """The (key, type) pairs of ``directory/spec.json`` in file order, validated; its size."""
     path = os.path.join(directory, SPEC_NAME)
     try:
@@ -45,13 +45,13 @@ def _read_spec(storage: Storage, directory: str) -> tuple[list[tuple[str, str]],
         if isinstance(exc, FormatError):
             raise
         raise FormatError(f'spec.json is not valid JSON: {exc}', path) from exc
-    problem = _spec_problem(spec)
+    problem = spec_problem(spec)
     if problem:
         raise FormatError(f'spec.json: {problem}', path)
     return list(spec.items()), len(raw)
 
 
-def _list_shards(storage: Storage, path: str
+def list_shards(storage: Storage, path: str
                  ) -> tuple[list[str], list[Problem], list[Problem]]:
     """The dataset directories under ``path`` in order, what makes the layout unreadable,
     and what else is odd about it (entries that are not shards)."""
@@ -92,7 +92,7 @@ def _list_shards(storage: Storage, path: str
     return [shards[k] for k in sorted(shards)], fatal, odd if shards else []
 
 
-def _read_headers(files: Storage, bags: Sequence[Bag]) -> None:
+def read_headers(files: Storage, bags: Sequence[Bag]) -> None:
     """Read the headers of the lazily opened ``bags`` with one concurrent ``read_many``.
 
     A bag whose header cannot be read here stays lazy: its first use reads it
@@ -115,7 +115,7 @@ def _read_headers(files: Storage, bags: Sequence[Bag]) -> None:
             pass
 
 
-def _read_tables(files: Storage, bags: Sequence[Bag]) -> None:
+def read_tables(files: Storage, bags: Sequence[Bag]) -> None:
     """Load the index tables the ``bags`` keep (``cache_index``) with one ``read_many``.
 
     A table that cannot be read or is wrong here is left for its first use,
@@ -136,7 +136,7 @@ def _read_tables(files: Storage, bags: Sequence[Bag]) -> None:
             pass
 
 
-class _Dataset:
+class Dataset:
     """One dataset directory: its spec, its bags, and how to read a datapoint."""
 
     def __init__(self, path: str, spec: list[tuple[str, str]], bags: dict, start: int,
@@ -152,23 +152,23 @@ class _Dataset:
 
     @classmethod
     def open(cls, path: str, files: Storage, cache_index: bool, cache_keys: Sequence[str],
-             start: int) -> _Dataset:
+             start: int) -> Dataset:
         if remote(files):
             try:
                 files.list(path)        # every file's size and version in one round trip
             except LoadrError:
                 pass                    # no listing: each file is asked on its own
-        spec, spec_size = _read_spec(files, path)
+        spec, spec_size = read_spec(files, path)
         bags = {}
         for key in (REFS_KEY, *(k for k, _ in spec)):
             bag_path = os.path.join(path, f'{key}.bag')
             if not files.isfile(bag_path):
                 raise FormatError(f'missing bag file for key {key!r}', bag_path)
             # Behind a URL only refs.bag's header is read at open (it gives the length):
-            # the value bags' are read on first use, many at once (_read_headers).
+            # the value bags' are read on first use, many at once (read_headers).
             bags[key] = Bag(bag_path, files, cache_index, key in cache_keys,
                             lazy=key != REFS_KEY and remote(files))
-        problem = _empty_refs_problem(bags)
+        problem = empty_refs_problem(bags)
         if problem:
             raise FormatError(problem, bags[REFS_KEY].path)
         return cls(path, spec, bags, start, spec_size)
@@ -265,7 +265,7 @@ class _Dataset:
         return out
 
 
-def _empty_refs_problem(bags: dict) -> str | None:
+def empty_refs_problem(bags: dict) -> str | None:
     """Why an empty refs.bag beside non-empty value bags is a cut file, or None.
 
     granular writes every bag empty for a dataset without datapoints, so

@@ -11,9 +11,9 @@ from ..records import Source
 from ...errors import ConfigError, FormatError
 from ...sources import Warming
 from ...storage import netstats, storage_for
-from ..base import Reader, _known, check_index, open_each
+from ..base import Reader, known_options, check_index, open_each
 from .file import ENTRY_BYTES, REFS_KEY, SPEC_NAME
-from .layout import _Dataset, _list_shards, _read_headers, _read_tables
+from .layout import Dataset, list_shards, read_headers, read_tables
 
 
 _ahead_executor = None
@@ -66,13 +66,13 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
         self.decode_images = bool(decode_images)
         self._files = (storage_for(self.path, storage_options) if self.files_class is None
                        else self.files_class())
-        dirs, fatal, _ = _list_shards(self._files, self.path)
+        dirs, fatal, _ = list_shards(self._files, self.path)
         if fatal:
             raise FormatError(fatal[0].message, fatal[0].path)
-        self._shards: list[_Dataset] = []
+        self._shards: list[Dataset] = []
         start = 0
         # Behind a URL the shards open concurrently (their round trips wait together).
-        opened = open_each(self._files, lambda d: _Dataset.open(
+        opened = open_each(self._files, lambda d: Dataset.open(
             d, self._files, self.cache_index, self.cache_keys, 0), dirs)
         for directory, shard in zip(dirs, opened):
             shard.start = start
@@ -116,7 +116,7 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
     @classmethod
     def source(cls, path: str, **options) -> Source:
         """The dataset with images as their encoded bytes, typed by its spec."""
-        reader = cls(path, **dict(_known(cls, options), decode_images=False))
+        reader = cls(path, **dict(known_options(cls, options), decode_images=False))
         return Source(path, cls.format_name, reader, dict(reader.spec))
 
     @property
@@ -127,7 +127,7 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
     def __len__(self) -> int:
         return self._length
 
-    def _locate(self, index: int) -> tuple[_Dataset, int]:
+    def _locate(self, index: int) -> tuple[Dataset, int]:
         shard = self._shards[bisect.bisect_right(self._stops, index)]
         return shard, index - shard.start
 
@@ -243,11 +243,11 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
                     whole.append((bag.path, 0, bag.size))
                     budget -= bag.size
             storage.prefetch(whole)
-        _read_headers(storage, bags)
+        read_headers(storage, bags)
 
     def _values_ahead(self, located: list) -> None:
         shards = {id(shard): shard for shard, _, _ in located}.values()
-        _read_headers(self._files, [b for shard in shards for b in shard.bags.values()])
+        read_headers(self._files, [b for shard in shards for b in shard.bags.values()])
         self._files.prefetch(self._value_ranges(located), cache_root=self.path)
 
     def _refs_ahead(self, indices: list[int]) -> list[tuple]:
@@ -255,7 +255,7 @@ class BagReader(Reader, Warming):     # warm(): the index tables, ahead of the r
         located = [(*self._locate(index), index) for index in indices]
         # The refs tables of shards not read yet in this process, all at once.
         shards = {id(shard): shard for shard, _, _ in located}.values()
-        _read_tables(self._files, [shard.bags[REFS_KEY] for shard in shards])
+        read_tables(self._files, [shard.bags[REFS_KEY] for shard in shards])
         refs = []
         for shard, local, index in located:
             bag = shard.bags[REFS_KEY]

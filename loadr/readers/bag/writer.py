@@ -12,9 +12,9 @@ import numpy as np
 from ... import codecs
 from ..records import Plan
 from ...errors import ConfigError, WriterError
-from ..base import Writer, _known
-from .file import (BagFileWriter, REFS_KEY, SPEC_NAME, _CONVERTIBLE_KEY, _GRANULAR_NAME,
-                   _spec_problem, parse_type)
+from ..base import Writer, known_options
+from .file import (BagFileWriter, REFS_KEY, SPEC_NAME, CONVERTIBLE_KEY, GRANULAR_NAME,
+                   spec_problem, parse_type)
 
 
 class BagWriter(Writer):
@@ -45,11 +45,11 @@ class BagWriter(Writer):
     def __init__(self, directory: str | os.PathLike, spec: Mapping[str, str],
                  shardlen: int | None = None, storage_options: dict | None = None):
         self.path = os.fspath(directory)
-        problem = _spec_problem(dict(spec) if isinstance(spec, Mapping) else spec)
+        problem = spec_problem(dict(spec) if isinstance(spec, Mapping) else spec)
         if problem is None:
             for key, type_name in spec.items():
                 base, _ = parse_type(type_name)
-                if not _GRANULAR_NAME.match(key):
+                if not GRANULAR_NAME.match(key):
                     problem = f'key {key!r} must start with a-z or _ (granular requires it)'
                 elif base in codecs.UNSUPPORTED_TYPES:
                     problem = f'type {type_name!r} of key {key!r} is not supported by loadr'
@@ -153,7 +153,7 @@ class BagWriter(Writer):
 
     @classmethod
     def plan(cls, plan: Plan, dst: str, types: dict, **options) -> None:
-        bad = [k for k in types if not _CONVERTIBLE_KEY.match(k)]
+        bad = [k for k in types if not CONVERTIBLE_KEY.match(k)]
         if bad:
             raise ConfigError(f'key {bad[0]!r} cannot be a bag key (a bag key starts with a-z '
                               f'or _); leave it out with --keys', plan.source.path)
@@ -166,7 +166,7 @@ class BagWriter(Writer):
     @classmethod
     def from_plan(cls, plan: Plan, dst: str, shardlen: int | None = None,
                   **options) -> BagWriter:
-        return cls(dst, plan.settings['spec'], shardlen=shardlen, **_known(cls, options))
+        return cls(dst, plan.settings['spec'], shardlen=shardlen, **known_options(cls, options))
 
     @classmethod
     def datapoint_for(cls, plan: Plan, index: int, dp):

@@ -11,10 +11,10 @@ import numpy as np
 from ...errors import DecodeError, LoadrError
 from ...storage import Storage, storage_for
 from ..base import Problem
-from .layout import (PREAMBLE_BYTES, _list_files, _read_preamble, _runs, crc32, crc32_combine,
-                     header_bytes)
+from .layout import (PREAMBLE_BYTES, coalesced_runs, crc32, crc32_combine, header_bytes,
+                     list_files, read_preamble)
 from .reader import FFRecordReader
-from .samples import _decode_named, _detect_decode
+from .samples import decode_named, detect_decode
 
 
 # check() streams samples larger than this in pieces instead of reading them whole,
@@ -45,7 +45,7 @@ def check(path: str | os.PathLike) -> list[Problem]:
     path = os.fspath(path)
     try:
         files = storage_for(path)
-        paths = _list_files(files, path)
+        paths = list_files(files, path)
     except LoadrError as exc:
         return [Problem(exc.path or path, exc.index, exc.message)]
     problems: list[Problem] = []
@@ -70,7 +70,7 @@ def _check_file(files: Storage, path: str, base: int, problems: list[Problem],
     problems are listed per file, then one line counting the rest.
     """
     try:
-        meta_crc, n, size = _read_preamble(files, path)
+        meta_crc, n, size = read_preamble(files, path)
     except LoadrError as exc:
         problems.append(Problem(exc.path or path, exc.index, exc.message))
         return 0
@@ -165,7 +165,7 @@ def _check_piece(files: Storage, path: str, base: int, lo: int, start: int, size
         mismatches.append(Problem(path, base + lo + i, f'sample {lo + i} of this file: CRC32 is '
                                                   f'0x00000000, header says {int(crcs[i]):#010x}'))
     readable = np.flatnonzero(sane & (lengths > 0)).tolist()
-    for first, end, run in _runs(readable, bounds, CHECK_BLOCK_BYTES):
+    for first, end, run in coalesced_runs(readable, bounds, CHECK_BLOCK_BYTES):
         view = None
         if end - first > CHECK_BLOCK_BYTES:       # one big sample: stream it
             crc = 0
@@ -217,11 +217,11 @@ class _Contents:
     def visit(self, path: str, index: int, local: int, data, found: list[Problem]) -> None:
         data = bytes(data)
         if self.decode is False:
-            self.decode = _detect_decode(data)
+            self.decode = detect_decode(data)
         dp = {'data': data}
         if self.decode is not None:
             try:
-                value = _decode_named(self.decode, data)
+                value = decode_named(self.decode, data)
             except Exception as exc:  # noqa: BLE001 - any failure is this sample's problem
                 found.append(Problem(path, index, f'sample {local} of this file does not decode '
                                                   f'as {self.decode}, as the first sample '

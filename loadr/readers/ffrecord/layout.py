@@ -40,7 +40,7 @@ def header_bytes(n: int) -> int:
 
 
 @dataclasses.dataclass
-class _Header:
+class Header:
     """The parsed, validated header of one file; ``bounds[i] .. bounds[i+1]`` is sample i."""
 
     path: str
@@ -64,7 +64,7 @@ class _Header:
         self.bound_at = self.bounds.data.cast('B').cast('q')
 
 
-def _read_preamble(files: Storage, path: str) -> tuple[int, int, int]:
+def read_preamble(files: Storage, path: str) -> tuple[int, int, int]:
     """``(meta_crc, n, file size)``, with N checked against the file size before
     anything is allocated for it."""
     size = files.size(path)
@@ -81,12 +81,12 @@ def _read_preamble(files: Storage, path: str) -> tuple[int, int, int]:
     return meta_crc, n, size
 
 
-def _read_table(files: Storage, path: str):
+def read_table(files: Storage, path: str):
     """Read the preamble and the table: (meta_crc, n, crcs, offsets, size, table bytes).
 
     N is checked against the file size before anything is allocated for it.
     """
-    meta_crc, n, size = _read_preamble(files, path)
+    meta_crc, n, size = read_preamble(files, path)
     table = files.read(path, PREAMBLE_BYTES, ENTRY_BYTES * n)
     crcs = np.frombuffer(table, '<u4', n, 0)
     offsets = np.frombuffer(table, '<i8', n, 4 * n)
@@ -118,13 +118,13 @@ def _bad_offsets(n: int, offsets: np.ndarray, size: int) -> tuple[np.ndarray, li
     return where, reasons
 
 
-def _load_header(files: Storage, path: str, file_index: int, base: int,
-                 check_data: bool, table: tuple | None = None) -> _Header:
+def load_header(files: Storage, path: str, file_index: int, base: int,
+                 check_data: bool, table: tuple | None = None) -> Header:
     """Read and validate one file's header; raises FormatError or ChecksumError.
 
-    ``table``: what :func:`_read_table` returned for it, read already.
+    ``table``: what :func:`read_table` returned for it, read already.
     """
-    meta_crc, n, crcs, offsets, size, covered = table or _read_table(files, path)
+    meta_crc, n, crcs, offsets, size, covered = table or read_table(files, path)
     if check_data:
         # The CRC guards the whole table, so a mismatch is the truest account
         # of a damaged header; check it before judging the offsets it covers.
@@ -146,10 +146,10 @@ def _load_header(files: Storage, path: str, file_index: int, base: int,
     bounds = np.empty(n + 1, np.int64)
     bounds[:n] = offsets
     bounds[n] = size
-    return _Header(path, file_index, base, n, meta_crc, crcs, bounds)
+    return Header(path, file_index, base, n, meta_crc, crcs, bounds)
 
 
-def _list_files(storage: Storage, path: str) -> list[str]:
+def list_files(storage: Storage, path: str) -> list[str]:
     """The ``.ffr`` files of ``path`` in index order: itself, or a directory's, by name."""
     if storage.isdir(path):
         try:
@@ -164,7 +164,7 @@ def _list_files(storage: Storage, path: str) -> list[str]:
     return [path]
 
 
-def _checked_indices(indices: Iterable[int], n: int) -> list[int]:
+def checked_indices(indices: Iterable[int], n: int) -> list[int]:
     """``indices`` as a list of ints in ``[0, n)``; IndexError/TypeError otherwise.
 
     Plain ints in range, the usual case, are checked in bulk.
@@ -175,13 +175,13 @@ def _checked_indices(indices: Iterable[int], n: int) -> list[int]:
     return [check_index(i, n) for i in wanted]
 
 
-def _lone_and_adjacent(a: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
+def lone_and_adjacent(a: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
     """Split sorted distinct indices into lone ones and stretches of consecutive ones.
 
     Numpy finds the neighbours; only the stretches, rare in a random batch, are
     cut out in Python (cutting at every gap cost more per sample than its pread).
 
-    >>> _lone_and_adjacent(np.array([1, 4, 5, 6, 9, 11, 12]))
+    >>> lone_and_adjacent(np.array([1, 4, 5, 6, 9, 11, 12]))
     (array([1, 9]), [[4, 5, 6], [11, 12]])
     """
     a = np.asarray(a, np.int64)
@@ -200,7 +200,7 @@ def _lone_and_adjacent(a: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
     return a[~in_stretch], stretches
 
 
-def _runs(locals_sorted: list[int], bounds, max_bytes: int,
+def coalesced_runs(locals_sorted: list[int], bounds, max_bytes: int,
           max_sample_bytes: int | None = None):
     """Group sorted local indices into runs of adjacent samples, one pread each.
 
@@ -226,7 +226,8 @@ def _runs(locals_sorted: list[int], bounds, max_bytes: int,
         yield int(bounds[run[0]]), int(bounds[run[-1] + 1]), run
 
 
-def _describe(value: Any) -> str:
+def describe(value: Any) -> str:
+    """What ``value`` is, for a message: an array's dtype and shape, else its type's name."""
     if isinstance(value, np.ndarray):
         return f'array {value.dtype} {value.shape}'
     return type(value).__name__

@@ -17,10 +17,10 @@ from ...errors import ChecksumError, ConfigError, DecodeError, FormatError, Read
 from ...digests import check_record
 from ...sources import BatchSource
 from ...storage import storage_for
-from ..base import Reader, _known, check_index, open_each, select_keys
-from .layout import (_Header, _checked_indices, _describe, _list_files, _load_header,
-                     _lone_and_adjacent, _read_table, _runs, crc32, header_bytes)
-from .samples import _detect_decode, _unpack_numpy
+from ..base import Reader, known_options, check_index, open_each, select_keys
+from .layout import (Header, checked_indices, describe, list_files, load_header,
+                     lone_and_adjacent, read_table, coalesced_runs, crc32, header_bytes)
+from .samples import detect_decode, unpack_numpy
 
 
 # Adjacent small samples asked for together share one pread: it saves a
@@ -86,8 +86,8 @@ class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per
                 raise ConfigError(f'unknown decode {decode!r}; use None, \'auto\', '
                                   f'{", ".join(map(repr, DECODERS))} or a callable')
         self.decode = None if decode in ('auto', 'none') else decode
-        self.files = _list_files(self._files, self.path)
-        self._headers: list[_Header] | None = None
+        self.files = list_files(self._files, self.path)
+        self._headers: list[Header] | None = None
         self._spec: dict | None = None
         headers = self._load()
         self._counts = [h.n for h in headers]
@@ -95,7 +95,7 @@ class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per
         self._n = sum(self._counts)
         if decode == 'auto':
             # What sample 0 is: never 'pickle', which is only ever used when named.
-            self.decode = _detect_decode(self.read_one(0)) if self._n else None
+            self.decode = detect_decode(self.read_one(0)) if self._n else None
 
     # -- headers, once per process ------------------------------------------
 
@@ -104,16 +104,16 @@ class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per
         state['_headers'] = None     # each process reads (and checks) its own
         return state
 
-    def _load(self) -> list[_Header]:
+    def _load(self) -> list[Header]:
         headers = self._headers
         if headers is None:
             headers, base = [], 0
             expected = getattr(self, '_counts', None)
             # Behind a URL the files' tables are read concurrently (their round trips
             # wait together), then checked in order as before.
-            tables = open_each(self._files, lambda p: _read_table(self._files, p), self.files)
+            tables = open_each(self._files, lambda p: read_table(self._files, p), self.files)
             for k, (path, table) in enumerate(zip(self.files, tables)):
-                h = _load_header(self._files, path, k, base, self.check_data, table)
+                h = load_header(self._files, path, k, base, self.check_data, table)
                 if expected is not None and h.n != expected[k]:
                     raise FormatError(f'file changed since the reader was made: it held '
                                       f'{expected[k]} samples, now {h.n}', path)
@@ -137,14 +137,14 @@ class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per
         """``decode``, or for ``'auto'`` what sample 0 is: a msgpack map, a JSON object, bytes."""
         if decode != 'auto':
             return None if decode in (None, 'none') else decode
-        with cls(path, decode='auto', **_known(cls, options)) as probe:
+        with cls(path, decode='auto', **known_options(cls, options)) as probe:
             return probe.decode
 
     @classmethod
     def probe(cls, path: str, decode='auto', **options) -> FFRecordReader:
         """The reader with ``decode`` detected from sample 0 (``'auto'``)."""
         return cls(path, decode=cls._chosen_decode(path, decode, options),
-                   **_known(cls, options))
+                   **known_options(cls, options))
 
     def details(self) -> dict:
         decode = self.decode if self.decode is None or isinstance(self.decode, str) \
@@ -156,13 +156,13 @@ class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per
         """Samples decoded as ``decode`` (``'auto'``: detected); opaque bytes stay ``raw``."""
         chosen = cls._chosen_decode(path, decode, options)
         if chosen is None:
-            return Source(path, cls.format_name, cls(path, **_known(cls, options)),
+            return Source(path, cls.format_name, cls(path, **known_options(cls, options)),
                           {'data': 'bytes'}, raw=True)
-        reader = cls(path, decode=chosen, **_known(cls, options))
+        reader = cls(path, decode=chosen, **known_options(cls, options))
         # Every sample is read to type the keys (a list empty in sample 0 is still jpg[]).
         return Source(path, cls.format_name, reader, infer_types(reader))
 
-    def _locate(self, index: int) -> tuple[_Header, int]:
+    def _locate(self, index: int) -> tuple[Header, int]:
         headers = self._load()
         if len(headers) == 1:
             return headers[0], index
@@ -205,7 +205,7 @@ class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per
     def __len__(self) -> int:
         return self._n
 
-    def _verified(self, h: _Header, local: int, data) -> None:
+    def _verified(self, h: Header, local: int, data) -> None:
         if h.digests is not None:
             check_record(h.digests, h.path, local, data, h.base + local)
         if self.check_data:
@@ -216,7 +216,7 @@ class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per
                                     f'CRC32 is {actual:#010x}, header says {stored:#010x}',
                                     h.path, h.base + local)
 
-    def _sample(self, h: _Header, local: int) -> bytes:
+    def _sample(self, h: Header, local: int) -> bytes:
         start, end = h.bound_at[local], h.bound_at[local + 1]
         data = self._files.read(h.path, start, end - start, h.base + local)
         self._verified(h, local, data)
@@ -234,7 +234,7 @@ class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per
         >>> [len(b) for b in FFRecordReader('x.ffr').read([2, 0])]   # doctest: +SKIP
         [1139, 5129]
         """
-        wanted = _checked_indices(indices, self._n)
+        wanted = checked_indices(indices, self._n)
         if not wanted:
             return []
         headers = self._load()
@@ -262,14 +262,14 @@ class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per
             distinct = ordered[1:] != ordered[:-1]
             if not distinct.all():
                 ordered = ordered[np.concatenate(([True], distinct))]
-            lone_at, stretches = _lone_and_adjacent(ordered)
+            lone_at, stretches = lone_and_adjacent(ordered)
             for stretch in stretches:
                 self._read_adjacent(h, stretch, found)
             keys = (lone_at + h.base).tolist()
             found.update(zip(keys, self._read_each(h, lone_at, keys)))
         return list(map(found.__getitem__, wanted))
 
-    def _read_each(self, h: _Header, at: np.ndarray, keys: list[int]) -> list[bytes]:
+    def _read_each(self, h: Header, at: np.ndarray, keys: list[int]) -> list[bytes]:
         """The samples ``at`` (local indices; ``keys``: their indices), one pread each, checked.
 
         One read_many names the file and index of a failed read. The ranges come
@@ -291,10 +291,10 @@ class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per
                     datas[j] = self._sample(h, local)
         return datas
 
-    def _read_adjacent(self, h: _Header, stretch: list[int], found: dict) -> None:
+    def _read_adjacent(self, h: Header, stretch: list[int], found: dict) -> None:
         """Read consecutive samples with as few preads as the size limits allow."""
         base = h.base
-        for start, end, run in _runs(stretch, h.bound_at, MAX_COALESCED_READ_BYTES,
+        for start, end, run in coalesced_runs(stretch, h.bound_at, MAX_COALESCED_READ_BYTES,
                                      MAX_COALESCED_SAMPLE_BYTES):
             if len(run) == 1:
                 found[base + run[0]] = self._sample(h, run[0])
@@ -323,7 +323,7 @@ class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per
         try:
             if decode == 'msgpack':
                 value = msgpack.unpackb(data, raw=False, strict_map_key=False,
-                                        object_hook=_unpack_numpy)
+                                        object_hook=unpack_numpy)
             elif decode == 'json':
                 value = json.loads(data)
             elif decode == 'pickle':
@@ -385,5 +385,5 @@ class FFRecordReader(Reader, BatchSource):    # its own read_batch: one read per
             return {'data': 'bytes'}
         if self._spec is None:
             self._spec = {} if self._n == 0 else {
-                key: _describe(value) for key, value in self._get(0, None).items()}
+                key: describe(value) for key, value in self._get(0, None).items()}
         return self._spec

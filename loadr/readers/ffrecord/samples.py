@@ -44,7 +44,7 @@ def _pack_numpy(value):
     raise TypeError(f'can not serialize {type(value).__name__!r} object')
 
 
-def _unpack_numpy(obj: dict):
+def unpack_numpy(obj: dict):
     """``object_hook`` of the msgpack decoder: msgpack-numpy's maps back into numpy values.
 
     Arrays come back read-only, checked before anything is allocated
@@ -64,7 +64,7 @@ def _unpack_numpy(obj: dict):
     return obj
 
 
-def _detect_decode(data: bytes) -> str | None:
+def detect_decode(data: bytes) -> str | None:
     """``'msgpack'`` for a msgpack map, ``'json'`` for a JSON object, else None (bytes)."""
     try:
         if isinstance(msgpack.unpackb(data, raw=False, strict_map_key=False), dict):
@@ -79,7 +79,8 @@ def _detect_decode(data: bytes) -> str | None:
     return None
 
 
-def _decode_named(decode: str, data: bytes):
+def decode_named(decode: str, data: bytes):
+    """One sample's bytes decoded as ``decode`` says: ``'msgpack'`` (numpy values too) or JSON."""
     if decode == 'msgpack':
-        return msgpack.unpackb(data, raw=False, strict_map_key=False, object_hook=_unpack_numpy)
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, object_hook=unpack_numpy)
     return json.loads(data)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..records import Plan
 from ...errors import ConfigError, WriterError
-from ..base import Writer, _known
+from ..base import Writer, known_options
 from .layout import SUFFIX, crc32, header_bytes
 from .samples import pack_msgpack
 
@@ -105,7 +105,7 @@ class FFRecordWriter(Writer):
 
     @classmethod
     def from_plan(cls, plan: Plan, dst: str, **options) -> FFRecordWriter:
-        return cls(dst, len(plan.source), **_known(cls, options))
+        return cls(dst, len(plan.source), **known_options(cls, options))
 
     def _finish(self) -> None:
         """Fill the header; WriterError (and no file) if short of ``n``."""

@@ -10,9 +10,9 @@ from ...codecs import decode_image
 from ...errors import DecodeError, LoadrError
 from ...storage import Storage, storage_for
 from ..base import Problem
-from .layout import (JPEG_SOI, LABEL2IDX_NAME, _Chunk, _list_chunks, _load_gmeta, _load_index,
-                     _video_problems)
-from .reader import _load_label2idx
+from .layout import (JPEG_SOI, LABEL2IDX_NAME, Chunk, list_chunks, load_gmeta, load_index,
+                     video_problems)
+from .reader import load_label2idx
 
 
 def check(path: str | os.PathLike) -> list[Problem]:
@@ -33,7 +33,7 @@ def check(path: str | os.PathLike) -> list[Problem]:
         files = storage_for(path)
     except LoadrError as exc:
         return [Problem(exc.path or path, None, exc.message)]
-    chunks, listed = _list_chunks(files, path)
+    chunks, listed = list_chunks(files, path)
     problems = [Problem(file, None, message) for file, message in listed]
     first_seen: dict[str, tuple[str, int | None]] = {}
     index: int | None = 0          # global datapoint index; None once a chunk is unreadable
@@ -44,7 +44,7 @@ def check(path: str | os.PathLike) -> list[Problem]:
                 index = None
                 continue
             try:
-                table = _load_gmeta(files, chunk.meta_path, allow_pickle=False)
+                table = load_gmeta(files, chunk.meta_path, allow_pickle=False)
             except LoadrError as exc:
                 problems.append(Problem(exc.path or chunk.meta_path, None, exc.message))
                 index = None
@@ -54,7 +54,7 @@ def check(path: str | os.PathLike) -> list[Problem]:
                 continue
             end = None        # where the last video's last frame ends, if it is sound
             for id_, entry in table.items():
-                bad = list(_video_problems(id_, entry, chunk, gulp_size))
+                bad = list(video_problems(id_, entry, chunk, gulp_size))
                 problems += [Problem(file, index, message) for file, message in bad]
                 if id_ in first_seen:
                     other, other_index = first_seen[id_]
@@ -76,7 +76,7 @@ def check(path: str | os.PathLike) -> list[Problem]:
                                         f'last frame ends at byte {end}'))
         if files.isdir(path):
             try:
-                _load_label2idx(files, path)
+                load_label2idx(files, path)
             except LoadrError as exc:
                 problems.append(Problem(exc.path or path, None, exc.message))
     finally:
@@ -84,7 +84,7 @@ def check(path: str | os.PathLike) -> list[Problem]:
     return problems
 
 
-def _check_sizes(files: Storage, chunk: _Chunk, problems: list[Problem]
+def _check_sizes(files: Storage, chunk: Chunk, problems: list[Problem]
                  ) -> tuple[int | None, int | None]:
     """Sizes of the .gulp and .gmeta files (None if unreadable); empty files are problems."""
     sizes = {}
@@ -99,7 +99,7 @@ def _check_sizes(files: Storage, chunk: _Chunk, problems: list[Problem]
     return sizes.get(chunk.data_path), sizes.get(chunk.meta_path)
 
 
-def _frame_problems(files: Storage, chunk: _Chunk, id_: str, info: list, index: int | None
+def _frame_problems(files: Storage, chunk: Chunk, id_: str, info: list, index: int | None
                     ) -> list[Problem]:
     """Frames of one video that do not decode (a JPEG SOI first) or whose pad is not NUL."""
     problems = []
@@ -136,7 +136,7 @@ def records(path: str | os.PathLike) -> dict:
     from ...digests import FileRecords
     path = os.fspath(path)
     storage = storage_for(path)
-    videos = _load_index(storage, path, allow_pickle=False)
+    videos = load_index(storage, path, allow_pickle=False)
     # The frames of a chunk's videos are consecutive rows of videos.triples.
     owner = np.repeat(np.arange(len(videos), dtype=np.int64), np.diff(videos.fstart))
     chunk_of = videos.chunk_of[owner]

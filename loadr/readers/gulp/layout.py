@@ -30,7 +30,7 @@ JPEG_SOI = b'\xff\xd8'
 PICKLE_PROTO_BYTE = b'\x80'      # every pickle of protocol 2+ starts with PROTO
 SPEC = {'id': 'utf8', 'frames': 'jpg[]', 'meta': 'json'}
 # Types of values (or lists of them) that a video's JSON meta can hold.
-_JSON_TYPES = ('utf8', 'int', 'i64', 'u64', 'msgpack')
+JSON_TYPES = ('utf8', 'int', 'i64', 'u64', 'msgpack')
 
 # gulpio2 pickles its frame triples as this namedtuple; gulpio2 is not a
 # dependency, so the restricted unpickler maps its name to this local twin.
@@ -42,7 +42,9 @@ _PICKLE_ALLOWED = {
 }
 
 
-class _Chunk:
+class Chunk:
+    """One chunk pair ``data_<k>.gulp`` and ``meta_<k>.gmeta``: files, sizes, frames before."""
+
     __slots__ = ('k', 'data_path', 'meta_path', 'data_size', 'meta_size', 'frames', 'digests')
 
     def __init__(self, k: int, data_path: str, meta_path: str):
@@ -57,7 +59,7 @@ class _Chunk:
 _Video = collections.namedtuple('_Video', ['id', 'chunk', 'frames', 'meta', 'first'])
 
 
-class _Videos:
+class Videos:
     """The videos of a gulp directory in datapoint order, held in flat numpy arrays.
 
     A million videos as Python objects (an id, a tuple of frame triples, a meta
@@ -74,7 +76,7 @@ class _Videos:
 
     __slots__ = ('chunks', 'chunk_of', 'fstart', 'first', 'triples', 'id_off', 'id_blob',
                  'meta_off', 'meta_blob')
-    chunks: list[_Chunk]
+    chunks: list[Chunk]
     chunk_of: np.ndarray        # int32, per video
     fstart: np.ndarray          # int64, per video and one more
     first: np.ndarray           # int64, per video
@@ -92,7 +94,7 @@ class _Videos:
         return _Video(self.id(i), self.chunk(i), self.frames(i), self.meta(i),
                       int(self.first[i]))
 
-    def chunk(self, i: int) -> _Chunk:
+    def chunk(self, i: int) -> Chunk:
         return self.chunks[self.chunk_of[i]]
 
     def count(self, i: int) -> int:
@@ -116,7 +118,7 @@ class _Videos:
         a, b = self.meta_off[i:i + 2].tolist()
         return decode(self.meta_blob[a:b])
 
-    def used_chunks(self) -> list[_Chunk]:
+    def used_chunks(self) -> list[Chunk]:
         """The chunks that hold a video, in order."""
         return [self.chunks[c] for c in np.unique(self.chunk_of).tolist()]
 
@@ -128,7 +130,7 @@ def _offsets(lengths) -> np.ndarray:
     return out
 
 
-def _list_chunks(storage: Storage, path: str) -> tuple[list[_Chunk], list[tuple[str, str]]]:
+def list_chunks(storage: Storage, path: str) -> tuple[list[Chunk], list[tuple[str, str]]]:
     """The chunks of a gulp directory in numeric order, and (file, problem) pairs.
 
     Every pair that does not match, every gap and every unparseable chunk
@@ -167,7 +169,7 @@ def _list_chunks(storage: Storage, path: str) -> tuple[list[_Chunk], list[tuple[
         elif k not in data:
             problems.append((meta[k], f'meta_{k}.gmeta has no data_{k}.gulp beside it'))
         else:
-            chunks.append(_Chunk(k, data[k], meta[k]))
+            chunks.append(Chunk(k, data[k], meta[k]))
     present = set(data) | set(meta)
     if present and len(present) != max(present) + 1:
         # One problem for all gaps: a name like data_99999999999.gulp must not make a loop.
@@ -211,7 +213,7 @@ class _GulpUnpickler(pickle.Unpickler):
                 self._meta_path) from None
 
 
-def _load_gmeta(storage: Storage, meta_path: str, allow_pickle: bool) -> dict:
+def load_gmeta(storage: Storage, meta_path: str, allow_pickle: bool) -> dict:
     """The ``{id: entry}`` mapping of one ``.gmeta`` file, in file order."""
     return _parse_gmeta(storage.read_all(meta_path), meta_path, allow_pickle)
 
@@ -265,7 +267,7 @@ def _is_count(x) -> bool:
     return type(x) is int and x >= 0
 
 
-def _video_problems(id_: str, entry: Any, chunk: _Chunk, gulp_size: int
+def video_problems(id_: str, entry: Any, chunk: Chunk, gulp_size: int
                     ) -> Iterator[tuple[str, str]]:
     """(file, problem) for everything wrong with one video's ``.gmeta`` entry."""
     what = f'video {id_!r}'
@@ -297,9 +299,9 @@ def _video_problems(id_: str, entry: Any, chunk: _Chunk, gulp_size: int
         yield chunk.meta_path, f'{what}: meta_data is missing or not a non-empty list'
 
 
-def _load_index(storage: Storage, path: str, allow_pickle: bool) -> _Videos:
+def load_index(storage: Storage, path: str, allow_pickle: bool) -> Videos:
     """Every video of the directory in datapoint order, validated; raises on the first problem."""
-    chunks, problems = _list_chunks(storage, path)
+    chunks, problems = list_chunks(storage, path)
     if problems:
         raise FormatError(problems[0][1], problems[0][0])
     where: dict[str, int] = {}          # only while loading: to name a repeated id
@@ -318,7 +320,7 @@ def _load_index(storage: Storage, path: str, allow_pickle: bool) -> _Videos:
         starts.append(n)
         counts, firsts, triples, ids, metas = [], [], [], [], []
         for id_, entry in table.items():
-            for file, message in _video_problems(id_, entry, chunk, gulp_size):
+            for file, message in video_problems(id_, entry, chunk, gulp_size):
                 raise FormatError(message, file, n)
             if id_ in where:
                 first = chunks[bisect.bisect_right(starts, where[id_]) - 1].meta_path
@@ -346,9 +348,9 @@ def _load_index(storage: Storage, path: str, allow_pickle: bool) -> _Videos:
         parts['metas'].append(b''.join(encoded))
         parts['meta_lens'].append(np.fromiter(map(len, encoded), np.int64, len(encoded)))
         del counts, firsts, triples, ids, metas, encoded
-    # (There is a chunk: _list_chunks says so of a directory with none.)
+    # (There is a chunk: list_chunks says so of a directory with none.)
     joined = {k: np.concatenate(v) for k, v in parts.items() if k not in ('ids', 'metas')}
-    videos = _Videos()
+    videos = Videos()
     videos.chunks = chunks
     videos.chunk_of, videos.first, videos.triples = (joined['chunk_of'], joined['first'],
                                                      joined['frames'])
@@ -358,7 +360,7 @@ def _load_index(storage: Storage, path: str, allow_pickle: bool) -> _Videos:
     return videos
 
 
-def _read_plan(frames: Sequence[tuple[int, int, int]], positions: Sequence[int]
+def read_plan(frames: Sequence[tuple[int, int, int]], positions: Sequence[int]
                ) -> list[tuple[int, int, list[tuple[int, int]]]]:
     """Group the wanted frames into reads: ``[(offset, length, [(start, end), ...])]``.
 
@@ -366,7 +368,7 @@ def _read_plan(frames: Sequence[tuple[int, int, int]], positions: Sequence[int]
     read; ``start:end`` slices each frame's JPEG bytes (padding dropped) out
     of its read's buffer.
 
-    >>> _read_plan([(0, 1, 8), (8, 0, 4), (12, 2, 8)], [0, 1, 2])
+    >>> read_plan([(0, 1, 8), (8, 0, 4), (12, 2, 8)], [0, 1, 2])
     [(0, 20, [(0, 7), (8, 12), (12, 18)])]
     """
     plan: list[tuple[int, int, list[tuple[int, int]]]] = []
@@ -381,7 +383,7 @@ def _read_plan(frames: Sequence[tuple[int, int, int]], positions: Sequence[int]
     return plan
 
 
-def _positions(value, n: int, index: int) -> Sequence[int]:
+def frame_positions(value, n: int, index: int) -> Sequence[int]:
     """Frame positions a mask value or ``get(frames=...)`` asks for, checked against ``n``."""
     if value is True:
         return range(n)

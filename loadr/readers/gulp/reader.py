@@ -13,8 +13,8 @@ from ..records import Source
 from ...errors import ConfigError, DecodeError, FormatError
 from ...digests import check_record
 from ...storage import Storage, storage_for
-from ..base import Reader, _known, check_index
-from .layout import JPEG_SOI, LABEL2IDX_NAME, SPEC, _Videos, _load_index, _positions, _read_plan
+from ..base import Reader, known_options, check_index
+from .layout import JPEG_SOI, LABEL2IDX_NAME, SPEC, Videos, load_index, frame_positions, read_plan
 
 
 class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no more
@@ -47,7 +47,7 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
         self.verify = bool(verify)
         self._storage_options = storage_options
         self._files = storage_for(self.path, storage_options)
-        self._videos: _Videos | None = None
+        self._videos: Videos | None = None
         self._where: dict[str, int] | None = None      # id -> index, made when first asked
         self._label2idx: Any = _UNSET
         self._index()
@@ -64,9 +64,9 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
         self._videos = self._where = None
         self._label2idx = _UNSET
 
-    def _index(self) -> _Videos:
+    def _index(self) -> Videos:
         if self._videos is None:
-            videos = _load_index(self._files, self.path, self.allow_pickle)
+            videos = load_index(self._files, self.path, self.allow_pickle)
             if self.verify:
                 from ...digests import load
                 recorded = load(self.path, self._storage_options, required=True)
@@ -142,7 +142,7 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
     @classmethod
     def source(cls, path: str, **options) -> Source:
         """Videos with their frames as JPEG bytes; the meta is a map (``msgpack``)."""
-        reader = cls(path, **dict(_known(cls, options), decode_images=False))
+        reader = cls(path, **dict(known_options(cls, options), decode_images=False))
         return Source(path, cls.format_name, reader, dict(reader.spec, meta='msgpack'),
                       extras={'label2idx': reader.label2idx})
 
@@ -150,7 +150,7 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
     def label2idx(self) -> dict | None:
         """The ``label2idx.json`` mapping, or None when the directory has none."""
         if self._label2idx is _UNSET:
-            self._label2idx = _load_label2idx(self._files, self.path)
+            self._label2idx = load_label2idx(self._files, self.path)
         return self._label2idx
 
     def _ranges(self, indices: list[int]) -> list[tuple]:
@@ -186,16 +186,16 @@ class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no mor
                 out['meta'] = videos.meta(index)
             else:
                 out['frames'] = self._frames(index, videos,
-                                             _positions(value, videos.count(index), index))
+                                             frame_positions(value, videos.count(index), index))
         return out
 
-    def _frames(self, index: int, videos: _Videos, positions: Sequence[int]) -> list:
+    def _frames(self, index: int, videos: Videos, positions: Sequence[int]) -> list:
         chunk = videos.chunk(index)
         path, digests = chunk.data_path, chunk.digests
         frames = videos.frames(index)
         jpegs = []
         k = 0
-        for offset, length, cuts in _read_plan(frames, positions):
+        for offset, length, cuts in read_plan(frames, positions):
             buf = self._files.read(path, offset, length, index)
             for a, b in cuts:
                 if digests is not None:     # the frame's record: its JPEG and its padding
@@ -229,7 +229,8 @@ def _from_end(positions, n: int) -> list:
             and -n <= p < 0 else p for p in positions]
 
 
-def _load_label2idx(storage: Storage, path: str) -> dict | None:
+def load_label2idx(storage: Storage, path: str) -> dict | None:
+    """The ``label2idx.json`` of the gulp directory ``path``, or None when it has none."""
     file = os.path.join(path, LABEL2IDX_NAME)
     if not storage.exists(file):
         return None

@@ -13,8 +13,8 @@ from ...codecs import JPEG_QUALITY, encode_image
 from ..records import Plan
 from ...errors import ConfigError, WriterError
 from ...storage import WriteFile, is_url
-from ..base import Writer, _known
-from .layout import JPEG_SOI, LABEL2IDX_NAME, PAD_MULTIPLE_BYTES, SPEC, _JSON_TYPES
+from ..base import Writer, known_options
+from .layout import JPEG_SOI, LABEL2IDX_NAME, PAD_MULTIPLE_BYTES, SPEC, JSON_TYPES
 
 
 class GulpWriter(Writer):
@@ -172,7 +172,7 @@ class GulpWriter(Writer):
         if 'id' in rest and types['id'] in ('utf8', 'int', 'i64', 'u64'):
             id_key = 'id'
             rest.remove('id')
-        bad = [k for k in rest if types[k].removesuffix('[]') not in _JSON_TYPES]
+        bad = [k for k in rest if types[k].removesuffix('[]') not in JSON_TYPES]
         if bad:
             raise ConfigError(f'key {bad[0]!r} ({types[bad[0]]}) has no place in a gulp video: '
                               f'the meta holds JSON values only; leave it out with --keys', path)
@@ -192,7 +192,7 @@ class GulpWriter(Writer):
     def from_plan(cls, plan: Plan, dst: str, videos_per_chunk: int = 100,
                   **options) -> GulpWriter:
         return cls(dst, videos_per_chunk=videos_per_chunk,
-                   label2idx=plan.source.extras.get('label2idx'), **_known(cls, options))
+                   label2idx=plan.source.extras.get('label2idx'), **known_options(cls, options))
 
     @classmethod
     def datapoint_for(cls, plan: Plan, index: int, dp) -> dict:

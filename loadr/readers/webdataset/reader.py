@@ -47,7 +47,7 @@ import numpy as np
 from ..records import Source, value_type
 from ...errors import ConfigError, DecodeError, FormatError, LoadrError, SpecError
 from ...storage import is_url, storage_for
-from ..base import Reader, _known, check_index
+from ..base import Reader, known_options, check_index
 from ..patterns import dataset_files, names_files
 from .index import (BLOCK, SIDECAR_SUFFIX, TarIndex, compressed_error, compressed_kind,
                     header_is, header_matches, header_name, header_size, load_sidecar, same_index,
@@ -429,7 +429,7 @@ class WebDatasetReader(Reader):
     def source(cls, path, **options) -> Source:
         """The shards for copying: members decoded by type (images stay bytes), typed over all."""
         from ..records import infer_types
-        reader = cls(path, **_known(cls, options))
+        reader = cls(path, **known_options(cls, options))
         return Source(str(path), cls.format_name, reader, infer_types(reader))
 
     def __repr__(self) -> str:

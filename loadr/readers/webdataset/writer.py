@@ -38,7 +38,7 @@ import numpy as np
 from ..records import Plan
 from ...errors import ConfigError, WriterError
 from ...storage import WriteFile
-from ..base import Writer, _known
+from ..base import Writer, known_options
 from .index import BLOCK, SIDECAR_SUFFIX, TarIndex, sidecar_bytes
 from .reader import DECODERS, KEY
 
@@ -217,7 +217,7 @@ class WebDatasetWriter(Writer):
     @classmethod
     def from_plan(cls, plan: Plan, dst: str, shardlen: int | None = None,
                   **options) -> WebDatasetWriter:
-        return cls(dst, shardlen=shardlen, **_known(cls, options))
+        return cls(dst, shardlen=shardlen, **known_options(cls, options))
 
     @classmethod
     def datapoint_for(cls, plan: Plan, index: int, dp):
