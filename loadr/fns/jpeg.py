@@ -53,6 +53,12 @@ class decode_jpeg(Fn):  # noqa: N801
         decode_jpeg(size=256)({'image': jpeg_bytes})['image'].shape   # (256, 341, 3)
     """
 
+    key: str
+    size: int | tuple[int, int] | None       # an int: the short side; None: full size
+    mode: str | None
+    backend: str
+    fuse: bool
+
     def __init__(self, key: str = 'image', size=None, mode: str | None = 'RGB',
                  backend: str = 'pillow', fuse: bool = True):
         if not isinstance(fuse, bool):
@@ -79,6 +85,7 @@ class decode_jpeg(Fn):  # noqa: N801
         if isinstance(value, np.ndarray) and value.ndim >= 2:
             frames, rebuild = frames_of(self, self.key, value)  # already decoded
             return {**dp, self.key: rebuild([self._one(f, None) for f in frames])}
+        out: np.ndarray | list[np.ndarray]
         if isinstance(value, (list, tuple)):
             out = [self._one(v, i) for i, v in enumerate(value)]
         else:
@@ -128,7 +135,7 @@ class decode_jpeg(Fn):  # noqa: N801
         try:
             full_h, full_w, colorspace = _header(simplejpeg, data)
             gray = self.mode == 'L' or (self.mode is None and colorspace.upper() == 'GRAY')
-            options = {'colorspace': 'GRAY' if gray else 'RGB'}
+            options: dict[str, str | int] = {'colorspace': 'GRAY' if gray else 'RGB'}
             if self.size is not None:
                 h, w = target_size(full_h, full_w, self.size)
                 options.update(min_height=h, min_width=w)
