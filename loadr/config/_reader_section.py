@@ -11,8 +11,8 @@ from ..readers import detect, formats
 from ..readers.patterns import names_files, names_nothing
 from ..storage import (CACHE_KEYS, is_url, storage_for, using_storage_options,
                        with_cache_settings)
-from .schema import _did_you_mean, _kind
-from .yaml_guard import _plain
+from ._schema import _did_you_mean, _kind
+from ._yaml_guard import _plain
 
 
 class _ReaderSection:

@@ -7,11 +7,12 @@ import os
 
 from ..errors import ConfigError
 from ..storage import is_url
-from .fns_section import _FnsSection
-from .overrides import _Overrides
-from .reader_section import _ReaderSection
-from .schema import _REQUIRED_LOADER_KEYS, LOADER_TYPES, SECTIONS, _did_you_mean, _is_kind, _kind
-from .yaml_guard import _Map, _parse_yaml, _plain, _Seq, pattern_in_mapping
+from ._fns_section import _FnsSection
+from ._overrides import _Overrides
+from ._reader_section import _ReaderSection
+from ._schema import (_REQUIRED_LOADER_KEYS, LOADER_TYPES, SECTIONS, _did_you_mean, _is_kind,
+                      _kind)
+from ._yaml_guard import _Map, _parse_yaml, _plain, _Seq, pattern_in_mapping
 
 
 class Config(_Overrides, _ReaderSection, _FnsSection):

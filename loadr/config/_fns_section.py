@@ -8,8 +8,8 @@ import os
 
 from .. import fns as fns_module
 from ..errors import ConfigError
-from .schema import _PATH_ARGS, _did_you_mean, _fn_name, _kind
-from .yaml_guard import _plain
+from ._schema import _PATH_ARGS, _did_you_mean, _fn_name, _kind
+from ._yaml_guard import _plain
 
 
 class _FnsSection:

@@ -9,8 +9,8 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
-from .schema import SECTIONS, _did_you_mean, _fn_name
-from .yaml_guard import _load_value, _Map, _Seq, _TooBig
+from ._schema import SECTIONS, _did_you_mean, _fn_name
+from ._yaml_guard import _load_value, _Map, _Seq, _TooBig
 
 
 def parse_override(text: str) -> tuple[str, Any]:
