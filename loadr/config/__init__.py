@@ -34,7 +34,7 @@ Example::
 
 from __future__ import annotations
 
-from ._document import Config, load_config, pipeline
+from ._config import Config, load_config, pipeline
 from ._overrides import parse_override
 from ._schema import LOADER_TYPES, SECTIONS
 
