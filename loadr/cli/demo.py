@@ -45,7 +45,9 @@ def cmd_demo(args) -> int:
                       f'{loader.workers} worker processes:')
             bar = Progress(total=steps, unit='batches', label='   demo')
             it = iter(loader)
-            state = expected = first = None
+            state: dict | None = None
+            expected: str | None = None
+            first: dict | None = None
             for k in range(steps):
                 batch = next(it)
                 first = first or {key: (v.dtype, v.shape) for key, v in batch.items()}
@@ -56,6 +58,8 @@ def cmd_demo(args) -> int:
                 bar.update(1, samples=batch_size(batch))
             bar.close()
             rate, sample_rate = bar.rates()
+        # More steps than DEMO_RESUME_AFTER: the state and the digest to compare were taken.
+        assert first is not None and state is not None and expected is not None
         print_out(f'   {bar.samples} samples in {bar.elapsed:.2f} s: {format_count(sample_rate)} '
                   f'samples/s, {rate:.1f} batches/s')
         print_out('   a batch: ' + ', '.join(f'{k} {d}{list(s)}' for k, (d, s) in first.items()))

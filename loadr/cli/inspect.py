@@ -31,6 +31,7 @@ def _summary(value) -> dict:
     import numpy as np
     if isinstance(value, np.ndarray):
         flat = value.reshape(-1)[:FIRST_VALUES]
+        first: list
         if value.dtype == object:
             first = [repr(v) for v in flat]
         elif value.dtype.kind in 'fc':

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING, TextIO
 
 from ..errors import ConfigError
 from ..progress import Progress, format_count
@@ -14,6 +15,9 @@ from .common import (EXIT_INTERRUPTED, EXIT_OK, batch_size, epoch_batches, plura
                      print_out)
 from .run_state import (RUN_STATE_FORMAT, check_overwrite, names_code, quoted, read_state,
                         refused_state, resume_command, same_dir, same_file, write_state)
+
+if TYPE_CHECKING:
+    from ..stats import Stats
 
 
 class _Terminated(KeyboardInterrupt):
@@ -132,7 +136,7 @@ def _run(args, loader, record: dict, pipeline_path: str) -> int:
                       f'position {record["start"]})')
         bar = Progress(total=steps, unit='batches', label='run')
         export = _stats_export(args, loader)
-        it = iter(loader) if steps else None
+        it = iter(loader) if steps else iter(())
         first = None
         processed = loader.step      # the end of the last batch fully handled
         for _ in range(steps):
@@ -188,25 +192,32 @@ def _run(args, loader, record: dict, pipeline_path: str) -> int:
     return EXIT_OK
 
 
-def _stats_export(args, loader):
+def _stats_export(args, loader) -> _StatsExport | None:
     """``--stats-file``: a JSON line of loader.stats() every ``--stats-every`` batches
     (appended), through the loader's on_stats hook; returns the writer, or None."""
     if not getattr(args, 'stats_file', None):
         return None
-    out = open(args.stats_file, 'a', encoding='utf-8')
-
-    def write(stats):
-        if stats.batches != write.last:         # the end's line may be the last one
-            out.write(json.dumps(stats.as_dict()) + '\n')
-            out.flush()
-            write.last = stats.batches
-
-    write.file, write.last = out, None
-    loader.stats_every, loader.on_stats = args.stats_every, write
-    return write
+    export = _StatsExport(open(args.stats_file, 'a', encoding='utf-8'))
+    loader.stats_every, loader.on_stats = args.stats_every, export
+    return export
 
 
-def _stats_end(args, loader, export) -> str | None:
+class _StatsExport:
+    """``--stats-file``'s writer: the loader's ``on_stats``, a JSON line per call but one
+    (the end's line may be the last one again)."""
+
+    def __init__(self, file: TextIO):
+        self.file = file
+        self.last: int | None = None        # the batches of the last line written
+
+    def __call__(self, stats: Stats) -> None:
+        if stats.batches != self.last:
+            self.file.write(json.dumps(stats.as_dict()) + '\n')
+            self.file.flush()
+            self.last = stats.batches
+
+
+def _stats_end(args, loader, export: _StatsExport | None) -> str | None:
     """The last stats line (``--stats-file``) and, with ``--profile``, the table: printed
     at once on Ctrl-C, returned for the summary otherwise."""
     if export is None and not getattr(args, 'profile', False):

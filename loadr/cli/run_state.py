@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from ..errors import ConfigError
 
@@ -105,7 +106,7 @@ def names_code(override: str) -> bool:
     from ..config import parse_override
     key, value = parse_override(override)
     last = key.replace('__', '.').split('.')[-1]
-    stack = [({last: value})]
+    stack: list[Any] = [{last: value}]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
