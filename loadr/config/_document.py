@@ -31,7 +31,7 @@ class Document:
 
     # -- errors ----------------------------------------------------------
 
-    def line(self, keys: tuple) -> int | None:
+    def _line(self, keys: tuple) -> int | None:
         """The line of the value at the key path ``keys`` (or of the nearest one above it
         that the file spells out); None for a dict."""
         node, line = self.data, getattr(self.data, 'line', None)
@@ -46,14 +46,14 @@ class Document:
                 break
         return line
 
-    def where(self, keys: tuple) -> tuple[str | None, int | None]:
+    def _where(self, keys: tuple) -> tuple[str | None, int | None]:
         """``(words, line)``: where the value at ``keys`` came from (``'line 9'``, ``'from
         the override loader.batch'``), and its line in the file (None if not from it)."""
         for n in range(len(keys), 0, -1):
             if keys[:n] in self.overridden:
                 dotted = '.'.join(map(str, keys[:n]))
                 return f'from the override {dotted}', None
-        line = self.line(keys)
+        line = self._line(keys)
         return (None if line is None else f'line {line}'), line
 
     def error(self, message: str, keys: tuple | None = (), hint: str | None = None
@@ -62,7 +62,7 @@ class Document:
 
         ``keys`` is the key path the mistake is at (None: nowhere in particular).
         """
-        where, line = self.where(keys) if keys is not None else (None, None)
+        where, line = self._where(keys) if keys is not None else (None, None)
         if where is not None:
             message = f'{message} ({where})'
         err = ConfigError(message + (f': {hint}' if hint else ''), self.path)
