@@ -107,7 +107,10 @@ class WriterError(LoadrError):
 
 
 class ConfigError(LoadrError, ValueError):
-    """A pipeline or an argument that does not make sense."""
+    """A pipeline or an argument that does not make sense; ``line``: the line of the
+    pipeline file it concerns (set by loadr.config; None when not known)."""
+
+    line: int | None = None
 
 
 class SpecError(LoadrError, ValueError):

@@ -153,6 +153,11 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
         first = next(iter(loader))['x']        # e.g. array([3, 9, 0, 6])
     """
 
+    # Set by loadr.config on a YAML pipeline's loader with remote workers: the agents
+    # rebuild its reader and fns with rebuild(*recipe) instead of unpickling the user's.
+    recipe: tuple | None = None
+    rebuild: object = None
+
     def __init__(self, reader, batch: int, fns=(), shuffle: bool = True, seed: int = 0,
                  workers: int | None = None, prefetch: int | None = None, shard_id: int = 0,
                  num_shards: int = 1, spec: dict | None = None, ring: bool = False,

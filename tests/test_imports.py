@@ -38,7 +38,8 @@ DATA_SIDE = ('loadr.assemble', 'loadr.decode', 'loadr.fns', 'loadr.readers', 'lo
              'loadr.loader')
 # Packages whose modules import no private name of another module (and no other package's
 # private module): a package joins when it is clean. private_imports() lists the rest.
-CLEAN = ('loadr.mix', 'loadr.torch', 'loadr.readers', 'loadr.fns', 'loadr.ingest', 'loadr.shared')
+CLEAN = ('loadr.mix', 'loadr.torch', 'loadr.readers', 'loadr.fns', 'loadr.ingest', 'loadr.shared',
+         'loadr.config', 'loadr.cli')
 
 
 def modules(package: pathlib.Path = PACKAGE) -> dict[str, tuple[pathlib.Path, bool]]:

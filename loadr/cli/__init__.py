@@ -24,8 +24,8 @@ import traceback
 from ..batches import SKIP_SETTING
 from ..errors import ConfigError, LoadrError, WorkerError
 from ..storage import using_storage_options
-from .common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, _err
-from .parser import _usage, build_parser
+from .common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, print_err
+from .parser import build_parser, usage
 
 
 __all__ = ['main', 'build_parser']
@@ -92,13 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format='%(message)s', stream=sys.stderr)
     if not getattr(args, 'func', None):
-        return _usage(parser)
+        return usage(parser)
     try:
         with using_storage_options(_storage_options(args.storage_option) or None):
             return args.func(args)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        _err('loadr: interrupted')
+        print_err('loadr: interrupted')
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader of our output went away (loadr inspect x | head): not an error of ours.
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the one place that turns errors into exit codes
         if args.verbose:
             traceback.print_exc()
-        _err(f'loadr: error: {_error_line(exc)}')
+        print_err(f'loadr: error: {_error_line(exc)}')
         if not isinstance(exc, LoadrError) and not args.verbose:
-            _err('loadr: (run with -v for the traceback)')
+            print_err('loadr: (run with -v for the traceback)')
         return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILED

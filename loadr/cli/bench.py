@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ..progress import Progress
-from .common import EXIT_OK, _batch_size, _out
+from .common import EXIT_OK, batch_size, print_out
 
 
 PLOT_POINTS = 50
@@ -60,7 +60,7 @@ def cmd_bench(args) -> int:
             snapshots = [before]
             bar = Progress(total=args.steps, unit='batches', label=f'bench workers={workers}')
             for i in range(args.steps):
-                bar.update(1, samples=_batch_size(next(it)))
+                bar.update(1, samples=batch_size(next(it)))
                 if last and args.plot and (i + 1) % every == 0:
                     snapshots.append(loader.stats())
             bar.close()
@@ -68,19 +68,19 @@ def cmd_bench(args) -> int:
         rate, sample_rate = bar.rates()
         rows.append((workers, rate, sample_rate))
     base = rows[0][2] or 1e-9
-    _out(f'{"workers":>7}  {"batches/s":>10}  {"samples/s":>10}  {"speedup":>7}')
+    print_out(f'{"workers":>7}  {"batches/s":>10}  {"samples/s":>10}  {"speedup":>7}')
     for workers, rate, sample_rate in rows:
-        _out(f'{workers:>7}  {rate:>10.2f}  {sample_rate:>10.1f}  {sample_rate / base:>6.2f}x')
+        print_out(f'{workers:>7}  {rate:>10.2f}  {sample_rate:>10.1f}  {sample_rate / base:>6.2f}x')
     from ..stats import format_table
     for workers, stats in profiles:         # then where the time went, for each count
-        _out('')
-        _out(f'workers={workers}:')
-        _out(format_table(stats))
+        print_out('')
+        print_out(f'workers={workers}:')
+        print_out(format_table(stats))
     if args.trace:
-        _out(f'trace of workers={counts[-1]} written to {args.trace} (open it in '
-             f'ui.perfetto.dev or chrome://tracing)')
+        print_out(f'trace of workers={counts[-1]} written to {args.trace} (open it in '
+                  f'ui.perfetto.dev or chrome://tracing)')
     if args.plot:
         from ..stats import plot
         plot([s.since(snapshots[0]) for s in snapshots[1:]] or [profiles[-1][1]], args.plot)
-        _out(f'plot of workers={counts[-1]} written to {args.plot}')
+        print_out(f'plot of workers={counts[-1]} written to {args.plot}')
     return EXIT_OK

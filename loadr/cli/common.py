@@ -5,31 +5,44 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
-def _out(*parts, **kwargs) -> None:
+def print_out(*parts: object, **kwargs: Any) -> None:
+    """A result, to stdout (flushed: the lines keep their order with stderr's)."""
     print(*parts, **kwargs, flush=True)
 
 
-def _err(*parts) -> None:
+def print_err(*parts: object) -> None:
+    """Progress, a note or an error, to stderr."""
     print(*parts, file=sys.stderr, flush=True)
 
 
-def _plural(n: int, word: str) -> str:
+def plural(n: int, word: str) -> str:
+    """``'1 file'``, ``'3 files'``.
+
+    >>> plural(1, 'file'), plural(3, 'file')
+    ('1 file', '3 files')
+    """
     return f'{n} {word}' + ('' if n == 1 else 's')
 
 
-def _size(nbytes: int) -> str:
+def size_text(nbytes: float) -> str:
+    """A size in bytes as people read it.
+
+    >>> size_text(512), size_text(3 << 20)
+    ('512 B', '3.0 MB')
+    """
     for unit, scale in (('GB', 1 << 30), ('MB', 1 << 20), ('kB', 1 << 10)):
         if nbytes >= scale:
             return f'{nbytes / scale:.1f} {unit}'
     return f'{nbytes} B'
 
 
-def _disk_size(path: str) -> tuple[int, int]:
+def disk_size(path: str) -> tuple[int, int]:
     """(bytes, files) under ``path`` (a file or a directory)."""
     if os.path.isfile(path):
         return os.path.getsize(path), 1
@@ -44,21 +57,14 @@ def _disk_size(path: str) -> tuple[int, int]:
     return total, files
 
 
-def _batch_size(batch: dict) -> int:
+def batch_size(batch: dict) -> int:
+    """The datapoints in ``batch`` (the length of its first value; 0 for none)."""
     for value in batch.values():
         return len(value)
     return 0
 
 
-def _describe_spec(spec: dict) -> str:
-    import numpy as np
-    parts = []
-    for key, (dtype, shape) in spec.items():
-        parts.append(f'{key} list' if dtype == np.dtype(object) else f'{key} {dtype}{list(shape)}')
-    return ', '.join(parts)
-
-
-def _epoch_batches(loader) -> int:
+def epoch_batches(loader) -> int:
     """Batches in one epoch (``len(loader)`` in 0.1; ``batches_per_epoch()`` where it exists)."""
     per_epoch = getattr(loader, 'batches_per_epoch', None)
     return per_epoch() if per_epoch is not None else len(loader)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..progress import Progress
-from .common import EXIT_OK, _disk_size, _err, _out, _plural, _size
+from .common import EXIT_OK, disk_size, plural, print_err, print_out, size_text
 
 
 def _list_arg(text: str | None) -> list | None:
@@ -18,11 +18,11 @@ def cmd_convert(args) -> int:
     options = {'frames': args.frames, 'shardlen': args.shardlen,
                'videos_per_chunk': args.videos_per_chunk}
     plan = plan_conversion(source, args.dst, args.to, _list_arg(args.keys), **options)
-    _err(f'loadr convert: {plan.describe()}')
+    print_err(f'loadr convert: {plan.describe()}')
     bar = Progress(total=len(source), unit='datapoints', label='convert')
     convert(source, args.dst, args.to, keys=_list_arg(args.keys), progress=bar, **options)
     bar.close()
-    size, files = _disk_size(args.dst)
-    _out(f'wrote {_plural(len(source), "datapoint")} to {args.dst} ({args.to}, {_size(size)} in '
-         f'{files} file(s)) in {bar.elapsed:.2f} s')
+    size, files = disk_size(args.dst)
+    print_out(f'wrote {plural(len(source), "datapoint")} to {args.dst} ({args.to}, '
+              f'{size_text(size)} in {files} file(s)) in {bar.elapsed:.2f} s')
     return EXIT_OK

@@ -10,7 +10,7 @@ import tempfile
 import time
 
 from ..progress import Progress, format_count
-from .common import EXIT_FAILED, EXIT_OK, _batch_size, _epoch_batches, _out, _plural, _size
+from .common import EXIT_FAILED, EXIT_OK, batch_size, epoch_batches, plural, print_out, size_text
 
 
 DEMO_RESUME_AFTER = 20    # batches before the demo saves its state
@@ -26,25 +26,28 @@ def cmd_demo(args) -> int:
     try:
         data = os.path.join(tmp, DATA_DIR_NAME)
         t0 = time.perf_counter()
-        _out(f'1. Writing {args.images} synthetic {IMAGE_HW[0]}x{IMAGE_HW[1]} JPEG images '
-             f'(10 labels) as a bag dataset: {data}')
+        print_out(f'1. Writing {args.images} synthetic {IMAGE_HW[0]}x{IMAGE_HW[1]} JPEG images '
+                  f'(10 labels) as a bag dataset: {data}')
         size = make_images(data, n=args.images)
-        _out(f'   {args.images} datapoints, {_size(size)}, in {time.perf_counter() - t0:.1f} s')
+        print_out(f'   {args.images} datapoints, {size_text(size)}, in '
+                  f'{time.perf_counter() - t0:.1f} s')
         with open(yaml_path, 'w', encoding='utf-8') as f:
             f.write(DEMO_YAML)
-        _out(f'2. The pipeline ({yaml_path}, the same as {DEMO_YAML_PATH}):')
+        print_out(f'2. The pipeline ({yaml_path}, the same as {DEMO_YAML_PATH}):')
         for line in DEMO_YAML.splitlines():
             if line and not line.startswith('#'):
-                _out(f'     {line}')
+                print_out(f'     {line}')
         overrides = {'loader.workers': args.workers}
         with pipeline(yaml_path, **overrides) as loader:
-            steps = max(DEMO_RESUME_AFTER + 1, 2 * _epoch_batches(loader))
-            _out(f'3. Running {steps} batches of {loader.batch} ({steps * loader.batch} samples, '
-                 f'{steps * loader.batch / len(loader.reader):.0f} epochs) with '
-                 f'{loader.workers} worker processes:')
+            steps = max(DEMO_RESUME_AFTER + 1, 2 * epoch_batches(loader))
+            print_out(f'3. Running {steps} batches of {loader.batch} ({steps * loader.batch} '
+                      f'samples, {steps * loader.batch / len(loader.reader):.0f} epochs) with '
+                      f'{loader.workers} worker processes:')
             bar = Progress(total=steps, unit='batches', label='   demo')
             it = iter(loader)
-            state = expected = first = None
+            state: dict | None = None
+            expected: str | None = None
+            first: dict | None = None
             for k in range(steps):
                 batch = next(it)
                 first = first or {key: (v.dtype, v.shape) for key, v in batch.items()}
@@ -52,30 +55,33 @@ def cmd_demo(args) -> int:
                     state = loader.save()
                 elif k == DEMO_RESUME_AFTER:
                     expected = batch_digest(batch)
-                bar.update(1, samples=_batch_size(batch))
+                bar.update(1, samples=batch_size(batch))
             bar.close()
             rate, sample_rate = bar.rates()
-        _out(f'   {bar.samples} samples in {bar.elapsed:.2f} s: {format_count(sample_rate)} '
-             f'samples/s, {rate:.1f} batches/s')
-        _out('   a batch: ' + ', '.join(f'{k} {d}{list(s)}' for k, (d, s) in first.items()))
+        # More steps than DEMO_RESUME_AFTER: the state and the digest to compare were taken.
+        assert first is not None and state is not None and expected is not None
+        print_out(f'   {bar.samples} samples in {bar.elapsed:.2f} s: {format_count(sample_rate)} '
+                  f'samples/s, {rate:.1f} batches/s')
+        print_out('   a batch: ' + ', '.join(f'{k} {d}{list(s)}' for k, (d, s) in first.items()))
         other = 1 if args.workers != 1 else 0
-        _out(f'4. Resume: the state saved after batch {DEMO_RESUME_AFTER} is {json.dumps(state)}')
+        print_out(f'4. Resume: the state saved after batch {DEMO_RESUME_AFTER} is '
+                  f'{json.dumps(state)}')
         with pipeline(yaml_path, **{'loader.workers': other}) as fresh:
             fresh.load(state)
             got = batch_digest(next(iter(fresh)))
         same = got == expected
-        _out(f'   a fresh loader ({_plural(other, "worker")}) that loads it gives batch '
-             f'{DEMO_RESUME_AFTER + 1}: sha256 {got[:16]}… vs {expected[:16]}… in the first '
-             f'run: {"the same batch" if same else "DIFFERENT (a bug: please report it)"}')
+        print_out(f'   a fresh loader ({plural(other, "worker")}) that loads it gives batch '
+                  f'{DEMO_RESUME_AFTER + 1}: sha256 {got[:16]}… vs {expected[:16]}… in the first '
+                  f'run: {"the same batch" if same else "DIFFERENT (a bug: please report it)"}')
         return EXIT_OK if same else EXIT_FAILED
     finally:
         # The installed copy of the pipeline: a path that exists wherever this runs.
         own = f'loadr run {shlex.quote(DEMO_YAML_PATH)} -o reader.path=YOUR_BAG'
         if args.keep:
-            _out(f'5. Kept {tmp} (remove it when done). Next:')
-            _out(f'     loadr run {shlex.quote(yaml_path)}    # this dataset again')
-            _out(f'     {own}    # your own bag of images')
+            print_out(f'5. Kept {tmp} (remove it when done). Next:')
+            print_out(f'     loadr run {shlex.quote(yaml_path)}    # this dataset again')
+            print_out(f'     {own}    # your own bag of images')
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-            _out(f'5. Removed {tmp}. Next, on your own bag of images:')
-            _out(f'     {own}')
+            print_out(f'5. Removed {tmp}. Next, on your own bag of images:')
+            print_out(f'     {own}')

@@ -4,7 +4,7 @@ a dataset, with the summary of what was stored differently from the files."""
 from __future__ import annotations
 
 from ..progress import Progress
-from .common import EXIT_OK, _disk_size, _err, _out, _plural, _size
+from .common import EXIT_OK, disk_size, plural, print_err, print_out, size_text
 
 
 SHOWN_PER_LIST = 10    # files listed per kind of change (all of them with -v)
@@ -14,38 +14,38 @@ def _listing(title: str, entries: list, verbose: bool) -> None:
     """``title`` then each entry on its own line (the first few unless verbose), to stderr."""
     if not entries:
         return
-    _err(f'loadr: {title}:')
+    print_err(f'loadr: {title}:')
     shown = entries if verbose else entries[:SHOWN_PER_LIST]
     for entry in shown:
-        _err(f'  {entry}')
+        print_err(f'  {entry}')
     if len(shown) < len(entries):
-        _err(f'  … and {len(entries) - len(shown)} more (-v lists them all)')
+        print_err(f'  … and {len(entries) - len(shown)} more (-v lists them all)')
 
 
 def _ingest_done(summary: dict, bar: Progress, verbose: bool = False) -> int:
     bar.close()
     for line in summary['skipped']:
-        _err(f'loadr: skipped {line}')
+        print_err(f'loadr: skipped {line}')
     changed = summary.get('changed', [])
     _listing('stored differently from the file (what changed)',
              [f'{path}: {", ".join(what)}' for path, what in changed], verbose)
     _listing('kept as they are, but note',
              [f'{path}: {", ".join(what)}' for path, what in summary.get('notes', [])], verbose)
     _listing('not taken (not an image in a class folder)', summary.get('ignored', []), verbose)
-    size, files = _disk_size(summary['out'])
+    size, files = disk_size(summary['out'])
     skipped = f", skipped {len(summary['skipped'])}" if summary['skipped'] else ''
-    _out(f"wrote {_plural(summary['written'], 'datapoint')} "
-         f"({_plural(summary['labels'], 'label')}{skipped}) to "
-         f"{summary['out']} ({summary['format']}, {_size(size)}) in {bar.elapsed:.2f} s")
+    print_out(f"wrote {plural(summary['written'], 'datapoint')} "
+              f"({plural(summary['labels'], 'label')}{skipped}) to "
+              f"{summary['out']} ({summary['format']}, {size_text(size)}) in {bar.elapsed:.2f} s")
     if 'image_type' in summary:        # images: say what the dataset holds against the files
         parts = [f"images stored as {summary['image_type']}",
                  f"{len(changed)} changed (re-encoded, converted, shrunk or rotated)",
                  f"{len(summary['notes'])} with a note",
-                 f"{_plural(len(summary['ignored']), 'file')} not taken"]
+                 f"{plural(len(summary['ignored']), 'file')} not taken"]
         if summary['empty_labels']:
             parts.append(f"empty labels: {', '.join(summary['empty_labels'])}")
-        _out('; '.join(parts) + ('' if not (changed or summary['notes'] or summary['ignored'])
-                                 else ' (listed on stderr)'))
+        print_out('; '.join(parts) + ('' if not (changed or summary['notes'] or summary['ignored'])
+                                      else ' (listed on stderr)'))
     return EXIT_OK
 
 

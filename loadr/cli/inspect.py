@@ -12,7 +12,7 @@ from ..errors import ConfigError
 from ..progress import Progress
 from ..readers.patterns import names_files
 from ..storage import is_url
-from .common import EXIT_FAILED, EXIT_OK, _disk_size, _err, _out, _plural, _size
+from .common import EXIT_FAILED, EXIT_OK, disk_size, plural, print_err, print_out, size_text
 
 
 FIRST_VALUES = 8          # values shown per array by inspect
@@ -31,6 +31,7 @@ def _summary(value) -> dict:
     import numpy as np
     if isinstance(value, np.ndarray):
         flat = value.reshape(-1)[:FIRST_VALUES]
+        first: list
         if value.dtype == object:
             first = [repr(v) for v in flat]
         elif value.dtype.kind in 'fc':
@@ -119,23 +120,24 @@ def _inspect_mix(args) -> int:
             for name, size in zip(reader.names, reader.sizes)]})
     if wrote:
         # A mix's sources are opened as a run opens them, which keeps WebDataset indexes.
-        note = (f'opening the mix wrote {_plural(len(wrote), "index file")} beside the tars of '
+        note = (f'opening the mix wrote {plural(len(wrote), "index file")} beside the tars of '
                 f'its WebDataset sources, as a run does (loadr inspect on the shards '
                 f'themselves writes nothing)')
         info['wrote'] = wrote
-        _err(f'loadr inspect: {note}')
+        print_err(f'loadr inspect: {note}')
     if args.json:
-        _out(json.dumps(info, indent=2))
+        print_out(json.dumps(info, indent=2))
         return EXIT_OK
-    _out(f'{args.path}: a mix of {len(reader.names)} sources, {len(reader)} datapoints in all')
+    print_out(f'{args.path}: a mix of {len(reader.names)} sources, {len(reader)} datapoints in all')
     for part in info['schedule']:
         if len(info['schedule']) > 1:
-            _out(f"  from position {part['from']}:")
+            print_out(f"  from position {part['from']}:")
         width = max(len(s['name']) for s in part['sources'])
-        _out(f"  {'source':<{width}}  {'datapoints':>12}  {'weight':>8}  epochs per 10^6 samples")
+        print_out(f"  {'source':<{width}}  {'datapoints':>12}  {'weight':>8}  "
+                  f"epochs per 10^6 samples")
         for s in part['sources']:
-            _out(f"  {s['name']:<{width}}  {s['datapoints']:>12}  {s['weight']:>8.4g}  "
-                 f"{s['epochs_per_million']:.4g}")
+            print_out(f"  {s['name']:<{width}}  {s['datapoints']:>12}  {s['weight']:>8.4g}  "
+                      f"{s['epochs_per_million']:.4g}")
     return EXIT_OK
 
 
@@ -178,7 +180,7 @@ def cmd_inspect(args) -> int:
         elif is_url(path):
             size, files = _reader_size(reader)      # a URL has no disk to walk
         else:
-            size, files = _disk_size(path)
+            size, files = disk_size(path)
         info = {'path': path, 'format': fmt.name, 'datapoints': n,
                 'spec': {str(k): str(v) for k, v in reader.spec.items()},
                 'size_bytes': size, 'files': files, **extra}
@@ -191,17 +193,18 @@ def cmd_inspect(args) -> int:
             info['datapoint'] = {'index': index,
                                  'keys': {str(k): _summary(v) for k, v in dp.items()}}
     if args.json:
-        _out(json.dumps(info, indent=2, default=str))
+        print_out(json.dumps(info, indent=2, default=str))
         return EXIT_OK
-    _out(f"{info['path']}: {info['format']}, {n} datapoints, {_size(size)} in {files} file(s)")
+    print_out(f"{info['path']}: {info['format']}, {n} datapoints, {size_text(size)} in "
+              f"{files} file(s)")
     for key in extra:
-        _out(f'  {key}: {extra[key]}')
-    _out('  spec: ' + ', '.join(f'{k}: {v}' for k, v in info['spec'].items()))
+        print_out(f'  {key}: {extra[key]}')
+    print_out('  spec: ' + ', '.join(f'{k}: {v}' for k, v in info['spec'].items()))
     if n:
-        _out(f"  datapoint {info['datapoint']['index']}:")
+        print_out(f"  datapoint {info['datapoint']['index']}:")
         width = max(len(k) for k in info['datapoint']['keys'])
         for key, s in info['datapoint']['keys'].items():
-            _out(f'    {key:<{width}}  {_summary_text(s)}')
+            print_out(f'    {key:<{width}}  {_summary_text(s)}')
     return EXIT_OK
 
 
@@ -223,19 +226,19 @@ def cmd_check(args) -> int:
             what = (f'checked against {report.checksums}' if report.checksums else
                     f'structure and decoding only: {report.format} has no checksums; '
                     f'loadr check --write-digests records digests to check against')
-            _out(f'{report.path}: {report.format}, OK: no problems ({what}; '
-                 f'{time.perf_counter() - t0:.2f} s)')
+            print_out(f'{report.path}: {report.format}, OK: no problems ({what}; '
+                      f'{time.perf_counter() - t0:.2f} s)')
         else:
-            _out(str(report))
+            print_out(str(report))
         if wrote:
-            _out(f'{report.path}: wrote digests of every file and record to {wrote}')
+            print_out(f'{report.path}: wrote digests of every file and record to {wrote}')
         elif args.write_digests:
-            _out(f'{report.path}: digests not written: the check found problems')
+            print_out(f'{report.path}: digests not written: the check found problems')
     if args.json:
         out = [{'path': r.path, 'format': r.format, 'ok': r.ok, 'checksums': r.checksums,
                 'problems': [{'path': p.path, 'index': p.index, 'message': p.message}
                              for p in r.problems]} for r in reports]
-        _out(json.dumps(out[0] if len(out) == 1 else out, indent=2))
+        print_out(json.dumps(out[0] if len(out) == 1 else out, indent=2))
     return EXIT_OK if all(r.ok for r in reports) else EXIT_FAILED
 
 
@@ -261,12 +264,12 @@ def cmd_index(args) -> int:
     kept = sum(1 for _, index in built if index.sidecar)
     samples = sum(index.samples for _, index in built)
     members = sum(index.members for _, index in built)
-    _out(f'{args.path}: {_plural(len(built), "tar")}, {_plural(samples, "sample")} of '
-         f'{_plural(members, "member")}; scanned {scanned} (read {_size(read)} of '
-         f'{_size(total)}, {100 * read / max(1, total):.2f}% of the bytes: the headers), '
-         f'{len(built) - scanned} had a good index; {kept} sidecar(s) beside the tars '
-         f'({time.perf_counter() - t0:.2f} s)')
+    print_out(f'{args.path}: {plural(len(built), "tar")}, {plural(samples, "sample")} of '
+              f'{plural(members, "member")}; scanned {scanned} (read {size_text(read)} of '
+              f'{size_text(total)}, {100 * read / max(1, total):.2f}% of the bytes: the headers), '
+              f'{len(built) - scanned} had a good index; {kept} sidecar(s) beside the tars '
+              f'({time.perf_counter() - t0:.2f} s)')
     if kept < len(built):
-        _err(f'loadr index: {len(built) - kept} index(es) could not be written beside their '
-             f'tar (read-only place); loadr builds them in memory when it opens the shards')
+        print_err(f'loadr index: {len(built) - kept} index(es) could not be written beside their '
+                  f'tar (read-only place); loadr builds them in memory when it opens the shards')
     return EXIT_OK

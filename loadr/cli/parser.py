@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
                  'loadr ingest images photos/ data/photos\n'
                  'loadr ingest json train.json videos/ data/ssv2 --format gulp', parents)
     ingest = p.add_subparsers(dest='what', metavar='WHAT')
-    p.set_defaults(func=lambda a: _usage(p))
+    p.set_defaults(func=lambda a: usage(p))
     q = _command(ingest, 'images', cmd_ingest_images,
                  'Images in DIR/<label>/ (the folder is the label, numbered in sorted order '
                  "as torchvision's ImageFolder) into a bag (default) or gulp dataset. Bag spec: "
@@ -273,6 +273,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _usage(parser) -> int:
+def usage(parser) -> int:
     parser.print_help(sys.stderr)
     return EXIT_USAGE

@@ -7,12 +7,17 @@ import json
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING, TextIO
 
 from ..errors import ConfigError
 from ..progress import Progress, format_count
-from .common import EXIT_INTERRUPTED, EXIT_OK, _batch_size, _epoch_batches, _err, _out, _plural
-from .run_state import (RUN_STATE_FORMAT, _check_overwrite, _names_code, _quoted, _read_state,
-                        _refused_state, _resume_command, _same_dir, _same_file, _write_state)
+from .common import (EXIT_INTERRUPTED, EXIT_OK, batch_size, epoch_batches, plural, print_err,
+                     print_out)
+from .run_state import (RUN_STATE_FORMAT, check_overwrite, names_code, quoted, read_state,
+                        refused_state, resume_command, same_dir, same_file, write_state)
+
+if TYPE_CHECKING:
+    from ..stats import Stats
 
 
 class _Terminated(KeyboardInterrupt):
@@ -40,15 +45,15 @@ def cmd_run(args) -> int:
     from ..errors import StateError
     loader_state = run = None
     if args.resume:
-        loader_state, run = _read_state(args.resume)
+        loader_state, run = read_state(args.resume)
     cwd = os.getcwd()
     if args.pipeline is None:
         if run is not None:
             raise ConfigError(
                 f"--resume needs the pipeline YAML file on the command line: a state file is "
                 f"data and never chooses the code to run. It was saved from {run['config']}; "
-                f"if that is your pipeline, go on with  loadr run {_quoted(run['config'])} "
-                f"--resume {_quoted(args.resume)}", args.resume)
+                f"if that is your pipeline, go on with  loadr run {quoted(run['config'])} "
+                f"--resume {quoted(args.resume)}", args.resume)
         raise ConfigError('loadr run needs the pipeline YAML file (with --resume FILE too: '
                           'loadr run PIPELINE --resume FILE)')
     pipeline_path = args.pipeline
@@ -56,23 +61,24 @@ def cmd_run(args) -> int:
         saved = list(run['overrides'])
         # An -o that repeats a saved override confirms it (and is applied once, in its place).
         new = [text for text in args.override if text not in saved]
-        code = [text for text in saved if text not in args.override and _names_code(text)]
+        code = [text for text in saved if text not in args.override and names_code(text)]
         if code:
-            again = ' '.join(f'-o {_quoted(text)}' for text in code)
+            again = ' '.join(f'-o {quoted(text)}' for text in code)
             raise ConfigError(
-                f'the state file holds {_plural(len(code), "override")} that '
+                f'the state file holds {plural(len(code), "override")} that '
                 f'{"names" if len(code) == 1 else "name"} code to run (an import path, or '
                 f'unpickling): {", ".join(map(repr, code))}. A state file is data and cannot '
                 f'choose code: if you mean {"it" if len(code) == 1 else "them"}, pass '
                 f'{"it" if len(code) == 1 else "them"} again:  loadr run '
-                f'{_quoted(pipeline_path)} --resume {_quoted(args.resume)} {again}  '
+                f'{quoted(pipeline_path)} --resume {quoted(args.resume)} {again}  '
                 f'(or start a new run without --resume)', args.resume)
-        if new and saved and not _same_dir(cwd, run['cwd']):
+        if new and saved and not same_dir(cwd, run['cwd']):
             raise ConfigError(f"the saved run's overrides are relative to {run['cwd']}: add "
                               f"-o overrides from there (or start a new run)", args.resume)
-        if not _same_file(pipeline_path, run['config']):
-            _err(f"loadr: note: the state was saved with the pipeline {run['config']}; this run "
-                 f"builds {os.path.abspath(pipeline_path)} (the state must belong to it)")
+        if not same_file(pipeline_path, run['config']):
+            print_err(f"loadr: note: the state was saved with the pipeline {run['config']}; this "
+                      f"run builds {os.path.abspath(pipeline_path)} (the state must belong to "
+                      f"it)")
         overrides, saved_cwd = saved, run['cwd']
     else:
         overrides, new, saved_cwd = [], list(args.override), cwd
@@ -89,7 +95,7 @@ def cmd_run(args) -> int:
             try:
                 loader.load(loader_state, strict=not args.no_strict)
             except StateError as exc:
-                raise ConfigError(_refused_state(exc, args), args.resume) from exc
+                raise ConfigError(refused_state(exc, args), args.resume) from exc
         record = {'format': RUN_STATE_FORMAT, 'config': os.path.abspath(pipeline_path),
                   'overrides': overrides + new,
                   'cwd': saved_cwd if overrides else cwd}
@@ -100,10 +106,10 @@ def cmd_run(args) -> int:
             # A fresh run starts where the loader is; a 0.1 state file kept no goal,
             # so its --steps count from position 0 (where a 0.1 run began).
             record['start'] = 0 if loader_state is not None else loader.step
-            record['steps'] = args.steps if args.steps is not None else _epoch_batches(loader)
+            record['steps'] = args.steps if args.steps is not None else epoch_batches(loader)
         if args.save_state:
-            _check_overwrite(args.save_state, args.resume, loader.step, args.force,
-                             record['config'])
+            check_overwrite(args.save_state, args.resume, loader.step, args.force,
+                            record['config'])
         return _run(args, loader, record, pipeline_path)
 
 
@@ -119,17 +125,18 @@ def _run(args, loader, record: dict, pipeline_path: str) -> int:
         reader = loader.reader
         goal = (f'batches {done + 1}..{record["steps"]} of {record["steps"]}' if done
                 else f'{steps} batches')
-        _err(f'loadr run {pipeline_path}: {type(reader).__name__} '
-             f'{getattr(reader, "path", "")} ({len(reader)} datapoints), {len(loader.fns)} fns, '
-             f'batch {loader.batch}, {_plural(loader.workers, "worker")}, from position '
-             f'{loader.step}, {goal}')
+        print_err(f'loadr run {pipeline_path}: {type(reader).__name__} '
+                  f'{getattr(reader, "path", "")} ({len(reader)} datapoints), '
+                  f'{len(loader.fns)} fns, batch {loader.batch}, '
+                  f'{plural(loader.workers, "worker")}, from position '
+                  f'{loader.step}, {goal}')
         if args.resume and steps == 0:
-            _err(f'loadr: nothing left to run: position {loader.step} is at the goal of '
-                 f'{record["steps"]} batches (--steps sets another goal, counted from '
-                 f'position {record["start"]})')
+            print_err(f'loadr: nothing left to run: position {loader.step} is at the goal of '
+                      f'{record["steps"]} batches (--steps sets another goal, counted from '
+                      f'position {record["start"]})')
         bar = Progress(total=steps, unit='batches', label='run')
         export = _stats_export(args, loader)
-        it = iter(loader) if steps else None
+        it = iter(loader) if steps else iter(())
         first = None
         processed = loader.step      # the end of the last batch fully handled
         for _ in range(steps):
@@ -137,8 +144,8 @@ def _run(args, loader, record: dict, pipeline_path: str) -> int:
             if first is None:
                 first = batch
             if args.digest:
-                _out(f'position {processed} {batch_digest(batch)}')
-            bar.update(1, samples=_batch_size(batch))
+                print_out(f'position {processed} {batch_digest(batch)}')
+            bar.update(1, samples=batch_size(batch))
             processed = loader.step
         bar.close()
     except KeyboardInterrupt as exc:
@@ -152,13 +159,13 @@ def _run(args, loader, record: dict, pipeline_path: str) -> int:
             state['step'] = processed
         what = 'terminated' if isinstance(exc, _Terminated) else 'interrupted'
         if args.save_state:
-            _write_state(args.save_state, {**record, 'loader': state})
-            _err(f'loadr: {what} at position {state["step"]}; state saved to '
-                 f'{args.save_state}: go on with  '
-                 f'{_resume_command(record["config"], args.save_state)}')
+            write_state(args.save_state, {**record, 'loader': state})
+            print_err(f'loadr: {what} at position {state["step"]}; state saved to '
+                      f'{args.save_state}: go on with  '
+                      f'{resume_command(record["config"], args.save_state)}')
         else:
-            _err(f'loadr: {what} at position {state["step"]} (pass --save-state FILE to be '
-                 f'able to resume)')
+            print_err(f'loadr: {what} at position {state["step"]} (pass --save-state FILE to be '
+                      f'able to resume)')
         _stats_end(args, loader, export)
         loader.close()
         return EXIT_INTERRUPTED if not isinstance(exc, _Terminated) else 128 + signal.SIGTERM
@@ -166,44 +173,51 @@ def _run(args, loader, record: dict, pipeline_path: str) -> int:
         signal.signal(signal.SIGTERM, previous)
     state = loader.save()
     if args.save_state:
-        _write_state(args.save_state, {**record, 'loader': state})
+        write_state(args.save_state, {**record, 'loader': state})
     stats_table = _stats_end(args, loader, export)
     loader.close()
     rate, sample_rate = bar.rates()
-    _out(f'batches: {bar.done}   samples: {bar.samples}   time: {bar.elapsed:.2f} s')
-    _out(f'throughput: {format_count(sample_rate)} samples/s, {rate:.2f} batches/s')
+    print_out(f'batches: {bar.done}   samples: {bar.samples}   time: {bar.elapsed:.2f} s')
+    print_out(f'throughput: {format_count(sample_rate)} samples/s, {rate:.2f} batches/s')
     if first is not None:
-        _out('batch: ' + ', '.join(
+        print_out('batch: ' + ', '.join(
             f'{k} {v.dtype}{list(v.shape)}' if hasattr(v, 'dtype') else f'{k} list[{len(v)}]'
             for k, v in first.items()))
     if loader.on_error == 'skip':
-        _out(f'replaced datapoints (on_error=skip): {loader.errors} of {loader.samples}')
-    _out(f'state: position {state["step"]}' + (f', saved to {args.save_state}'
-                                                 if args.save_state else ''))
+        print_out(f'replaced datapoints (on_error=skip): {loader.errors} of {loader.samples}')
+    print_out(f'state: position {state["step"]}' + (f', saved to {args.save_state}'
+                                                      if args.save_state else ''))
     if stats_table:
-        _out(stats_table)
+        print_out(stats_table)
     return EXIT_OK
 
 
-def _stats_export(args, loader):
+def _stats_export(args, loader) -> _StatsExport | None:
     """``--stats-file``: a JSON line of loader.stats() every ``--stats-every`` batches
     (appended), through the loader's on_stats hook; returns the writer, or None."""
     if not getattr(args, 'stats_file', None):
         return None
-    out = open(args.stats_file, 'a', encoding='utf-8')
-
-    def write(stats):
-        if stats.batches != write.last:         # the end's line may be the last one
-            out.write(json.dumps(stats.as_dict()) + '\n')
-            out.flush()
-            write.last = stats.batches
-
-    write.file, write.last = out, None
-    loader.stats_every, loader.on_stats = args.stats_every, write
-    return write
+    export = _StatsExport(open(args.stats_file, 'a', encoding='utf-8'))
+    loader.stats_every, loader.on_stats = args.stats_every, export
+    return export
 
 
-def _stats_end(args, loader, export) -> str | None:
+class _StatsExport:
+    """``--stats-file``'s writer: the loader's ``on_stats``, a JSON line per call but one
+    (the end's line may be the last one again)."""
+
+    def __init__(self, file: TextIO):
+        self.file = file
+        self.last: int | None = None        # the batches of the last line written
+
+    def __call__(self, stats: Stats) -> None:
+        if stats.batches != self.last:
+            self.file.write(json.dumps(stats.as_dict()) + '\n')
+            self.file.flush()
+            self.last = stats.batches
+
+
+def _stats_end(args, loader, export: _StatsExport | None) -> str | None:
     """The last stats line (``--stats-file``) and, with ``--profile``, the table: printed
     at once on Ctrl-C, returned for the summary otherwise."""
     if export is None and not getattr(args, 'profile', False):
@@ -217,6 +231,6 @@ def _stats_end(args, loader, export) -> str | None:
     from ..stats import format_table
     table = format_table(stats)
     if sys.exc_info()[0] is not None:       # interrupted: no summary follows
-        _err(table)
+        print_err(table)
         return None
     return table

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from ..errors import ConfigError
 
@@ -13,7 +14,9 @@ from ..errors import ConfigError
 RUN_STATE_FORMAT = 'loadr run state'   # marks a state file written by `loadr run`
 
 
-def _write_state(path: str, state: dict) -> None:
+def write_state(path: str, state: dict) -> None:
+    """Write ``state`` (JSON) to ``path`` whole or not at all: a temporary file beside it,
+    renamed over it."""
     from ..storage import staging
     staging.reclaim(path)
     tmp = staging.make(path)
@@ -23,7 +26,7 @@ def _write_state(path: str, state: dict) -> None:
     os.replace(tmp, path)
 
 
-def _read_state(path: str) -> tuple[dict, dict | None]:
+def read_state(path: str) -> tuple[dict, dict | None]:
     """``(loader state, run record or None)`` from a state file.
 
     ``loadr run`` writes ``{'format', 'loader', 'config', 'overrides', 'cwd',
@@ -64,7 +67,7 @@ def _position(state: dict):
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-def _check_overwrite(path: str, resume: str | None, start: int, force: bool,
+def check_overwrite(path: str, resume: str | None, start: int, force: bool,
                      pipeline: str) -> None:
     """Refuse to replace a state file that is not one, or that lies ahead of this run."""
     if force or not os.path.lexists(path):
@@ -73,7 +76,7 @@ def _check_overwrite(path: str, resume: str | None, start: int, force: bool,
         return                         # going on from it: it is this run's own state
     hint = 'pass --force to overwrite it'
     try:
-        state, _ = _read_state(path)
+        state, _ = read_state(path)
     except ConfigError as exc:
         raise ConfigError(f'--save-state would overwrite a file that is not a readable loadr '
                           f'state ({exc.message}); pick another file or {hint}', path) from exc
@@ -81,28 +84,29 @@ def _check_overwrite(path: str, resume: str | None, start: int, force: bool,
     if ahead is not None and ahead > start:
         raise ConfigError(f'--save-state would overwrite a state saved at position {ahead}, '
                           f'ahead of where this run starts ({start}): go on from it with  '
-                          f'{_resume_command(pipeline, path)}  or {hint}', path)
+                          f'{resume_command(pipeline, path)}  or {hint}', path)
 
 
-def _quoted(text: str) -> str:
+def quoted(text: str) -> str:
+    """``text`` quoted for a shell command line."""
     import shlex
     return shlex.quote(str(text))
 
 
-def _resume_command(pipeline: str, state: str) -> str:
+def resume_command(pipeline: str, state: str) -> str:
     """The command that goes on from ``state`` and saves to it again: without
     ``--save-state`` the resumed run's own Ctrl-C would save nothing."""
-    return (f'loadr run {_quoted(pipeline)} --resume {_quoted(state)} '
-            f'--save-state {_quoted(state)}')
+    return (f'loadr run {quoted(pipeline)} --resume {quoted(state)} '
+            f'--save-state {quoted(state)}')
 
 
-def _names_code(override: str) -> bool:
+def names_code(override: str) -> bool:
     """Whether an ``-o KEY=VALUE`` text names code: an import path anywhere in its value
     (a fn, a ``decode`` callable), or unpickling (``decode: pickle``, ``allow_pickle``)."""
     from ..config import parse_override
     key, value = parse_override(override)
     last = key.replace('__', '.').split('.')[-1]
-    stack = [({last: value})]
+    stack: list[Any] = [{last: value}]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
@@ -124,7 +128,7 @@ def _is_import_path(text: str) -> bool:
     return bool(sep) and all(p.isidentifier() for p in module.split('.') + attr.split('.'))
 
 
-def _refused_state(exc, args) -> str:
+def refused_state(exc, args) -> str:
     """The loader's refusal of a state, told as the command line's options say it."""
     lines = exc.message.split('\n')
     diffs = [line.strip()[2:] for line in lines if line.strip().startswith('- ')]
@@ -136,11 +140,13 @@ def _refused_state(exc, args) -> str:
               'a new run without --resume.')
 
 
-def _same_dir(a: str, b: str) -> bool:
+def same_dir(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` are the same directory (or file); where one is gone, whether
+    they are the same absolute path."""
     try:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.abspath(a) == os.path.abspath(b)
 
 
-_same_file = _same_dir       # samefile, or the same absolute path where one is gone
+same_file = same_dir       # samefile, or the same absolute path where one is gone

@@ -34,9 +34,9 @@ Example::
 
 from __future__ import annotations
 
-from .document import Config, load_config, pipeline
-from .overrides import parse_override
-from .schema import LOADER_TYPES, SECTIONS
+from ._config import Config, load_config, pipeline
+from ._overrides import parse_override
+from ._schema import LOADER_TYPES, SECTIONS
 
 
 __all__ = ['pipeline', 'load_config', 'parse_override', 'Config', 'SECTIONS', 'LOADER_TYPES']

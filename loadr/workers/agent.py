@@ -166,7 +166,7 @@ class AgentConfig:
     reader: object = None
     fns: list = field(default_factory=list)
     recipe: tuple | None = None  # (the YAML's mapping, its folder): rebuilt here, by
-    rebuild: object = None       # loadr.config.document.rebuild
+    rebuild: object = None       # loadr.config._remote_section.rebuild
     seed: int = 0
     canaries: list = field(default_factory=list)
     bind_host: str = '127.0.0.1'

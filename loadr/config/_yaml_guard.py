@@ -8,13 +8,14 @@ and remember the line of each mapping key and list item for the errors.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import yaml
 
 from ..errors import ConfigError
 
 
-class _Map(dict):
+class YamlMap(dict):
     """A YAML mapping that remembers its line and the line of each key."""
 
     line: int | None = None
@@ -24,7 +25,7 @@ class _Map(dict):
         self.lines: dict = {}
 
 
-class _Seq(list):
+class YamlSeq(list):
     """A YAML sequence that remembers its line and the line of each item."""
 
     line: int | None = None
@@ -42,7 +43,7 @@ class _Duplicate(Exception):
 
 # A pipeline is a few dozen lines: these bound what a hostile one can cost before
 # anything reads it. Aliases are kept shared while parsing, but the pipeline is then
-# walked as plain lists and dicts (overrides, _plain, error messages), so an alias
+# walked as plain lists and dicts (overrides, plain(), error messages), so an alias
 # bomb (a 500-byte file naming 9**9 values) is refused by the values its aliases add.
 MAX_DEPTH = 64                 # nested lists and mappings
 
@@ -50,7 +51,10 @@ MAX_DEPTH = 64                 # nested lists and mappings
 MAX_ALIAS_VALUES = 100_000     # values that aliases (and '<<' merges) add to the document
 
 
-class _TooBig(Exception):
+class TooBig(Exception):
+    """A document (or an ``-o`` value) too deep or too expanded by aliases to be a setting:
+    ``message`` says which, ``line`` where (None if not known)."""
+
     def __init__(self, message: str, line: int | None):
         super().__init__(message)
         self.message, self.line = message, line
@@ -71,8 +75,8 @@ class _GuardedLoader(yaml.SafeLoader):
         try:
             if self._depth > MAX_DEPTH:
                 line = self.peek_event().start_mark.line + 1
-                raise _TooBig(f'nested deeper than {MAX_DEPTH} levels (line {line}): a '
-                              f'pipeline needs a few; is this the file you meant?', line)
+                raise TooBig(f'nested deeper than {MAX_DEPTH} levels (line {line}): a '
+                             f'pipeline needs a few; is this the file you meant?', line)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -87,7 +91,7 @@ class _LineLoader(_GuardedLoader):
     """The guarded loader that also records where each mapping key and list item starts."""
 
     def _map(self, node):
-        data = _Map()
+        data = YamlMap()
         data.line = node.start_mark.line + 1
         yield data
         seen: dict = {}
@@ -111,7 +115,7 @@ class _LineLoader(_GuardedLoader):
             data.lines[key] = key_node.start_mark.line + 1
 
     def _seq(self, node):
-        data = _Seq()
+        data = YamlSeq()
         data.line = node.start_mark.line + 1
         yield data
         for child in node.value:
@@ -120,7 +124,7 @@ class _LineLoader(_GuardedLoader):
 
 
 def _check_expansion(root) -> None:
-    """Raise _TooBig when aliases expand the document ``root`` by more than MAX_ALIAS_VALUES.
+    """Raise TooBig when aliases expand the document ``root`` by more than MAX_ALIAS_VALUES.
 
     Each distinct node is visited once (its expanded size remembered), so a
     bomb costs as little to measure as its text; the line named is that of
@@ -139,8 +143,8 @@ def _check_expansion(root) -> None:
         elif not children_done:
             if id(node) in open_nodes:
                 line = node.start_mark.line + 1
-                raise _TooBig(f'an alias refers to a list or mapping that holds it (line '
-                              f'{line}): a pipeline cannot contain itself', line)
+                raise TooBig(f'an alias refers to a list or mapping that holds it (line '
+                             f'{line}): a pipeline cannot contain itself', line)
             open_nodes.add(id(node))
             stack.append((node, True))
             kids = (node.value if isinstance(node, yaml.SequenceNode)
@@ -155,29 +159,34 @@ def _check_expansion(root) -> None:
             first_over = node
     added = sizes[id(root)] - len(sizes)
     if added > MAX_ALIAS_VALUES:
+        # The root's own size is over the budget then: some node (the root at last) is first.
+        assert first_over is not None
         line = first_over.start_mark.line + 1
-        raise _TooBig(f'its aliases expand it to {sizes[id(root)]:,} values (line {line}), more '
-                      f'than {MAX_ALIAS_VALUES:,} beyond what the file spells out: refused as '
-                      f'a YAML bomb; write the values out instead', line)
+        raise TooBig(f'its aliases expand it to {sizes[id(root)]:,} values (line {line}), more '
+                     f'than {MAX_ALIAS_VALUES:,} beyond what the file spells out: refused as '
+                     f'a YAML bomb; write the values out instead', line)
 
 
 _LineLoader.add_constructor('tag:yaml.org,2002:map', _LineLoader._map)
 _LineLoader.add_constructor('tag:yaml.org,2002:seq', _LineLoader._seq)
 
 
-def _plain(value):
+def plain(value: Any) -> Any:
     """Plain dicts and lists again (what fns and readers are given)."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 
-def _parse_yaml(text: str, path: str | None):
+def parse_yaml(text: str, path: str | None) -> Any:
+    """The document in ``text`` (the file ``path``), its mappings and lists a
+    :class:`YamlMap` and :class:`YamlSeq` that know their lines; any mistake, or a document
+    refused by the guards, is a ConfigError naming the file and the line."""
     try:
         return yaml.load(text, Loader=_LineLoader)   # noqa: S506 - a SafeLoader subclass
-    except _TooBig as big:
+    except TooBig as big:
         err = ConfigError(f'not a pipeline: {big.message}', path)
         err.line = big.line
         raise err from None
@@ -237,6 +246,6 @@ def pattern_in_mapping(value) -> str | None:
     return '{' + ','.join(keys) + '}'
 
 
-def _load_value(raw: str):
-    """One ``-o`` value read as YAML, guarded as a file is (raises _TooBig or a YAMLError)."""
+def load_value(raw: str) -> Any:
+    """One ``-o`` value read as YAML, guarded as a file is (raises TooBig or a YAMLError)."""
     return yaml.load(raw, Loader=_GuardedLoader)  # noqa: S506 - a SafeLoader subclass

@@ -4,6 +4,7 @@ takes, and the words a mistake is told in (``did you mean 'batch'?``, ``a list``
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 
 
 SECTIONS = ('reader', 'fns', 'loader')
@@ -33,21 +34,27 @@ LOADER_TYPES: dict[str, tuple[str, ...]] = {
 }
 
 
-_REQUIRED_LOADER_KEYS = ('batch',)
+REQUIRED_LOADER_KEYS = ('batch',)
 
 
 # Built-in fn arguments that name a file, resolved like reader.path.
-_PATH_ARGS = {('label_to_index', 'mapping')}
+PATH_ARGS = {('label_to_index', 'mapping')}
 
 
-def _did_you_mean(word, choices) -> str:
+def did_you_mean(word: object, choices: Iterable[object]) -> str:
+    """``did you mean 'batch'?`` for the closest of ``choices``, or all of them.
+
+    >>> did_you_mean('bach', ['batch', 'seed']), did_you_mean('x', ['batch', 'seed'])
+    ("did you mean 'batch'?", 'expected one of: batch, seed')
+    """
+    choices = list(choices)
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
     if close:
         return f'did you mean {close[0]!r}?'
     return f"expected one of: {', '.join(map(str, choices))}"
 
 
-def _kind(value) -> str:
+def kind_of(value: object) -> str:
     """How a YAML value reads to its author: 'a list', 'a string', ..."""
     for types, name in ((bool, 'a boolean'), (dict, 'a mapping'), (list, 'a list'),
                         (str, 'a string'), (int, 'an int'), (float, 'a number')):
@@ -56,7 +63,9 @@ def _kind(value) -> str:
     return 'null' if value is None else type(value).__name__
 
 
-def _is_kind(value, kind: str) -> bool:
+def is_kind(value: object, kind: str) -> bool:
+    """Whether ``value`` is of the YAML ``kind`` (``LOADER_TYPES``' words: ``'int'``,
+    ``'bool'``, ``'null'``, ``'str'``, ``'number'``, ``'mapping'``); a bool is no int."""
     if kind == 'null':
         return value is None
     if kind == 'bool':
@@ -70,7 +79,8 @@ def _is_kind(value, kind: str) -> bool:
     return isinstance(value, dict)
 
 
-def _fn_name(entry) -> str | None:
+def fn_name(entry: object) -> str | None:
+    """The name of an ``fns`` entry (``flip``, or ``{name: args}``), or None if it is neither."""
     if isinstance(entry, str) and entry:
         return entry
     if isinstance(entry, dict) and len(entry) == 1:
