@@ -232,9 +232,9 @@ class Agent:
         layout = Layout(dict(c.fields), c.batch)
         slots = 2 * c.processes + 1
         self.pool = pool = WorkerPool(reader, fns, c.spec, layout, c.processes, slots, c.n,
-                               c.shuffle, c.on_error, c.start_method, c.timeout,
-                               c.order_version, c.steady_memory,
-                               trace_records=c.trace_records)
+                                      c.shuffle, c.on_error, c.start_method, c.timeout,
+                                      c.order_version, c.steady_memory,
+                                      trace_records=c.trace_records)
         # The records of each worker's ring sent so far, and those overwritten unsent.
         self.trace_seen = [0] * c.processes
         self.trace_lost = 0
