@@ -28,7 +28,7 @@ import numpy as np
 from .decode import fuse
 from .errors import LoadrError, SampleFailure, SpecError
 from .sources import hooks_of
-from .stats import FillTimer
+from .stats import FillTimer, StageClock
 from .storage import transient
 
 __all__ = ['Assembler', 'infer_spec', 'value_spec', 'Cancelled', 'READ_RETRY_DELAYS_S']
@@ -223,7 +223,7 @@ class Assembler:
         # ... and a remote reader's local cache learns the position of each batch.
         self._cache_clock = hooks.cache_clock
         # Stage accounting (loadr.stats): set by the worker or the loader.
-        self.clock = None
+        self.clock: StageClock | None = None
         self.timer = FillTimer(self.fns)
 
     def _read_once(self, index: int, seed: int) -> dict:

@@ -43,7 +43,7 @@ True
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 __all__ = ['Source', 'BatchSource', 'SeededSource', 'ErrorNaming', 'Prefetching', 'Caching',
            'Warming', 'Ordering', 'Identified', 'Composite', 'Sharing', 'Locating', 'OPTIONAL',
@@ -209,6 +209,19 @@ class Hooks:
 
     __slots__ = ('read_batch', 'read_seeded', 'name_error', 'prefetch', 'cache_clock',
                  'cache_flush', 'warm', 'forked', 'make_order', 'identity', 'source_fns')
+
+    # Each hook's bound method, or None (set by __init__ from the names above).
+    read_batch: Callable[..., Any] | None
+    read_seeded: Callable[..., Any] | None
+    name_error: Callable[..., Any] | None
+    prefetch: Callable[..., Any] | None
+    cache_clock: Callable[..., Any] | None
+    cache_flush: Callable[..., Any] | None
+    warm: Callable[..., Any] | None
+    forked: Callable[..., Any] | None
+    make_order: Callable[..., Any] | None
+    identity: Callable[..., Any] | None
+    source_fns: Callable[..., Any] | None
 
     def __init__(self, **hooks):
         for name in self.__slots__:

@@ -7,8 +7,12 @@ and what the kernel says of a process's CPU time (:func:`process_times`,
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from ..storage import netstats
+
+if TYPE_CHECKING:      # _trace imports this module
+    from ._trace import TaskRing
 
 # The fixed counters of a worker's row; one counter per fn follows them.
 WORKER_FIELDS = ('busy', 'wait', 'read', 'write', 'batches', 'samples', 'cpu', 'busy_sq',
@@ -95,7 +99,7 @@ class StageClock:
         self._pending = None
         self._open = False              # a task is in hand and finish() not yet called
         # A TaskRing (loadr.stats.Tracer) takes each task's span and stages; None: no trace.
-        self.trace = None
+        self.trace: TaskRing | None = None
         self._net_since = list(netstats.counters())     # see netstats.PER_CLOCK
 
     def finish(self) -> None:

@@ -134,7 +134,7 @@ class TaskRing:
         self.rows = rows
         self.records = len(rows) - 1
         self.pid = float(os.getpid() if pid is None else pid)
-        self.current = None
+        self.current: tuple[int, int, int] | None = None
 
     def task(self, begin: float, end: float, fill) -> None:
         """A task ran from ``begin`` to ``end``; ``fill`` is the stage clock's

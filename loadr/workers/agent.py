@@ -51,11 +51,19 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
 
 import msgpack
 import numpy as np
 
 from . import protocol
+
+if TYPE_CHECKING:       # imported where used: an engine imports this module without them
+    import zmq
+    from zmq.auth.thread import ThreadAuthenticator
+
+    from .pool import WorkerPool
+    from .pools import Event
 
 __all__ = ['AgentConfig', 'Agent', 'WIRE_VERSION', 'CANCEL', 'DONE', 'FAIL', 'FATAL',
            'wire_header', 'parse_wire', 'failure_to_wire', 'failure_from_wire',
@@ -166,7 +174,7 @@ class AgentConfig:
     reader: object = None
     fns: list = field(default_factory=list)
     recipe: tuple | None = None  # (the YAML's mapping, its folder): rebuilt here, by
-    rebuild: object = None       # loadr.config._remote_section.rebuild
+    rebuild: Callable[..., Any] | None = None   # loadr.config._remote_section.rebuild
     seed: int = 0
     canaries: list = field(default_factory=list)
     bind_host: str = '127.0.0.1'
@@ -186,6 +194,7 @@ def _pipeline(config: AgentConfig):
     ``config.rebuild``, loadr's own function, which the config names by reference)."""
     if config.recipe is None:
         return config.reader, list(config.fns)
+    assert config.rebuild is not None, 'a recipe comes with the function that rebuilds it'
     return config.rebuild(*config.recipe)
 
 
@@ -199,8 +208,11 @@ class Agent:
 
     def __init__(self, config: AgentConfig):
         self.config = config
-        self.pool = None
-        self.ctx = self.sock = self.auth = None
+        # Made by start(): serving needs them, close() gives them back.
+        self.pool: WorkerPool | None = None
+        self.ctx: zmq.Context | None = None
+        self.sock: zmq.Socket | None = None
+        self.auth: ThreadAuthenticator | None = None
         self.closed = False
         self.started_at = time.monotonic()
 
@@ -211,7 +223,7 @@ class Agent:
         import zmq.auth.thread
 
         from ..assemble import Assembler
-        from ..order import order_for
+        from ..order import ORDER_VERSION, order_for
         from .pool import WorkerPool
         from .shm import Layout
 
@@ -219,37 +231,41 @@ class Agent:
         reader, fns = _pipeline(c)
         layout = Layout(dict(c.fields), c.batch)
         slots = 2 * c.processes + 1
-        self.pool = WorkerPool(reader, fns, c.spec, layout, c.processes, slots, c.n,
-                               c.shuffle, c.on_error, c.start_method, c.timeout,
-                               c.order_version, c.steady_memory,
-                               trace_records=c.trace_records)
+        self.pool = pool = WorkerPool(reader, fns, c.spec, layout, c.processes, slots, c.n,
+                                      c.shuffle, c.on_error, c.start_method, c.timeout,
+                                      c.order_version, c.steady_memory,
+                                      trace_records=c.trace_records)
         # The records of each worker's ring sent so far, and those overwritten unsent.
         self.trace_seen = [0] * c.processes
         self.trace_lost = 0
-        self.trace_peer, self.trace_at = None, time.monotonic()
+        self.trace_peer: bytes | None = None
+        self.trace_at = time.monotonic()
         # The canaries after the fork: files they open are this process's alone.
-        order = order_for(reader, c.seed, c.shuffle, c.order_version)
+        # None: the default, as the workers take it (worker.Steps).
+        order = order_for(reader, c.seed, c.shuffle,
+                          ORDER_VERSION if c.order_version is None else c.order_version)
         asm = Assembler(reader, fns, c.spec)
         canaries = [canary(asm, order, p) for p in c.canaries]
-        self.free = list(range(self.pool.slot_count))
-        self.ctx = zmq.Context(1)
+        self.free = list(range(pool.slot_count))
+        self.ctx = ctx = zmq.Context(1)
         if c.curve:
-            self.auth = zmq.auth.thread.ThreadAuthenticator(self.ctx, log=log)
-            self.auth.start()
+            self.auth = auth = zmq.auth.thread.ThreadAuthenticator(ctx, log=log)
+            auth.start()
             allowed = {bytes(k) for k in c.allowed}
-            self.auth.configure_curve_callback('*', _AllowList(allowed))
+            auth.configure_curve_callback('*', _AllowList(allowed))
         elif c.bind_host != '127.0.0.1':
             raise ValueError('an agent speaks plain tcp (curve=False) on loopback only')
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock = sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
         if c.curve:
-            self.sock.curve_server = True
-            self.sock.curve_secretkey = c.server_secret
-        self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
-        port = self.sock.bind_to_random_port(f'tcp://{c.bind_host}')
-        self.tasks: dict[int, tuple] = {}       # local id -> (peer, header, local slot)
-        self.queue: list = []                   # (peer, header) not in a worker yet
+            sock.curve_server = True
+            sock.curve_secretkey = c.server_secret
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+        port = sock.bind_to_random_port(f'tcp://{c.bind_host}')
+        # local id -> (peer, header, local slot)
+        self.tasks: dict[int, tuple[bytes, protocol.Task, int]] = {}
+        self.queue: list[tuple[bytes, protocol.Task]] = []     # not in a worker yet
         self.resend: list[int] = []             # local ids whose worker died
         self.next_id = 0
         self.cancelled = -1                     # the trainer's stale task ids: up to this
@@ -269,7 +285,9 @@ class Agent:
         import zmq
 
         sock, pool = self.sock, self.pool
-        held, poller = None, None
+        assert sock is not None and pool is not None, 'start() first'
+        held: tuple | None = None
+        poller = zmq.Poller()           # replaced below at once: held is None
         while not stop.is_set() and not pool.closed:
             handles = tuple(pool.waits_on())
             if handles != held:
@@ -303,7 +321,7 @@ class Agent:
             elif wire[0] == CANCEL:
                 self.cancelled = max(self.cancelled, wire[1])
                 if self.next_id:
-                    self.pool.cancel(self.next_id - 1)
+                    self._pool().cancel(self.next_id - 1)
                 # Tasks not in a worker yet are answered now, empty.
                 keep = []
                 for p, h in self.queue:
@@ -314,14 +332,14 @@ class Agent:
                 self.queue = keep
             return
         try:
-            kind, header = protocol.parse(head)
+            _, header = protocol.parse(head)
         except ValueError:
             return
-        if kind != protocol.TASK:
+        if not isinstance(header, protocol.Task):     # what parse() makes of a TASK
             return
         if 0 < header.count <= self.config.batch:
             self.queue.append((peer, header))
-            if self.pool.trace_rings is not None:
+            if self._pool().trace_rings is not None:
                 self.trace_peer = peer
         else:       # answered, so that the trainer does not wait for it
             failure = protocol.Failure.capture(
@@ -331,7 +349,7 @@ class Agent:
                               failure_to_wire(failure, self._where())])
 
     def _fill(self) -> None:
-        pool = self.pool
+        pool = self._pool()
         while self.resend and pool.can_submit():
             lid = self.resend[0]
             peer, header, slot = self.tasks[lid]
@@ -350,9 +368,8 @@ class Agent:
             self.next_id += 1
             self.tasks[lid] = (peer, header, slot)
 
-    def _on_event(self, event) -> None:
-        kind = type(event)
-        if kind is protocol.Fatal:
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, protocol.Fatal):
             for peer in {p for p, _, _ in self.tasks.values()} | {p for p, _ in self.queue}:
                 self._send(peer, [wire_header(FATAL), failure_to_wire(event.failure,
                                                                       self._where())])
@@ -361,14 +378,14 @@ class Agent:
         if entry is None:
             return
         peer, header, slot = entry
-        if kind is protocol.Lost:
+        if isinstance(event, protocol.Lost):
             self.resend.append(event.task_id)       # redone here: the host still runs
             return
         del self.tasks[event.task_id]
-        if self.pool.trace_rings is not None:
+        if self._pool().trace_rings is not None:
             self._send_trace(peer)          # its record first: the trainer has it with the rows
         try:
-            if kind is protocol.Failed:
+            if isinstance(event, protocol.Failed):
                 self._send(peer, [wire_header(FAIL, header.task_id),
                                   failure_to_wire(event.failure, self._where())])
             elif header.task_id <= self.cancelled:
@@ -378,7 +395,8 @@ class Agent:
         finally:
             self.free.append(slot)
 
-    def _send_rows(self, peer: bytes, header, slot: int, event) -> None:
+    def _send_rows(self, peer: bytes, header: protocol.Task, slot: int,
+                   event: protocol.Done) -> None:
         try:
             meta = msgpack.packb([event.extras, [list(r) for r in event.replaced]],
                                  use_bin_type=True)
@@ -390,7 +408,7 @@ class Agent:
             self._send(peer, [wire_header(FAIL, header.task_id),
                               failure_to_wire(failure, self._where())])
             return
-        views = self.pool.views[slot]
+        views = self._pool().views[slot]
         # Copied into ZeroMQ's messages: the slot is reused as soon as this returns.
         frames = [wire_header(DONE, header.task_id), meta]
         frames += [np.ascontiguousarray(views[k][:header.count]).data for k in self.config.fields]
@@ -401,7 +419,8 @@ class Agent:
         from ..stats import new_records
 
         self.trace_at = time.monotonic()
-        rings, seen = self.pool.trace_rings, self.trace_seen
+        rings, seen = self._pool().trace_rings, self.trace_seen
+        assert rings is not None            # sent only when the workers trace
         blocks = []
         for wid, written in enumerate(rings[:, 0, 0].tolist()):
             if written != seen[wid]:
@@ -417,12 +436,18 @@ class Agent:
     def _send(self, peer: bytes, frames: list) -> bool:
         import zmq
 
+        assert self.sock is not None, 'start() first'
         try:
             self.sock.send_multipart([peer, *frames], zmq.NOBLOCK, copy=True)
         except zmq.ZMQError as exc:
             log.debug('loadr agent: a reply could not go out: %r', exc)
             return False
         return True
+
+    def _pool(self) -> WorkerPool:
+        """The pool start() made (the agent serves only once started)."""
+        assert self.pool is not None, 'start() first'
+        return self.pool
 
     def _where(self) -> str:
         return f'host {socket.gethostname()}, agent {self.config.name or os.getpid()}'
@@ -478,7 +503,7 @@ def _read_config(stream) -> AgentConfig:
 
     A pipe from the process that started us (like multiprocess's spawn), not tcp.
     """
-    import dill
+    import dill  # type: ignore[import-untyped]  # dill ships neither types nor stubs
 
     size = struct.unpack('<Q', stream.read(8))[0]
     return dill.loads(stream.read(size))

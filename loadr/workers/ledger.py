@@ -86,7 +86,7 @@ class Ledger:
                     'loadr.errors.WorkerError',
                     f'{self.startup_failures} workers died before starting; last: {why}{hint}',
                     '', None, None, wid))]
-        events = []
+        events: list[Failed | Lost] = []
         for n, task_id in enumerate(task_ids):
             task = self.tasks.pop(task_id)
             start, count = task.start, task.count

@@ -57,7 +57,8 @@ def steady_memory_default() -> bool:
 
 def _glibc():
     try:
-        if not os.confstr('CS_GNU_LIBC_VERSION').startswith('glibc'):
+        version = os.confstr('CS_GNU_LIBC_VERSION')     # None: no such name here
+        if version is None or not version.startswith('glibc'):
             return None
         return ctypes.CDLL(None)
     except (ValueError, OSError, AttributeError):

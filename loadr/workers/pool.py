@@ -47,6 +47,8 @@ import tempfile
 import threading
 import time
 import weakref
+from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import zmq
@@ -130,13 +132,16 @@ class _Held:
     nobody called close() (or a Ctrl-C cut in before the Loader kept the pool)."""
 
     def __init__(self, workers: int):
-        self.workers: list = [None] * workers
-        self.ctx = self.sock = None
+        self.workers: list[_Worker | None] = [None] * workers
+        self.ctx: zmq.Context | None = None
+        self.sock: zmq.Socket | None = None
         self.segments: list[Segment] = []
         self.dirs: list[str] = []
         self.released = False
-        self.stats_rows = None          # the workers' stage counters (in the status segment)
-        self.last_stats = None          # ... as they were when the workers had stopped
+        # The workers' stage counters (in the status segment) ...
+        self.stats_rows: np.ndarray | None = None
+        # ... as they were when the workers had stopped.
+        self.last_stats: np.ndarray | None = None
         # True from just before a message is sent until it is all out: a Ctrl-C
         # between its frames leaves it cut (see protocol: MEND).
         self.cut = False
@@ -157,6 +162,7 @@ def _send(held: _Held, identity: bytes, frames: list, flags: int = 0) -> None:
     _mend(held)
     held.cut = True
     sock, more = held.sock, _SNDMORE | flags
+    assert sock is not None         # sent to only while the pool is open
     # Frame by frame with int flags: send_multipart's checks and flag enums
     # cost more than the sends themselves (3.7 against 1.4 us a message).
     try:
@@ -250,14 +256,21 @@ def _at_exit(pool: 'WorkerPool') -> None:
     and releases each open pool in :func:`_release`'s bounded order, so the hook
     finds no child left.
     """
-    if not _at_exit.registered:
+    if not _EXIT_HOOK.registered:
         import multiprocess.util  # noqa: F401 - registers its exit hook on import: first
         atexit.register(_release_open_pools)
-        _at_exit.registered = True
+        _EXIT_HOOK.registered = True
     _OPEN_POOLS.add(pool)
 
 
-_at_exit.registered = False
+@dataclass
+class _ExitHook:
+    """Whether :func:`_release_open_pools` is registered with atexit (once a process)."""
+
+    registered: bool = False
+
+
+_EXIT_HOOK = _ExitHook()
 
 
 def _release_open_pools() -> None:
@@ -266,15 +279,17 @@ def _release_open_pools() -> None:
 
 
 class _Worker:
+    """One worker process as the pool sees it."""
+
     def __init__(self, wid: int, incarnation: int, process, identity: bytes):
         self.wid, self.incarnation = wid, incarnation
         self.process, self.identity = process, identity
         self.ready = False                  # said hello and can take tasks
         self.started = False                # said hello once (ready drops when unreachable)
         self.tasks: list[int] = []          # task ids in the order sent
-        self.head_since = None              # when the first task in hand was started
-        self.beat = -1                      # its heartbeat when last looked at
-        self.frozen_since = None            # when it was first seen frozen, beat unmoved
+        self.head_since: float | None = None    # when the first task in hand was started
+        self.beat = -1                          # its heartbeat when last looked at
+        self.frozen_since: float | None = None  # when first seen frozen, its beat unmoved
 
 
 class WorkerPool:
@@ -296,14 +311,22 @@ class WorkerPool:
         _at_exit(self)
         self.workers: list[_Worker | None] = held.workers
         self._segments = held.segments
-        self._dir = self._shm_dir = None
-        self._ctx = self._sock = None
-        self._stats_rows = None
+        self._dir: str | None = None
+        self._shm_dir: str | None = None
+        self._ctx: zmq.Context | None = None
+        self._sock: zmq.Socket | None = None
+        self._stats_rows: np.ndarray | None = None
         # Each worker's ring of task records for a trace (loadr.stats.TaskRing), after the
         # stage counters; None when not tracing.
-        self.trace_rings = None
+        self.trace_rings: np.ndarray | None = None
         self._trace_records = trace_records
-        self._uss = None                    # (when, {worker id: USS bytes}): private_memory()
+        # (when, {worker id: USS bytes}): private_memory()
+        self._uss: tuple[float, dict[int, int]] | None = None
+        # The status cells (views of the status segment, made by _open); None once closed.
+        self.progress: np.ndarray | None = None
+        self._cancelled: memoryview | None = None
+        self._beats: np.ndarray | None = None
+        self._wants: np.ndarray | None = None
         self.stats_width = row_width(len(fns))
         self._init_fn = init_fn             # each worker calls it once with its id
         # Called once the shared memory is made, before the first worker starts: the
@@ -354,11 +377,11 @@ class WorkerPool:
             def make(what, size):
                 return Segment.create_memfd(f'{os.getpid()}-{what}', size)
         else:
-            self._shm_dir = owned_dir(SHM_DIR)
-            held.dirs.append(self._shm_dir)
+            shm_dir = self._shm_dir = owned_dir(SHM_DIR)
+            held.dirs.append(shm_dir)
 
             def make(what, size):
-                return Segment.create(os.path.join(self._shm_dir, what), size)
+                return Segment.create(os.path.join(shm_dir, what), size)
         for i in range(slots):
             held.segments.append(make(f'slot{i}', layout.nbytes))
         # After the status cells, each worker's stage counters (loadr.stats): a
@@ -390,7 +413,8 @@ class WorkerPool:
         self._first_wants = tasks_held(reader)
         self._wants[:] = self._first_wants
         self._liveness_at = self._exits_at = time.monotonic()
-        self._polled, self._poller_held = None, None
+        self._polled: tuple | None = None
+        self._poller_held: zmq.Poller | None = None
         self.layout = layout
         self.views = [layout.views(seg.buf) for seg in self._segments[:slots]]
         if self._before_fork is not None:
@@ -432,6 +456,7 @@ class WorkerPool:
         # assigned, so another process of ours that can reach the socket still
         # cannot pose as the next worker (see SECURITY.md).
         identity = b'w%d.%d.%s' % (wid, self._incarnations, secrets.token_hex(8).encode())
+        assert self._wants is not None              # the pool is open
         self._wants[wid] = self._first_wants        # a replacement starts afresh
         args = WorkerArgs(wid=wid, identity=identity, **self._template)
         proc = self._mp.Process(target=run, args=(args,), name=f'loadr-worker-{wid}', daemon=True)
@@ -465,6 +490,7 @@ class WorkerPool:
         if w.started:
             log.warning('loadr: %s; starting a replacement%s', why,
                         ', its batches are redone' if w.tasks else '')
+        assert self.progress is not None            # the pool is open: it has workers
         row = self.progress[w.wid]
         position, index = int(row[0]), int(row[1])
         # The replacement shares this row: clear it, or a replacement killed
@@ -487,11 +513,13 @@ class WorkerPool:
         cannot run. A still heartbeat alone is no reason: C code holding the
         GIL stills it too, and that is a slow fn, for the task deadline.
         """
-        found = []
+        found: list[tuple[_Worker, str]] = []
+        beats = self._beats
+        assert beats is not None                    # the pool is open: it has workers
         for w in self.workers:
             if w is None or not w.started:
                 continue
-            beat = int(self._beats[w.wid])
+            beat = int(beats[w.wid])
             if beat != w.beat:
                 w.beat, w.frozen_since = beat, None
                 continue
@@ -539,7 +567,9 @@ class WorkerPool:
     def _room(self, w: _Worker) -> bool:
         """Whether ``w`` takes another task now: fewer than it asks to hold (its status
         cell, at most ``depth``)."""
-        return w.ready and len(w.tasks) < min(self.depth, max(1, int(self._wants[w.wid])))
+        wants = self._wants
+        assert wants is not None                    # the pool is open: it has workers
+        return w.ready and len(w.tasks) < min(self.depth, max(1, int(wants[w.wid])))
 
     def can_submit(self) -> bool:
         return any(w is not None and self._room(w) for w in self.workers)
@@ -573,6 +603,7 @@ class WorkerPool:
         and its place in the worker's queue come back as for any reply.
         """
         if not self.closed:
+            assert self._cancelled is not None      # open: _open made it
             self._cancelled[0] = max(int(self._cancelled[0]), upto)
 
     def poll(self, timeout_ms: int) -> list:
@@ -583,12 +614,14 @@ class WorkerPool:
         send it again), ``Fatal(failure)`` (workers cannot start at all).
         """
         sock = self._sock
-        woke = self._poller().poll(timeout_ms)
+        assert sock is not None                     # _open made it (close() leaves it)
+        woke = self._poller(sock).poll(timeout_ms)
         events = []
         # The socket's own flag, not a receive until Again: an exception a poll
         # cost more than the rest of it. (The flag says a message *may* be read:
         # Again still ends the loop, should it come.)
-        while sock.get(_EVENTS) & _POLLIN:
+        # pyzmq types get() as int or bytes, whichever the option; EVENTS is an int.
+        while cast(int, sock.get(_EVENTS)) & _POLLIN:
             try:
                 msg = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -602,12 +635,12 @@ class WorkerPool:
         caller that waits on these and more at once, then calls ``poll(0)``."""
         return [self._sock] + [w.process.sentinel for w in self.workers if w is not None]
 
-    def _poller(self) -> zmq.Poller:
-        """The socket and the live workers' sentinels, kept until a worker changes."""
+    def _poller(self, sock: zmq.Socket) -> zmq.Poller:
+        """``sock`` and the live workers' sentinels, kept until a worker changes."""
         sentinels = tuple(w.process.sentinel for w in self.workers if w is not None)
-        if self._polled != sentinels:
+        if self._polled != sentinels or self._poller_held is None:
             poller = zmq.Poller()
-            poller.register(self._sock, zmq.POLLIN)
+            poller.register(sock, zmq.POLLIN)
             for fd in sentinels:
                 poller.register(fd, zmq.POLLIN)
             self._polled, self._poller_held = sentinels, poller
@@ -701,7 +734,9 @@ class WorkerPool:
         Every view of these arrays keeps ``owner`` alive, so a weak reference
         to it tells when the caller has let go of the last of them.
         """
-        owner = np.frombuffer(self._segments[slot].buf, dtype=np.uint8)
+        buf = self._segments[slot].buf
+        assert buf is not None                      # a slot's segment closes with the pool
+        owner = np.frombuffer(buf, dtype=np.uint8)
         return owner, self.layout.views(owner)
 
     # -- shutdown ----------------------------------------------------------

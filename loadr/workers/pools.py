@@ -33,8 +33,12 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from . import protocol
+from .shm import Layout
 
-__all__ = ['Pool', 'SlotPool']
+__all__ = ['Pool', 'SlotPool', 'Event']
+
+# What ``poll`` returns a list of: the pool's events (see the module docstring).
+Event = protocol.Done | protocol.Failed | protocol.Lost | protocol.Fatal
 
 
 @runtime_checkable
@@ -42,10 +46,10 @@ class SlotPool(Protocol):
     """The part of a pool the window drives: slots and their views, tasks and events."""
 
     slot_count: int
-    views: list
-    layout: object
+    views: list[dict[str, np.ndarray]]
+    layout: Layout
 
-    def fresh_views(self, slot: int) -> tuple[np.ndarray, dict]:
+    def fresh_views(self, slot: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """New arrays over ``slot`` and the one array they all hang from."""
 
     def submit(self, task: protocol.Task) -> bool:
@@ -54,7 +58,7 @@ class SlotPool(Protocol):
     def can_submit(self) -> bool:
         """Whether a task sent now would be taken."""
 
-    def poll(self, timeout_ms: int) -> list:
+    def poll(self, timeout_ms: int) -> list[Event]:
         """Wait up to ``timeout_ms`` for events; return them."""
 
     def cancel(self, upto: int) -> None:

@@ -72,7 +72,8 @@ class Task(NamedTuple):
     row: int
     seed: int
     start: int
-    count: int
+    # A field named like tuple.count: mypy flags the shadowing; reads give the int.
+    count: int  # type: ignore[assignment]
     flags: int = 0
 
 
@@ -210,7 +211,7 @@ def _find_class(module: str, qualname: str):
             mod = importlib.import_module(module)
         except Exception:   # noqa: BLE001 - not importable here: the caller falls back
             return None
-    obj = mod
+    obj: object = mod
     for part in qualname.split('.'):
         obj = getattr(obj, part, None)
         if obj is None:

@@ -32,7 +32,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import msgpack
 import numpy as np
@@ -43,6 +43,10 @@ from ..errors import LoadrError
 from . import protocol
 from .agent import (CANCEL, DONE, FAIL, FATAL, PING, PONG, TRACE, AgentConfig,
                     failure_from_wire, parse_wire, wire_header)
+from .pools import Event
+
+if TYPE_CHECKING:
+    from .pool import WorkerPool
 
 __all__ = ['RemotePool', 'HybridPool', 'Engine', 'AgentHandle', 'AgentError',
            'MAX_HOST_DEATHS', 'MAX_RESTARTS', 'DEPTH_PER_PROCESS', 'START_TIMEOUT_S',
@@ -100,13 +104,14 @@ class _Link:
     """One agent as the trainer sees it."""
 
     index: int                  # which of the engine's agents (its place, kept by a restart)
-    handle: object
+    handle: AgentHandle
     info: dict
-    sock: object
-    monitor: object
+    sock: zmq.Socket
+    monitor: zmq.Socket         # the socket's monitor: its connection's events
     depth: int
     server_public: bytes
-    tasks: dict = field(default_factory=dict)   # task id -> (header, sent at)
+    # task id -> (header, sent at)
+    tasks: dict[int, tuple[protocol.Task, float]] = field(default_factory=dict)
     connected: bool = False
     rows: int = 0
     bytes: int = 0
@@ -157,8 +162,9 @@ class RemotePool:
         self.keys = list(layout.fields)
         self.row_bytes = {k: int(np.dtype(d).itemsize * int(np.prod(s, dtype=np.int64)))
                           for k, (d, s, _) in layout.fields.items()}
-        self.poller_for = None
-        self.trace_sink = None                  # trace_to(): where agents' records go
+        self.poller_for: zmq.Poller | None = None      # made by poll(), over waits_on()
+        # trace_to(): where agents' records go
+        self.trace_sink: Callable[[dict, np.ndarray], object] | None = None
         try:
             for index in range(engine.agents):
                 self._launch(index)
@@ -313,7 +319,7 @@ class RemotePool:
             log.debug('loadr: killing %s: %r', link.name, exc)
         log.warning('loadr: %s %s; %s', link.name, why,
                     'its batches are redone elsewhere' if link.tasks else 'starting another')
-        events = []
+        events: list[Event] = []
         for tid, (header, _) in link.tasks.items():
             deaths = self.deaths[tid] = self.deaths.get(tid, 0) + 1
             if deaths >= MAX_HOST_DEATHS:
@@ -367,13 +373,14 @@ class RemotePool:
             self._check_starting(strict=False)
             if self.starting and timeout_ms > 50:
                 timeout_ms = 50     # look at the agents being started again soon
-        if self.poller_for is None:
+        poller = self.poller_for
+        if poller is None:
             poller = zmq.Poller()
             for s in self.waits_on():
                 poller.register(s, zmq.POLLIN)
             self.poller_for = poller
         if self.links:
-            self.poller_for.poll(timeout_ms)
+            poller.poll(timeout_ms)
         elif timeout_ms:
             time.sleep(timeout_ms / 1000)
         return self.take()
@@ -499,14 +506,15 @@ class HybridPool:
     and agents under one window: a task goes to a local worker when one has room, else
     to an agent."""
 
-    def __init__(self, local, remote: RemotePool):
+    def __init__(self, local: WorkerPool, remote: RemotePool):
         self.local, self.remote = local, remote
         remote.alone = not local.pids
         self.slot_count = local.slot_count
         self.views = local.views
         self.layout = local.layout
         self.closed = False
-        self.poller_for = None
+        # What poll() waits on, and the poller made for it (kept while it is the same).
+        self.poller_for: tuple[list, zmq.Poller] | None = None
 
     def fresh_views(self, slot: int):
         return self.local.fresh_views(slot)
@@ -540,12 +548,13 @@ class HybridPool:
         handles = self.local.waits_on() + self.remote.waits_on()
         if self.remote.starting:
             timeout_ms = min(timeout_ms, 50)
-        if self.poller_for is None or self.poller_for[0] != handles:
+        held = self.poller_for
+        if held is None or held[0] != handles:
             poller = zmq.Poller()
             for h in handles:
                 poller.register(h, zmq.POLLIN)
-            self.poller_for = (handles, poller)
-        self.poller_for[1].poll(timeout_ms)
+            self.poller_for = held = (handles, poller)
+        held[1].poll(timeout_ms)
         return self.local.poll(0) + self.remote.poll(0)
 
     @property
@@ -568,3 +577,11 @@ class HybridPool:
             self.remote.close()
         finally:
             self.local.close()
+
+
+if TYPE_CHECKING:
+    from .pools import Pool
+
+    def _offer_pool(hybrid: HybridPool, local: WorkerPool) -> tuple[Pool, Pool]:
+        """Never run: mypy checks here that both pools are what the Loader takes (pools.py)."""
+        return hybrid, local

@@ -88,7 +88,8 @@ class Layout:
 
     def __init__(self, fields: dict, batch: int):
         self.batch = int(batch)
-        self.fields = {}
+        # key -> (dtype, shape of one datapoint's value, offset in the slot)
+        self.fields: dict[str, tuple[np.dtype, tuple[int, ...], int]] = {}
         offset = 0
         for key, (dtype, shape) in fields.items():
             dtype, shape = np.dtype(dtype), tuple(int(s) for s in shape)
@@ -107,7 +108,7 @@ class Layout:
                 'fields': {k: (d.str, s) for k, (d, s, _) in self.fields.items()}}
 
     def __setstate__(self, state):
-        self.__init__(state['fields'], state['batch'])
+        Layout.__init__(self, state['fields'], state['batch'])
 
 
 class StatusCells:
@@ -171,7 +172,8 @@ class Segment:
 
     def __init__(self, path: str, size: int, buf: mmap.mmap, fd: int | None = None,
                  ino: int | None = None):
-        self.path, self.size, self.buf, self.fd, self.ino = path, size, buf, fd, ino
+        self.path, self.size, self.fd, self.ino = path, size, fd, ino
+        self.buf: mmap.mmap | None = buf       # None once closed
 
     @property
     def name(self) -> str:

@@ -49,7 +49,7 @@ import numpy as np
 
 from ..errors import SampleFailure
 from . import protocol
-from .pools import SlotPool
+from .pools import Event, SlotPool
 
 __all__ = ['ramp_pieces', 'Plan', 'Schedule', 'Task', 'Pending', 'Finished', 'BatchFailed',
            'Window', 'InlineWindow', 'POLL_MS', 'LEASED_SLOTS']
@@ -89,7 +89,8 @@ class Plan(NamedTuple):
     ``next_step``."""
 
     start: int
-    count: int
+    # A field named like tuple.count: mypy flags the shadowing; reads give the int.
+    count: int  # type: ignore[assignment]
     next_step: int
 
 
@@ -156,8 +157,8 @@ class Pending:
         """The list keys' values and the replaced indices, in row order."""
         if len(self.pieces) == 1:
             return next(iter(self.pieces.values()))
-        extras = {k: [] for k in list_keys}
-        replaced = []
+        extras: dict[str, list] = {k: [] for k in list_keys}
+        replaced: list = []
         for row in sorted(self.pieces):
             piece_extras, piece_replaced = self.pieces[row]
             for k in list_keys:
@@ -192,6 +193,11 @@ class _Generations:
     def __init__(self):
         self.gen = 0                    # the live generation; 0: none yet
         self.schedule: Schedule | None = None
+
+    def _live_schedule(self) -> Schedule:
+        """The live generation's schedule (a batch is only asked of the live one)."""
+        assert self.schedule is not None, 'no generation is live: begin() first'
+        return self.schedule
 
     def live(self, gen: int) -> bool:
         """Whether generation ``gen`` is still the one being made."""
@@ -229,7 +235,8 @@ class InlineWindow(_Generations):
         self.asm = assembler
         self.fields = fields            # array key -> (dtype, shape)
         self.make_order = make_order
-        self.order, self.order_seed = None, None
+        self.order: object = None           # make_order(order_seed), once made
+        self.order_seed: int | None = None
         self.j = 0
 
     def begin(self, schedule: Schedule) -> int:
@@ -243,7 +250,7 @@ class InlineWindow(_Generations):
         """Batch after batch of generation ``gen``'s schedule; None past its end.
 
         Each batch's arrays are made for it alone: the caller's to keep."""
-        plan = self.schedule.plan(self.j)
+        plan = self._live_schedule().plan(self.j)
         if plan is None:
             return None
         self.j += 1
@@ -345,9 +352,9 @@ class Window(_Generations):
 
     def census(self) -> dict[int, str]:
         """Where each slot is (free, written, finished, held, lent, let go); for tests."""
-        where = {}
+        where: dict[int, str] = {}
 
-        def put(slot, place):
+        def put(slot: int, place: str) -> None:
             if slot in where:
                 raise AssertionError(f'slot {slot} is {where[slot]} and {place}')
             where[slot] = place
@@ -373,7 +380,7 @@ class Window(_Generations):
         pieces = min(ramp_pieces(self.workers, j), plan.count)
         slot = self.free.pop()
         self.pending[j] = Pending(plan, slot, pieces)
-        seed, writers = self.schedule.seed, self.writers
+        seed, writers = self._live_schedule().seed, self.writers
         for k in range(pieces):
             row = plan.count * k // pieces
             rows = plan.count * (k + 1) // pieces - row
@@ -394,7 +401,7 @@ class Window(_Generations):
                 break
             self.resend.pop(0)
         while self.free and self.j_send < self.j_next + self.prefetch and pool.can_submit():
-            plan = self.schedule.plan(self.j_send)
+            plan = self._live_schedule().plan(self.j_send)
             if plan is None:
                 break
             if plan.count:
@@ -404,26 +411,26 @@ class Window(_Generations):
                                                       {k: [] for k in self.list_keys}, [])
             self.j_send += 1
 
-    def _on_event(self, event: tuple) -> None:
+    def _on_event(self, event: Event) -> None:
         """Take one of the pool's events (protocol.Done, Failed, Lost or Fatal)."""
-        kind = type(event)
-        if kind is protocol.Fatal:
+        if isinstance(event, protocol.Fatal):
             self.reset()
             raise BatchFailed(event.failure)
         tid = event.task_id
         task = self.tasks.get(tid)
         if task is None:
             return
-        if kind is protocol.Lost and task.gen == self.gen:
+        if isinstance(event, protocol.Lost) and task.gen == self.gen:
             self.resend.append(tid)             # the same part again, to another worker
             return
         self._end_task(tid)
         if task.gen != self.gen:
             return                              # stale: its slot was let go when it was left
         p = self.pending[task.j]
-        if kind is protocol.Done:
+        if isinstance(event, protocol.Done):
             p.pieces[task.header.row] = (event.extras, event.replaced)
         elif p.failure is None:
+            assert isinstance(event, protocol.Failed)   # a live generation's Lost is resent above
             p.failure = event.failure
         p.left -= 1
         if p.left:
@@ -457,7 +464,7 @@ class Window(_Generations):
                 self.j_next += 1
                 done.arrays = self._hand_out(done)
                 return done
-            if self.schedule.plan(j) is None:
+            if self._live_schedule().plan(j) is None:
                 return None
             for event in self.pool.poll(POLL_MS):
                 self._on_event(event)

@@ -27,6 +27,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -37,7 +38,7 @@ from ..sources import hooks_of
 from ..stats import StageClock, TaskRing, record_width, ring_rows, row_width, schedstat
 from ..storage import netstats
 from . import memory, protocol
-from .shm import Segment, StatusCells
+from .shm import Layout, Segment, StatusCells
 
 __all__ = ['WorkerArgs', 'Steps', 'Link', 'serve', 'run', 'tasks_held', 'most_tasks_held',
            'PARENT_CHECK_S', 'MAX_TASKS_PER_WORKER', 'MAX_TASKS_READING_AHEAD']
@@ -89,7 +90,7 @@ class WorkerArgs:
     reader: object
     fns: list
     spec: dict
-    layout: object
+    layout: Layout
     slot_specs: list            # Segment.spec of each slot, then of the status segment
     status_spec: dict
     owned_dirs: list            # the pool's directories (socket; /dev/shm segments): shm.py
@@ -102,7 +103,8 @@ class WorkerArgs:
     workers: int = 1
     steady_memory: bool = True  # glibc malloc thresholds for a steady heap (memory.py)
     shared_files: tuple = ()    # files the dataset held open at the fork (inherited.py)
-    init_fn: object = None      # called as init_fn(wid) once, before the first task
+    # Called as init_fn(wid) once, before the first task.
+    init_fn: Callable[[int], object] | None = None
     trace_records: int = 0      # a ring of this many task records for a trace; 0: none
 
 
@@ -182,11 +184,11 @@ class Steps:
         # A remote reader's records are read ahead: tasks are taken off the socket
         # early (MAX_TASKS_READING_AHEAD), so that their reads start early.
         self.reads_ahead = self.asm.hooks.prefetch is not None
-        self.task_s = None          # a task's time, its waits on the network left out
-        self.task_bytes = None      # the bytes fetched a task
+        self.task_s: float | None = None        # a task's time, its network waits left out
+        self.task_bytes: float | None = None    # the bytes fetched a task
         if self.reads_ahead:
             netstats.holding(MAX_TASKS_READING_AHEAD)
-        self.init_failure = None
+        self.init_failure: protocol.Failure | None = None
         self.last_task, self.trimmed = time.monotonic(), True
 
     def start(self) -> None:
@@ -229,7 +231,7 @@ class Steps:
         self.last_task, self.trimmed = time.monotonic(), False
         self.clock.working()
 
-    def skipped(self, task) -> list | None:
+    def skipped(self, task: protocol.Task) -> list | None:
         """The reply to a task that is not to be made (cancelled, or init_fn failed);
         None for a task to make."""
         if task.task_id <= self.cancelled[0]:
@@ -238,17 +240,17 @@ class Steps:
             return protocol.fail(task.task_id, self.init_failure)
         return None
 
-    def read_ahead(self, task, queued: list) -> None:
+    def read_ahead(self, task: protocol.Task, queued: list) -> None:
         """Start the reads of ``task`` and of every live task in ``queued`` (frames),
         with one call of the reader's (their requests planned together)."""
         tasks = [(self.order_of(task.seed), task.start, task.count)]
         for frames in queued:
-            kind, more = protocol.parse(frames[0])
-            if kind == protocol.TASK and more.task_id > self.cancelled[0]:
+            _, more = protocol.parse(frames[0])
+            if isinstance(more, protocol.Task) and more.task_id > self.cancelled[0]:
                 tasks.append((self.order_of(more.seed), more.start, more.count))
         self.asm.prefetch_tasks(tasks)
 
-    def fill(self, task) -> list:
+    def fill(self, task: protocol.Task) -> list:
         """Make ``task``'s rows in its slot: the reply (DONE, or FAIL naming the sample)."""
         progress, wid = self.progress, self.args.wid
         count, row = task.count, task.row
@@ -359,6 +361,7 @@ def serve(steps: Steps, link: Link) -> None:
         if kind == protocol.STOP:
             return
         if kind == protocol.TASK:
+            assert isinstance(task, protocol.Task)     # parse() makes a Task of a TASK
             reply = steps.skipped(task)
             if reply is None:
                 if steps.reads_ahead:
