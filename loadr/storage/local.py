@@ -77,7 +77,7 @@ class LocalStorage(Storage):
         return {'seen': dict(self._seen)}
 
     def __setstate__(self, state):
-        self.__init__()
+        LocalStorage.__init__(self)
         self._seen = dict(state.get('seen', {}))
 
     # -- descriptors ------------------------------------------------------------------

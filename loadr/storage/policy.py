@@ -59,7 +59,7 @@ class NextUse:
         return {'order': self.order}
 
     def __setstate__(self, state):
-        self.__init__(state['order'])
+        NextUse.__init__(self, state['order'])
 
     def __repr__(self) -> str:
         return f'NextUse({self.order!r})'

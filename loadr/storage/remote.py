@@ -661,10 +661,12 @@ class RemoteStorage(Storage):
         """
         fs = self.fs
 
+        def put(lp: str, u: str) -> Callable[[], Awaitable]:
+            return lambda: self._retried(lambda: fs._put_file(lp, u), u, None, 'write')
+
         async def all_of():
-            return await asyncio.gather(*(self._limited(lambda lp=lp, u=u: self._retried(
-                lambda: fs._put_file(lp, u), u, None, 'write')) for lp, u in pairs),
-                return_exceptions=True)
+            return await asyncio.gather(*(self._limited(put(lp, u)) for lp, u in pairs),
+                                        return_exceptions=True)
         results = self._run(all_of())
         if done is not None:
             done.extend(u for (_, u), r in zip(pairs, results) if not isinstance(r, BaseException))
@@ -676,10 +678,11 @@ class RemoteStorage(Storage):
         """Delete objects we uploaded (best effort: a failure here is not raised)."""
         fs = self.fs
 
+        def rm(u: str) -> Callable[[], Awaitable]:
+            return lambda: self._retried(lambda: fs._rm_file(u), u, None, 'remove')
+
         async def all_of():
-            await asyncio.gather(*(self._limited(lambda u=u: self._retried(
-                lambda: fs._rm_file(u), u, None, 'remove')) for u in urls),
-                return_exceptions=True)
+            await asyncio.gather(*(self._limited(rm(u)) for u in urls), return_exceptions=True)
         try:
             self._run(all_of())
         finally:

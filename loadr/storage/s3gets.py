@@ -25,8 +25,12 @@ import os
 import re
 import ssl
 import time
+from typing import TYPE_CHECKING
 
 __all__ = ['PresignedGets', 'S3Answer', 'Redirected', 'presignable', 'URL_SECONDS']
+
+if TYPE_CHECKING:       # aiohttp is imported when a session is made
+    import aiohttp
 
 # How long a presigned URL is asked to be valid, and how long before its end it is
 # signed again.
@@ -114,7 +118,7 @@ class PresignedGets:
         self.urls: dict[tuple, tuple] = {}      # (bucket, key, version) -> (yarl URL, signed at)
         self.ssl = _ssl_of(options)
         self.connections = connections
-        self.session = None
+        self.session: aiohttp.ClientSession | None = None
         self.proxies: dict[tuple, str | None] = {}
 
     async def _session(self):
