@@ -46,7 +46,7 @@ from .errors import ConfigError, LoadrError
 from . import state as state_fields
 from .state import STATE_VERSION
 from .order import ORDER_VERSION, check_seed, check_version, order_for
-from .sources import hooks_of
+from .sources import file_of, hooks_of
 from .stats import (TRACE_EVENTS, WORKER_RECORDS, StageClock, Stats, Tracer, cores, fn_names,
                     row_width)
 from .workers import protocol
@@ -54,7 +54,6 @@ from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, W
 from .workers.worker import most_tasks_held, tasks_held
 from .settings import (MAX_BATCH, MAX_PREFETCH, MAX_WORKERS, _normalize_spec, _real,
                        _start_methods, _whole, default_start_method)
-from .batches import _Batches, _raise_failure, file_of
 from .loader_state import LoaderState
 from .loader_stats import LoaderStats
 from .loader_remote import LoaderRemote, check_engine
@@ -287,7 +286,7 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
                 dp = asm.datapoint(index, seed)
             except Exception as exc:
                 if self.on_error != 'skip':
-                    _raise_failure(protocol.Failure.capture(exc, index, 0, None), exc,
+                    protocol.raise_failure(protocol.Failure.capture(exc, index, 0, None), exc,
                                    self.reader)
                 dp = asm.substitute(index, seed, order)
             self._spec = infer_spec(dp)
@@ -416,7 +415,7 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
                 try:
                     done = window.next(gen)
                 except BatchFailed as f:
-                    _raise_failure(f.failure, f.exc, self.reader, self.on_error)
+                    protocol.raise_failure(f.failure, f.exc, self.reader, self.on_error)
                 if done is None:
                     if epoch is not None:
                         # The epoch is over, dropped tail included: the stream
@@ -749,3 +748,43 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
         return (f'Loader(n={self.n}, batch={self.batch}, shuffle={self.shuffle}, '
                 f'seed={self.seed}, workers={self.workers}, '
                 f'shard={self.shard_id}/{self.num_shards}, step={self.step})')
+
+
+class _Batches:
+    """A Loader's iterator (``iter(loader)``, ``loader.epoch(e)``): its batches in order.
+
+    An exception from ``next()`` (a worker's error, ``on_stats``, Ctrl-C) leaves
+    the batch that was due due: the loader's step has not moved past it, and
+    the next ``next()`` goes on from the step, so that batch comes next. A
+    generator that raised would be over, and its batch lost to the caller.
+    """
+
+    __slots__ = ('_loader', '_epoch', '_drop_last', '_gen', '_over')
+
+    def __init__(self, loader: Loader, epoch: int | None, drop_last: bool):
+        self._loader, self._epoch, self._drop_last = loader, epoch, drop_last
+        self._gen, self._over = None, False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._gen is None:
+            if self._over:
+                raise StopIteration
+            self._gen = self._loader._stream(self._epoch, self._drop_last)
+        try:
+            return next(self._gen)
+        except StopIteration:
+            self._gen, self._over = None, True
+            raise
+        except BaseException:
+            self._gen = None            # that generator is over; the next next() resumes
+            raise
+
+    def close(self) -> None:
+        """End the iteration now: its batches in flight are given back."""
+        self._over = True
+        if self._gen is not None:
+            gen, self._gen = self._gen, None
+            gen.close()
