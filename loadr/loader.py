@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import time
 import weakref
 
@@ -52,13 +53,12 @@ from .stats import (TRACE_EVENTS, WORKER_RECORDS, StageClock, Stats, Tracer, cor
 from .workers import protocol
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
 from .workers.worker import most_tasks_held, tasks_held
-from .settings import (MAX_BATCH, MAX_PREFETCH, MAX_WORKERS, _normalize_spec, _real,
-                       _start_methods, _whole, default_start_method)
 from .loader_state import LoaderState
 from .loader_stats import LoaderStats
 from .loader_remote import LoaderRemote, check_engine
 
-__all__ = ['Loader', 'STATE_VERSION', 'LEASED_SLOTS']
+__all__ = ['Loader', 'STATE_VERSION', 'LEASED_SLOTS', 'MAX_BATCH', 'MAX_WORKERS', 'MAX_PREFETCH',
+           'default_start_method', 'check_whole', 'check_real']
 
 log = logging.getLogger('loadr')
 
@@ -70,6 +70,91 @@ ERROR_WINDOW_POSITIONS = 100_000
 # The most datapoints whose records the loader reads for its workers before it forks
 # them (the first batches': see Loader._warm_before_fork).
 _FIRST_INDICES_MOST = 4096
+
+
+# -- settings ---------------------------------------------------------------
+
+def _start_methods() -> list[str]:
+    import multiprocess
+    return multiprocess.get_all_start_methods()
+
+
+def default_start_method() -> str:
+    """How workers start when ``start_method`` is not given.
+
+    ``'fork'`` where there is one, like torch's DataLoader on Linux: workers
+    start in milliseconds and need no ``__main__`` guard. Not once JAX has
+    started its backends: they run threads, a fork of a multithreaded process
+    can deadlock (JAX warns at each one), so ``'forkserver'`` (else
+    ``'spawn'``), which start workers from a process without those threads.
+    Importing JAX alone starts no thread (a library that imports it, such as
+    ``loadr.jax``, leaves fork safe).
+
+    >>> default_start_method() in ('fork', 'forkserver', 'spawn')
+    True
+    """
+    methods = _start_methods()
+    if 'fork' in methods and not _jax_threads():
+        return 'fork'
+    return 'forkserver' if 'forkserver' in methods else 'spawn'
+
+
+def _jax_threads() -> bool:
+    """Whether JAX runs in this process with its backends (and their threads) started."""
+    if sys.modules.get('jax') is None:
+        return False
+    bridge = sys.modules.get('jax._src.xla_bridge')
+    started = getattr(bridge, 'backends_are_initialized', None)
+    # A JAX without that function: assume the threads are there (the safe side).
+    return True if started is None else bool(started())
+
+
+# The largest values the Loader's whole-number settings may take: past these a
+# setting is a typo, not a plan (a slot is a batch of shared memory, a worker
+# a process), and each is far below where a count would overflow.
+MAX_BATCH = 2**31 - 1
+MAX_WORKERS = 4096
+MAX_PREFETCH = 65536
+
+
+def check_whole(name: str, value, lo: int, hi: int | None = None, also: str = '') -> int:
+    """``value`` as an int in ``[lo, hi]``, else a ConfigError naming the setting."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        raise ConfigError(f'{name} must be an int >= {lo}{also}, got {value!r}')
+    if hi is not None and value > hi:
+        raise ConfigError(f'{name} must be at most {hi}, got {value!r}')
+    return int(value)
+
+
+def check_real(name: str, value, lo: float, hi: float | None = None, above: bool = False,
+          none: str = '') -> float:
+    """``value`` as a finite float in its range (``> lo`` if ``above``), else a ConfigError
+    naming the setting: NaN and infinity pass no comparison, so they are refused first."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float, np.integer,
+                                                             np.floating))
+    if ok:
+        try:
+            value = float(value)
+        except OverflowError:               # an int past float's range
+            ok = False
+    if ok and np.isfinite(value) and (value > lo if above else value >= lo) \
+            and (hi is None or value <= hi):
+        return value
+    where = f'> {lo:g}' if above else f'>= {lo:g}'
+    if hi is not None:
+        where = f'in [{lo:g}, {hi:g}]'
+    raise ConfigError(f'{name} must be a finite number {where}{none}, got {value!r}')
+
+
+def _normalize_spec(spec: dict) -> dict:
+    out = {}
+    for key, value in spec.items():
+        try:
+            dtype, shape = value
+            out[key] = (np.dtype(dtype), tuple(int(s) for s in shape))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f'spec[{key!r}] must be (dtype, shape), got {value!r}') from exc
+    return out
 
 
 class Loader(LoaderState, LoaderStats, LoaderRemote):
@@ -159,31 +244,31 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
                  order_version: int | None = None, stats_every: int | None = None,
                  on_stats=None, trace=None, remote=None):
         # Every numeric setting is checked here, once: finite and in range.
-        _whole('batch', batch, 1, MAX_BATCH)
+        check_whole('batch', batch, 1, MAX_BATCH)
         auto_workers, auto_prefetch = workers == 'auto', prefetch == 'auto'
         if workers is None:
             workers = min(8, os.cpu_count() or 1)
         elif auto_workers:
             workers = cores()
-        _whole('workers', workers, 0, MAX_WORKERS,
+        check_whole('workers', workers, 0, MAX_WORKERS,
                " or 'auto'" if isinstance(workers, str) else '')
         if auto_prefetch or prefetch is None:
             prefetch = None
         else:
-            _whole('prefetch', prefetch, 1, MAX_PREFETCH, " or 'auto'")
+            check_whole('prefetch', prefetch, 1, MAX_PREFETCH, " or 'auto'")
         if stats_every is not None:
-            _whole('stats_every', stats_every, 1)
+            check_whole('stats_every', stats_every, 1)
         if remote is not None:
             check_engine(remote)
         if on_stats is not None and not callable(on_stats):
             raise ConfigError(f'on_stats must be callable, got {on_stats!r}')
-        _whole('num_shards', num_shards, 1, MAX_BATCH)
+        check_whole('num_shards', num_shards, 1, MAX_BATCH)
         if isinstance(shard_id, bool) or not isinstance(shard_id, (int, np.integer)) \
                 or not 0 <= shard_id < num_shards:
             raise ConfigError(f'shard_id must be in [0, {num_shards}), got {shard_id!r}')
-        max_error_fraction = _real('max_error_fraction', max_error_fraction, 0, 1)
+        max_error_fraction = check_real('max_error_fraction', max_error_fraction, 0, 1)
         if timeout is not None:
-            timeout = _real('timeout', timeout, 0, above=True, none=' (None: no deadline)')
+            timeout = check_real('timeout', timeout, 0, above=True, none=' (None: no deadline)')
         if on_error not in ('raise', 'skip'):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if start_method is None:
@@ -373,7 +458,7 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
         """
         # Positions stay below 2**63 (loadr.order): past the last whole epoch there,
         # a clear error now, not a ValueError at the first batch.
-        _whole('epoch', epoch, 0, state_fields.MAX_STEP // self.n - 1)
+        check_whole('epoch', epoch, 0, state_fields.MAX_STEP // self.n - 1)
         return _Batches(self, int(epoch), bool(drop_last))
 
     def _schedule(self, epoch: int | None, drop_last: bool) -> Schedule:
@@ -474,10 +559,10 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
         if self.closed:
             raise LoadrError('this loader is closed')
         if batches is not None:
-            _whole('batches', batches, 1)
+            check_whole('batches', batches, 1)
         if self._tracer is not None:
             self._tracer.write()
-        self._tracer = Tracer(path, fn_names(self.fns), batches, _whole('events', events, 1))
+        self._tracer = Tracer(path, fn_names(self.fns), batches, check_whole('events', events, 1))
         if self._pool is not None and getattr(self._pool, 'trace_rings', None) is None:
             self._close_window()        # its workers have no ring: they start again
         elif self._pool is not None:

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, LoadrError, StateError
-from .loader import MAX_BATCH, MAX_PREFETCH, MAX_WORKERS, Loader, _whole
+from .loader import MAX_BATCH, MAX_PREFETCH, MAX_WORKERS, Loader, check_whole as _whole
 from .torch_args import _OWN_ARGS, DataLoaderArgs, rank_and_world_size
 from .torch_tensors import (CUDA_HOST_REGISTER_DEFAULT, _SlotPinner, _tensor, _to_device,
                             _values, to_torch)
