@@ -53,7 +53,6 @@ from .stats import (TRACE_EVENTS, WORKER_RECORDS, StageClock, Stats, Tracer, cor
 from .workers import protocol
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
 from .workers.worker import most_tasks_held, tasks_held
-from .loader_state import LoaderState
 from .loader_stats import LoaderStats
 from .loader_remote import LoaderRemote, check_engine
 
@@ -157,7 +156,7 @@ def _normalize_spec(spec: dict) -> dict:
     return out
 
 
-class Loader(LoaderState, LoaderStats, LoaderRemote):
+class Loader(LoaderStats, LoaderRemote):
     """Batches from ``reader``, shuffled globally, in worker processes.
 
     Args:
@@ -439,6 +438,45 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
         True
         """
         self._apply_state(*self._check_state(state, strict))
+
+    def _fingerprint(self) -> dict:
+        # Kept: the reader's identity and the fns do not change under a loader,
+        # and save() stays a dict copy (a few microseconds) at any step.
+        if self._fingerprint_cache is None or self._fingerprint_cache['order'] != \
+                self.order_version:
+            self._fingerprint_cache = state_fields.fingerprint(
+                self.reader, self.fns, self.n, self.shuffle, self.global_batch,
+                self.order_version)
+        return self._fingerprint_cache
+
+    def _check_state(self, state: dict, strict: bool = True) -> tuple[dict, list]:
+        """``(parsed state, what differs)``, or a StateError (:func:`loadr.state.check`)."""
+        return state_fields.check(state, {'seed': self.seed, **self._fingerprint()}, self.fns,
+                                  self.reader, strict)
+
+    def _apply_state(self, parsed: dict, diffs: list) -> None:
+        """Go on from a state :meth:`_check_state` accepted (nothing here can refuse it)."""
+        for line in diffs:
+            log.warning('loadr: load(strict=False) of a state that differs: %s', line)
+        order = parsed.get('order', self.order_version)
+        if order != self.order_version and (self.shuffle or self._hooks.make_order is not None):
+            if not self._order_switch_logged:
+                log.warning('loadr: the state was saved with order version %d (this loader: '
+                            '%d); going on with order version %d, as its stream was made',
+                            order, self.order_version, order)
+                self._order_switch_logged = True
+            self._set_order_version(order)
+        self.step, self.seed = parsed['step'], parsed['seed']
+        self._budget = tuple(parsed.get('skipped', (-1, 0, 0)))
+        if self._window is not None:
+            self._window.reset()        # every iterator goes on from the new step
+
+    def _set_order_version(self, version: int) -> None:
+        self.order_version = version
+        self._orders.clear()
+        # The workers and the inline window build their orders with the
+        # version they were made with: make them again, lazily.
+        self._close_window()
 
     # -- iteration -----------------------------------------------------------
 
