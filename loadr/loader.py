@@ -48,12 +48,11 @@ from . import state as state_fields
 from .state import STATE_VERSION
 from .order import ORDER_VERSION, check_seed, check_version, order_for
 from .sources import file_of, hooks_of
-from .stats import (TRACE_EVENTS, WORKER_RECORDS, StageClock, Stats, Tracer, cores, fn_names,
-                    row_width)
+from .stats import (TRACE_EVENTS, WORKER_RECORDS, Calibration, StageClock, Stats, Tally, Tracer,
+                    cores, fn_names)
 from .workers import protocol
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
 from .workers.worker import most_tasks_held, tasks_held
-from .loader_stats import LoaderStats
 from .loader_remote import LoaderRemote, check_engine
 
 __all__ = ['Loader', 'STATE_VERSION', 'LEASED_SLOTS', 'MAX_BATCH', 'MAX_WORKERS', 'MAX_PREFETCH',
@@ -156,7 +155,7 @@ def _normalize_spec(spec: dict) -> dict:
     return out
 
 
-class Loader(LoaderStats, LoaderRemote):
+class Loader(LoaderRemote):
     """Batches from ``reader``, shuffled globally, in worker processes.
 
     Args:
@@ -220,7 +219,7 @@ class Loader(LoaderStats, LoaderRemote):
     verdict). ``workers='auto'`` and ``prefetch='auto'`` start with one worker
     per core the process may use (``os.sched_getaffinity``) and ``2 *
     workers`` batches in flight, measure the stages over the first
-    ``AUTO_BATCHES`` batches after the first (or ``AUTO_MAX_S`` seconds), and
+    :data:`~loadr.stats.AUTO_BATCHES` batches after the first (or ``AUTO_MAX_S`` s), and
     settle on a setting by the rule of :func:`loadr.stats.settle`: enough
     workers for the caller's pace, capped by the cores (or a few times that
     when the workers mostly wait on I/O); prefetch from how much batch times
@@ -336,18 +335,13 @@ class Loader(LoaderStats, LoaderRemote):
         self._budget = (-1, 0, 0)       # window, errors, samples: see _count_errors
         self.closed = False
         self.stats_every, self.on_stats = stats_every, on_stats
-        # What stats() reads besides the live pool: rows of pools closed before
-        # (summed by worker id), the inline row (workers=0), the caller's waits.
-        self._stats_base = None
-        self._inline_row = None
-        self._t_start = self._t_end = None
-        self._main_wait = self._first_batch_s = 0.0
-        self._batches_out = 0
-        self._auto = None               # (workers?, prefetch?) while calibrating
-        self._auto_from = None
+        # What stats() reads besides the live pool: the caller's waits, the rows of
+        # pools closed before, the inline row (workers=0).
+        self._tally = Tally(len(self.fns))
+        self._calibration = None        # workers='auto' / prefetch='auto' measuring
         self.settled = None
         if (auto_workers or auto_prefetch) and self.workers > 0 and remote is None:
-            self._auto = (auto_workers, auto_prefetch)
+            self._calibration = Calibration(auto_workers, auto_prefetch)
         self._tracer = None
         if trace is not None:
             self.trace(trace)
@@ -528,8 +522,7 @@ class Loader(LoaderStats, LoaderRemote):
                 if self.closed:
                     raise LoadrError('this loader is closed')
                 asked = time.perf_counter()     # the caller waits from here
-                if self._t_start is None:
-                    self._t_start = asked
+                self._tally.asked(asked)
                 if gen is None or window is not self._window or not window.live(gen):
                     # The first batch, or another iterator or load() moved the
                     # stream: go on from the loader's step, in a generation of our own.
@@ -548,7 +541,7 @@ class Loader(LoaderStats, LoaderRemote):
                 batch = self._batch_from(done.arrays, done.extras)
                 plan, replaced = done.plan, done.replaced
                 del done
-                mark = (self.step, self._budget, self.samples, self.errors, self._batches_out)
+                mark = (self.step, self._budget, self.samples, self.errors, self._tally.batches)
                 try:
                     self._count_errors(plan, replaced)
                     self.step = plan.next_step
@@ -561,7 +554,7 @@ class Loader(LoaderStats, LoaderRemote):
                     # it stays due, counted nowhere; the iterator's next next() (or a
                     # new iterator, or a saved state) goes on from it.
                     self.step, self._budget, self.samples, self.errors, \
-                        self._batches_out = mark
+                        self._tally.batches = mark
                     raise
                 yield batch
                 # Only the caller may keep a lent batch alive.
@@ -612,7 +605,7 @@ class Loader(LoaderStats, LoaderRemote):
         """A batch went out while tracing: record it; write the file after the last one."""
         tracer, window = self._tracer, self._window
         if self._pool is None and tracer.inline is not None:
-            tracer.inline.label_last(self._batches_out - 1, plan.start, plan.count)
+            tracer.inline.label_last(self._tally.batches - 1, plan.start, plan.count)
         tracer.handed(asked, handed, step, self.step, plan.count,
                       *((len(window.tasks), len(window.finished)) if self._pool is not None
                         else (None, None)))
@@ -638,13 +631,10 @@ class Loader(LoaderStats, LoaderRemote):
         >>> _ = next(iter(loader)); loader.stats().batches
         1
         """
-        end = self._t_end if self._t_end is not None else time.perf_counter()
-        elapsed = end - self._t_start if self._t_start is not None else 0.0
-        stats = Stats.from_rows(self._worker_rows(), fn_names(self.fns), elapsed_s=elapsed,
-                                main_wait_s=self._main_wait, batches=self._batches_out,
-                                samples=self.samples, first_batch_s=self._first_batch_s,
-                                inline=self.workers == 0 and self._remote is None)
-        if self._pool is not None and not self._pool.closed:
+        live = self._pool is not None and not self._pool.closed
+        stats = self._tally.stats(self._pool.stats_rows() if live else None, fn_names(self.fns),
+                                  self.samples, inline=self.workers == 0 and self._remote is None)
+        if live:
             # Each live worker's private memory (USS), at most a second old: growth shows.
             for wid, uss in self._pool.private_memory().items():
                 if wid < len(stats.workers):
@@ -652,6 +642,39 @@ class Loader(LoaderStats, LoaderRemote):
             if self._remote is not None:
                 stats.agents = self._pool.agent_rows()
         return stats
+
+    def _handed(self, waited: float) -> None:
+        """A batch goes to the caller, who waited ``waited`` for it: count, call back, size."""
+        self._tally.handed(waited)
+        if self._calibration is not None:
+            self._calibrate()
+        if self.on_stats is not None and self.stats_every \
+                and self._tally.batches % self.stats_every == 0:
+            self.on_stats(self.stats())
+
+    def _calibrate(self) -> None:
+        """workers='auto' / prefetch='auto': measure, then settle (see the class docstring)."""
+        seen = self._calibration.measured(self.stats(), self.worker_pids)
+        if seen is None:
+            return
+        calibration, self._calibration = self._calibration, None
+        max_prefetch = None
+        if self._pool is not None:
+            from .workers.shm import StatusCells, shm_budget, use_memfd
+            budget = shm_budget(None, use_memfd())[0] - StatusCells.nbytes(self.workers)
+            held = 1 if self.ring else LEASED_SLOTS
+            max_prefetch = max(1, budget // max(1, self._pool.layout.nbytes) - held)
+        workers, prefetch, why = calibration.settle(seen, self.batch, self.workers,
+                                                    self.prefetch, max_prefetch)
+        self.settled = {'workers': workers, 'prefetch': prefetch, 'why': why,
+                        'after_batches': self._tally.batches,
+                        'after_s': time.perf_counter() - self._tally.t_start}
+        log.info('loadr: settled on workers=%d prefetch=%d after %d batches: %s',
+                 workers, prefetch, self._tally.batches, why)
+        if (workers, prefetch) != (self.workers, self.prefetch):
+            # The next batch starts the new pool from self.step: the same stream.
+            self._close_window()
+            self.workers, self.prefetch = workers, prefetch
 
     def _batch_from(self, arrays: dict, extras: dict) -> dict | tuple:
         batch = {key: arrays[key] if key in arrays else extras[key] for key in self._spec}
@@ -744,9 +767,7 @@ class Loader(LoaderStats, LoaderRemote):
             return self._remote_window(spec)
         if self.workers == 0:
             asm = Assembler(self.reader, self.fns, spec, self.on_error)
-            if self._inline_row is None:
-                self._inline_row = np.zeros((1, row_width(len(self.fns))))
-            asm.clock = StageClock(self._inline_row[0], len(self.fns), inline=True)
+            asm.clock = StageClock(self._tally.inline(), len(self.fns), inline=True)
             if self._tracer is not None:
                 asm.clock.trace = self._tracer.inline_ring()
             self._window = InlineWindow(asm, fields, functools.partial(
@@ -808,15 +829,7 @@ class Loader(LoaderStats, LoaderRemote):
             self._finalizer()
         self._pool = self._window = self._finalizer = None
         if pool is not None:
-            # Its workers' counters outlive it (stats() adds them up), as they were
-            # when the workers had stopped.
-            rows = pool.stats_rows()
-            if self._stats_base is None or len(self._stats_base) < len(rows):
-                grown = np.zeros_like(rows)
-                if self._stats_base is not None:
-                    grown[:len(self._stats_base)] = self._stats_base
-                self._stats_base = grown
-            self._stats_base[:len(rows)] += rows
+            self._tally.keep(pool.stats_rows())     # its workers' counters outlive it
 
     def close(self) -> None:
         """Stop the workers and free the shared memory; safe to call twice.
@@ -824,8 +837,7 @@ class Loader(LoaderStats, LoaderRemote):
         Every iterator of a closed loader raises LoadrError('this loader is closed').
         """
         self.closed = True
-        if self._t_start is not None and self._t_end is None:
-            self._t_end = time.perf_counter()
+        self._tally.end()
         self._close_window()
         if self._tracer is not None:
             tracer, self._tracer = self._tracer, None
