@@ -53,7 +53,6 @@ from .stats import (TRACE_EVENTS, WORKER_RECORDS, Calibration, StageClock, Stats
 from .workers import protocol
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
 from .workers.worker import most_tasks_held, tasks_held
-from .loader_remote import LoaderRemote, check_engine
 
 __all__ = ['Loader', 'STATE_VERSION', 'LEASED_SLOTS', 'MAX_BATCH', 'MAX_WORKERS', 'MAX_PREFETCH',
            'default_start_method', 'check_whole', 'check_real']
@@ -155,7 +154,7 @@ def _normalize_spec(spec: dict) -> dict:
     return out
 
 
-class Loader(LoaderRemote):
+class Loader:
     """Batches from ``reader``, shuffled globally, in worker processes.
 
     Args:
@@ -256,8 +255,10 @@ class Loader(LoaderRemote):
             check_whole('prefetch', prefetch, 1, MAX_PREFETCH, " or 'auto'")
         if stats_every is not None:
             check_whole('stats_every', stats_every, 1)
-        if remote is not None:
-            check_engine(remote)
+        if remote is not None and not all(hasattr(remote, name)
+                                          for name in ('open', 'launch', 'stop_all')):
+            raise ConfigError(f'remote must be an engine such as loadr.ray.Workers(...) or '
+                              f'loadr.remote.Subprocesses(...), got {remote!r}')
         if on_stats is not None and not callable(on_stats):
             raise ConfigError(f'on_stats must be callable, got {on_stats!r}')
         check_whole('num_shards', num_shards, 1, MAX_BATCH)
@@ -662,8 +663,7 @@ class Loader(LoaderRemote):
         if self._pool is not None:
             from .workers.shm import StatusCells, shm_budget, use_memfd
             budget = shm_budget(None, use_memfd())[0] - StatusCells.nbytes(self.workers)
-            held = 1 if self.ring else LEASED_SLOTS
-            max_prefetch = max(1, budget // max(1, self._pool.layout.nbytes) - held)
+            max_prefetch = max(1, budget // max(1, self._pool.layout.nbytes) - self._held_slots)
         workers, prefetch, why = calibration.settle(seen, self.batch, self.workers,
                                                     self.prefetch, max_prefetch)
         self.settled = {'workers': workers, 'prefetch': prefetch, 'why': why,
@@ -759,13 +759,19 @@ class Loader(LoaderRemote):
             out.extend(order.indices(plan.start, plan.count).tolist())
         return out
 
-    def _ensure_window(self, spec):
+    @property
+    def _held_slots(self) -> int:
+        """Slots the caller may hold besides the prefetch: its view (ring), or lent batches."""
+        return 1 if self.ring else LEASED_SLOTS
+
+    def _ensure_window(self, spec: dict):
+        """The window that makes the batches, made at the first one (and after a restart):
+        in this process (``workers=0``), or over this host's worker processes, with
+        agents on other hosts beside them (``remote``)."""
         if self._window is not None:
             return self._window
         fields = {k: (d, s) for k, (d, s) in spec.items() if d != OBJECT}
-        if self._remote is not None:
-            return self._remote_window(spec)
-        if self.workers == 0:
+        if self.workers == 0 and self._remote is None:
             asm = Assembler(self.reader, self.fns, spec, self.on_error)
             asm.clock = StageClock(self._tally.inline(), len(self.fns), inline=True)
             if self._tracer is not None:
@@ -773,18 +779,31 @@ class Loader(LoaderRemote):
             self._window = InlineWindow(asm, fields, functools.partial(
                 order_for, self.reader, shuffle=self.shuffle, version=self.order_version))
             return self._window
+        if self._remote is None:
+            pool, processes = self._local_pool(spec, fields), self.workers
+        else:
+            pool, processes = self._remote_pool(spec, fields)
+        self._pool = pool
+        self._finalizer = weakref.finalize(self, pool.close)
+        if self._tracer is not None and self._remote is None:
+            self._tracer.attach(pool)
+        list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
+        self._window = Window(pool, self.prefetch, processes, list_keys, self.ring)
+        return self._window
+
+    def _local_pool(self, spec: dict, fields: dict):
+        """This host's worker processes, forked once a reader warming for them is warm."""
         from .workers.pool import WorkerPool
         from .workers.shm import Layout
         warming, self._warming = self._warming, None
         if self._source is None:
             from .shared import share
             self._source = share(self.reader)
-        slots = self.prefetch + (1 if self.ring else LEASED_SLOTS)
-        needed = slots
+        slots = needed = self.prefetch + self._held_slots
         if self._default_prefetch is not None and self._default_prefetch[0] == self.prefetch:
-            needed = self._default_prefetch[1] + (1 if self.ring else LEASED_SLOTS)
+            needed = self._default_prefetch[1] + self._held_slots
         try:
-            self._pool = WorkerPool(
+            return WorkerPool(
                 self._source, self.fns, spec, Layout(fields, self.batch), self.workers, slots,
                 self.n, self.shuffle, self.on_error, self.start_method, self.timeout,
                 self.order_version, init_fn=self._worker_init_fn, needed_slots=needed,
@@ -801,12 +820,56 @@ class Loader(LoaderRemote):
                 forked = hooks_of(self.reader).forked
                 if forked is not None:
                     forked()
-        self._finalizer = weakref.finalize(self, self._pool.close)
-        if self._tracer is not None:
-            self._tracer.attach(self._pool)
-        list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
-        self._window = Window(self._pool, self.prefetch, self.workers, list_keys, self.ring)
-        return self._window
+
+    def _remote_pool(self, spec: dict, fields: dict):
+        """``(pool, processes)``: agents that the engine ``remote`` starts on other hosts
+        (:class:`~loadr.workers.remote.RemotePool`) beside this host's workers (a
+        :class:`~loadr.workers.pool.WorkerPool` of ``workers`` processes, 0 too, which
+        owns the slots the agents write their rows into), under one
+        :class:`~loadr.workers.remote.HybridPool`. Nothing of the placement reaches the
+        saved state."""
+        from .workers.agent import AgentConfig, canary
+        from .workers.pool import WorkerPool
+        from .workers.remote import HybridPool, RemotePool
+        from .workers.shm import Layout
+
+        engine = self._remote
+        engine.open()
+        processes = self.workers + engine.agents * engine.cpus
+        if self._prefetch_given is None:
+            self.prefetch = max(2, 2 * processes)
+        layout = Layout(fields, self.batch)
+        warming, self._warming = self._warming, None
+        if warming is not None:         # a reader warming before a fork: done first
+            warming.join()
+        if self._source is None:
+            from .shared import share
+            self._source = share(self.reader)
+        local = WorkerPool(self._source, self.fns, spec, layout, self.workers,
+                           self.prefetch + self._held_slots, self.n, self.shuffle,
+                           self.on_error, self.start_method, self.timeout, self.order_version,
+                           init_fn=self._worker_init_fn)
+        try:
+            # Every agent digests the first and the last datapoint of the first epoch at
+            # start; they must be these.
+            positions = sorted({0, self.n - 1})
+            asm, order = Assembler(self.reader, self.fns, spec), self._order()
+            canaries = [canary(asm, order, p) for p in positions]
+            # A YAML pipeline's loader has a recipe: the agents rebuild it (loadr.config).
+            recipe = getattr(self, 'recipe', None)
+            make_config = functools.partial(
+                _agent_config, AgentConfig, dict(
+                    spec=spec, fields=fields, batch=self.batch, n=self.n, shuffle=self.shuffle,
+                    on_error=self.on_error, order_version=self.order_version,
+                    processes=engine.cpus, reader=None if recipe else self.reader,
+                    fns=[] if recipe else list(self.fns), recipe=recipe,
+                    rebuild=getattr(self, 'rebuild', None), seed=self.seed,
+                    canaries=positions, timeout=self.timeout))
+            remote = RemotePool(engine, make_config, local.views, layout, canaries)
+        except BaseException:
+            local.close()
+            raise
+        return HybridPool(local, remote), processes
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -883,6 +946,12 @@ class Loader(LoaderRemote):
         return (f'Loader(n={self.n}, batch={self.batch}, shuffle={self.shuffle}, '
                 f'seed={self.seed}, workers={self.workers}, '
                 f'shard={self.shard_id}/{self.num_shards}, step={self.step})')
+
+
+def _agent_config(make, fields: dict, index: int, server_secret: bytes, client_public: bytes):
+    """Agent ``index``'s config (``make(**fields)`` and its keys): see workers.remote."""
+    return make(**fields, server_secret=server_secret, allowed=[client_public],
+                name=str(index))
 
 
 class _Batches:
