@@ -22,6 +22,29 @@ Every byte of every batch is a pure function of (dataset, fns, seed,
 shuffle, batch, shard) and the position: worker count, prefetch, a killed
 worker or a ``load()`` never change one.
 
+One batch's way, file by file (each read once; the reply comes back through
+the same files)::
+
+    loader.py           for batch in loader: the iterator asks _stream, which begins
+                        a generation of the window from the loader's step and asks
+                        it for the next batch in order
+    workers/window.py   Window.next: plans the batches (Schedule.plan), splits each
+                        into tasks (protocol.Task headers) over free slots, submits
+                        them and polls events until the batch due is Finished
+    workers/pool.py     WorkerPool.submit: sends a TASK to a worker with room; poll
+                        turns replies into Done / Failed / Lost / Fatal events
+    workers/protocol.py the messages and events as records; a Failure, and how it
+                        is raised here (raise_failure)
+    workers/worker.py   the worker loop: receive, read, decode, run the fns, fill
+                        the slot's rows, reply DONE (or FAIL)
+    assemble.py         Assembler.fill: positions -> indices -> records -> fns ->
+                        rows written into the slot's arrays
+
+Back in loader.py the slot's arrays (lent, held or copied by the window) become
+the batch; the step moves past it, the error budget and ``stats()`` count it.
+With ``workers=0`` the window is an InlineWindow that calls assemble.py itself;
+with ``remote=`` a HybridPool (workers/remote.py) stands where the pool is.
+
 Example::
 
     with Loader(reader, batch=64, fns=[preproc], seed=0, workers=4) as loader:
