@@ -56,9 +56,9 @@ from ._accounting import (CONTENDED_SHARE, IO_BOUND_SHARE, MAX_STRIDE, STRIDE, T
                           TIMED_ROW_COST_US, TIMING_SHARE, WORKER_FIELDS, FillTimer, StageClock,
                           cores, fn_names, process_times, row_width, schedstat, worker_dict)
 from ._settle import AUTO_BATCHES, AUTO_MAX_S, Calibration, settle
+from ._tally import Tally
 from ._plot import PLOT_SIZE, plot
 from ._snapshot import NOT_BOTTLENECK_FRACTION, Stats, format_table
-from ._tally import Tally
 from ._trace import TRACE_EVENTS, WORKER_RECORDS, TaskRing, Tracer, record_width, ring_rows
 
 __all__ = ['Stats', 'WORKER_FIELDS', 'STRIDE', 'MAX_STRIDE', 'TIMED_ROW_COST_US', 'TIMING_SHARE',
