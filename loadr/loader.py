@@ -147,7 +147,7 @@ def check_whole(name: str, value, lo: int, hi: int | None = None, also: str = ''
 
 
 def check_real(name: str, value, lo: float, hi: float | None = None, above: bool = False,
-          none: str = '') -> float:
+               none: str = '') -> float:
     """``value`` as a finite float in its range (``> lo`` if ``above``), else a ConfigError
     naming the setting: NaN and infinity pass no comparison, so they are refused first."""
     ok = not isinstance(value, bool) and isinstance(value, (int, float, np.integer,
@@ -271,7 +271,7 @@ class Loader:
         elif auto_workers:
             workers = cores()
         check_whole('workers', workers, 0, MAX_WORKERS,
-               " or 'auto'" if isinstance(workers, str) else '')
+                    " or 'auto'" if isinstance(workers, str) else '')
         if auto_prefetch or prefetch is None:
             prefetch = None
         else:
