@@ -122,7 +122,14 @@ class StateError(LoadrError, ValueError):
 
 
 class WorkerError(LoadrError):
-    """A worker process failed; ``__cause__`` or the raised exception holds the original."""
+    """A worker process failed; ``__cause__`` or the raised exception holds the original.
+
+    ``position`` is the stream position of the datapoint that failed (None when not one
+    datapoint's) and ``worker_traceback`` the worker's traceback text.
+    """
+
+    position: int | None = None
+    worker_traceback: str | None = None
 
     def __str__(self) -> str:
         # The message says where already ("... in loadr worker 2 at dataset index N,

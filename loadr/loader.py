@@ -22,6 +22,29 @@ Every byte of every batch is a pure function of (dataset, fns, seed,
 shuffle, batch, shard) and the position: worker count, prefetch, a killed
 worker or a ``load()`` never change one.
 
+One batch's way, file by file (each read once; the reply comes back through
+the same files)::
+
+    loader.py           for batch in loader: the iterator asks _stream, which begins
+                        a generation of the window from the loader's step and asks
+                        it for the next batch in order
+    workers/window.py   Window.next: plans the batches (Schedule.plan), splits each
+                        into tasks (protocol.Task headers) over free slots, submits
+                        them and polls events until the batch due is Finished
+    workers/pool.py     WorkerPool.submit: sends a TASK to a worker with room; poll
+                        turns replies into Done / Failed / Lost / Fatal events
+    workers/protocol.py the messages and events as records; a Failure, and how it
+                        is raised here (raise_failure)
+    workers/worker.py   the worker loop: receive, read, decode, run the fns, fill
+                        the slot's rows, reply DONE (or FAIL)
+    assemble.py         Assembler.fill: positions -> indices -> records -> fns ->
+                        rows written into the slot's arrays
+
+Back in loader.py the slot's arrays (lent, held or copied by the window) become
+the batch; the step moves past it, the error budget and ``stats()`` count it.
+With ``workers=0`` the window is an InlineWindow that calls assemble.py itself;
+with ``remote=`` a HybridPool (workers/remote.py) stands where the pool is.
+
 Example::
 
     with Loader(reader, batch=64, fns=[preproc], seed=0, workers=4) as loader:
@@ -36,6 +59,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import time
 import weakref
 
@@ -47,20 +71,15 @@ from .errors import ConfigError, LoadrError
 from . import state as state_fields
 from .state import STATE_VERSION
 from .order import ORDER_VERSION, check_seed, check_version, order_for
-from .sources import hooks_of
-from .stats import (TRACE_EVENTS, WORKER_RECORDS, StageClock, Stats, Tracer, cores, fn_names,
-                    row_width)
+from .sources import file_of, hooks_of
+from .stats import (TRACE_EVENTS, WORKER_RECORDS, Calibration, StageClock, Stats, Tally, Tracer,
+                    cores, fn_names)
 from .workers import protocol
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
 from .workers.worker import most_tasks_held, tasks_held
-from .settings import (MAX_BATCH, MAX_PREFETCH, MAX_WORKERS, _normalize_spec, _real,
-                       _start_methods, _whole, default_start_method)
-from .batches import _Batches, _raise_failure, file_of
-from .loader_state import LoaderState
-from .loader_stats import LoaderStats
-from .loader_remote import LoaderRemote, check_engine
 
-__all__ = ['Loader', 'STATE_VERSION', 'LEASED_SLOTS']
+__all__ = ['Loader', 'STATE_VERSION', 'LEASED_SLOTS', 'MAX_BATCH', 'MAX_WORKERS', 'MAX_PREFETCH',
+           'default_start_method', 'check_whole', 'check_real']
 
 log = logging.getLogger('loadr')
 
@@ -74,7 +93,92 @@ ERROR_WINDOW_POSITIONS = 100_000
 _FIRST_INDICES_MOST = 4096
 
 
-class Loader(LoaderState, LoaderStats, LoaderRemote):
+# -- settings ---------------------------------------------------------------
+
+def _start_methods() -> list[str]:
+    import multiprocess
+    return multiprocess.get_all_start_methods()
+
+
+def default_start_method() -> str:
+    """How workers start when ``start_method`` is not given.
+
+    ``'fork'`` where there is one, like torch's DataLoader on Linux: workers
+    start in milliseconds and need no ``__main__`` guard. Not once JAX has
+    started its backends: they run threads, a fork of a multithreaded process
+    can deadlock (JAX warns at each one), so ``'forkserver'`` (else
+    ``'spawn'``), which start workers from a process without those threads.
+    Importing JAX alone starts no thread (a library that imports it, such as
+    ``loadr.jax``, leaves fork safe).
+
+    >>> default_start_method() in ('fork', 'forkserver', 'spawn')
+    True
+    """
+    methods = _start_methods()
+    if 'fork' in methods and not _jax_threads():
+        return 'fork'
+    return 'forkserver' if 'forkserver' in methods else 'spawn'
+
+
+def _jax_threads() -> bool:
+    """Whether JAX runs in this process with its backends (and their threads) started."""
+    if sys.modules.get('jax') is None:
+        return False
+    bridge = sys.modules.get('jax._src.xla_bridge')
+    started = getattr(bridge, 'backends_are_initialized', None)
+    # A JAX without that function: assume the threads are there (the safe side).
+    return True if started is None else bool(started())
+
+
+# The largest values the Loader's whole-number settings may take: past these a
+# setting is a typo, not a plan (a slot is a batch of shared memory, a worker
+# a process), and each is far below where a count would overflow.
+MAX_BATCH = 2**31 - 1
+MAX_WORKERS = 4096
+MAX_PREFETCH = 65536
+
+
+def check_whole(name: str, value, lo: int, hi: int | None = None, also: str = '') -> int:
+    """``value`` as an int in ``[lo, hi]``, else a ConfigError naming the setting."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        raise ConfigError(f'{name} must be an int >= {lo}{also}, got {value!r}')
+    if hi is not None and value > hi:
+        raise ConfigError(f'{name} must be at most {hi}, got {value!r}')
+    return int(value)
+
+
+def check_real(name: str, value, lo: float, hi: float | None = None, above: bool = False,
+               none: str = '') -> float:
+    """``value`` as a finite float in its range (``> lo`` if ``above``), else a ConfigError
+    naming the setting: NaN and infinity pass no comparison, so they are refused first."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float, np.integer,
+                                                             np.floating))
+    if ok:
+        try:
+            value = float(value)
+        except OverflowError:               # an int past float's range
+            ok = False
+    if ok and np.isfinite(value) and (value > lo if above else value >= lo) \
+            and (hi is None or value <= hi):
+        return value
+    where = f'> {lo:g}' if above else f'>= {lo:g}'
+    if hi is not None:
+        where = f'in [{lo:g}, {hi:g}]'
+    raise ConfigError(f'{name} must be a finite number {where}{none}, got {value!r}')
+
+
+def _normalize_spec(spec: dict) -> dict:
+    out = {}
+    for key, value in spec.items():
+        try:
+            dtype, shape = value
+            out[key] = (np.dtype(dtype), tuple(int(s) for s in shape))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f'spec[{key!r}] must be (dtype, shape), got {value!r}') from exc
+    return out
+
+
+class Loader:
     """Batches from ``reader``, shuffled globally, in worker processes.
 
     Args:
@@ -138,7 +242,7 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
     verdict). ``workers='auto'`` and ``prefetch='auto'`` start with one worker
     per core the process may use (``os.sched_getaffinity``) and ``2 *
     workers`` batches in flight, measure the stages over the first
-    ``AUTO_BATCHES`` batches after the first (or ``AUTO_MAX_S`` seconds), and
+    :data:`~loadr.stats.AUTO_BATCHES` batches after the first (or ``AUTO_MAX_S`` s), and
     settle on a setting by the rule of :func:`loadr.stats.settle`: enough
     workers for the caller's pace, capped by the cores (or a few times that
     when the workers mostly wait on I/O); prefetch from how much batch times
@@ -166,31 +270,33 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
                  order_version: int | None = None, stats_every: int | None = None,
                  on_stats=None, trace=None, remote=None):
         # Every numeric setting is checked here, once: finite and in range.
-        _whole('batch', batch, 1, MAX_BATCH)
+        check_whole('batch', batch, 1, MAX_BATCH)
         auto_workers, auto_prefetch = workers == 'auto', prefetch == 'auto'
         if workers is None:
             workers = min(8, os.cpu_count() or 1)
         elif auto_workers:
             workers = cores()
-        _whole('workers', workers, 0, MAX_WORKERS,
-               " or 'auto'" if isinstance(workers, str) else '')
+        check_whole('workers', workers, 0, MAX_WORKERS,
+                    " or 'auto'" if isinstance(workers, str) else '')
         if auto_prefetch or prefetch is None:
             prefetch = None
         else:
-            _whole('prefetch', prefetch, 1, MAX_PREFETCH, " or 'auto'")
+            check_whole('prefetch', prefetch, 1, MAX_PREFETCH, " or 'auto'")
         if stats_every is not None:
-            _whole('stats_every', stats_every, 1)
-        if remote is not None:
-            check_engine(remote)
+            check_whole('stats_every', stats_every, 1)
+        if remote is not None and not all(hasattr(remote, name)
+                                          for name in ('open', 'launch', 'stop_all')):
+            raise ConfigError(f'remote must be an engine such as loadr.ray.Workers(...) or '
+                              f'loadr.remote.Subprocesses(...), got {remote!r}')
         if on_stats is not None and not callable(on_stats):
             raise ConfigError(f'on_stats must be callable, got {on_stats!r}')
-        _whole('num_shards', num_shards, 1, MAX_BATCH)
+        check_whole('num_shards', num_shards, 1, MAX_BATCH)
         if isinstance(shard_id, bool) or not isinstance(shard_id, (int, np.integer)) \
                 or not 0 <= shard_id < num_shards:
             raise ConfigError(f'shard_id must be in [0, {num_shards}), got {shard_id!r}')
-        max_error_fraction = _real('max_error_fraction', max_error_fraction, 0, 1)
+        max_error_fraction = check_real('max_error_fraction', max_error_fraction, 0, 1)
         if timeout is not None:
-            timeout = _real('timeout', timeout, 0, above=True, none=' (None: no deadline)')
+            timeout = check_real('timeout', timeout, 0, above=True, none=' (None: no deadline)')
         if on_error not in ('raise', 'skip'):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if start_method is None:
@@ -259,18 +365,13 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
         self._budget = (-1, 0, 0)       # window, errors, samples: see _count_errors
         self.closed = False
         self.stats_every, self.on_stats = stats_every, on_stats
-        # What stats() reads besides the live pool: rows of pools closed before
-        # (summed by worker id), the inline row (workers=0), the caller's waits.
-        self._stats_base = None
-        self._inline_row = None
-        self._t_start = self._t_end = None
-        self._main_wait = self._first_batch_s = 0.0
-        self._batches_out = 0
-        self._auto = None               # (workers?, prefetch?) while calibrating
-        self._auto_from = None
+        # What stats() reads besides the live pool: the caller's waits, the rows of
+        # pools closed before, the inline row (workers=0).
+        self._tally = Tally(len(self.fns))
+        self._calibration = None        # workers='auto' / prefetch='auto' measuring
         self.settled = None
         if (auto_workers or auto_prefetch) and self.workers > 0 and remote is None:
-            self._auto = (auto_workers, auto_prefetch)
+            self._calibration = Calibration(auto_workers, auto_prefetch)
         self._tracer = None
         if trace is not None:
             self.trace(trace)
@@ -293,7 +394,7 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
                 dp = asm.datapoint(index, seed)
             except Exception as exc:
                 if self.on_error != 'skip':
-                    _raise_failure(protocol.Failure.capture(exc, index, 0, None), exc,
+                    protocol.raise_failure(protocol.Failure.capture(exc, index, 0, None), exc,
                                    self.reader)
                 dp = asm.substitute(index, seed, order)
             self._spec = infer_spec(dp)
@@ -362,6 +463,45 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
         """
         self._apply_state(*self._check_state(state, strict))
 
+    def _fingerprint(self) -> dict:
+        # Kept: the reader's identity and the fns do not change under a loader,
+        # and save() stays a dict copy (a few microseconds) at any step.
+        if self._fingerprint_cache is None or self._fingerprint_cache['order'] != \
+                self.order_version:
+            self._fingerprint_cache = state_fields.fingerprint(
+                self.reader, self.fns, self.n, self.shuffle, self.global_batch,
+                self.order_version)
+        return self._fingerprint_cache
+
+    def _check_state(self, state: dict, strict: bool = True) -> tuple[dict, list]:
+        """``(parsed state, what differs)``, or a StateError (:func:`loadr.state.check`)."""
+        return state_fields.check(state, {'seed': self.seed, **self._fingerprint()}, self.fns,
+                                  self.reader, strict)
+
+    def _apply_state(self, parsed: dict, diffs: list) -> None:
+        """Go on from a state :meth:`_check_state` accepted (nothing here can refuse it)."""
+        for line in diffs:
+            log.warning('loadr: load(strict=False) of a state that differs: %s', line)
+        order = parsed.get('order', self.order_version)
+        if order != self.order_version and (self.shuffle or self._hooks.make_order is not None):
+            if not self._order_switch_logged:
+                log.warning('loadr: the state was saved with order version %d (this loader: '
+                            '%d); going on with order version %d, as its stream was made',
+                            order, self.order_version, order)
+                self._order_switch_logged = True
+            self._set_order_version(order)
+        self.step, self.seed = parsed['step'], parsed['seed']
+        self._budget = tuple(parsed.get('skipped', (-1, 0, 0)))
+        if self._window is not None:
+            self._window.reset()        # every iterator goes on from the new step
+
+    def _set_order_version(self, version: int) -> None:
+        self.order_version = version
+        self._orders.clear()
+        # The workers and the inline window build their orders with the
+        # version they were made with: make them again, lazily.
+        self._close_window()
+
     # -- iteration -----------------------------------------------------------
 
     def __iter__(self):
@@ -380,7 +520,7 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
         """
         # Positions stay below 2**63 (loadr.order): past the last whole epoch there,
         # a clear error now, not a ValueError at the first batch.
-        _whole('epoch', epoch, 0, state_fields.MAX_STEP // self.n - 1)
+        check_whole('epoch', epoch, 0, state_fields.MAX_STEP // self.n - 1)
         return _Batches(self, int(epoch), bool(drop_last))
 
     def _schedule(self, epoch: int | None, drop_last: bool) -> Schedule:
@@ -412,8 +552,7 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
                 if self.closed:
                     raise LoadrError('this loader is closed')
                 asked = time.perf_counter()     # the caller waits from here
-                if self._t_start is None:
-                    self._t_start = asked
+                self._tally.asked(asked)
                 if gen is None or window is not self._window or not window.live(gen):
                     # The first batch, or another iterator or load() moved the
                     # stream: go on from the loader's step, in a generation of our own.
@@ -422,7 +561,7 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
                 try:
                     done = window.next(gen)
                 except BatchFailed as f:
-                    _raise_failure(f.failure, f.exc, self.reader, self.on_error)
+                    protocol.raise_failure(f.failure, f.exc, self.reader, self.on_error)
                 if done is None:
                     if epoch is not None:
                         # The epoch is over, dropped tail included: the stream
@@ -432,7 +571,7 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
                 batch = self._batch_from(done.arrays, done.extras)
                 plan, replaced = done.plan, done.replaced
                 del done
-                mark = (self.step, self._budget, self.samples, self.errors, self._batches_out)
+                mark = (self.step, self._budget, self.samples, self.errors, self._tally.batches)
                 try:
                     self._count_errors(plan, replaced)
                     self.step = plan.next_step
@@ -445,7 +584,7 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
                     # it stays due, counted nowhere; the iterator's next next() (or a
                     # new iterator, or a saved state) goes on from it.
                     self.step, self._budget, self.samples, self.errors, \
-                        self._batches_out = mark
+                        self._tally.batches = mark
                     raise
                 yield batch
                 # Only the caller may keep a lent batch alive.
@@ -481,10 +620,11 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
         if self.closed:
             raise LoadrError('this loader is closed')
         if batches is not None:
-            _whole('batches', batches, 1)
+            check_whole('batches', batches, 1)
         if self._tracer is not None:
             self._tracer.write()
-        self._tracer = Tracer(path, fn_names(fuse(self.fns)), batches, _whole('events', events, 1))
+        self._tracer = Tracer(path, fn_names(fuse(self.fns)), batches,
+                              check_whole('events', events, 1))
         if self._pool is not None and getattr(self._pool, 'trace_rings', None) is None:
             self._close_window()        # its workers have no ring: they start again
         elif self._pool is not None:
@@ -496,7 +636,7 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
         """A batch went out while tracing: record it; write the file after the last one."""
         tracer, window = self._tracer, self._window
         if self._pool is None and tracer.inline is not None:
-            tracer.inline.label_last(self._batches_out - 1, plan.start, plan.count)
+            tracer.inline.label_last(self._tally.batches - 1, plan.start, plan.count)
         tracer.handed(asked, handed, step, self.step, plan.count,
                       *((len(window.tasks), len(window.finished)) if self._pool is not None
                         else (None, None)))
@@ -522,13 +662,11 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
         >>> _ = next(iter(loader)); loader.stats().batches
         1
         """
-        end = self._t_end if self._t_end is not None else time.perf_counter()
-        elapsed = end - self._t_start if self._t_start is not None else 0.0
-        stats = Stats.from_rows(self._worker_rows(), fn_names(fuse(self.fns)), elapsed_s=elapsed,
-                                main_wait_s=self._main_wait, batches=self._batches_out,
-                                samples=self.samples, first_batch_s=self._first_batch_s,
-                                inline=self.workers == 0 and self._remote is None)
-        if self._pool is not None and not self._pool.closed:
+        live = self._pool is not None and not self._pool.closed
+        stats = self._tally.stats(self._pool.stats_rows() if live else None,
+                                  fn_names(fuse(self.fns)), self.samples,
+                                  inline=self.workers == 0 and self._remote is None)
+        if live:
             # Each live worker's private memory (USS), at most a second old: growth shows.
             for wid, uss in self._pool.private_memory().items():
                 if wid < len(stats.workers):
@@ -536,6 +674,38 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
             if self._remote is not None:
                 stats.agents = self._pool.agent_rows()
         return stats
+
+    def _handed(self, waited: float) -> None:
+        """A batch goes to the caller, who waited ``waited`` for it: count, call back, size."""
+        self._tally.handed(waited)
+        if self._calibration is not None:
+            self._calibrate()
+        if self.on_stats is not None and self.stats_every \
+                and self._tally.batches % self.stats_every == 0:
+            self.on_stats(self.stats())
+
+    def _calibrate(self) -> None:
+        """workers='auto' / prefetch='auto': measure, then settle (see the class docstring)."""
+        seen = self._calibration.measured(self.stats(), self.worker_pids)
+        if seen is None:
+            return
+        calibration, self._calibration = self._calibration, None
+        max_prefetch = None
+        if self._pool is not None:
+            from .workers.shm import StatusCells, shm_budget, use_memfd
+            budget = shm_budget(None, use_memfd())[0] - StatusCells.nbytes(self.workers)
+            max_prefetch = max(1, budget // max(1, self._pool.layout.nbytes) - self._held_slots)
+        workers, prefetch, why = calibration.settle(seen, self.batch, self.workers,
+                                                    self.prefetch, max_prefetch)
+        self.settled = {'workers': workers, 'prefetch': prefetch, 'why': why,
+                        'after_batches': self._tally.batches,
+                        'after_s': time.perf_counter() - self._tally.t_start}
+        log.info('loadr: settled on workers=%d prefetch=%d after %d batches: %s',
+                 workers, prefetch, self._tally.batches, why)
+        if (workers, prefetch) != (self.workers, self.prefetch):
+            # The next batch starts the new pool from self.step: the same stream.
+            self._close_window()
+            self.workers, self.prefetch = workers, prefetch
 
     def _batch_from(self, arrays: dict, extras: dict) -> dict | tuple:
         batch = {key: arrays[key] if key in arrays else extras[key] for key in self._spec}
@@ -620,34 +790,51 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
             out.extend(order.indices(plan.start, plan.count).tolist())
         return out
 
-    def _ensure_window(self, spec):
+    @property
+    def _held_slots(self) -> int:
+        """Slots the caller may hold besides the prefetch: its view (ring), or lent batches."""
+        return 1 if self.ring else LEASED_SLOTS
+
+    def _ensure_window(self, spec: dict):
+        """The window that makes the batches, made at the first one (and after a restart):
+        in this process (``workers=0``), or over this host's worker processes, with
+        agents on other hosts beside them (``remote``)."""
         if self._window is not None:
             return self._window
         fields = {k: (d, s) for k, (d, s) in spec.items() if d != OBJECT}
-        if self._remote is not None:
-            return self._remote_window(spec)
-        if self.workers == 0:
+        if self.workers == 0 and self._remote is None:
             asm = Assembler(self.reader, self.fns, spec, self.on_error)
-            if self._inline_row is None:
-                self._inline_row = np.zeros((1, row_width(len(self.fns))))
-            asm.clock = StageClock(self._inline_row[0], len(self.fns), inline=True)
+            asm.clock = StageClock(self._tally.inline(), len(self.fns), inline=True)
             if self._tracer is not None:
                 asm.clock.trace = self._tracer.inline_ring()
             self._window = InlineWindow(asm, fields, functools.partial(
                 order_for, self.reader, shuffle=self.shuffle, version=self.order_version))
             return self._window
+        if self._remote is None:
+            pool, processes = self._local_pool(spec, fields), self.workers
+        else:
+            pool, processes = self._remote_pool(spec, fields)
+        self._pool = pool
+        self._finalizer = weakref.finalize(self, pool.close)
+        if self._tracer is not None:
+            self._tracer.attach(pool)
+        list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
+        self._window = Window(pool, self.prefetch, processes, list_keys, self.ring)
+        return self._window
+
+    def _local_pool(self, spec: dict, fields: dict):
+        """This host's worker processes, forked once a reader warming for them is warm."""
         from .workers.pool import WorkerPool
         from .workers.shm import Layout
         warming, self._warming = self._warming, None
         if self._source is None:
             from .shared import share
             self._source = share(self.reader)
-        slots = self.prefetch + (1 if self.ring else LEASED_SLOTS)
-        needed = slots
+        slots = needed = self.prefetch + self._held_slots
         if self._default_prefetch is not None and self._default_prefetch[0] == self.prefetch:
-            needed = self._default_prefetch[1] + (1 if self.ring else LEASED_SLOTS)
+            needed = self._default_prefetch[1] + self._held_slots
         try:
-            self._pool = WorkerPool(
+            return WorkerPool(
                 self._source, self.fns, spec, Layout(fields, self.batch), self.workers, slots,
                 self.n, self.shuffle, self.on_error, self.start_method, self.timeout,
                 self.order_version, init_fn=self._worker_init_fn, needed_slots=needed,
@@ -664,12 +851,58 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
                 forked = hooks_of(self.reader).forked
                 if forked is not None:
                     forked()
-        self._finalizer = weakref.finalize(self, self._pool.close)
-        if self._tracer is not None:
-            self._tracer.attach(self._pool)
-        list_keys = [k for k, (d, _) in spec.items() if d == OBJECT]
-        self._window = Window(self._pool, self.prefetch, self.workers, list_keys, self.ring)
-        return self._window
+
+    def _remote_pool(self, spec: dict, fields: dict):
+        """``(pool, processes)``: agents that the engine ``remote`` starts on other hosts
+        (:class:`~loadr.workers.remote.RemotePool`) beside this host's workers (a
+        :class:`~loadr.workers.pool.WorkerPool` of ``workers`` processes, 0 too, which
+        owns the slots the agents write their rows into), under one
+        :class:`~loadr.workers.remote.HybridPool`. Nothing of the placement reaches the
+        saved state."""
+        from .workers.agent import AgentConfig, canary
+        from .workers.pool import WorkerPool
+        from .workers.remote import HybridPool, RemotePool
+        from .workers.shm import Layout
+
+        engine = self._remote
+        engine.open()
+        processes = self.workers + engine.agents * engine.cpus
+        if self._prefetch_given is None:
+            self.prefetch = max(2, 2 * processes)
+        layout = Layout(fields, self.batch)
+        warming, self._warming = self._warming, None
+        if warming is not None:         # a reader warming before a fork: done first
+            warming.join()
+        if self._source is None:
+            from .shared import share
+            self._source = share(self.reader)
+        # Traced: every worker, local or an agent's, keeps a ring of task records.
+        traced = WORKER_RECORDS if self._tracer is not None else 0
+        local = WorkerPool(self._source, self.fns, spec, layout, self.workers,
+                           self.prefetch + self._held_slots, self.n, self.shuffle,
+                           self.on_error, self.start_method, self.timeout, self.order_version,
+                           init_fn=self._worker_init_fn, trace_records=traced)
+        try:
+            # Every agent digests the first and the last datapoint of the first epoch at
+            # start; they must be these.
+            positions = sorted({0, self.n - 1})
+            asm, order = Assembler(self.reader, self.fns, spec), self._order()
+            canaries = [canary(asm, order, p) for p in positions]
+            # A YAML pipeline's loader has a recipe: the agents rebuild it (loadr.config).
+            recipe = getattr(self, 'recipe', None)
+            make_config = functools.partial(
+                _agent_config, AgentConfig, dict(
+                    spec=spec, fields=fields, batch=self.batch, n=self.n, shuffle=self.shuffle,
+                    on_error=self.on_error, order_version=self.order_version,
+                    processes=engine.cpus, reader=None if recipe else self.reader,
+                    fns=[] if recipe else list(self.fns), recipe=recipe,
+                    rebuild=getattr(self, 'rebuild', None), seed=self.seed,
+                    canaries=positions, timeout=self.timeout, trace_records=traced))
+            remote = RemotePool(engine, make_config, local.views, layout, canaries)
+        except BaseException:
+            local.close()
+            raise
+        return HybridPool(local, remote), processes
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -692,15 +925,7 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
             self._finalizer()
         self._pool = self._window = self._finalizer = None
         if pool is not None:
-            # Its workers' counters outlive it (stats() adds them up), as they were
-            # when the workers had stopped.
-            rows = pool.stats_rows()
-            if self._stats_base is None or len(self._stats_base) < len(rows):
-                grown = np.zeros_like(rows)
-                if self._stats_base is not None:
-                    grown[:len(self._stats_base)] = self._stats_base
-                self._stats_base = grown
-            self._stats_base[:len(rows)] += rows
+            self._tally.keep(pool.stats_rows())     # its workers' counters outlive it
 
     def close(self) -> None:
         """Stop the workers and free the shared memory; safe to call twice.
@@ -708,8 +933,7 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
         Every iterator of a closed loader raises LoadrError('this loader is closed').
         """
         self.closed = True
-        if self._t_start is not None and self._t_end is None:
-            self._t_end = time.perf_counter()
+        self._tally.end()
         self._close_window()
         if self._tracer is not None:
             tracer, self._tracer = self._tracer, None
@@ -755,3 +979,49 @@ class Loader(LoaderState, LoaderStats, LoaderRemote):
         return (f'Loader(n={self.n}, batch={self.batch}, shuffle={self.shuffle}, '
                 f'seed={self.seed}, workers={self.workers}, '
                 f'shard={self.shard_id}/{self.num_shards}, step={self.step})')
+
+
+def _agent_config(make, fields: dict, index: int, server_secret: bytes, client_public: bytes):
+    """Agent ``index``'s config (``make(**fields)`` and its keys): see workers.remote."""
+    return make(**fields, server_secret=server_secret, allowed=[client_public],
+                name=str(index))
+
+
+class _Batches:
+    """A Loader's iterator (``iter(loader)``, ``loader.epoch(e)``): its batches in order.
+
+    An exception from ``next()`` (a worker's error, ``on_stats``, Ctrl-C) leaves
+    the batch that was due due: the loader's step has not moved past it, and
+    the next ``next()`` goes on from the step, so that batch comes next. A
+    generator that raised would be over, and its batch lost to the caller.
+    """
+
+    __slots__ = ('_loader', '_epoch', '_drop_last', '_gen', '_over')
+
+    def __init__(self, loader: Loader, epoch: int | None, drop_last: bool):
+        self._loader, self._epoch, self._drop_last = loader, epoch, drop_last
+        self._gen, self._over = None, False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._gen is None:
+            if self._over:
+                raise StopIteration
+            self._gen = self._loader._stream(self._epoch, self._drop_last)
+        try:
+            return next(self._gen)
+        except StopIteration:
+            self._gen, self._over = None, True
+            raise
+        except BaseException:
+            self._gen = None            # that generator is over; the next next() resumes
+            raise
+
+    def close(self) -> None:
+        """End the iteration now: its batches in flight are given back."""
+        self._over = True
+        if self._gen is not None:
+            gen, self._gen = self._gen, None
+            gen.close()

@@ -45,10 +45,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
+from .errors import LoadrError
+
 __all__ = ['Source', 'BatchSource', 'SeededSource', 'ErrorNaming', 'Prefetching', 'Caching',
            'Warming', 'Ordering', 'Identified', 'Composite', 'Sharing', 'Locating', 'OPTIONAL',
            'Hooks',
-           'hooks_of', 'declared', 'members', 'one_by_one']
+           'hooks_of', 'declared', 'members', 'one_by_one', 'file_of']
 
 
 @runtime_checkable
@@ -260,3 +262,23 @@ def hooks_of(source) -> Hooks:
         if isinstance(source, protocol):
             found[name] = getattr(source, name)
     return Hooks(**found)
+
+
+def file_of(source, index: int | None, exc: BaseException | None = None) -> str | None:
+    """The file (or URL) that datapoint ``index`` of ``source`` comes from: the one a
+    loadr error names, else the one the source says holds it (:class:`Locating`);
+    None when neither can tell (a list of dicts). Never raises.
+
+    >>> file_of([{'x': 1}], 0) is None
+    True
+    """
+    path = getattr(exc, 'path', None) if isinstance(exc, LoadrError) else None
+    if path is not None:
+        return str(path)
+    if index is None or not isinstance(source, Locating):
+        return None
+    try:
+        where = source.where(index)
+    except Exception:   # noqa: BLE001 - naming the file is a courtesy; the error is the news
+        return None
+    return where if isinstance(where, str) else None

@@ -50,7 +50,8 @@ from .errors import StateError
 from .order import ORDER_VERSIONS, MAX_SEED
 from .sources import Composite, Identified
 
-__all__ = ['STATE_VERSION', 'MAX_STEP', 'fingerprint', 'parse', 'differences', 'fn_key']
+__all__ = ['STATE_VERSION', 'MAX_STEP', 'fingerprint', 'parse', 'differences', 'fn_key', 'check',
+           'source_fn_names']
 
 STATE_VERSION = 2
 MAX_STEP = 2**63 - 1                # positions are uint64 below 2**63 (loadr.order)
@@ -321,3 +322,31 @@ def differences(saved: dict, mine: dict, fn_names: Sequence[str] = (),
         out.append(f"global batch: the state was saved with {saved['global_batch']} datapoints "
                    f"per step (batch x num_shards), this loader has {mine['global_batch']}")
     return out
+
+
+def source_fn_names(reader) -> dict:
+    """``{source: [fn name, ...]}`` of a Mix's per-source fns (for a refused state's message)."""
+    if not isinstance(reader, Composite):
+        return {}
+    return {name: [fn_name(fn) for fn in chain] for name, chain in reader.source_fns().items()}
+
+
+def check(state, mine: dict, fns=(), reader=None, strict: bool = True) -> tuple[dict, list[str]]:
+    """``(parsed state, what differs)``: ``state`` checked (:func:`parse`) and compared with
+    ``mine``, a loader's seed and :func:`fingerprint` (:func:`differences`; ``fns`` and
+    ``reader`` name what differs). With ``strict``, a state that differs is refused
+    with a StateError listing it. Touches nothing, so a refused state leaves the loader
+    (and every iteration in progress) exactly as it was.
+
+    >>> mine = {'seed': 0, **fingerprint([{'x': 1}], [], 1, True, 1, 2)}
+    >>> check({'step': 3, 'seed': 0}, mine)
+    ({'step': 3, 'seed': 0}, [])
+    """
+    parsed = parse(state)
+    diffs = differences(parsed, mine, [fn_name(fn) for fn in fns], source_fn_names(reader))
+    if diffs and strict:
+        raise StateError('this state does not belong to this loader:\n  - '
+                         + '\n  - '.join(diffs) + '\nCreate the Loader as it was when '
+                         'the state was saved, or call load(state, strict=False) to go on '
+                         "from the state's step with its seed and order anyway.")
+    return parsed, diffs

@@ -233,3 +233,14 @@ def test_built_in_fns_keep_their_fingerprints_and_pickles_across_module_moves():
     for fn in fns[:-1]:
         assert type(fn).__module__ == 'loadr.fns'
         assert pickle.loads(pickle.dumps(fn)) == fn
+
+
+def test_check_refuses_a_state_that_differs_only_when_strict():
+    mine = {'seed': 1, **loadr.state.fingerprint(trivial(10), [noisy], 10, True, 2, 2)}
+    saved = {**mine, 'step': 4, 'seed': 2}
+    with pytest.raises(StateError, match='seed: the state was saved with seed 2'):
+        loadr.state.check(saved, mine, [noisy])
+    parsed, diffs = loadr.state.check(saved, mine, [noisy], strict=False)
+    assert parsed['step'] == 4 and diffs == [
+        'seed: the state was saved with seed 2, this loader has seed 1']
+    assert loadr.state.check({**saved, 'seed': 1}, mine, [noisy]) == ({**saved, 'seed': 1}, [])

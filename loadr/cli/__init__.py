@@ -21,7 +21,7 @@ import signal
 import sys
 import traceback
 
-from ..batches import SKIP_SETTING
+from ..workers.protocol import SKIP_SETTING
 from ..errors import ConfigError, LoadrError, WorkerError
 from ..storage import using_storage_options
 from .common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, print_err

@@ -37,6 +37,11 @@ A timeline of the same work, task by task, in the Trace Event format that
 ui.perfetto.dev and chrome://tracing open: :class:`Tracer` (``Loader(trace=...)``,
 ``loader.trace(path)``). A picture of a run's snapshots: :func:`plot`.
 
+The Loader keeps its side in a :class:`Tally` (the caller's waits, the
+batches handed out, the counters of pools it closed), and under
+``workers='auto'`` a :class:`Calibration` that measures the first batches
+for :func:`settle`.
+
 Example::
 
     >>> s = Stats(fn_names=['decode', 'crop'], elapsed_s=10.0, main_wait_s=0.05,
@@ -50,7 +55,8 @@ Example::
 from ._accounting import (CONTENDED_SHARE, IO_BOUND_SHARE, MAX_STRIDE, STRIDE, TIME_EVERY_ROW_US,
                           TIMED_ROW_COST_US, TIMING_SHARE, WORKER_FIELDS, FillTimer, StageClock,
                           cores, fn_names, process_times, row_width, schedstat, worker_dict)
-from ._settle import settle
+from ._settle import AUTO_BATCHES, AUTO_MAX_S, Calibration, settle
+from ._tally import Tally
 from ._plot import PLOT_SIZE, plot
 from ._snapshot import NOT_BOTTLENECK_FRACTION, Stats, format_table
 from ._trace import (TRACE_EVENTS, WORKER_RECORDS, TaskRing, Tracer, new_records, record_width,
@@ -60,6 +66,7 @@ __all__ = ['Stats', 'WORKER_FIELDS', 'STRIDE', 'MAX_STRIDE', 'TIMED_ROW_COST_US'
            'TIME_EVERY_ROW_US', 'format_table', 'StageClock', 'NOT_BOTTLENECK_FRACTION',
            'IO_BOUND_SHARE', 'CONTENDED_SHARE', 'fn_names', 'row_width', 'worker_dict', 'cores',
            'settle', 'schedstat', 'process_times', 'FillTimer',
+           'Calibration', 'AUTO_BATCHES', 'AUTO_MAX_S', 'Tally',
            'Tracer', 'TaskRing', 'TRACE_EVENTS', 'WORKER_RECORDS', 'record_width', 'ring_rows',
            'new_records',
            'plot', 'PLOT_SIZE']

@@ -1,16 +1,20 @@
-"""workers='auto' and prefetch='auto': :func:`settle` picks the settings from what a
-calibration measured (a :class:`loadr.stats.Stats`)."""
+"""workers='auto' and prefetch='auto': a :class:`Calibration` measures the first batches,
+and :func:`settle` picks the settings from what it measured (a :class:`loadr.stats.Stats`)."""
 
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING
 
-from ._accounting import IO_BOUND_SHARE
+from ._accounting import IO_BOUND_SHARE, process_times
 
 if TYPE_CHECKING:
     from ._snapshot import Stats
 
+# The calibration measures this many batches after the first (start-up left out), or
+# fewer if they take AUTO_MAX_S.
+AUTO_BATCHES = 16
+AUTO_MAX_S = 3.0
 AUTO_HEADROOM = 1.25        # workers for 125% of the measured need: room for jitter
 AUTO_IO_FACTOR = 4          # at most this many workers per core, for I/O-bound workers
 AUTO_MAX_PREFETCH_PER_WORKER = 4
@@ -78,3 +82,37 @@ def settle(stats: Stats, batch: int, workers: int | None, prefetch: int | None,
             prefetch = max(1, max_prefetch)
             why.append('prefetch as the shared-memory budget holds')
     return workers, prefetch, '; '.join(why)
+
+
+class Calibration:
+    """workers='auto' / prefetch='auto' under way: what it measured from the first batch
+    on (start-up left out), until it has seen ``AUTO_BATCHES`` more (or two or more in
+    ``AUTO_MAX_S`` seconds). ``workers`` and ``prefetch`` say which of them are 'auto'."""
+
+    def __init__(self, workers: bool, prefetch: bool):
+        self.workers, self.prefetch = workers, prefetch
+        self.start: Stats | None = None
+        self.start_cpu: dict = {}
+
+    def measured(self, now: Stats, pids: list[int]) -> Stats | None:
+        """What the calibration saw, once it has seen enough; None before. ``now`` is the
+        loader's snapshot after a batch, ``pids`` its workers'."""
+        if self.start is None:
+            self.start = now
+            # The workers' CPU time over the whole calibration, read at its start and
+            # end: their own reads come every SCHED_EVERY_S at most, none at all in a
+            # short calibration (whose CPU-bound workers then looked blocked on I/O).
+            self.start_cpu = process_times(pids)
+            return None
+        seen = now.since(self.start)
+        if seen.batches < AUTO_BATCHES and not (seen.batches >= 2
+                                                and seen.elapsed_s >= AUTO_MAX_S):
+            return None
+        return seen.with_process_times(self.start_cpu, process_times(pids), pids)
+
+    def settle(self, seen: Stats, batch: int, workers: int, prefetch: int,
+               max_prefetch: int | None) -> tuple[int, int, str]:
+        """:func:`settle` for the loader's current ``workers`` and ``prefetch``: those
+        that are 'auto' are chosen, the others kept."""
+        return settle(seen, batch, None if self.workers else workers,
+                      None if self.prefetch else prefetch, max_prefetch)

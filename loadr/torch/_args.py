@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..loader import MAX_BATCH, MAX_WORKERS, Loader
+from ..loader import MAX_BATCH, MAX_WORKERS, Loader, check_whole
 
 # Loader arguments the DataLoader sets itself, by their torch names.
 OWN_ARGS = {'batch': 'batch_size', 'workers': 'num_workers', 'shard_id': 'rank',
@@ -77,17 +77,9 @@ _LOADER_ARGS = frozenset(inspect.signature(Loader).parameters) - {'reader'}
 def check_sizes(batch_size, num_workers) -> None:
     """``batch_size`` and ``num_workers`` checked under torch's names (the Loader's own
     errors would name ``batch=`` and ``workers=``); ConfigError naming the bad value."""
-    _count('batch_size', batch_size, 1, MAX_BATCH)
+    check_whole('batch_size', batch_size, 1, MAX_BATCH)
     if num_workers is not None and not (isinstance(num_workers, str) and num_workers == 'auto'):
-        _count('num_workers', num_workers, 0, MAX_WORKERS, " or 'auto'")
-
-
-def _count(name: str, value, lo: int, hi: int, also: str = '') -> None:
-    # The Loader's own check of a count, with the same words.
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
-        raise ConfigError(f'{name} must be an int >= {lo}{also}, got {value!r}')
-    if value > hi:
-        raise ConfigError(f'{name} must be at most {hi}, got {value!r}')
+        check_whole('num_workers', num_workers, 0, MAX_WORKERS, " or 'auto'")
 
 
 def loader_args(kwargs: dict) -> dict:

@@ -36,6 +36,10 @@ so it packs and unpacks with no reordering; :class:`Done`, :class:`Failed`,
 the first two made from a worker's reply. They are NamedTuples: a tuple's
 cost, read by name.
 
+A :class:`Failure` ends in the caller's thread: :func:`raise_failure` raises
+the original exception, its message naming the file and the index, chained
+to a :class:`~loadr.errors.WorkerError` that says which worker and where.
+
 Example::
 
     frames = task(Task(task_id=7, slot=1, row=0, seed=0, start=448, count=64))
@@ -52,9 +56,13 @@ import traceback
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..errors import DataError, LoadrError, WorkerError
+from ..sources import file_of
+
 __all__ = ['VERSION', 'TASK', 'STOP', 'HELLO', 'DONE', 'FAIL', 'MEND', 'READ_ONE_BY_ONE', 'Task',
            'Done', 'Failed', 'Lost', 'Fatal', 'task', 'stop', 'mend', 'hello', 'done', 'fail',
-           'parse', 'Failure', 'Portrait']
+           'parse', 'Failure', 'Portrait', 'raise_failure', 'SKIP_SETTING', 'SKIP_HINT',
+           'SKIP_HINT_DATA']
 
 VERSION = 5
 TASK, STOP, HELLO, DONE, FAIL, MEND = b'T', b'S', b'H', b'D', b'F', b'M'
@@ -317,3 +325,86 @@ class Failure:
             except Exception:   # noqa: BLE001 - fall back to the portrait, or to None
                 pass
         return self.portrait.rebuild() if self.portrait is not None else None
+
+
+# The end of a failing datapoint's error when on_error='raise': skipping exists. An error
+# of the data says so plainly; any other may be a bug in a fn, which skipping would hide.
+# (The command line says it in its pipeline's words instead of SKIP_SETTING.)
+SKIP_SETTING = "Loader(on_error='skip')"
+SKIP_HINT_DATA = f'{SKIP_SETTING} replaces a datapoint that fails like this with another one, ' \
+    'and logs it'
+SKIP_HINT = f'if the data and not the code is at fault, {SKIP_SETTING} replaces each ' \
+    'datapoint that fails with another one, and logs it'
+
+
+def _tell_where(exc: BaseException, index: int, path: str | None, hint: str | None) -> None:
+    """Make ``exc``'s own message name the datapoint (file and index) and end with
+    ``hint``: the last line of a traceback is all many users read. A loadr error gets
+    its path and index filled in; a builtin exception whose text is its one argument
+    (ValueError('...')) gets the words appended; any other (a KeyError, an OSError, a
+    class of the user's own) gets them as a note, shown under its line."""
+    if exc.__dict__.get('loadr_where') is not None:
+        return                                  # raised once already: said
+    tail = f'; {hint}' if hint else ''
+    if isinstance(exc, LoadrError):
+        if exc.path is None and path is not None:
+            exc.path = path
+        if exc.index is None:
+            exc.index = index
+        exc.message += tail
+        exc.args = (exc.message,)
+        said = tail
+    else:
+        said = f" (dataset index {index}{f', in {path}' if path else ''}){tail}"
+        # Only Python's own classes, whose text is their one argument: the args of a
+        # class of the user's own may mean more than their text.
+        if type(exc).__module__ == 'builtins' and type(exc).__str__ is BaseException.__str__ \
+                and len(exc.args) <= 1 and all(isinstance(a, str) for a in exc.args):
+            exc.args = ((exc.args[0] if exc.args else '') + said,)
+        elif hasattr(exc, 'add_note'):
+            exc.add_note(f'loadr:{said}')
+    exc.__dict__['loadr_where'] = said
+
+
+def raise_failure(failure: Failure, exc: BaseException | None = None,
+                   source=None, on_error: str = 'raise'):
+    """Raise the original exception, chained to a WorkerError that says where.
+
+    The original's own message names the file (``source``'s, see :func:`file_of`)
+    and the index too, and, under ``on_error='raise'``, ends with the hint that
+    ``on_error='skip'`` exists."""
+    original = exc if exc is not None else failure.exception()
+    path = file_of(source, failure.index, original)
+    where = []
+    if failure.index is not None:
+        where.append(f'dataset index {failure.index}' + (f' ({path})' if path else ''))
+    if failure.position is not None:
+        where.append(f'stream position {failure.position}')
+    who = 'the main process' if failure.worker is None else f'loadr worker {failure.worker}'
+    at = f" at {', '.join(where)}" if where else ''
+    message = failure.message
+    if failure.index is not None:
+        # A loadr error's own "[index N]" would name the index a second time.
+        tag = f'[index {failure.index}]'
+        message = (message[len(tag) + 2:] if message.startswith(f'{tag}: ')
+                   else message.replace(f' {tag}:', ':', 1))
+        if path and message.startswith(f'{path}: '):
+            message = message[len(path) + 2:]   # and its path, named just above
+    text = f'{failure.type_name} in {who}{at}: {message}'
+    if failure.traceback:
+        text += f'\n\nWorker traceback:\n{failure.traceback}'
+    cause = WorkerError(text, index=failure.index)
+    cause.position = failure.position
+    cause.worker_traceback = failure.traceback
+    if original is None:
+        raise cause
+    original.__dict__.setdefault('loadr_index', failure.index)
+    original.__dict__.setdefault('loadr_position', failure.position)
+    if failure.index is not None:
+        try:
+            _tell_where(original, failure.index, path,
+                        None if on_error == 'skip' else
+                        SKIP_HINT_DATA if isinstance(original, DataError) else SKIP_HINT)
+        except Exception:   # noqa: BLE001 - an exception that will not be changed: raised as is
+            pass
+    raise original from cause
