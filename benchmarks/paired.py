@@ -36,11 +36,13 @@ The workloads (``--workload``), both those of the side-by-side suite
   directory, removed at the end), Pillow decode + random 224 crop + flip
   (``image_fn``), batch 64. Every loadr contender opens the same files with
   its own package's reader (``before`` with ``loadr_before.open``), so an
-  older checkout runs its own reading code. Defaults: 1,024 images, 20 bursts
-  of 12 batches (a minute or two on 2 cores). A burst here is only a few
-  prefetch windows long, so a contender's workers are charged from the start
-  of its burst to the start of its next one (after the last round: until
-  they are idle): the refill they do while the others run is counted too.
+  older checkout runs its own reading code. Defaults: 1,024 images, 16 bursts
+  of 24 batches (about a minute on 2 cores; a burst is ~2 s of CPU, so the
+  10 ms ticks of the workers' CPU clocks are ~1% of it). A burst here is only a few
+  prefetch windows long, so each round ends when every contender's workers
+  are idle again, and a contender's workers are charged from the start of
+  its burst to the start of its next one: the refill of its prefetch window
+  is counted too.
 
 Example (a quick run)::
 
@@ -84,7 +86,7 @@ def _import_before(path: str):
 # --burst-batches and the warm-up batches (images: a run of a minute or two on 2 cores).
 FNS = {'trivial': W.identity_fn, 'images': W.image_fn}
 DEFAULTS = {'trivial': {'n': 50_000, 'bursts': 30, 'burst_batches': 120, 'warmup': 40},
-            'images': {'n': 1024, 'bursts': 20, 'burst_batches': 12, 'warmup': 8}}
+            'images': {'n': 1024, 'bursts': 16, 'burst_batches': 24, 'warmup': 8}}
 
 
 def _reader_for(module, data: W.Data):
@@ -148,10 +150,10 @@ def measure(starts: dict, data: W.Data, workers: int, bursts: int, burst_batches
     """``{name: [CPU us a sample of each burst]}`` (and ``name + ' main'``: this
     process's share) for the contenders ``starts`` (name -> start(data, workers)).
 
-    With ``refill``, a contender's workers are charged from the start of its
-    burst to the start of its next one (after the last round, and after the
-    warm-up, until they are idle), so the batches they make between its
-    bursts count: for bursts only a few prefetch windows long."""
+    With ``refill``, every round (and the warm-up) ends when all workers are
+    idle, and a contender's workers are charged from the start of its burst to
+    the start of its next one, so the batches they make to refill its prefetch
+    window count: for bursts only a few prefetch windows long."""
     me = psutil.Process()
     running = {}
     try:
@@ -181,8 +183,12 @@ def measure(starts: dict, data: W.Data, workers: int, bursts: int, burst_batches
                     next(it)
                 main_s[name].append(time.process_time() - main0)
                 ends_at[name].append(_cpu_s(kids))
-        if refill:
-            _settle(every_kid)
+            if refill:
+                # Every burst's refill done before the next round: the order flips
+                # each round, so without this a contender's back-to-back bursts
+                # (end of one round, start of the next) would alternately be
+                # charged with no refill and with two.
+                _settle(every_kid)
         for name in names:
             kids = running[name][2]
             if refill:
@@ -213,9 +219,9 @@ def main(argv=None) -> int:
     p.add_argument('--workers', type=int, default=2)
     p.add_argument('--n', type=int,
                    help='datapoints (default 50,000; images: 1,024)')
-    p.add_argument('--bursts', type=int, help='rounds (default 30; images: 20)')
+    p.add_argument('--bursts', type=int, help='rounds (default 30; images: 16)')
     p.add_argument('--burst-batches', type=int,
-                   help='batches a burst (default 120; images: 12)')
+                   help='batches a burst (default 120; images: 24)')
     p.add_argument('--traced', action='store_true',
                    help="run this loadr with its timeline on too, as 'traced'")
     p.add_argument('--json', help='write the per-burst figures here')
