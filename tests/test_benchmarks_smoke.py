@@ -154,6 +154,25 @@ def test_paired_bursts_give_each_contender_its_figures(tmp_path):
     assert all(len(v) == 2 for v in figures.values())
 
 
+def test_paired_images_give_each_contender_its_figures(tmp_path):
+    # The images workload: a bag of JPEGs on disk that 'before' opens with its
+    # own package's reader, decoded, cropped and flipped by every contender.
+    out = tmp_path / 'paired.json'
+    cmd = [sys.executable, '-m', 'benchmarks.paired', '--workload', 'images', '--before', ROOT,
+           '--peers', 'torch', '--traced', '--bursts', '2', '--burst-batches', '2', '--n', '256',
+           '--json', str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith('images (256 375x500 q90 JPEGs')
+    rows = [line.strip('|').split('|')[0].strip() for line in proc.stdout.splitlines()
+            if line.startswith('| ') and not line.startswith('| contender')]
+    assert rows == ['loadr', 'before', 'traced', 'torch']
+    figures = json.loads(out.read_text())
+    assert sorted(figures) == ['before', 'before main', 'loadr', 'loadr main', 'torch',
+                               'torch main', 'traced', 'traced main']
+    assert all(len(v) == 2 and all(x > 0 for x in v) for v in figures.values())
+
+
 def test_trace_picture_draws_a_trace(tmp_path):
     pytest.importorskip('matplotlib')
     import loadr
