@@ -6,9 +6,10 @@ One row per track (the training process's iterating thread, then each worker
 process), a bar per span: the caller's waits for a batch, each task of a worker
 with its stages drawn inside it (read, each fn, write), a tick per batch handed
 out; below, the window's tasks in flight. Only the last ``--window-ms`` of the
-trace are drawn, so that the spans are wide enough to see. README's picture in
-"Where the time goes" is made with it from ``loadr bench ... --trace``; for the
-real thing open the trace in ui.perfetto.dev (Open trace file) or chrome://tracing.
+trace are drawn, so that the spans are wide enough to see. It needs no browser;
+README's picture in "Where the time goes" is the trace opened in a real viewer,
+by ``benchmarks/trace_screenshot.py``. Open a trace yourself in ui.perfetto.dev
+(Open trace file) or chrome://tracing.
 """
 
 from __future__ import annotations
