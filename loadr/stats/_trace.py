@@ -427,23 +427,28 @@ class Tracer:
 
 
 def _task_events(records: Rows, pid: int, tid: int, stages: list) -> list[dict]:
-    """A span per task record, its stages laid end to end inside it."""
-    us = 1e6
+    """A span per task record, its stages laid end to end inside it.
+
+    Every boundary is a whole nanosecond, and each stage starts exactly where the one
+    before it ended: summed float seconds put a stage's end a hair past the next one's
+    start, and a viewer drops spans that overlap on one track (Perfetto does).
+    """
     events = []
     for row in records.rows().tolist():
-        begin, end = row[BEGIN], row[END]
-        events.append({'name': 'task', 'cat': 'worker', 'ph': 'X', 'ts': begin * us,
-                       'dur': max(0.0, end - begin) * us, 'pid': pid, 'tid': tid,
+        begin = round(row[BEGIN] * 1e9)
+        end = max(begin, round(row[END] * 1e9))
+        events.append({'name': 'task', 'cat': 'worker', 'ph': 'X', 'ts': begin / 1e3,
+                       'dur': (end - begin) / 1e3, 'pid': pid, 'tid': tid,
                        'args': {'task': int(row[TASK]), 'position': int(row[POSITION]),
                                 'count': int(row[COUNT]), 'made': bool(row[FILLED])}})
         seconds = [row[READ], *row[len(RECORD):], row[WRITE]]
         at = begin
         for name, s in zip(stages, seconds):
-            s = min(max(0.0, s), max(0.0, end - at))      # inside the task's span
-            if s > 0:
-                events.append({'name': name, 'cat': 'stage', 'ph': 'X', 'ts': at * us,
-                               'dur': s * us, 'pid': pid, 'tid': tid})
-            at += s
+            ns = min(max(0, round(s * 1e9)), end - at)     # inside the task's span
+            if ns > 0:
+                events.append({'name': name, 'cat': 'stage', 'ph': 'X', 'ts': at / 1e3,
+                               'dur': ns / 1e3, 'pid': pid, 'tid': tid})
+            at += ns
     return events
 
 

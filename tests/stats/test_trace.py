@@ -71,30 +71,34 @@ def check_valid(events: list[dict]) -> None:
             assert e['args'] and all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                      for v in e['args'].values()), e
     assert {pid for pid, _ in named} == {e['pid'] for e in events}    # every track named
-    # The spans of a track nest: each one ends before the next begins, or holds it whole.
+    # The spans of a track nest: each one ends before the next begins, or holds it whole,
+    # to the nanosecond, as a viewer reads them (Perfetto drops a span that overlaps
+    # another on its track by any amount).
+    def ns(e):
+        begin = round(e['ts'] * 1000)
+        return begin, begin + round(e['dur'] * 1000)
+
     by_track: dict = {}
     for e in events:
         if e['ph'] == 'X':
             by_track.setdefault((e['pid'], e['tid']), []).append(e)
     for track in by_track.values():
-        open_ends: list[float] = []
-        for e in sorted(track, key=lambda e: (e['ts'], -e['dur'])):
-            while open_ends and open_ends[-1] <= e['ts'] + 1e-3:
+        open_ends: list[int] = []
+        for e in sorted(track, key=lambda e: (ns(e)[0], -ns(e)[1])):
+            begin, end = ns(e)
+            while open_ends and open_ends[-1] <= begin:
                 open_ends.pop()
-            end = e['ts'] + e['dur']
-            assert not open_ends or end <= open_ends[-1] + 1e-3, e
+            assert not open_ends or end <= open_ends[-1], e
             open_ends.append(end)
     # Stages nest inside their task: within its span, on its track.
     tasks = {}
     for e in events:
         if e.get('cat') == 'worker' and e['name'] == 'task':
-            tasks.setdefault((e['pid'], e['tid']), []).append(e)
+            tasks.setdefault((e['pid'], e['tid']), []).append(ns(e))
     for e in events:
         if e.get('cat') == 'stage':
-            end = e['ts'] + e['dur']
-            inside = [t for t in tasks[(e['pid'], e['tid'])]
-                      if t['ts'] - 1e-3 <= e['ts'] and end <= t['ts'] + t['dur'] + 1e-3]
-            assert inside, e
+            begin, end = ns(e)
+            assert any(b <= begin and end <= t for b, t in tasks[(e['pid'], e['tid'])]), e
 
 
 def spans(events, name, cat=None) -> list[dict]:
