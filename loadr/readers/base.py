@@ -80,14 +80,11 @@ def open_each(storage, fn: Callable, items: Sequence) -> list:
     if not remote(storage) or len(items) < 2:
         return [fn(item) for item in items]
     import concurrent.futures
-    import contextvars
     threads = int(getattr(storage, 'concurrency', 1))
     pool = concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(items))),
                                                  thread_name_prefix='loadr-open')
     try:
-        # Each in a copy of the caller's context: the storage options in force
-        # (loadr.storage.using_storage_options) hold in the threads too.
-        futures = [pool.submit(contextvars.copy_context().run, fn, item) for item in items]
+        futures = [pool.submit(fn, item) for item in items]
         out = [f.result() for f in futures]
     except BaseException:
         # Not waiting for the opens under way (each may wait up to timeout_s): a failure
