@@ -36,7 +36,7 @@ import msgpack
 import numpy as np
 
 from .errors import ChecksumError, ConfigError, FormatError, LoadrError, Problem
-from .storage import Storage, storage_for
+from .storage import Storage, StorageSettings, storage_for
 
 __all__ = ['SUFFIX', 'FileRecords', 'Digests', 'sidecar_path', 'write', 'load', 'verify',
            'record_digest', 'check_record']
@@ -115,7 +115,7 @@ def _digest_file(storage: Storage, file: str, records: FileRecords | None
     return size, whole.digest(), bytes(out)
 
 
-def write(path, layout_of, storage_options: dict | None = None) -> str:
+def write(path, layout_of, storage_options: StorageSettings | dict | None = None) -> str:
     """Record the digests of the dataset at ``path`` in its sidecar; returns the sidecar's path.
 
     ``layout_of(path)`` is the format's name and ``{file: FileRecords or None}``
@@ -182,14 +182,17 @@ def check_record(recorded: tuple[bytes, str], file: str, record: int, data,
 
 
 @overload
-def load(path, storage_options: dict | None = None, *, required: Literal[True]) -> Digests: ...
+def load(path, storage_options: StorageSettings | dict | None = None, *,
+         required: Literal[True]) -> Digests: ...
 
 
 @overload
-def load(path, storage_options: dict | None = None, required: bool = False) -> Digests | None: ...
+def load(path, storage_options: StorageSettings | dict | None = None,
+         required: bool = False) -> Digests | None: ...
 
 
-def load(path, storage_options: dict | None = None, required: bool = False) -> Digests | None:
+def load(path, storage_options: StorageSettings | dict | None = None,
+         required: bool = False) -> Digests | None:
     """The sidecar of the dataset at ``path``, or None when it has none (ConfigError if
     ``required``). A sidecar that is not one of ours is a FormatError."""
     path = os.fspath(path)
@@ -219,7 +222,7 @@ def load(path, storage_options: dict | None = None, required: bool = False) -> D
                    table.get('format'), table['files'])
 
 
-def verify(path, recorded: Digests, layout_of, storage_options: dict | None = None
+def verify(path, recorded: Digests, layout_of, storage_options: StorageSettings | dict | None = None
            ) -> list[Problem]:
     """Every file of the dataset compared with its recorded digests; a problem per change.
 

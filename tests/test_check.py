@@ -3,6 +3,7 @@ and digests recorded beside a dataset that catch any changed byte."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 
@@ -201,3 +202,27 @@ def test_check_fails_a_parquet_image_stored_by_path_only(tmp_path, capsys):
     assert 'elsewhere/2.jpg' in report.problems[0].message
     assert cli.main(['check', str(path)]) == 1
     assert f'{path} [index 2]' in capsys.readouterr().out
+
+
+def test_a_format_whose_check_takes_the_path_alone_is_still_checked():
+    # A format of one's own written for local files: check(path), records(path). The
+    # built-in ones take the settings of a URL's open as well, and are given them.
+    bag = next(f for f in loadr.readers.formats() if f.name == 'bag')
+    settings = loadr.storage.settings_for('s3://b/x', {'anon': True})
+    seen = []
+    mine = dataclasses.replace(bag, name='mine', check=lambda path: seen.append(path) or [],
+                               records=lambda path: {path: None})
+    assert mine.checks('p', settings) == [] and seen == ['p']
+    assert mine.records_of('p', settings) == {'p': None}
+    assert dataclasses.replace(bag, records=None).records_of('p', settings) is None
+    given = []
+    theirs = dataclasses.replace(bag, check=lambda path, storage_options: given.append(
+        (path, storage_options)) or [])
+    assert theirs.checks('p', settings) == [] and given == [('p', settings)]
+    assert theirs.checks('q') == [] and given[-1] == ('q', None)
+
+
+def test_the_commands_storage_options_leave_a_local_dataset_alone(fixtures, capsys):
+    # --storage-option is for URLs: a local path given with it is checked as it is.
+    assert cli.main(['--storage-option', 'anon=true', 'check', str(fixtures / 'bag')]) == 0
+    assert 'OK: no problems' in capsys.readouterr().out

@@ -214,6 +214,17 @@ def test_no_module_of_loadr_imports_itself_through_others():
     assert cycles(imports()) == []
 
 
+def test_no_module_keeps_settings_in_a_context_variable():
+    """Settings travel as arguments (``loadr.open`` to the reader to its storage; a
+    command's ``--storage-option`` passed to each open it makes): none is read from a
+    ``contextvars.ContextVar``, which code that holds settings cannot see it depends on."""
+    found = sorted(name for name, _, tree in _parsed() for node in ast.walk(tree)
+                   if isinstance(node, ast.Import) and any(
+                       a.name == 'contextvars' for a in node.names)
+                   or isinstance(node, ast.ImportFrom) and node.module == 'contextvars')
+    assert found == []
+
+
 def upward(below: str, above: tuple[str, ...]) -> set[tuple[str, str]]:
     """The arrows from ``below`` (a module, or a package with its modules) into ``above``."""
     return {(name, target) for name, targets in imports().items()

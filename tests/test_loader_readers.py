@@ -20,20 +20,21 @@ def _video_label(dp, seed):
     return {'frames': dp['frames'], 'label': dp['meta']['label_idx']}
 
 
+# Each opens its dataset under root f, with loadr.open options o (a URL's storage_options).
 PIPELINES = {
-    'bag': lambda f: (loadr.open(f / 'bag', decode_images=False),
-                      [fns.decode_jpeg(key='image', size=(40, 40)),
-                       fns.random_crop(key='image', size=32), fns.flip(key='image'), _label]),
-    'bag_sharded': lambda f: (loadr.open(f / 'bag_sharded', decode_images=False),
-                              [fns.select(keys=['image', 'idx', 'label']),
-                               fns.decode_jpeg(key='image', size=(24, 24), mode='RGB')]),
-    'gulp': lambda f: (loadr.open(f / 'gulp', decode_images=False),
-                       [fns.sample_frames(key='frames', num=3, mode='random_clip'),
-                        fns.decode_jpeg(key='frames', size=(32, 32), mode='RGB'),
-                        fns.normalize(key='frames', layout='CHW'), _video_label]),
-    'ffrecord': lambda f: (loadr.open(f / 'ffrecord' / 'multi', decode='msgpack'),
-                           [fns.decode_jpeg(key='image', size=(20, 20)),
-                            fns.one_hot(key='label', num_classes=1000)]),
+    'bag': lambda f, **o: (loadr.open(f / 'bag', decode_images=False, **o),
+                           [fns.decode_jpeg(key='image', size=(40, 40)),
+                            fns.random_crop(key='image', size=32), fns.flip(key='image'), _label]),
+    'bag_sharded': lambda f, **o: (loadr.open(f / 'bag_sharded', decode_images=False, **o),
+                                   [fns.select(keys=['image', 'idx', 'label']),
+                                    fns.decode_jpeg(key='image', size=(24, 24), mode='RGB')]),
+    'gulp': lambda f, **o: (loadr.open(f / 'gulp', decode_images=False, **o),
+                            [fns.sample_frames(key='frames', num=3, mode='random_clip'),
+                             fns.decode_jpeg(key='frames', size=(32, 32), mode='RGB'),
+                             fns.normalize(key='frames', layout='CHW'), _video_label]),
+    'ffrecord': lambda f, **o: (loadr.open(f / 'ffrecord' / 'multi', decode='msgpack', **o),
+                                [fns.decode_jpeg(key='image', size=(20, 20)),
+                                 fns.one_hot(key='label', num_classes=1000)]),
 }
 
 

@@ -23,7 +23,6 @@ import traceback
 
 from ..workers.protocol import SKIP_SETTING
 from ..errors import ConfigError, LoadrError, WorkerError
-from ..storage import using_storage_options
 from .common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, print_err
 from .parser import build_parser, usage
 
@@ -94,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, 'func', None):
         return usage(parser)
     try:
-        with using_storage_options(_storage_options(args.storage_option) or None):
-            return args.func(args)
+        # Given to each command's opens explicitly (storage_options_of, load_config).
+        args.storage_options = _storage_options(args.storage_option) or None
+        return args.func(args)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         print_err('loadr: interrupted')

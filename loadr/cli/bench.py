@@ -11,9 +11,10 @@ from .common import EXIT_OK, batch_size, print_out
 PLOT_POINTS = 50
 
 
-def _load_pipeline(path: str, overrides: list, extra: dict | None = None):
+def _load_pipeline(path: str, overrides: list, extra: dict | None = None,
+                   storage_options: dict | None = None):
     from ..config import load_config, parse_override
-    config = load_config(path)
+    config = load_config(path, storage_options=storage_options)
     for text in overrides or ():
         config.override(*parse_override(text))
     for key, value in (extra or {}).items():
@@ -48,7 +49,8 @@ def cmd_bench(args) -> int:
     # The plot's snapshots: about PLOT_POINTS over the timed batches.
     every = max(1, args.steps // PLOT_POINTS)
     for k, workers in enumerate(counts):
-        _, loader = _load_pipeline(args.pipeline, args.override, {'loader.workers': workers})
+        _, loader = _load_pipeline(args.pipeline, args.override, {'loader.workers': workers},
+                                   args.storage_options)
         last = k == len(counts) - 1
         if last and args.trace:
             loader.trace(args.trace)            # written when the loader closes

@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Any
 
+from ..storage import is_url
+
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -19,6 +21,19 @@ def print_out(*parts: object, **kwargs: Any) -> None:
 def print_err(*parts: object) -> None:
     """Progress, a note or an error, to stderr."""
     print(*parts, file=sys.stderr, flush=True)
+
+
+def storage_options_of(args, path) -> dict | None:
+    """The command's ``--storage-option`` values (``args.storage_options``, a dict) where
+    ``path`` is a URL; None for a local path, which takes none.
+
+    >>> import argparse
+    >>> args = argparse.Namespace(storage_options={'anon': True})
+    >>> storage_options_of(args, 's3://b/x'), storage_options_of(args, 'data/train')
+    ({'anon': True}, None)
+    """
+    options = getattr(args, 'storage_options', None)
+    return options if options and is_url(path) else None
 
 
 def plural(n: int, word: str) -> str:

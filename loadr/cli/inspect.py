@@ -12,7 +12,8 @@ from ..errors import ConfigError
 from ..progress import Progress
 from ..readers.patterns import names_files
 from ..storage import is_url
-from .common import EXIT_FAILED, EXIT_OK, disk_size, plural, print_err, print_out, size_text
+from .common import (EXIT_FAILED, EXIT_OK, disk_size, plural, print_err, print_out, size_text,
+                     storage_options_of)
 
 
 FIRST_VALUES = 8          # values shown per array by inspect
@@ -104,7 +105,7 @@ def _inspect_mix(args) -> int:
     from ..mix import Mix
     # The slack covers the coarse clock (a tick) that stamps file times.
     since = time.time_ns() - 20_000_000
-    reader = load_config(args.path).build_reader()
+    reader = load_config(args.path, storage_options=args.storage_options).build_reader()
     if not isinstance(reader, Mix):
         raise ConfigError(f'{args.path}: inspect takes a pipeline file only for a mix '
                           f'(reader: {{mix: ...}}); give the dataset path itself')
@@ -163,18 +164,23 @@ def _indexes_written(mix, since: int) -> list[str]:
 def cmd_inspect(args) -> int:
     """Describe a dataset and one datapoint: ``loadr inspect data/train --json``."""
     from ..readers import detect
+    from ..storage import settings_for
     path = args.path
     if path.endswith(('.yaml', '.yml')) and os.path.isfile(path):
         return _inspect_mix(args)
-    fmt = detect(path)
+    # A URL's settings, made once: the detection and the reader share its storage.
+    settings = settings_for(path, storage_options_of(args, path))
+    fmt = detect(path, settings)
     # What to show besides the datapoint is the format's to say (its reader's details()).
     # A look writes nothing: a format that would keep an index beside its files (WebDataset)
     # builds it in memory here.
-    reader = fmt.reader.probe(path, allow_pickle=args.allow_pickle, write_index=False)
+    options = {} if settings is None else {'storage_options': settings}
+    reader = fmt.reader.probe(path, allow_pickle=args.allow_pickle, write_index=False,
+                              **options)
     with reader:
         n = len(reader)
         extra = reader.details()
-        if names_files(path):       # files named by a pattern: the reader's own
+        if names_files(path, settings):     # files named by a pattern: the reader's own
             sizes = reader._identity_files()
             size, files = sum(sizes.values()), len(sizes)
         elif is_url(path):
@@ -214,11 +220,12 @@ def cmd_check(args) -> int:
     reports = []
     for path in args.paths:
         t0 = time.perf_counter()
-        report = check(path)
+        options = storage_options_of(args, path)
+        report = check(path, options)
         reports.append(report)
         wrote = None
         if args.write_digests and report.ok:
-            wrote = write_digests(path)
+            wrote = write_digests(path, options)
         if args.json:
             continue
         if report.ok:
@@ -255,7 +262,8 @@ def cmd_index(args) -> int:
         bar.update(done - seen[0])
         seen[0] = done
     t0 = time.perf_counter()
-    built = build_index(args.path, write=True, progress=progress, rebuild=args.rebuild)
+    built = build_index(args.path, write=True, progress=progress, rebuild=args.rebuild,
+                        storage_options=storage_options_of(args, args.path))
     if bar is not None:
         bar.close()
     total = sum(index.tar_size for _, index in built)

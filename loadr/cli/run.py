@@ -82,7 +82,7 @@ def cmd_run(args) -> int:
         overrides, saved_cwd = saved, run['cwd']
     else:
         overrides, new, saved_cwd = [], list(args.override), cwd
-    config = load_config(pipeline_path)
+    config = load_config(pipeline_path, storage_options=args.storage_options)
     for text in overrides:
         config.override(*parse_override(text), cwd=saved_cwd)
     for text in new:

@@ -31,6 +31,8 @@ class Config:
     It is made of parts, each built from the one :class:`Document`: ``overrides``
     (values changed by dotted key), and the sections ``reader_section``,
     ``fns_section``, ``loader_section`` and ``remote_section`` (``loader.remote``).
+    ``storage_options`` are those of the whole command (the CLI's ``--storage-option``),
+    under each reader's own (a reader of a URL merges its own over them).
 
     Example::
 
@@ -39,11 +41,12 @@ class Config:
         loader = config.build()
     """
 
-    def __init__(self, data: Any, path: str | None = None, base_dir: str | None = None):
+    def __init__(self, data: Any, path: str | None = None, base_dir: str | None = None,
+                 storage_options: dict | None = None):
         self.document = Document(data, path, base_dir)
         self.overrides = Overrides(self.document)
         self.fns_section = FnsSection(self.document)
-        self.reader_section = ReaderSection(self.document, self.fns_section)
+        self.reader_section = ReaderSection(self.document, self.fns_section, storage_options)
         self.loader_section = LoaderSection(self.document)
         self.remote_section = RemoteSection(self.document)
 
@@ -132,18 +135,21 @@ class Config:
         return loader
 
 
-def load_config(source: dict | str | os.PathLike, base_dir: str | os.PathLike | None = None
-                ) -> Config:
+def load_config(source: dict | str | os.PathLike, base_dir: str | os.PathLike | None = None,
+                storage_options: dict | None = None) -> Config:
     """Read a pipeline from a YAML file path or a dict, without building it.
 
     Relative paths in a file are relative to the file; in a dict, to
-    ``base_dir`` (default: the current directory).
+    ``base_dir`` (default: the current directory). ``storage_options`` are
+    those of the whole command (``loadr --storage-option``): each reader of a
+    URL merges its own ``storage_options`` over them, key by key.
 
     >>> load_config({'reader': {'path': 'data'}, 'loader': {'batch': 4}}).data['loader']
     {'batch': 4}
     """
     if isinstance(source, dict):
-        return Config(source, None, os.fspath(base_dir) if base_dir is not None else None)
+        return Config(source, None, os.fspath(base_dir) if base_dir is not None else None,
+                      storage_options)
     if not isinstance(source, (str, os.PathLike)):
         raise ConfigError(f'a pipeline is a YAML file path or a dict, got {type(source).__name__}')
     path = os.fspath(source)
@@ -155,7 +161,8 @@ def load_config(source: dict | str | os.PathLike, base_dir: str | os.PathLike | 
     except UnicodeDecodeError as exc:
         raise ConfigError(f'the pipeline file is not UTF-8 text: {exc}', path) from exc
     data = parse_yaml(text, path)
-    return Config(data, path, os.fspath(base_dir) if base_dir is not None else None)
+    return Config(data, path, os.fspath(base_dir) if base_dir is not None else None,
+                  storage_options)
 
 
 def pipeline(source: dict | str | os.PathLike, **overrides: Any) -> Loader:

@@ -10,8 +10,8 @@ from .. import fns as fns_module
 from ..errors import ConfigError, DataError, LoadrError
 from ..readers import detect, formats
 from ..readers.patterns import names_files, names_nothing
-from ..storage import (CACHE_KEYS, StorageSettings, is_url, settings_for, storage_for,
-                       with_cache_settings)
+from ..storage import (CACHE_KEYS, StorageSettings, is_url, merged_options, settings_for,
+                       storage_for, with_cache_settings)
 from ._document import Document
 from ._fns_section import FnsSection
 from ._schema import did_you_mean, kind_of
@@ -23,11 +23,17 @@ if TYPE_CHECKING:
 
 class ReaderSection:
     """The ``reader`` section of a :class:`Document`: the reader it describes
-    (:meth:`build`); a mix's sources' ``fns`` are made by the document's ``fns`` section."""
+    (:meth:`build`); a mix's sources' ``fns`` are made by the document's ``fns`` section.
 
-    def __init__(self, document: Document, fns: FnsSection):
+    ``storage_options`` are those of the whole command (the CLI's ``--storage-option``):
+    each reader of a URL takes its own ``storage_options`` merged over them, key by key
+    (:func:`loadr.storage.merged_options`); a local path takes none."""
+
+    def __init__(self, document: Document, fns: FnsSection,
+                 storage_options: dict | None = None):
         self.doc = document
         self.fns = fns
+        self.storage_options = storage_options
 
     def build(self) -> Any:
         """The reader the ``reader`` section describes (format detected when not given).
@@ -110,8 +116,8 @@ class ReaderSection:
             section['storage_options'] = storage_options
         if is_url(path):
             # A URL's settings, made once: the detection and the reader share its storage.
-            section = {**section, 'storage_options': settings_for(
-                path, plain(section.get('storage_options')))}
+            own = merged_options(self.storage_options, plain(section.get('storage_options')))
+            section = {**section, 'storage_options': settings_for(path, own)}
         return self._build_at(section, where, path)
 
     def _build_at(self, section: dict, where: tuple, path: str) -> Any:

@@ -24,7 +24,7 @@ import os
 from .. import readers
 from ..errors import ConfigError
 from ..readers.records import Plan, Source, infer_types, join_types, value_type
-from ..storage import storage_for
+from ..storage import StorageSettings, is_url, settings_for, storage_for
 
 __all__ = ['TARGETS', 'Plan', 'Source', 'plan_conversion', 'convert', 'open_source',
            'infer_type', 'infer_types', 'join_types', 'value_type']
@@ -35,8 +35,10 @@ READ_BATCH = 64           # datapoints read at once (FFRecord coalesces the read
 infer_type = value_type
 
 
-def open_source(path: str | os.PathLike, decode: str = 'auto', **options) -> Source:
-    """Open ``path`` (any format) for copying; ``decode`` and ``options`` go to its format.
+def open_source(path: str | os.PathLike, decode: str = 'auto',
+                storage_options: StorageSettings | dict | None = None, **options) -> Source:
+    """Open ``path`` (any format) for copying; ``decode`` and ``options`` go to its format,
+    ``storage_options`` (a URL's) to the detection and the reader.
 
     ``decode='auto'`` lets a format whose samples are opaque bytes find out
     what they hold (a msgpack map, a JSON object, or bytes); ``allow_pickle``
@@ -47,7 +49,10 @@ def open_source(path: str | os.PathLike, decode: str = 'auto', **options) -> Sou
     {'id': 'utf8', 'frames': 'jpg[]', 'meta': 'msgpack'}
     """
     path = os.fspath(path)
-    return readers.detect(path).reader.source(path, decode=decode, **options)
+    settings = settings_for(path, storage_options)
+    if settings is not None:
+        options['storage_options'] = settings
+    return readers.detect(path, settings).reader.source(path, decode=decode, **options)
 
 
 def __getattr__(name: str):
@@ -70,12 +75,13 @@ def plan_conversion(source: Source | str, dst: str | os.PathLike, target: str,
     """Decide the mapping, or raise ConfigError saying why the data does not fit.
 
     ``options`` are the target's (``frames=`` for gulp, …); others are ignored.
+    ``storage_options`` among them are those of ``dst``, a URL.
     """
     if not isinstance(source, Source):
         source = open_source(source)
     dst = os.fspath(dst)
     fmt = _format(target)
-    if storage_for(dst).exists(dst):
+    if storage_for(dst, options.get('storage_options')).exists(dst):
         raise ConfigError('the output already exists; remove it or pick another path', dst)
     types = source.types
     if keys:
@@ -105,21 +111,32 @@ def _datapoints(source: Source, keys: list):
 
 
 def convert(src, dst: str | os.PathLike, target: str, keys: list | None = None,
-            decode: str = 'auto', progress=None, **options) -> Plan:
+            decode: str = 'auto', progress=None,
+            storage_options: StorageSettings | dict | None = None,
+            **options) -> Plan:
     """Copy every datapoint of ``src`` into a new ``target`` dataset at ``dst``.
 
     ``options`` go to the target (``shardlen=``, ``videos_per_chunk=``,
     ``frames=``, …) and, when ``src`` is a path, to the source. ``progress``,
-    if given, gets ``update(1)`` per datapoint. Returns the :class:`Plan`
+    if given, gets ``update(1)`` per datapoint. ``storage_options`` go to
+    whichever of ``src`` (a path) and ``dst`` is a URL (``loadr --storage-option
+    ... convert``): each gets settings of its own. Returns the :class:`Plan`
     that was followed.
 
     Example::
 
         convert('../shared/fixtures/ffrecord/single.ffr', 'out_bag', 'bag')
     """
-    source = src if isinstance(src, Source) else open_source(src, decode, **options)
-    plan = plan_conversion(source, dst, target, keys, **options)
+    if isinstance(src, Source):
+        source = src
+    else:
+        source = open_source(src, decode, storage_options if is_url(os.fspath(src)) else None,
+                             **options)
     dst = os.fspath(dst)
+    settings = settings_for(dst, storage_options if is_url(dst) else None)
+    if settings is not None:
+        options = {**options, 'storage_options': settings}
+    plan = plan_conversion(source, dst, target, keys, **options)
     tick = progress.update if progress is not None else (lambda n=1: None)
     with plan.open(dst, **options) as w:
         for index, dp in _datapoints(source, plan.keys):

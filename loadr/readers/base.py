@@ -54,7 +54,7 @@ from ..storage import StagedDir, Storage, WriteFile, read_error, storage_for
 from ..storage.staging import RemoteStagedFile
 
 __all__ = ['Reader', 'Writer', 'Files', 'Format', 'Problem', 'check_index', 'read_error',
-           'open_each', 'remote', 'select_keys']
+           'open_each', 'remote', 'select_keys', 'with_settings']
 
 # Above this many files, identity() lists them by a hash of their names and sizes.
 IDENTITY_MAX_FILES = 16
@@ -80,14 +80,11 @@ def open_each(storage, fn: Callable, items: Sequence) -> list:
     if not remote(storage) or len(items) < 2:
         return [fn(item) for item in items]
     import concurrent.futures
-    import contextvars
     threads = int(getattr(storage, 'concurrency', 1))
     pool = concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(items))),
                                                  thread_name_prefix='loadr-open')
     try:
-        # Each in a copy of the caller's context: the storage options in force
-        # (loadr.storage.using_storage_options) hold in the threads too.
-        futures = [pool.submit(contextvars.copy_context().run, fn, item) for item in items]
+        futures = [pool.submit(fn, item) for item in items]
         out = [f.result() for f in futures]
     except BaseException:
         # Not waiting for the opens under way (each may wait up to timeout_s): a failure
@@ -462,14 +459,18 @@ class Writer:
 class Format:
     """One row of the detection table in ``loadr.readers``.
 
-    ``detect(path) -> bool`` must be cheap and must not raise (a format that
-    reads URLs takes ``detect(path, storage_options)`` too: the settings of the
-    open, see :meth:`detects`); ``check(path)``
+    ``detect(path) -> bool`` must be cheap and must not raise; ``check(path)``
     returns every :class:`Problem` it finds. ``checksums`` says what the
     format itself guards its bytes with (None: nothing, so ``loadr check``
     promises none); ``records(path)`` says where the records of each file lie,
     ``{file: FileRecords or None}``, for the digests of :mod:`loadr.digests`
     (without it, files get whole-file digests only).
+
+    A format that reads URLs takes the settings of the open as a second
+    argument of each (``detect(path, storage_options)``, ``check(...)``,
+    ``records(...)``); one of one's own may take the path alone: call them
+    through :meth:`detects`, :meth:`checks` and :meth:`records_of`, which pass
+    the settings only to a function that takes them.
     """
 
     name: str
@@ -478,17 +479,36 @@ class Format:
     detect: Callable[..., bool]
     reader: type[Reader]
     writer: type[Writer]
-    check: Callable[[str], Sequence[Problem]]
+    check: Callable[..., Sequence[Problem]]
     checksums: str | None = None
-    records: Callable[[str], dict] | None = None
+    records: Callable[..., dict] | None = None
 
     def detects(self, path: Any, storage_options: Any = None) -> bool:
         """``detect(path)``, given the storage settings of the open where the format's
         ``detect`` takes them (a format of one's own may take the path alone)."""
-        if storage_options is None:
-            return self.detect(path)
-        try:
-            takes = len(inspect.signature(self.detect).parameters) > 1
-        except (TypeError, ValueError):
-            takes = False
-        return self.detect(path, storage_options) if takes else self.detect(path)
+        return with_settings(self.detect, path, storage_options)
+
+    def checks(self, path: Any, storage_options: Any = None) -> Sequence[Problem]:
+        """``check(path)``, given the storage settings of the open as :meth:`detects` is."""
+        return with_settings(self.check, path, storage_options)
+
+    def records_of(self, path: Any, storage_options: Any = None) -> dict | None:
+        """``records(path)`` (None for a format without it), given the storage settings of
+        the open as :meth:`detects` is."""
+        if self.records is None:
+            return None
+        return with_settings(self.records, path, storage_options)
+
+
+def with_settings(fn: Callable, path: Any, storage_options: Any) -> Any:
+    """``fn(path, storage_options)``, or ``fn(path)`` where ``fn`` takes the path alone (a
+    format of one's own written for local files).
+
+    >>> with_settings(len, 'abc', {'anon': True})
+    3
+    """
+    try:
+        takes = len(inspect.signature(fn).parameters) > 1
+    except (TypeError, ValueError):
+        takes = False
+    return fn(path, storage_options) if takes else fn(path)

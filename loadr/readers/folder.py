@@ -265,12 +265,13 @@ def detect(path, storage_options=None) -> bool:
     return False
 
 
-def check(path) -> list[Problem]:
-    """Every image file read and decoded whole; each problem names the file and its index."""
+def check(path, storage_options=None) -> list[Problem]:
+    """Every image file read and decoded whole; each problem names the file and its index.
+    ``storage_options``: the settings of a URL's open."""
     from ..codecs import decode_image, image_kind
     path = os.fspath(path)
     try:
-        reader = ImageFolderReader(path, allow_empty=True)
+        reader = ImageFolderReader(path, allow_empty=True, storage_options=storage_options)
     except LoadrError as exc:
         return [Problem(exc.path or path, exc.index, exc.message)]
     problems = []

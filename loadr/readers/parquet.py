@@ -626,14 +626,14 @@ def detect(path, storage_options=None) -> bool:
     return False
 
 
-def check(path) -> list[Problem]:
+def check(path, storage_options=None) -> list[Problem]:
     """Every row group of every file read whole, and every row checked for what a read of it
     gives: an image stored by path only and a null are problems, as the read raises for them;
     every image is decoded (one of an ``Image`` column that is no JPEG or PNG is a problem:
-    the image fns do not decode it)."""
+    the image fns do not decode it). ``storage_options``: the settings of a URL's open."""
     from ..codecs import decode_image, image_kind
     try:
-        reader = ParquetReader(path)
+        reader = ParquetReader(path, storage_options=storage_options)
     except LoadrError as exc:
         return [Problem(exc.path or str(path), exc.index, exc.message)]
     problems = []

@@ -39,8 +39,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
 
 from ..errors import ConfigError
@@ -52,7 +50,7 @@ from .staging import StagedDir, StagedFile, WriteFile
 
 __all__ = ['Storage', 'LocalStorage', 'StagedFile', 'StagedDir', 'WriteFile', 'storage_for',
            'remote_storage', 'mapped', 'read_error', 'transient', 'is_url', 'CACHE_KEYS',
-           'with_cache_settings', 'using_storage_options', 'merged_options', 'TRANSIENT_ERRNOS',
+           'with_cache_settings', 'merged_options', 'TRANSIENT_ERRNOS',
            'RECHECK_INTERVAL_S', 'storage_class', 'StorageSettings', 'settings_for']
 
 
@@ -104,42 +102,16 @@ def merged_options(outer: dict | None, own: dict | None) -> dict | None:
     return out
 
 
-# The storage_options of a whole command (the CLI's --storage-option), under those of each
-# open: set by ``with using_storage_options(...)``, read only where settings are made.
-_COMMAND_OPTIONS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
-    'loadr_command_storage_options', default=None)
-
-
-@contextlib.contextmanager
-def using_storage_options(storage_options: dict | None):
-    """Within the block, every open of a URL gets these storage options under its own.
-
-    For a whole command (the CLI's ``--storage-option``, ``loadr.check``):
-    the settings an open makes (:func:`settings_for`) merge its own
-    ``storage_options`` over these, key by key (:func:`merged_options`).
-    ``None`` keeps those of an enclosing block.
-
-    >>> with using_storage_options({'anon': True}):
-    ...     with using_storage_options(None):
-    ...         settings_for('s3://b/x', {'loadr': {'retries': 1}}).as_options()
-    {'anon': True, 'loadr': {'retries': 1}}
-    """
-    token = _COMMAND_OPTIONS.set(merged_options(_COMMAND_OPTIONS.get(), storage_options))
-    try:
-        yield
-    finally:
-        _COMMAND_OPTIONS.reset(token)
-
-
 def settings_for(path, storage_options: StorageSettings | dict | None = None
                  ) -> StorageSettings | None:
     """The :class:`StorageSettings` of one open of ``path``: those given, or made once from
-    a ``storage_options`` dict (over the command's, :func:`using_storage_options`); None
-    for a local path, which takes none.
+    a ``storage_options`` dict; None for a local path, which takes none.
 
-    An opener (``loadr.open``, a YAML reader, ``loadr.check``) calls it once and passes
-    the settings to everything it opens: the storages they make are then shared (see
-    :func:`remote_storage`).
+    An opener (``loadr.open``, a YAML reader, ``loadr.check``, a command) calls it once
+    and passes the settings to everything it opens: the storages they make are then
+    shared (see :func:`remote_storage`). Options of a whole command (the CLI's
+    ``--storage-option``) are merged under a reader's own by the caller
+    (:func:`merged_options`) and passed in like any others.
 
     >>> settings_for('s3://b/x', {'loadr': {'retries': 1}}).retries
     1
@@ -150,8 +122,7 @@ def settings_for(path, storage_options: StorageSettings | dict | None = None
         return storage_options
     first = path[0] if isinstance(path, (list, tuple)) and path else path
     if isinstance(first, (str, os.PathLike)) and is_url(first):
-        return StorageSettings.of(merged_options(_COMMAND_OPTIONS.get(), storage_options),
-                                  os.fspath(first))
+        return StorageSettings.of(storage_options, os.fspath(first))
     if storage_options:
         raise ConfigError(f'storage_options ({", ".join(map(str, storage_options))}) apply to '
                           f'URLs only; this is a local path', os.fspath(first))
@@ -187,8 +158,7 @@ def remote_storage(url: str, storage_options: StorageSettings | dict | None = No
     (``loadr.open``, a YAML reader, a command make them once and pass them
     down), so that detection and the reader ask once, and never across
     settings, so that a dataset replaced at its URL is seen anew by the next
-    open. A ``storage_options`` dict makes settings of its own (over the
-    command's, :func:`using_storage_options`): a new storage.
+    open. A ``storage_options`` dict makes settings of its own: a new storage.
     HTTP(S) and S3 get their subclasses of
     :class:`~loadr.storage.remote.RemoteStorage`.
     """

@@ -17,7 +17,6 @@ import pytest
 import loadr
 from loadr.storage.cachedir import DEFAULT_CAP
 from loadr.errors import ConfigError, ReadError
-from loadr.storage import using_storage_options
 
 from ..loader_helpers import stream_digests
 from ..storage.test_cache import mounts  # noqa: F401 - a fixture: tmpfs mounts, unmounted at the end
@@ -95,8 +94,7 @@ def test_a_cached_epoch_gives_the_same_batches_and_fetches_less(nginx, served_ro
     settings = {'cache_dir': str(tmp_path / 'cache'), 'cache_bytes': cache_bytes,
                 'cache_policy': policy}
     with Proxy(nginx.url) as proxy:
-        with using_storage_options({'loadr': settings}):
-            reader, pipeline = _remote_pipeline('bag', proxy.url)
+        reader, pipeline = _remote_pipeline('bag', proxy.url, {'loadr': settings})
         fetched = []
         for epoch in range(3):
             before = proxy.stats['body_bytes']
@@ -117,8 +115,7 @@ def test_workers_share_the_cache_and_give_the_same_batches(nginx, served_root, t
     expected = [_epoch(local, pipeline, e, workers=0) for e in range(3)]
     cache_bytes = (served_root / 'bag/image.bag').stat().st_size // 3
     settings = {'cache_dir': str(tmp_path / 'cache'), 'cache_bytes': cache_bytes}
-    with using_storage_options({'loadr': settings}):
-        reader, pipeline = _remote_pipeline('bag', nginx.url)
+    reader, pipeline = _remote_pipeline('bag', nginx.url, {'loadr': settings})
     for epoch in range(3):
         assert _epoch(reader, pipeline, epoch, workers=2) == expected[epoch]
         assert 0 < _entries_bytes(tmp_path / 'cache') <= cache_bytes
@@ -259,8 +256,7 @@ def test_damaged_entries_are_fetched_again_and_replaced(nginx, served_root, tmp_
     local, pipeline = PIPELINES[name](served_root)
     expected = [_epoch(local, pipeline, e, workers=0) for e in range(2)]
     settings = {'cache_dir': str(tmp_path / 'cache'), 'cache_bytes': 10**7}   # holds it all
-    with using_storage_options({'loadr': settings}):
-        reader, pipeline = _remote_pipeline(name, nginx.url)
+    reader, pipeline = _remote_pipeline(name, nginx.url, {'loadr': settings})
     assert _epoch(reader, pipeline, 0, workers=0) == expected[0]
     whole = _entries(tmp_path / 'cache')
     assert len(whole) >= 4                           # ranges read: a record or a few
@@ -273,8 +269,7 @@ def test_damaged_entries_are_fetched_again_and_replaced(nginx, served_root, tmp_
     os.truncate(paths[3], len(whole[paths[3]]) - 1)  # shorter
     # A new run on that cache (the same epoch: the same ranges are read): the batches
     # of the server, each damaged entry it meets replaced.
-    with using_storage_options({'loadr': settings}):
-        reader, pipeline = _remote_pipeline(name, nginx.url)
+    reader, pipeline = _remote_pipeline(name, nginx.url, {'loadr': settings})
     assert _epoch(reader, pipeline, 0, workers=0) == expected[0]
     met = reader._files.cache_stats()['damaged']
     # Most reads look in the cache; some take their bytes from what was read for a
@@ -285,8 +280,7 @@ def test_damaged_entries_are_fetched_again_and_replaced(nginx, served_root, tmp_
     # And under workers, in other epochs.
     for path in paths[::3]:
         _flip(path)
-    with using_storage_options({'loadr': settings}):
-        reader, pipeline = _remote_pipeline(name, nginx.url)
+    reader, pipeline = _remote_pipeline(name, nginx.url, {'loadr': settings})
     assert _epoch(reader, pipeline, 1, workers=2) == expected[1]
     assert _epoch(reader, pipeline, 0, workers=2) == expected[0]
 
@@ -310,8 +304,7 @@ def test_a_read_only_cache_dir_gives_the_same_batches_and_one_warning(
     expected = [_epoch(local, pipeline, e, workers=0) for e in range(2)]
     cache_dir = mounts.tmpfs(tmp_path / 'cache', size='1m')
     settings = {'cache_dir': str(cache_dir), 'cache_bytes': 40_000}         # about half
-    with using_storage_options({'loadr': settings}):
-        reader, pipeline = _remote_pipeline('ffrecord', nginx.url)
+    reader, pipeline = _remote_pipeline('ffrecord', nginx.url, {'loadr': settings})
     assert _epoch(reader, pipeline, 0, workers=0) == expected[0]
     entries = _entries(cache_dir)
     assert entries
@@ -322,8 +315,7 @@ def test_a_read_only_cache_dir_gives_the_same_batches_and_one_warning(
     log = tmp_path / 'log'
     with _logged(log):
         for workers in (2, 0):
-            with using_storage_options({'loadr': settings}):
-                reader, pipeline = _remote_pipeline('ffrecord', nginx.url)
+            reader, pipeline = _remote_pipeline('ffrecord', nginx.url, {'loadr': settings})
             assert _epoch(reader, pipeline, 1, workers=workers) == expected[1]
             lines = _warnings(log, capfd, dataset)
             # Both workers meet it, one says it; then this process, unless a worker
@@ -344,8 +336,7 @@ def test_a_full_cache_disk_gives_the_same_batches_and_one_warning(
     log = tmp_path / 'log'
     with _logged(log):
         for workers in (2, 0):
-            with using_storage_options({'loadr': settings}):
-                reader, pipeline = _remote_pipeline('bag', nginx.url)
+            reader, pipeline = _remote_pipeline('bag', nginx.url, {'loadr': settings})
             assert _epoch(reader, pipeline, 0, workers=workers) == expected[0]
             lines = _warnings(log, capfd, cache_dir)
             assert len(lines) == (1 if workers else len(lines[:1])), lines   # as above

@@ -7,11 +7,12 @@ import json
 import pytest
 
 import loadr
-import loadr.storage
+import loadr.config
 from loadr.cli import main
 
 from ..loader_helpers import stream_digests
 from ..readers.common import assert_equal
+from .servers import upload
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,6 +60,19 @@ def test_cli_inspect_check_and_convert_with_storage_options(moto, served_root, t
     there.prefetch(range(len(there)))
     for i in range(len(here)):
         assert_equal(there[i], here[i], f'bag[{i}]')
+
+
+def test_cli_check_writes_and_checks_the_digests_of_a_dataset_in_a_bucket(moto, served_root,
+                                                                         capsys):
+    # The command's options reach the check, the layout of the files and the sidecar's write.
+    from loadr.check import DIGESTS
+    upload(moto.url, 'fixtures', served_root / 'gulp', prefix='digested/gulp')
+    url = 's3://fixtures/digested/gulp'
+    opt = ['--storage-option', f'endpoint_url={moto.url}']
+    assert main(['check', '--write-digests', url, *opt]) == 0
+    assert f'wrote digests of every file and record to {url}' in capsys.readouterr().out
+    report = loadr.check(url, storage_options={'endpoint_url': moto.url})
+    assert report.ok and DIGESTS in report.checksums, report
 
 
 def test_cli_errors_are_one_line(moto, capsys):
@@ -115,20 +129,22 @@ def test_storage_option_is_merged_with_the_cache_settings_of_a_yaml_reader(moto,
               'storage_options': {'loadr': {'timeout_s': 30}}}})
     opt = ['--storage-option', f'endpoint_url={moto.url}', '--storage-option', 'loadr.retries=0']
     assert main(['inspect', config, *opt]) == 0, capsys.readouterr().err
-    # Inside the same options, the reader of source a keeps the endpoint and the cache.
-    with loadr.storage.using_storage_options({'endpoint_url': moto.url}):
-        with loadr.pipeline({'reader': {'path': 's3://fixtures/bag', 'cache_dir':
-                                        str(tmp_path / 'c'), 'cache_bytes': 10_000},
-                             'loader': {'batch': 2, 'workers': 0}}) as loader:
-            storage = loader.reader._files
+    # Under the same command options, the reader of source a keeps the endpoint and the cache.
+    config = loadr.config.load_config({'reader': {'path': 's3://fixtures/bag', 'cache_dir':
+                                                  str(tmp_path / 'c'), 'cache_bytes': 10_000},
+                                       'loader': {'batch': 2, 'workers': 0}},
+                                      storage_options={'endpoint_url': moto.url})
+    with config.build() as loader:
+        storage = loader.reader._files
     assert storage.options['endpoint_url'] == moto.url
     assert storage.settings.cache_bytes == 10_000
-    # A reader's own storage_options are merged with them too, its own winning.
-    with loadr.storage.using_storage_options({'endpoint_url': moto.url,
-                                              'loadr': {'retries': 1, 'timeout_s': 9}}):
-        reader = loadr.open('s3://fixtures/gulp', storage_options={'loadr': {'timeout_s': 30}})
-    assert reader._files.options['endpoint_url'] == moto.url
-    assert (reader._files.settings.retries, reader._files.settings.timeout_s) == (1, 30)
+    # A reader's own storage_options are merged over them too, key by key, its own winning.
+    config = loadr.config.load_config(
+        {'reader': {'path': 's3://fixtures/gulp', 'storage_options': {'loadr': {'timeout_s': 30}}}},
+        storage_options={'endpoint_url': moto.url, 'loadr': {'retries': 1, 'timeout_s': 9}})
+    storage = config.build_reader()._files
+    assert storage.options['endpoint_url'] == moto.url
+    assert (storage.settings.retries, storage.settings.timeout_s) == (1, 30)
 
 
 def test_an_unreachable_server_is_not_reported_as_missing(moto, capsys):
@@ -145,8 +161,7 @@ def test_an_unreachable_server_is_not_reported_as_missing(moto, capsys):
         if url.startswith('s3'):
             continue                    # botocore takes ~2 s to give up: once is enough
         with pytest.raises(loadr.errors.ReadError, match='cannot be reached.*Connect'):
-            with loadr.storage.using_storage_options(options):
-                loadr.open(url)
+            loadr.open(url, storage_options=options)
         report = loadr.check(url, storage_options=options)
         assert not report.ok and 'cannot be reached' in report.problems[0].message
     assert main(['inspect', f'{dead}/bag', '--storage-option', 'loadr.retries=0']) == 1

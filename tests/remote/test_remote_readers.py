@@ -16,7 +16,7 @@ import loadr.convert
 from loadr.errors import FormatError
 from loadr.readers import BagReader, FFRecordReader, GulpReader
 from loadr.stats import format_table
-from loadr.storage import netstats, using_storage_options
+from loadr.storage import netstats
 
 from ..loader_helpers import batch_digest, stream_digests
 from ..readers.common import assert_equal, check_reader_contract
@@ -29,6 +29,8 @@ pytestmark = pytest.mark.timeout(120)
 
 DATASETS = ['gulp', 'ffrecord/single.ffr', 'ffrecord/multi', 'bag', 'bag_sharded', 'bag_types']
 FAST = {'backoff_s': 0.005, 'backoff_max_s': 0.05}
+# Small files read as ranges, not whole once: the fixtures' files are all small.
+RANGES = {'loadr': {'small_file_bytes': 0}}
 
 
 @pytest.fixture(params=['http', 's3'])
@@ -108,11 +110,11 @@ def test_index_tables_are_read_once_per_process(nginx, served_root):
                     assert start < _table_offset(local), f'{rel}: {target} table read again'
 
 
-def _remote_pipeline(name, url):
+def _remote_pipeline(name, url, storage_options=None):
     class Root(str):
         def __truediv__(self, other):
             return Root(f'{self}/{other}')
-    return PIPELINES[name](Root(url))
+    return PIPELINES[name](Root(url), storage_options=storage_options)
 
 
 @pytest.mark.parametrize('name', sorted(PIPELINES))
@@ -122,8 +124,7 @@ def test_loader_through_faults_gives_the_local_batches(nginx, served_root, name)
     with loadr.Loader(reader, batch=5, fns=pipeline, seed=3, workers=0) as loader:
         expected = stream_digests(loader, 10)
     with Proxy(nginx.url, delay_s=0.005, error=0.1, short=0.1, reset=0.1, seed=11) as proxy:
-        with using_storage_options({'loadr': FAST}):
-            reader, pipeline = _remote_pipeline(name, proxy.url)
+        reader, pipeline = _remote_pipeline(name, proxy.url, {'loadr': FAST})
         with loadr.Loader(reader, batch=5, fns=pipeline, seed=3, workers=2) as loader:
             assert stream_digests(loader, 10) == expected
         faults = proxy.stats['error'] + proxy.stats['short'] + proxy.stats['reset']
@@ -186,8 +187,8 @@ def test_writers_to_s3_write_the_local_bytes(moto, served_root, tmp_path, source
     prefix = f'written/{target}{suffix}'
     local = tmp_path / f'local{suffix}'
     loadr.convert.convert(str(served_root / source), str(local), target, **kw)
-    with using_storage_options(options):
-        loadr.convert.convert(str(served_root / source), f's3://fixtures/{prefix}', target, **kw)
+    loadr.convert.convert(str(served_root / source), f's3://fixtures/{prefix}', target,
+                          storage_options=options, **kw)
     got = tmp_path / 'got'
     if target == 'ffrecord':
         got.mkdir()
@@ -270,9 +271,8 @@ def test_reads_of_a_batch_and_the_next_are_in_flight_together(nginx, served_root
         expected = stream_digests(loader, 8)
     with Proxy(nginx.url, delay_s=0.05) as proxy:
         # The fixture's files are small (read whole once otherwise): read as ranges here.
-        with using_storage_options({'loadr': {'max_ranges': max_ranges,
-                                              'small_file_bytes': 0}}):
-            reader, pipeline = _remote_pipeline('ffrecord', proxy.url)
+        reader, pipeline = _remote_pipeline('ffrecord', proxy.url, {
+            'loadr': {'max_ranges': max_ranges, 'small_file_bytes': 0}})
         with loadr.Loader(reader, batch=4, fns=pipeline, seed=2, workers=1) as loader:
             assert stream_digests(loader, 8) == expected
         multi = [r for _, _, r in proxy.log if ',' in r]
@@ -311,8 +311,9 @@ def test_a_directory_upload_that_fails_leaves_nothing(moto, served_root, source,
     url = f's3://fixtures/cut/{target}'
     with Proxy(moto.url, refuse=marker) as proxy:
         options = {'endpoint_url': proxy.url, 'loadr': {**FAST, 'retries': 1}}
-        with using_storage_options(options), pytest.raises(loadr.errors.WriterError):
-            loadr.convert.convert(str(served_root / source), url, target, shardlen=5)
+        with pytest.raises(loadr.errors.WriterError):
+            loadr.convert.convert(str(served_root / source), url, target, shardlen=5,
+                                  storage_options=options)
         puts = [t for m, t, _ in proxy.log if m == 'PUT']
         deletes = [t for m, t, _ in proxy.log if m == 'DELETE']
     first_marker = min(k for k, t in enumerate(puts) if t.endswith(marker))
@@ -568,8 +569,7 @@ def test_a_server_slow_for_some_ranges_gives_the_local_stream(nginx, served_root
         expected = stream_digests(loader, 8)
     settings = {} if small is None else {'small_file_bytes': small}
     with Proxy(nginx.url, delay_s=0.005, slow=0.3, slow_s=0.06, seed=3) as proxy:
-        with using_storage_options({'loadr': settings}):
-            reader, pipeline = _remote_pipeline('bag_sharded', proxy.url)
+        reader, pipeline = _remote_pipeline('bag_sharded', proxy.url, {'loadr': settings})
         with loadr.Loader(reader, batch=4, fns=pipeline, seed=5, workers=workers) as loader:
             assert stream_digests(loader, 8) == expected
             remote = loader.stats().as_dict()['remote']
@@ -599,8 +599,7 @@ def test_read_ahead_grows_with_the_round_trip_and_keeps_the_local_stream(nginx, 
     with loadr.Loader(reader, batch=4, fns=pipeline, seed=5, workers=0) as loader:
         expected = stream_digests(loader, 10)
     with Proxy(nginx.url, delay_s=0.04, slow=0.3, slow_s=0.06, seed=3) as proxy:
-        with using_storage_options({'loadr': {'small_file_bytes': 0}}):
-            reader, pipeline = _remote_pipeline('bag_sharded', proxy.url)
+        reader, pipeline = _remote_pipeline('bag_sharded', proxy.url, RANGES)
         with loadr.Loader(reader, batch=4, fns=pipeline, seed=5, workers=workers) as loader:
             it, got, held = iter(loader), [], []
             for _ in range(10):
@@ -688,8 +687,7 @@ def test_a_resumed_loader_reads_the_batches_it_resumes_at_before_the_fork(nginx,
         state = loader.save()
         expected = [batch_digest(next(it)) for _ in range(3)]
     with Proxy(nginx.url) as proxy:
-        with using_storage_options({'loadr': {'small_file_bytes': 0}}):
-            reader, pipeline = _remote_pipeline('bag_sharded', proxy.url)
+        reader, pipeline = _remote_pipeline('bag_sharded', proxy.url, RANGES)
         with loadr.Loader(reader, batch=4, fns=pipeline, seed=6, workers=1,
                           start_method='fork', prefetch=1) as loader:
             loader.load(state)
@@ -710,8 +708,7 @@ def test_a_bag_counts_its_wait_on_the_read_ahead_job_not_the_jobs_own(nginx, ser
     """The network waits are the reader's: its wait for the read-ahead job (the refs'
     round trip) counts; the job's thread waiting while the reader works does not."""
     with Proxy(nginx.url, delay_s=0.04) as proxy:
-        with using_storage_options({'loadr': {'small_file_bytes': 0}}):
-            reader = BagReader(f'{proxy.url}/bag')
+        reader = BagReader(f'{proxy.url}/bag', storage_options=RANGES)
         # Values whole in memory: the only round trip left per datapoint is its refs'.
         reader = BagReader(reader.path, cache_keys=sorted(reader.spec),
                            storage_options={'loadr': {'small_file_bytes': 0}})
@@ -733,8 +730,7 @@ def test_a_bag_counts_its_wait_on_the_read_ahead_job_not_the_jobs_own(nginx, ser
 def test_a_loader_of_a_bag_over_a_slow_server_reports_its_network_wait(nginx, served_root):
     """loader.stats() of a bag read ahead behind a slow server shows the reads' waits."""
     with Proxy(nginx.url, delay_s=0.03) as proxy:
-        with using_storage_options({'loadr': {'small_file_bytes': 0}}):
-            reader, pipeline = _remote_pipeline('bag_sharded', proxy.url)
+        reader, pipeline = _remote_pipeline('bag_sharded', proxy.url, RANGES)
         with loadr.Loader(reader, batch=4, fns=pipeline, seed=5, workers=1) as loader:
             stream_digests(loader, 8)
             remote = loader.stats().as_dict()['remote']
@@ -799,8 +795,7 @@ def test_forked_workers_inherit_the_first_batches_records(nginx, served_root, wo
     with loadr.Loader(reader, batch=4, fns=pipeline, seed=2, workers=0) as loader:
         expected = stream_digests(loader, 6)
     with Proxy(nginx.url) as proxy:
-        with using_storage_options({'loadr': {'small_file_bytes': 0}}):
-            reader, pipeline = _remote_pipeline('bag_sharded', proxy.url)
+        reader, pipeline = _remote_pipeline('bag_sharded', proxy.url, RANGES)
         # prefetch=1: a batch is asked for once the one before is handed out, so after
         # the first, the workers have made it and the second (both read before the fork).
         with loadr.Loader(reader, batch=4, fns=pipeline, seed=2, workers=workers,

@@ -78,15 +78,15 @@ def _check_dataset(files: Storage, directory: str, start: int, first_spec: dict 
     return len(dataset), first_spec or spec_dict
 
 
-def records(path: str | os.PathLike) -> dict:
+def records(path: str | os.PathLike, storage_options=None) -> dict:
     """Where the records of each file lie and whose they are, for :mod:`loadr.digests`.
 
     Every bag's records (with the datapoint each belongs to, from refs.bag);
-    spec.json as a whole.
+    spec.json as a whole. ``storage_options``: the settings of a URL's open.
     """
     from ...digests import FileRecords
     out: dict = {}
-    with BagReader(path, decode_images=False) as reader:
+    with BagReader(path, decode_images=False, storage_options=storage_options) as reader:
         for shard in reader._shards:
             out[os.path.join(shard.path, SPEC_NAME)] = None
             owners = {key: np.full(len(bag), -1, np.int64) for key, bag in shard.bags.items()}
@@ -104,7 +104,7 @@ def records(path: str | os.PathLike) -> dict:
     return out
 
 
-def check(path: str | os.PathLike) -> list[Problem]:
+def check(path: str | os.PathLike, storage_options=None) -> list[Problem]:
     """Every problem of a bag dataset or sharded dataset, each naming file and index.
 
     Checks the shard numbering, each spec.json, that every key has its bag
@@ -112,14 +112,14 @@ def check(path: str | os.PathLike) -> list[Problem]:
     record against the spec and the bag lengths, and that every value
     decodes (images fully). Values of unsupported video types are not
     decoded. The index is the datapoint's for refs and values, the record's
-    for a bag's table.
+    for a bag's table. ``storage_options``: the settings of a URL's open.
 
     >>> check(FIXTURES / 'bag_sharded')
     []
     """
     path = os.fspath(path)
     try:
-        files = storage_for(path)
+        files = storage_for(path, storage_options)
     except LoadrError as exc:
         return [_problem(exc, path)]
     dirs, fatal, odd = list_shards(files, path)

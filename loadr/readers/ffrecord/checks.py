@@ -25,26 +25,28 @@ CHECK_TABLE_ENTRIES = 1 << 20
 MAX_PROBLEMS_PER_FILE = 1000
 
 
-def records(path: str | os.PathLike) -> dict:
-    """Where the samples of each file lie, for :mod:`loadr.digests`: ``{file: FileRecords}``."""
+def records(path: str | os.PathLike, storage_options=None) -> dict:
+    """Where the samples of each file lie, for :mod:`loadr.digests`: ``{file: FileRecords}``;
+    ``storage_options``: the settings of a URL's open."""
     from ...digests import FileRecords
-    with FFRecordReader(path, check_data=False) as reader:
+    with FFRecordReader(path, check_data=False, storage_options=storage_options) as reader:
         return {h.path: FileRecords(h.bounds[:-1].copy(), h.bounds[1:].copy(),
                                     h.base + np.arange(h.n, dtype=np.int64))
                 for h in reader._load()}
 
 
-def check(path: str | os.PathLike) -> list[Problem]:
+def check(path: str | os.PathLike, storage_options=None) -> list[Problem]:
     """Every problem in an FFRecord file or directory: header, offsets, each sample's CRC,
     and each sample's content (:class:`_Contents`): it decodes as the first one does (a
     msgpack map, a JSON object, or bytes), and every JPEG or PNG in it decodes whole.
+    ``storage_options``: the settings of a URL's open.
 
     >>> check(FIXTURES / 'ffrecord/single.ffr')
     []
     """
     path = os.fspath(path)
     try:
-        files = storage_for(path)
+        files = storage_for(path, storage_options)
         paths = list_files(files, path)
     except LoadrError as exc:
         return [Problem(exc.path or path, exc.index, exc.message)]

@@ -15,7 +15,7 @@ from .layout import (JPEG_SOI, LABEL2IDX_NAME, Chunk, list_chunks, load_gmeta, l
 from .reader import load_label2idx
 
 
-def check(path: str | os.PathLike) -> list[Problem]:
+def check(path: str | os.PathLike, storage_options=None) -> list[Problem]:
     """Every problem in a gulp directory; an empty list when it is sound. Never raises for bad data.
 
     Checks what gulpio2's sanity check does (empty files, a ``.gulp`` whose
@@ -24,13 +24,14 @@ def check(path: str | os.PathLike) -> list[Problem]:
     that are not NUL, every frame decoded (a JPEG SOI marker first), and
     missing or misnumbered chunk files. Gulp has no checksums: a changed byte
     that still decodes is found only with digests (:mod:`loadr.digests`).
+    ``storage_options``: the settings of a URL's open.
 
     >>> check(FIXTURES / 'gulp')
     []
     """
     path = os.fspath(path)
     try:
-        files = storage_for(path)
+        files = storage_for(path, storage_options)
     except LoadrError as exc:
         return [Problem(exc.path or path, None, exc.message)]
     chunks, listed = list_chunks(files, path)
@@ -130,12 +131,13 @@ def _frame_problems(files: Storage, chunk: Chunk, id_: str, info: list, index: i
 
 
 
-def records(path: str | os.PathLike) -> dict:
+def records(path: str | os.PathLike, storage_options=None) -> dict:
     """Where the frames of each ``.gulp`` lie and whose they are, for :mod:`loadr.digests`;
-    ``.gmeta`` and ``label2idx.json`` as whole files."""
+    ``.gmeta`` and ``label2idx.json`` as whole files. ``storage_options``: the settings of
+    a URL's open."""
     from ...digests import FileRecords
     path = os.fspath(path)
-    storage = storage_for(path)
+    storage = storage_for(path, storage_options)
     videos = load_index(storage, path, allow_pickle=False)
     # The frames of a chunk's videos are consecutive rows of videos.triples.
     owner = np.repeat(np.arange(len(videos), dtype=np.int64), np.diff(videos.fstart))

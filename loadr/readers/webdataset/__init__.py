@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 
 from ...errors import LoadrError
-from ...storage import storage_for
+from ...storage import settings_for, storage_for
 from ..base import Format, Problem
 from ..patterns import expand, names_files
 from .index import SIDECAR_SUFFIX, TarIndex, parse_sidecar, same_index, scan
@@ -60,15 +60,17 @@ def detect(path, storage_options=None) -> bool:
 
 
 def build_index(path, write: bool | str = True, progress=None,
-                rebuild: bool = False) -> list[tuple[str, TarIndex]]:
+                rebuild: bool = False, storage_options=None) -> list[tuple[str, TarIndex]]:
     """Index every tar of ``path`` and write each sidecar (``loadr index``); ``rebuild``
     scans tars whose sidecar is good too.
 
     ``progress(done_bytes, total_bytes)`` follows the scan. Returns ``[(tar, index)]``;
     an index's ``bytes_read`` says how much of its tar the scan read (0: sidecar was good).
+    ``storage_options``: a URL's (the settings of the open, or a dict of them).
     """
-    _, tars = list_shards(path)
-    storage = storage_for(tars[0])
+    settings = settings_for(path, storage_options)
+    _, tars = list_shards(path, settings)
+    storage = storage_for(tars[0], settings)
     sizes = [storage.size(t) for t in tars]
     total, done, out = sum(sizes), 0, []
     for tar, size in zip(tars, sizes):
@@ -82,13 +84,15 @@ def build_index(path, write: bool | str = True, progress=None,
     return out
 
 
-def check(path) -> list[Problem]:
+def check(path, storage_options=None) -> list[Problem]:
     """Every problem of the shards: headers, the sidecar against the tar, every member read
-    and decoded (images whole). Each names the tar, and the member and index where known."""
+    and decoded (images whole). Each names the tar, and the member and index where known.
+    ``storage_options``: the settings of a URL's open."""
     from ...codecs import decode_image
     try:
-        _, tars = list_shards(path)
-        storage = storage_for(tars[0])
+        settings = settings_for(path, storage_options)
+        _, tars = list_shards(path, settings)
+        storage = storage_for(tars[0], settings)
     except LoadrError as exc:
         return [Problem(exc.path or str(path), exc.index, exc.message)]
     problems: list[Problem] = []

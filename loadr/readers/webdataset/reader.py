@@ -46,7 +46,7 @@ import numpy as np
 
 from ..records import Source, value_type
 from ...errors import ConfigError, DecodeError, FormatError, LoadrError, SpecError
-from ...storage import is_url, storage_for
+from ...storage import StorageSettings, is_url, storage_for
 from ..base import Reader, known_options, check_index
 from ..patterns import dataset_files, names_files
 from .index import (BLOCK, SIDECAR_SUFFIX, TarIndex, compressed_error, compressed_kind,
@@ -110,7 +110,8 @@ def decode_member(ext: str, data: bytes, allow_pickle: bool = False):
     return data
 
 
-def list_shards(path, storage_options: dict | None = None) -> tuple[str, list[str]]:
+def list_shards(path, storage_options: StorageSettings | dict | None = None
+                ) -> tuple[str, list[str]]:
     """``(root, tars)``: the tars ``path`` names (pattern, list, directory or one tar).
 
     ``root`` is the directory the dataset's files are named relative to.
