@@ -62,9 +62,9 @@ import time
 
 import numpy as np
 
+from loadr.order import Order
 from loadr.storage.cache import RangeCache
 from loadr.storage.policy import NextUse
-from loadr.order import Order
 
 __all__ = ['simulate', 'offer_cost', 'main']
 

@@ -168,9 +168,10 @@ def markdown(rows: list[dict]) -> str:
            '|---|---:|' + '---:|' * (len(cols) + 2)]
     for r in rows:
         cells = [f'{r[c]:,.0f}' if c in r else '—' for c in cols]
-        ratio = lambda c: f'{r["loadr fused"] / r[c]:.2f}×' if c in r else '—'  # noqa: E731
+        ratios = [f'{r["loadr fused"] / r[c]:.2f}×' if c in r else '—'
+                  for c in ('plain loop', 'torch + torchvision')]
         out.append(f'| {r["case"]} | {r["workers"]} | ' + ' | '.join(cells)
-                   + f' | {ratio("plain loop")} | {ratio("torch + torchvision")} |')
+                   + f' | {ratios[0]} | {ratios[1]} |')
     return '\n'.join(out)
 
 

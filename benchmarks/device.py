@@ -195,7 +195,8 @@ def stage_profile(data: W.Data, workers: int, seconds: float, spy_s: float = PY_
                 import threading
                 spy = {}
                 thread = threading.Thread(
-                    target=lambda: spy.update(_py_spy(kids[0].pid, spy_s)), daemon=True)
+                    target=lambda into=spy: into.update(_py_spy(kids[0].pid, spy_s)),
+                    daemon=True)
                 thread.start()
         if spy is not None:
             while thread.is_alive():            # keep the workers busy until it is done
@@ -440,7 +441,7 @@ def markdown(res: dict) -> str:
     if 'skipped' in cp:
         lines += [f"Not measured: {cp['skipped']}.", '']
     else:
-        lines += ['| from | GB/s (best of %d) |' % COPY_REPEATS, '|---|---:|',
+        lines += [f'| from | GB/s (best of {COPY_REPEATS}) |', '|---|---:|',
                   f"| loadr's pinned slot (pin_memory=True; pinned: {cp['loadr_slot_pinned']}) | "
                   f"{cp['loadr_pinned_gb_s']:.1f} |",
                   f"| pageable memory | {cp['pageable_gb_s']:.1f} |",

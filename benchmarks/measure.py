@@ -105,7 +105,7 @@ class Monitor:
         while not self._stop.wait(self.interval_s):
             self.sample()
 
-    def __enter__(self) -> 'Monitor':
+    def __enter__(self) -> Monitor:
         self.sample()
         self._thread.start()
         return self

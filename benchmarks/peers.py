@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

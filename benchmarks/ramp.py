@@ -25,7 +25,6 @@ import argparse
 import functools
 import statistics
 import time
-
 import warnings
 
 import numpy as np

@@ -145,7 +145,7 @@ def run(root: str, scale: float = 1.0, runs: int = 5, n: int | None = None) -> d
     # process's CPU seconds are steadier than its wall seconds.
     limit = out['ways']['os.pread per record (limit)']['records_per_cpu_s']
     limit_wall = out['ways']['os.pread per record (limit)']['records_per_s']['median']
-    for name, row in out['ways'].items():
+    for row in out['ways'].values():
         row['of_limit'] = row['records_per_cpu_s'] / limit
         row['of_limit_wall'] = row['records_per_s']['median'] / limit_wall
     return out

@@ -239,7 +239,6 @@ def make_shards(root: str, shards: int, per_shard: int = 2) -> str:
 def run_open(tmp: str, shards: int, delay_ms: float) -> dict:
     """Seconds ``loadr.open`` takes for ``shards`` shards behind nginx + the delaying proxy."""
     import loadr
-
     from tests.remote.servers import start_nginx
 
     path = make_shards(tmp, shards)

@@ -70,11 +70,12 @@ def wait_for_url(url: str, proc: subprocess.Popen, what: str, timeout: float = 3
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 return r.read()
-        except (urllib.error.URLError, ConnectionError, OSError):
+        except (urllib.error.URLError, ConnectionError, OSError) as exc:
             if proc.poll() is not None:
-                raise RuntimeError(f'{what} exited ({proc.returncode}) before {url} answered')
+                raise RuntimeError(
+                    f'{what} exited ({proc.returncode}) before {url} answered') from exc
             if time.monotonic() > deadline:
-                raise RuntimeError(f'{what}: {url} did not answer in {timeout:g} s')
+                raise RuntimeError(f'{what}: {url} did not answer in {timeout:g} s') from exc
             time.sleep(0.2)
 
 

@@ -11,10 +11,10 @@ Example::
 
 from . import errors, fns, readers, writers
 from .check import Report, check
+from .config import pipeline
 from .errors import LoadrError
 from .loader import Loader
 from .mix import Mix
-from .config import pipeline
 from .readers import open
 from .shared import SharedList
 

@@ -17,8 +17,8 @@ import os
 from . import digests
 from .errors import LoadrError
 from .readers import detect
-from .storage import StorageSettings, settings_for
 from .readers.base import Problem
+from .storage import StorageSettings, settings_for
 
 __all__ = ['check', 'Report', 'DIGESTS', 'layout', 'write_digests']
 

@@ -65,15 +65,24 @@ import weakref
 
 import numpy as np
 
+from . import state as state_fields
 from .assemble import OBJECT, Assembler, infer_spec
 from .decode import fuse
 from .errors import ConfigError, LoadrError
-from . import state as state_fields
-from .state import STATE_VERSION
 from .order import ORDER_VERSION, check_seed, check_version, order_for
 from .sources import file_of, hooks_of
-from .stats import (TRACE_EVENTS, WORKER_RECORDS, Calibration, StageClock, Stats, Tally, Tracer,
-                    cores, fn_names)
+from .state import STATE_VERSION
+from .stats import (
+    TRACE_EVENTS,
+    WORKER_RECORDS,
+    Calibration,
+    StageClock,
+    Stats,
+    Tally,
+    Tracer,
+    cores,
+    fn_names,
+)
 from .workers import protocol
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
 from .workers.worker import most_tasks_held, tasks_held
@@ -545,7 +554,7 @@ class Loader:
             raise LoadrError('this loader is closed')
         self._warming = self._warm_before_fork(epoch, drop_last)    # joined before the fork
         spec = self.spec
-        self._tuples                    # known before the first batch: _batch_from reads it
+        _ = self._tuples                # known before the first batch: _batch_from reads it
         window = gen = None
         try:
             while True:

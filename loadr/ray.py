@@ -95,7 +95,7 @@ class Workers:
                               f'{self.agents} different nodes within '
                               f'{self.start_timeout_s:g} s')
 
-    def launch(self, index: int, config) -> '_Actor':
+    def launch(self, index: int, config) -> _Actor:
         ray = _ray()
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 

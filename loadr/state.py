@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import StateError
-from .order import ORDER_VERSIONS, MAX_SEED
+from .order import MAX_SEED, ORDER_VERSIONS
 from .sources import Composite, Identified
 
 __all__ = ['STATE_VERSION', 'MAX_STEP', 'fingerprint', 'parse', 'differences', 'fn_key', 'check',

@@ -65,8 +65,13 @@ def local_data(tmp_path_factory) -> pathlib.Path:
 
     For the tests that need *a* dataset of each format, not the reference one.
     """
-    from .datasets import write_bag, write_bag_sharded, write_ffrecord, write_ffrecord_multi, \
-        write_gulp
+    from .datasets import (
+        write_bag,
+        write_bag_sharded,
+        write_ffrecord,
+        write_ffrecord_multi,
+        write_gulp,
+    )
     root = tmp_path_factory.mktemp('local_data')
     write_bag(root / 'bag')
     write_bag_sharded(root / 'bag_sharded')

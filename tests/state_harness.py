@@ -28,8 +28,9 @@ Example (the Loader; the torch adapter would pass ``state_dict`` /
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .loader_helpers import batch_digest
 

@@ -115,8 +115,8 @@ def test_bytes_and_utf8():
     assert encode('bytes', b'\x00\xff') == b'\x00\xff'
     assert encode('bytes', bytearray(b'ab')) == b'ab'
     assert decode('bytes', b'\x00\xff') == b'\x00\xff'
-    assert encode('utf8', 'naïve 🎉') == 'naïve 🎉'.encode('utf-8')
-    assert decode('utf8', '日本語'.encode('utf-8')) == '日本語'
+    assert encode('utf8', 'naïve 🎉') == 'naïve 🎉'.encode()
+    assert decode('utf8', '日本語'.encode()) == '日本語'
     with pytest.raises(TypeError):
         encode('bytes', 'text')
     with pytest.raises(TypeError):

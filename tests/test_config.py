@@ -370,7 +370,7 @@ def alias_bomb(levels: int = 9, merge: bool = False) -> tuple[str, int]:
     else:
         lines.append('    a: &a [' + ','.join('x' * 9) + ']')
     size, over = 10, None
-    for level, name in enumerate('bcdefghijk'[:levels - 1], start=2):
+    for _level, name in enumerate('bcdefghijk'[:levels - 1], start=2):
         refs = ','.join([f'*{chr(ord(name) - 1)}'] * 9)
         lines.append(f'    {name}: &{name} ' + ('{<<: [' + refs + ']}' if merge else f'[{refs}]'))
         size = 1 + 9 * size if not merge else size

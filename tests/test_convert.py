@@ -18,7 +18,6 @@ from loadr.readers import Format, Problem, Reader, formats
 from loadr.readers.base import Writer, check_index
 from loadr.storage import storage_for
 
-
 # -- a fourth format, written as a format module would be: reader, writer, check, detect ------
 
 class LinesReader(Reader):
@@ -282,6 +281,7 @@ def test_bag_list_types_survive_ffrecord_and_back(tmp_path):
 
 def test_types_are_inferred_from_every_sample(tmp_path):
     from loadr.readers.records import join_types
+
     from .datasets import jpeg
     with loadr.writers.FFRecordWriter(tmp_path / 'x.ffr', 3) as w:
         w.append({'image': jpeg(), 'tags': [], 'score': 1, 'words': ['a']})

@@ -11,9 +11,20 @@ from PIL import Image
 
 import loadr
 import loadr.fns as F
-from loadr.decode import (Done, Fused, Region, dct_scale, decode_region, decode_scaled,
-                          extension, fuse, jpeg_size, resample, resample_weights,
-                          resize_region)
+from loadr.decode import (
+    Done,
+    Fused,
+    Region,
+    dct_scale,
+    decode_region,
+    decode_scaled,
+    extension,
+    fuse,
+    jpeg_size,
+    resample,
+    resample_weights,
+    resize_region,
+)
 from loadr.stats import fn_names
 
 from .loader_helpers import stream_digests
@@ -158,7 +169,7 @@ def test_the_resize_is_the_same_in_c_and_numpy_and_close_to_pillows(without_exte
         cases.append((arr, (y0, y1), (x0, x1), out))
     ext = extension()
     with_c = [resample(*case) for case in cases] if ext is not None else None
-    for arr, ybox, xbox, out in cases[:20]:
+    for arr, _ybox, xbox, out in cases[:20]:
         starts, weights = resample_weights(arr.shape[1], *xbox, out[1])
         assert np.abs(weights.sum(axis=1) - (1 << 14)).max() <= weights.shape[1]
         assert starts.min() >= 0 and starts.max() + weights.shape[1] <= arr.shape[1]

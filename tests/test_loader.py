@@ -12,8 +12,15 @@ from loadr.errors import ConfigError, SpecError, StateError, WorkerError
 from loadr.loader import LEASED_SLOTS
 from loadr.order import Order
 
-from .loader_helpers import (alive, batch_digest, noisy, our_segments, slowed, stream_digests,
-                             trivial)
+from .loader_helpers import (
+    alive,
+    batch_digest,
+    noisy,
+    our_segments,
+    slowed,
+    stream_digests,
+    trivial,
+)
 from .waiting import wait_until
 
 
@@ -633,7 +640,7 @@ def test_a_bad_datapoint_at_position_0_is_replaced_under_skip(workers):
     assert first['label'].tolist() == [replacement, 1, 2, 3]
     with loadr.Loader(data, batch=4, fns=[bad_at({0})], shuffle=False, workers=workers) as lo:
         with pytest.raises(ValueError, match='bad sample 0'):
-            lo.spec
+            _ = lo.spec
 
 
 class Reversed:

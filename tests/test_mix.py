@@ -662,7 +662,7 @@ def test_rounding_to_2_62_is_exact_where_the_first_bits_leave_doubt(bits):
             continue                    # exact integer arithmetic anyway (normalise)
         checked += 1
         units, rests = zip(*(divmod((n * (b // d)) << 62, a_sum) for n, d in raw))
-        exact = hamilton(list(units), lambda s: rests[s], 2**62, len(raw))
+        exact = hamilton(list(units), rests.__getitem__, 2**62, len(raw))
         assert round_large(raw, a_sum, b, bits=bits) == exact
     assert checked >= 6
 

@@ -16,13 +16,27 @@ import numpy as np
 import pytest
 
 import loadr
-from loadr.shared import (SHARE_MIN_BYTES, SharedList, decode, encode_items, python_bytes,
-                          release, share)
+from loadr.shared import (
+    SHARE_MIN_BYTES,
+    SharedList,
+    decode,
+    encode_items,
+    python_bytes,
+    release,
+    share,
+)
 from loadr.workers.memory import frozen_for_fork, private_bytes
 from loadr.workers.shm import PREFIX, SHM_DIR
 
-from .faults.helpers import (finish, kill_group, memfds, owned_dirs, read_json_line,
-                             start_script, wait_until_gone)
+from .faults.helpers import (
+    finish,
+    kill_group,
+    memfds,
+    owned_dirs,
+    read_json_line,
+    start_script,
+    wait_until_gone,
+)
 from .waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)

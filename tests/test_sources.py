@@ -12,8 +12,20 @@ from loadr.assemble import Assembler, infer_spec
 from loadr.mix import Mix
 from loadr.order import Order
 from loadr.readers.base import Reader
-from loadr.sources import (BatchSource, Caching, Composite, ErrorNaming, Identified, Locating,
-                           Ordering, Prefetching, SeededSource, Sharing, Warming, hooks_of)
+from loadr.sources import (
+    BatchSource,
+    Caching,
+    Composite,
+    ErrorNaming,
+    Identified,
+    Locating,
+    Ordering,
+    Prefetching,
+    SeededSource,
+    Sharing,
+    Warming,
+    hooks_of,
+)
 from tests.readers.common import check_protocols
 
 pytestmark = pytest.mark.timeout(60)

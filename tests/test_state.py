@@ -221,6 +221,7 @@ def test_built_in_fns_keep_their_fingerprints_and_pickles_across_module_moves():
     # package, and a state saved then must still load.
     import functools
     import pickle
+
     from loadr.state import fingerprint
     F = loadr_fns
     fns = [F.decode_jpeg(size=64), F.random_resized_crop(size=32), F.flip(), F.normalize(),

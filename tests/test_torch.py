@@ -97,7 +97,7 @@ def test_drop_last_drops_the_short_batch(reference):
 @pytest.mark.parametrize('workers', [0, 2])
 def test_a_new_iter_after_a_break_starts_the_next_epoch(workers, reference):
     with make(workers) as dl:
-        for k, batch in enumerate(dl):
+        for k, _batch in enumerate(dl):
             if k == 2:
                 break
         # As in torch: the abandoned epoch is over, the next iter() is the next epoch.
@@ -373,7 +373,7 @@ def test_a_state_at_the_end_of_an_epoch_behaves_as_torchdata(workers, reference)
     run first finishes that (empty) epoch; after the loop, the next epoch is due.
     TestSnapshotEnd: after list(dl), the next list(dl) is the next epoch."""
     with make(workers) as dl:
-        for batch in dl:
+        for _batch in dl:
             inside = dl.state_dict()
         outside = dl.state_dict()
         assert [digest(b) for b in dl] == reference[1]
@@ -385,7 +385,7 @@ def test_a_state_at_the_end_of_an_epoch_behaves_as_torchdata(workers, reference)
         dl.load_state_dict(outside)
         assert [digest(b) for b in dl] == reference[1]
     with make(workers, drop_last=True) as dl:         # the same with a dropped tail
-        for batch in dl:
+        for _batch in dl:
             inside = dl.state_dict()
         outside = dl.state_dict()
     with make(workers, drop_last=True) as dl:

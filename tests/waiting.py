@@ -13,7 +13,8 @@ Example::
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 __all__ = ['HANG_S', 'POLL_S', 'wait_until']
 

@@ -21,11 +21,10 @@ import signal
 import sys
 import traceback
 
-from ..workers.protocol import SKIP_SETTING
 from ..errors import ConfigError, LoadrError, WorkerError
+from ..workers.protocol import SKIP_SETTING
 from .common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, print_err
 from .parser import build_parser, usage
-
 
 __all__ = ['main', 'build_parser']
 

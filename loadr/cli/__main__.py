@@ -9,6 +9,5 @@ import sys
 
 from . import main
 
-
 if __name__ == '__main__':
     sys.exit(main())

@@ -7,7 +7,6 @@ from ..errors import ConfigError
 from ..progress import Progress
 from .common import EXIT_OK, batch_size, print_out
 
-
 PLOT_POINTS = 50
 
 

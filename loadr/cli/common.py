@@ -9,7 +9,6 @@ from typing import Any
 
 from ..storage import is_url
 
-
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 

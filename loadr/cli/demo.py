@@ -12,15 +12,13 @@ import time
 from ..progress import Progress, format_count
 from .common import EXIT_FAILED, EXIT_OK, batch_size, epoch_batches, plural, print_out, size_text
 
-
 DEMO_RESUME_AFTER = 20    # batches before the demo saves its state
 
 
 def cmd_demo(args) -> int:
     """Synthetic JPEGs, the demo pipeline with workers, and a resume check: ``loadr demo``."""
     from ..config import pipeline
-    from ..demo import (DATA_DIR_NAME, DEMO_YAML, DEMO_YAML_PATH, IMAGE_HW, batch_digest,
-                        make_images)
+    from ..demo import DATA_DIR_NAME, DEMO_YAML, DEMO_YAML_PATH, IMAGE_HW, batch_digest, make_images
     tmp = tempfile.mkdtemp(prefix='loadr-demo-')
     yaml_path = os.path.join(tmp, 'demo.yaml')
     try:

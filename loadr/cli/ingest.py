@@ -6,7 +6,6 @@ from __future__ import annotations
 from ..progress import Progress
 from .common import EXIT_OK, disk_size, plural, print_err, print_out, size_text
 
-
 SHOWN_PER_LIST = 10    # files listed per kind of change (all of them with -v)
 
 

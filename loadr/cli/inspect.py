@@ -12,9 +12,16 @@ from ..errors import ConfigError
 from ..progress import Progress
 from ..readers.patterns import names_files
 from ..storage import is_url
-from .common import (EXIT_FAILED, EXIT_OK, disk_size, plural, print_err, print_out, size_text,
-                     storage_options_of)
-
+from .common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    disk_size,
+    plural,
+    print_err,
+    print_out,
+    size_text,
+    storage_options_of,
+)
 
 FIRST_VALUES = 8          # values shown per array by inspect
 

@@ -11,10 +11,27 @@ from typing import TYPE_CHECKING, TextIO
 
 from ..errors import ConfigError
 from ..progress import Progress, format_count
-from .common import (EXIT_INTERRUPTED, EXIT_OK, batch_size, epoch_batches, plural, print_err,
-                     print_out)
-from .run_state import (RUN_STATE_FORMAT, check_overwrite, names_code, quoted, read_state,
-                        refused_state, resume_command, same_dir, same_file, write_state)
+from .common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    batch_size,
+    epoch_batches,
+    plural,
+    print_err,
+    print_out,
+)
+from .run_state import (
+    RUN_STATE_FORMAT,
+    check_overwrite,
+    names_code,
+    quoted,
+    read_state,
+    refused_state,
+    resume_command,
+    same_dir,
+    same_file,
+    write_state,
+)
 
 if TYPE_CHECKING:
     from ..stats import Stats

@@ -10,7 +10,6 @@ from typing import Any
 
 from ..errors import ConfigError
 
-
 RUN_STATE_FORMAT = 'loadr run state'   # marks a state file written by `loadr run`
 
 

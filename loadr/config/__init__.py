@@ -38,5 +38,4 @@ from ._config import Config, load_config, pipeline
 from ._overrides import parse_override
 from ._schema import LOADER_TYPES, SECTIONS
 
-
 __all__ = ['pipeline', 'load_config', 'parse_override', 'Config', 'SECTIONS', 'LOADER_TYPES']

@@ -10,8 +10,15 @@ from .. import fns as fns_module
 from ..errors import ConfigError, DataError, LoadrError
 from ..readers import detect, formats
 from ..readers.patterns import names_files, names_nothing
-from ..storage import (CACHE_KEYS, StorageSettings, is_url, merged_options, settings_for,
-                       storage_for, with_cache_settings)
+from ..storage import (
+    CACHE_KEYS,
+    StorageSettings,
+    is_url,
+    merged_options,
+    settings_for,
+    storage_for,
+    with_cache_settings,
+)
 from ._document import Document
 from ._fns_section import FnsSection
 from ._schema import did_you_mean, kind_of

@@ -6,7 +6,6 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-
 SECTIONS = ('reader', 'fns', 'loader')
 
 

@@ -11,7 +11,6 @@ import numpy as np
 
 from ..errors import ConfigError, SpecError
 
-
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 # torchvision's RandomResizedCrop gives up drawing after this many tries and crops the centre.

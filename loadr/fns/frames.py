@@ -3,12 +3,10 @@ sizes, a resize of one frame, a crop."""
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..errors import SpecError
 from .base import Fn, pil_image
-
 
 # ---------------------------------------------------------------------------
 # Images, videos and the pixel operations they share

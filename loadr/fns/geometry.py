@@ -11,7 +11,6 @@ from ..errors import ConfigError
 from .base import RESIZED_CROP_TRIES, Fn, check_key, check_size, float_range, is_number
 from .frames import check_fits, crop_array, frame_size, frames_of, resize_array, target_size
 
-
 # ---------------------------------------------------------------------------
 # Geometry
 

@@ -10,7 +10,6 @@ from ..errors import ConfigError, DecodeError, SpecError
 from .base import Fn, check_key, check_size, pil_image
 from .frames import frames_of, resize_array, target_size
 
-
 # ---------------------------------------------------------------------------
 # Decoding
 

@@ -9,7 +9,6 @@ import numpy as np
 from ..errors import ConfigError, SpecError
 from .base import Fn, check_key, is_int, positive_int
 
-
 # ---------------------------------------------------------------------------
 # Labels
 

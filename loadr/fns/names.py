@@ -7,18 +7,16 @@ import difflib
 import importlib
 import os
 import sys
-from typing import Callable
-
+from collections.abc import Callable
 
 from ..errors import ConfigError
 from .base import Fn
-from .jpeg import decode_jpeg
 from .geometry import center_crop, flip, random_crop, random_resized_crop, resize
-from .values import normalize, to_float
-from .video import sample_frames
+from .jpeg import decode_jpeg
 from .labels import label_to_index, one_hot
 from .structure import pad_sequence, rename, select, truncate
-
+from .values import normalize, to_float
+from .video import sample_frames
 
 # ---------------------------------------------------------------------------
 # Names

@@ -11,7 +11,6 @@ from ..errors import ConfigError, SpecError
 from .base import Fn, check_key, positive_int
 from .video import is_scalar_array
 
-
 # ---------------------------------------------------------------------------
 # Structure
 

@@ -10,7 +10,6 @@ from ..errors import ConfigError, SpecError
 from .base import IMAGENET_MEAN, IMAGENET_STD, Fn, check_key, is_number
 from .frames import frames_of
 
-
 # ---------------------------------------------------------------------------
 # Pixel values
 

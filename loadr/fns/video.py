@@ -3,12 +3,10 @@ only the frames it picks."""
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..errors import ConfigError, SpecError
 from .base import Fn, check_key, positive_int
-
 
 # ---------------------------------------------------------------------------
 # Frames of a video

@@ -44,10 +44,15 @@ from __future__ import annotations
 
 from .images import image_bytes, image_jpeg, ingest_images
 from .json_list import ingest_json, read_list
-from .scan import (IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, ImageScan, find_images, find_videos,
-                   scan_images)
+from .scan import (
+                   IMAGE_EXTENSIONS,
+                   VIDEO_EXTENSIONS,
+                   ImageScan,
+                   find_images,
+                   find_videos,
+                   scan_images,
+)
 from .videos import NO_VIDEO_BACKEND, ingest_videos, video_backend, video_frames
-
 
 __all__ = ['IMAGE_EXTENSIONS', 'VIDEO_EXTENSIONS', 'NO_VIDEO_BACKEND', 'video_backend',
            'ImageScan', 'scan_images', 'find_images', 'find_videos', 'read_list', 'image_bytes',

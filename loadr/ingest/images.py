@@ -14,7 +14,6 @@ from ..errors import ConfigError, DecodeError
 from .scan import check_empty, scan_images
 from .writer import check_out, default_workers, write_records
 
-
 INGEST_FORMATS = ('JPEG', 'PNG', 'BMP', 'GIF', 'WEBP', 'TIFF', 'PPM')   # Pillow's names
 
 

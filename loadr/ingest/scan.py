@@ -13,7 +13,6 @@ from typing import NamedTuple
 
 from ..errors import ConfigError
 
-
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp', '.tif', '.tiff', '.ppm')
 
 

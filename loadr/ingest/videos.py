@@ -9,10 +9,9 @@ import subprocess
 import tempfile
 
 from ..errors import ConfigError, DecodeError
-from .images import encode_frame, shrunk_image, image_jpeg
-from .scan import frame_files, visible, find_videos
+from .images import encode_frame, image_jpeg, shrunk_image
+from .scan import find_videos, frame_files, visible
 from .writer import check_out, default_workers, write_records
-
 
 FFMPEG_TIMEOUT_S = 600
 

@@ -8,7 +8,6 @@ import signal
 
 from ..errors import ConfigError, DecodeError, WriterError
 
-
 POOL_CHUNK = 4
 
 

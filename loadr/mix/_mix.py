@@ -11,8 +11,18 @@ import numpy as np
 
 from ..errors import ConfigError, LoadrError
 from ..order import ORDER_VERSION
-from ..sources import (Caching, Composite, ErrorNaming, Identified, Locating, Ordering,
-                       Prefetching, SeededSource, Sharing, hooks_of)
+from ..sources import (
+    Caching,
+    Composite,
+    ErrorNaming,
+    Identified,
+    Locating,
+    Ordering,
+    Prefetching,
+    SeededSource,
+    Sharing,
+    hooks_of,
+)
 from ._order import MixOrder
 from ._weights import build_schedule, check_weight, normalise, weight_fractions
 

@@ -10,8 +10,15 @@ import hashlib
 
 import numpy as np
 
-from ..order import (ORDER_VERSION, SORT_MAX, Order, check_seed, check_version, indices_many,
-                     permutation)
+from ..order import (
+    ORDER_VERSION,
+    SORT_MAX,
+    Order,
+    check_seed,
+    check_version,
+    indices_many,
+    permutation,
+)
 from ._weights import BLOCK, block_table, build_schedule
 
 _ALT_STRIDE = 0x9E3779B1

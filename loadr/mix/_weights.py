@@ -16,7 +16,6 @@ import numpy as np
 
 from ..errors import ConfigError
 
-
 BLOCK = 1024
 # Weights are read as fractions with denominators up to this (0.8 -> 4/5).
 WEIGHT_DENOMINATOR = 10**6

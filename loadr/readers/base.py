@@ -44,14 +44,15 @@ import hashlib
 import inspect
 import json
 import os
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from .records import Plan, Source, infer_types
 from ..errors import Problem, WriterError
 from ..sources import BatchSource, Caching, Identified, Locating, Prefetching, one_by_one
 from ..storage import LocalStorage as Files
 from ..storage import StagedDir, Storage, WriteFile, read_error, storage_for
 from ..storage.staging import RemoteStagedFile
+from .records import Plan, Source, infer_types
 
 __all__ = ['Reader', 'Writer', 'Files', 'Format', 'Problem', 'check_index', 'read_error',
            'open_each', 'remote', 'select_keys', 'with_settings']

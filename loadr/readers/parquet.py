@@ -43,8 +43,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (ConfigError, DataError, DecodeError, FormatError, LoadrError, SpecError,
-                      WriterError)
+from ..errors import (
+    ConfigError,
+    DataError,
+    DecodeError,
+    FormatError,
+    LoadrError,
+    SpecError,
+    WriterError,
+)
 from ..storage import storage_for
 from .base import Format, Problem, Reader, Writer, check_index, select_keys
 from .patterns import dataset_files, expand, names_files

@@ -52,15 +52,37 @@ Example::
     'not the bottleneck: the training step waited 0.5% of the time'
 """
 
-from ._accounting import (CONTENDED_SHARE, IO_BOUND_SHARE, MAX_STRIDE, STRIDE, TIME_EVERY_ROW_US,
-                          TIMED_ROW_COST_US, TIMING_SHARE, WORKER_FIELDS, FillTimer, StageClock,
-                          cores, fn_names, process_times, row_width, schedstat, worker_dict)
-from ._settle import AUTO_BATCHES, AUTO_MAX_S, Calibration, settle
-from ._tally import Tally
+from ._accounting import (
+                          CONTENDED_SHARE,
+                          IO_BOUND_SHARE,
+                          MAX_STRIDE,
+                          STRIDE,
+                          TIME_EVERY_ROW_US,
+                          TIMED_ROW_COST_US,
+                          TIMING_SHARE,
+                          WORKER_FIELDS,
+                          FillTimer,
+                          StageClock,
+                          cores,
+                          fn_names,
+                          process_times,
+                          row_width,
+                          schedstat,
+                          worker_dict,
+)
 from ._plot import PLOT_SIZE, plot
+from ._settle import AUTO_BATCHES, AUTO_MAX_S, Calibration, settle
 from ._snapshot import NOT_BOTTLENECK_FRACTION, Stats, format_table
-from ._trace import (TRACE_EVENTS, WORKER_RECORDS, TaskRing, Tracer, new_records, record_width,
-                     ring_rows)
+from ._tally import Tally
+from ._trace import (
+                          TRACE_EVENTS,
+                          WORKER_RECORDS,
+                          TaskRing,
+                          Tracer,
+                          new_records,
+                          record_width,
+                          ring_rows,
+)
 
 __all__ = ['Stats', 'WORKER_FIELDS', 'STRIDE', 'MAX_STRIDE', 'TIMED_ROW_COST_US', 'TIMING_SHARE',
            'TIME_EVERY_ROW_US', 'format_table', 'StageClock', 'NOT_BOTTLENECK_FRACTION',

@@ -257,7 +257,7 @@ class FillTimer:
         """A timed row begins (its read next)."""
         self.began = self.last = time.perf_counter()
 
-    def account(self, clock: 'StageClock', count: int, t0: float, t1: float, cpu0: float,
+    def account(self, clock: StageClock, count: int, t0: float, t1: float, cpu0: float,
                 filled: bool, write_s: float) -> None:
         """Scale the timed rows' stages to the whole loop and add the batch to ``clock``.
 

@@ -53,7 +53,7 @@ class Stats:
             self.cores = cores()
 
     @classmethod
-    def from_rows(cls, rows, fn_names: list, **fields) -> 'Stats':
+    def from_rows(cls, rows, fn_names: list, **fields) -> Stats:
         """Stats from the workers' raw counter rows (see :class:`StageClock`)."""
         return cls(fn_names=list(fn_names),
                    workers=[worker_dict(r, len(fn_names)) for r in rows], **fields)
@@ -130,7 +130,7 @@ class Stats:
         ready = self._sum('cpu') + self._sum('runq')
         return self._sum('runq') / ready if ready > 0 else 0.0
 
-    def with_process_times(self, before: dict, after: dict, pids: list) -> 'Stats':
+    def with_process_times(self, before: dict, after: dict, pids: list) -> Stats:
         """These stats with each worker's ``cpu`` and ``runq`` replaced by what its
         process's clocks (:func:`process_times`, ``before`` and ``after``) counted, the
         whole of its busy time sampled; unchanged unless every one of ``pids`` (the
@@ -162,7 +162,7 @@ class Stats:
         var = max(0.0, self._sum('busy_sq') / n - mean * mean)
         return math.sqrt(var) / mean if mean > 0 else 0.0
 
-    def since(self, earlier: 'Stats') -> 'Stats':
+    def since(self, earlier: Stats) -> Stats:
         """What happened between ``earlier`` and this snapshot (same loader).
 
         >>> a = Stats(['f'], 1.0, 0.5, 10, 640)

@@ -104,9 +104,25 @@ import numpy as np
 
 from ..errors import ConfigError, ResourceError
 from ..pids import running
-from .cachedir import (CACHE_VERSION, CRC_HEX, HASH_HEX, JOURNAL_HEAD, JOURNAL_NAME, LOCK_NAME,
-                       MARKER_NAME, O_CLOEXEC, TMP_PREFIX, View, crc32, default_budget, host,
-                       key_of, old_entry, parse_entry, warn_once)
+from .cachedir import (
+    CACHE_VERSION,
+    CRC_HEX,
+    HASH_HEX,
+    JOURNAL_HEAD,
+    JOURNAL_NAME,
+    LOCK_NAME,
+    MARKER_NAME,
+    O_CLOEXEC,
+    TMP_PREFIX,
+    View,
+    crc32,
+    default_budget,
+    host,
+    key_of,
+    old_entry,
+    parse_entry,
+    warn_once,
+)
 from .policy import POLICIES, furthest, lru
 
 __all__ = ['RangeCache']

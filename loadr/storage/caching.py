@@ -15,7 +15,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import LoadrError
 from .settings import StorageSettings
@@ -59,7 +60,7 @@ class CacheHookup:
         if not self.settings.cache_dir:
             return
         self.offer()
-        from .policy import NextUse                 # numpy: not on import loadr
+        from .policy import NextUse  # numpy: not on import loadr
         cache = self.cache_of(root)
         old = self.now
         next_use = old[1] if old is not None and old[1].order is order else NextUse(order)
@@ -127,7 +128,7 @@ class CacheHookup:
 
     def learn_version(self, path: str) -> None:
         """Ask the server for the version of ``path`` (see :meth:`key`)."""
-        from .cachedir import warn_once             # numpy: not on import loadr
+        from .cachedir import warn_once  # numpy: not on import loadr
         try:
             self.ask_version(path)
         except LoadrError:

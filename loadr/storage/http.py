@@ -24,7 +24,7 @@ import asyncio
 import json
 import os
 import tempfile
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import ConfigError, ReadError
 from . import netstats

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..errors import FormatError, LoadrError, ReadError
 from . import forks

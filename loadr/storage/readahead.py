@@ -22,7 +22,8 @@ import collections
 import concurrent.futures
 import threading
 import time
-from typing import Any, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from typing import Any
 
 from ..errors import LoadrError, ReadError
 from . import netstats

@@ -51,7 +51,8 @@ import asyncio
 import builtins
 import random
 import time
-from typing import Any, Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from typing import Any
 
 from ..errors import FormatError, LoadrError, ReadError
 from . import forks, netstats
@@ -464,7 +465,7 @@ class RemoteStorage(Storage):
         datas = future.result()
         netstats.waited(time.perf_counter() - t0, uncovered=True)
         alone: dict[tuple, list[int]] = {}      # (path, offset, length) -> positions
-        for (path, start, end, members), data in zip(requests, datas):
+        for (_path, start, end, members), data in zip(requests, datas):
             for m in members:
                 k = todo[m]
                 r = ranges[k]
@@ -642,12 +643,12 @@ class RemoteStorage(Storage):
     def _check_writable(self, path: str) -> None:
         """Raise a ConfigError where the protocol cannot be written (HTTP)."""
 
-    def open_write(self, path: str) -> 'RemoteStagedFile':
+    def open_write(self, path: str) -> RemoteStagedFile:
         """A new object written locally first; ``commit()`` uploads it in one piece."""
         self._check_writable(path)
         return RemoteStagedFile(self, path)
 
-    def stage_dir(self, path: str, parents: bool = False) -> 'RemoteStagedDir':
+    def stage_dir(self, path: str, parents: bool = False) -> RemoteStagedDir:
         """A new directory built locally; ``commit()`` uploads it, data first, markers last."""
         self._check_writable(path)
         return RemoteStagedDir(self, path)

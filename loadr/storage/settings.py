@@ -20,7 +20,8 @@ import dataclasses
 import math
 import numbers
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..errors import ConfigError
 from . import forks
@@ -126,7 +127,7 @@ class StorageSettings:
         values = {key: checked(key, value, where) for key, value in given.items()}
         if values.get('cache_dir'):
             if values.get('cache_bytes') is None:
-                from .cachedir import default_budget    # numpy: not on import loadr
+                from .cachedir import default_budget  # numpy: not on import loadr
                 values['cache_bytes'] = int(default_budget(values['cache_dir']))
             elif not values['cache_bytes'] >= 1:
                 raise ConfigError(f"cache_bytes must be a number of bytes > 0, not "

@@ -72,7 +72,7 @@ class Versions:
                 return      # another object than the one opened: its version is not ours
         etag = str(etag) if etag else None
         if hasattr(modified, 'astimezone'):             # s3fs: a datetime, in local time
-            modified = modified.astimezone(datetime.timezone.utc).strftime(
+            modified = modified.astimezone(datetime.UTC).strftime(
                 '%a, %d %b %Y %H:%M:%S GMT')
         modified = str(modified) if modified else None
         if etag or modified:

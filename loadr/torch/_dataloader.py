@@ -15,8 +15,14 @@ import torch
 from ..errors import ConfigError, LoadrError, StateError
 from ..loader import MAX_PREFETCH, Loader
 from ._args import OWN_ARGS, check_device, check_sizes, loader_args, rank_and_world_size, seed_of
-from ._tensors import (CUDA_HOST_REGISTER_DEFAULT, SlotPinner, as_tensor, batch_values,
-                       to_device, to_torch)
+from ._tensors import (
+    CUDA_HOST_REGISTER_DEFAULT,
+    SlotPinner,
+    as_tensor,
+    batch_values,
+    to_device,
+    to_torch,
+)
 
 __all__ = ['DataLoader', 'STATE_VERSION', 'WAIT_RANGE']
 

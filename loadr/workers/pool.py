@@ -54,15 +54,31 @@ import numpy as np
 import zmq
 
 from .. import pids
-from . import protocol
 from ..stats import record_width, ring_rows, row_width
+from . import protocol
 from .inherited import note, open_files
 from .ledger import MAX_DEATHS_PER_POSITION, Ledger, exit_text
 from .memory import frozen_for_fork, private_bytes, resident, steady_memory_default
-from .shm import (SHM_DIR, Segment, StatusCells, owned_dir, plan_slots, reclaim_stale,
-                  remove_owned, shm_budget, size_text, use_memfd)
-from .worker import (MAX_TASKS_PER_WORKER, MAX_TASKS_READING_AHEAD, WorkerArgs,
-                     most_tasks_held, run, tasks_held)
+from .shm import (
+    SHM_DIR,
+    Segment,
+    StatusCells,
+    owned_dir,
+    plan_slots,
+    reclaim_stale,
+    remove_owned,
+    shm_budget,
+    size_text,
+    use_memfd,
+)
+from .worker import (
+    MAX_TASKS_PER_WORKER,
+    MAX_TASKS_READING_AHEAD,
+    WorkerArgs,
+    most_tasks_held,
+    run,
+    tasks_held,
+)
 
 __all__ = ['WorkerPool', 'MAX_TASKS_PER_WORKER', 'MAX_TASKS_READING_AHEAD',
            'MAX_DEATHS_PER_POSITION', 'JOIN_TIMEOUT_S', 'FROZEN_AFTER_S']
@@ -176,7 +192,7 @@ def _send(held: _Held, identity: bytes, frames: list, flags: int = 0) -> None:
     held.cut = False
 
 
-def _told_to_stop(held: _Held, w: '_Worker') -> bool:
+def _told_to_stop(held: _Held, w: _Worker) -> bool:
     """Send ``w`` its STOP (non-blocking); False while it has not connected."""
     try:
         _send(held, w.identity, protocol.stop(), zmq.NOBLOCK)
@@ -245,7 +261,7 @@ def _release(held: _Held) -> None:
 _OPEN_POOLS: weakref.WeakSet = weakref.WeakSet()
 
 
-def _at_exit(pool: 'WorkerPool') -> None:
+def _at_exit(pool: WorkerPool) -> None:
     """Have ``pool`` released when the interpreter exits, before multiprocess's exit hook.
 
     That hook SIGTERMs every daemonic child and joins it with no limit: a worker

@@ -98,7 +98,7 @@ class Failed(NamedTuple):
     """Event: task ``task_id`` failed (a sample raised, or killed workers too often)."""
 
     task_id: int
-    failure: 'Failure'
+    failure: Failure
 
 
 class Lost(NamedTuple):
@@ -110,7 +110,7 @@ class Lost(NamedTuple):
 class Fatal(NamedTuple):
     """Event: workers cannot start at all; nothing can be made."""
 
-    failure: 'Failure'
+    failure: Failure
 
 
 _HEAD = struct.Struct('<Bc')
@@ -164,7 +164,7 @@ def done(task_id: int, extras: dict, replaced: list) -> list[bytes]:
     return frames
 
 
-def fail(task_id: int, failure: 'Failure') -> list[bytes]:
+def fail(task_id: int, failure: Failure) -> list[bytes]:
     return [_pack(FAIL, task_id), pickle.dumps(failure, protocol=pickle.HIGHEST_PROTOCOL)]
 
 
@@ -252,7 +252,7 @@ class Portrait:
     oserror: tuple | None = None        # errno, strerror, filename, filename2 of an OSError
 
     @classmethod
-    def of(cls, exc: BaseException) -> 'Portrait':
+    def of(cls, exc: BaseException) -> Portrait:
         kind = type(exc)
         state = {k: _plain(v) for k, v in getattr(exc, '__dict__', {}).items()
                  if type(k) is str}

@@ -31,8 +31,9 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgpack
 import numpy as np
@@ -41,8 +42,19 @@ import zmq.utils.monitor
 
 from ..errors import LoadrError
 from . import protocol
-from .agent import (CANCEL, DONE, FAIL, FATAL, PING, PONG, TRACE, AgentConfig,
-                    failure_from_wire, parse_wire, wire_header)
+from .agent import (
+    CANCEL,
+    DONE,
+    FAIL,
+    FATAL,
+    PING,
+    PONG,
+    TRACE,
+    AgentConfig,
+    failure_from_wire,
+    parse_wire,
+    wire_header,
+)
 from .pools import Event
 
 if TYPE_CHECKING:

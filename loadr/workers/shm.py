@@ -72,7 +72,7 @@ PREFIX = 'loadr-'
 MARKER = 'loadr-owner.json'
 ALIGN_BYTES = 64
 TOKEN_HEX = 32                  # 128 random bits: a name nobody picks by chance
-_OWNED = re.compile(r'^loadr-(\d+)-([0-9a-f]{%d})$' % TOKEN_HEX)
+_OWNED = re.compile(rf'^loadr-(\d+)-([0-9a-f]{{{TOKEN_HEX}}})$')
 _MARKER_MAX_BYTES = 4096
 DEFAULT_SHM_FRACTION = 0.25     # of the memory available, when no budget is given
 # The shared memory that slots past the needed ones (room to read further ahead) may take.
@@ -184,7 +184,7 @@ class Segment:
         return {'path': self.path, 'size': self.size, 'fd': self.fd, 'ino': self.ino}
 
     @classmethod
-    def create(cls, path: str, size: int) -> 'Segment':
+    def create(cls, path: str, size: int) -> Segment:
         """Make, reserve and map a new file segment of ``size`` bytes at ``path``."""
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -201,7 +201,7 @@ class Segment:
         return cls(path, size, buf)
 
     @classmethod
-    def create_memfd(cls, name: str, size: int) -> 'Segment':
+    def create_memfd(cls, name: str, size: int) -> Segment:
         """Make, reserve and map a new memfd segment of ``size`` bytes; it stays open
         (``fd``) until :meth:`close`, for workers to open by ``/proc/<pid>/fd/<fd>``."""
         try:
@@ -219,7 +219,7 @@ class Segment:
         return cls(f'/proc/{os.getpid()}/fd/{fd}', size, buf, fd, ino)
 
     @classmethod
-    def attach(cls, spec: dict) -> 'Segment':
+    def attach(cls, spec: dict) -> Segment:
         """Map an existing segment (in a worker), from its :attr:`spec`.
 
         A memfd is the descriptor inherited at fork if it is still the same

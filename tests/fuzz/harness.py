@@ -82,6 +82,7 @@ def _build_webdataset(root: pathlib.Path) -> pathlib.Path:
     """Two small shards (jpg, cls, json, txt) with their sidecars, as webdataset writes them."""
     import io
     import tarfile
+
     from PIL import Image
     out = root / 'shards'
     out.mkdir(parents=True)
@@ -634,9 +635,9 @@ def _read_config(ws: Workspace, k: int, changed: dict, stats: Stats, describe) -
     if n and not k:
         try:
             batch = r.read_batch(list(range(n))[::-1])
-        except LoadrError:
+        except LoadrError as exc:
             if all(kind == 'ok' for kind, _ in outcomes):
-                raise Failure(f'{describe()}: read_batch failed where every read worked')
+                raise Failure(f'{describe()}: read_batch failed where every read worked') from exc
         else:
             if any(kind == 'error' for kind, _ in outcomes):
                 raise Failure(f'{describe()}: read_batch worked where a read failed')

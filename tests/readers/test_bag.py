@@ -20,9 +20,17 @@ import pytest
 
 from loadr import codecs
 from loadr.errors import ConfigError, DecodeError, FormatError, WriterError
+from loadr.readers.bag import (
+    FORMAT,
+    Bag,
+    BagFileWriter,
+    BagReader,
+    BagWriter,
+    check,
+    detect,
+    parse_type,
+)
 from loadr.readers.base import Files
-from loadr.readers.bag import FORMAT, Bag, BagFileWriter, BagReader, BagWriter, check, detect, \
-    parse_type
 from tests.readers.common import assert_equal, check_reader_contract
 
 DATASETS = ['bag', 'bag_types', 'bag_sharded']

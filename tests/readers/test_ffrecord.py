@@ -21,8 +21,15 @@ import pytest
 
 import loadr
 from loadr.codecs import decode_image
-from loadr.errors import ChecksumError, ConfigError, DecodeError, FormatError, ReadError, \
-    SpecError, WriterError
+from loadr.errors import (
+    ChecksumError,
+    ConfigError,
+    DecodeError,
+    FormatError,
+    ReadError,
+    SpecError,
+    WriterError,
+)
 from loadr.readers import ffrecord
 from loadr.readers.ffrecord import FORMAT, FFRecordReader, FFRecordWriter, check, detect
 from tests.readers.common import check_reader_contract

@@ -20,8 +20,7 @@ import pytest
 
 from loadr.codecs import decode_image, encode_image
 from loadr.errors import ConfigError, DecodeError, FormatError, UnsafeFormatError, WriterError
-from loadr.readers import Files
-from loadr.readers import gulp
+from loadr.readers import Files, gulp
 from loadr.readers.gulp import FORMAT, GulpReader, GulpWriter
 from tests.readers.common import assert_equal, check_reader_contract
 
@@ -105,7 +104,7 @@ def test_label2idx(fixtures, manifest, tmp_path):
     copy = copy_dataset(fixtures / 'gulp', tmp_path / 'g')
     (copy / 'label2idx.json').write_text('{"a": ')
     with pytest.raises(FormatError, match='not valid JSON') as e:
-        GulpReader(copy).label2idx
+        _ = GulpReader(copy).label2idx
     assert e.value.path.endswith('label2idx.json')
 
 
@@ -303,7 +302,7 @@ def test_writer_round_trip_arrays_bytes_gray_rgb_chunks(tmp_path):
     raw, dec = GulpReader(out, decode_images=False), GulpReader(out)
     assert raw.ids == ['rgb', 'gray', '7', 'mixed', 'one']
     assert raw.label2idx == {'x': 0, 'gris': 1}
-    for i, (id_, meta, frames) in enumerate(videos):
+    for i, (_id, meta, frames) in enumerate(videos):
         assert raw[i]['meta'] == meta
         for j, (frame, jpeg, pixels) in enumerate(zip(frames, raw[i]['frames'], dec[i]['frames'])):
             if isinstance(frame, bytes):
@@ -313,7 +312,7 @@ def test_writer_round_trip_arrays_bytes_gray_rgb_chunks(tmp_path):
                 assert jpeg == encode_image(frame, quality=90), (i, j)
                 assert pixels.shape == frame.shape
             assert_equal(pixels, decode_image(jpeg), f'{i}/{j}')
-        for offset, pad, length in raw.frame_info(i):
+        for _offset, pad, length in raw.frame_info(i):
             assert length % 4 == 0 and pad == (4 - (length - pad) % 4) % 4
     assert {pad for i in range(5) for _, pad, _ in raw.frame_info(i)} == {0, 1, 2, 3}
     assert [raw.frame_info(i)[0][0] for i in range(5)] == [0, 0 + sum(

@@ -14,8 +14,13 @@ import pytest
 import loadr
 from loadr.errors import FormatError, WriterError
 from loadr.readers.webdataset import build_index, check
-from loadr.readers.webdataset.index import (SIDECAR_SUFFIX, TarIndex, parse_sidecar, scan,
-                                            sidecar_bytes)
+from loadr.readers.webdataset.index import (
+    SIDECAR_SUFFIX,
+    TarIndex,
+    parse_sidecar,
+    scan,
+    sidecar_bytes,
+)
 from loadr.storage import LocalStorage
 from loadr.writers import WebDatasetWriter
 

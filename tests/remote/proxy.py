@@ -117,7 +117,7 @@ class Proxy:
         return {_signature(target) for _, target, _ in list(self.log)} - {None}
 
     # ----------------------------------------------------------------- life cycle
-    def start(self) -> 'Proxy':
+    def start(self) -> Proxy:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name='fault-proxy',
                                         daemon=True)
@@ -357,7 +357,7 @@ def _expired(target: str, after_s: float) -> bool:
     if not signed:
         return False
     at = datetime.datetime.strptime(signed[0], '%Y%m%dT%H%M%SZ').replace(
-        tzinfo=datetime.timezone.utc).timestamp()
+        tzinfo=datetime.UTC).timestamp()
     return time.time() - at > after_s
 
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import loadr
-from loadr.storage.cachedir import DEFAULT_CAP
 from loadr.errors import ConfigError, ReadError
+from loadr.storage.cachedir import DEFAULT_CAP
 
 from ..loader_helpers import stream_digests
 from ..storage.test_cache import mounts  # noqa: F401 - a fixture: tmpfs mounts, unmounted at the end
@@ -500,7 +500,7 @@ def test_a_single_file_replaced_during_a_run_is_an_error(protocol, served_root, 
     from loadr.writers import FFRecordWriter
     for v in (1, 2):
         with FFRecordWriter(tmp_path / f'v{v}.ffr', n=8) as w:
-            for i in range(8):
+            for _i in range(8):
                 w.write_one(bytes([v]) * 32)
     name = f'single-{protocol}-{os.getpid()}.ffr'
     if protocol == 'http':

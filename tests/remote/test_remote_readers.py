@@ -249,7 +249,7 @@ def test_checksum_mismatch_is_never_retried_into_success(nginx, served_root):
     (served_root / 'corrupt/single.ffr').write_bytes(bytes(data))
     with Proxy(nginx.url) as proxy, _removed_after(served_root / 'corrupt'):
         reader = loadr.open(f'{proxy.url}/corrupt/single.ffr')
-        for attempt in range(2):
+        for _attempt in range(2):
             with pytest.raises(ChecksumError) as err:
                 reader[3]
             assert err.value.index == 3 and not transient(err.value)

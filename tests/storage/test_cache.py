@@ -23,13 +23,20 @@ import numpy as np
 import pytest
 
 import loadr.storage.cache as cache_module
-from loadr.storage import cachedir, policy
-from loadr.storage.cache import RangeCache
-from loadr.storage.cachedir import (DEFAULT_CAP, JOURNAL_NAME, LOCK_NAME, MARKER_NAME, TMP_PREFIX,
-                                    default_budget, entry_name)
-from loadr.storage.policy import NEVER, NextUse
 from loadr.errors import ConfigError, ResourceError
 from loadr.order import Order
+from loadr.storage import cachedir, policy
+from loadr.storage.cache import RangeCache
+from loadr.storage.cachedir import (
+    DEFAULT_CAP,
+    JOURNAL_NAME,
+    LOCK_NAME,
+    MARKER_NAME,
+    TMP_PREFIX,
+    default_budget,
+    entry_name,
+)
+from loadr.storage.policy import NEVER, NextUse
 
 # <key: 24 hex><crc32: 8 hex>-<index>-<length>
 ENTRY = re.compile(r'[0-9a-f]{32}-(\d+)-(\d+)\Z')

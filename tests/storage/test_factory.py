@@ -12,8 +12,7 @@ import pickle
 import pytest
 
 from loadr.errors import ConfigError
-from loadr.storage import (LocalStorage, remote_storage, settings_for, storage_class,
-                           storage_for)
+from loadr.storage import LocalStorage, remote_storage, settings_for, storage_class, storage_for
 
 pytest.importorskip('fsspec')
 pytest.importorskip('aiohttp')

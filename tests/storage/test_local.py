@@ -12,8 +12,7 @@ from loadr import storage
 from loadr.assemble import _transient
 from loadr.errors import ConfigError, FormatError, ReadError, WriterError
 from loadr.readers import Files
-from loadr.storage import staging
-from loadr.storage import LocalStorage, mapped, read_error, storage_for, transient
+from loadr.storage import LocalStorage, mapped, read_error, staging, storage_for, transient
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import multiprocess
 
-from loadr.stats import Stats, StageClock, format_table, row_width
+from loadr.stats import StageClock, Stats, format_table, row_width
 from loadr.storage import netstats
 
 

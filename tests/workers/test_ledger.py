@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadr.workers.ledger import (MAX_DEATHS_PER_POSITION, MAX_STARTUP_FAILURES, Ledger,
-                                  exit_text)
+from loadr.workers.ledger import MAX_DEATHS_PER_POSITION, MAX_STARTUP_FAILURES, Ledger, exit_text
 from loadr.workers.protocol import READ_ONE_BY_ONE, Failed, Fatal, Lost, Task
 
 pytestmark = pytest.mark.timeout(60)

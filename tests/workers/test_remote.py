@@ -539,8 +539,8 @@ def test_a_traced_run_has_a_track_per_remote_worker(reference, tmp_path):
     names = {e['pid']: e['args']['name'] for e in events
              if e['ph'] == 'M' and e['name'] == 'process_name'}
     host = socket.gethostname()
-    assert sorted(names.values()) == ['agent 0 (%s) worker 0' % host,
-                                      'agent 1 (%s) worker 0' % host,
+    assert sorted(names.values()) == [f'agent 0 ({host}) worker 0',
+                                      f'agent 1 ({host}) worker 0',
                                       'loadr worker 0', 'loadr: training process']
     tasks = covered_once(events)
     # Each track is a worker process: the local one, and the one of each agent.

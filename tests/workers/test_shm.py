@@ -29,9 +29,20 @@ from loadr.pids import me
 from loadr.workers import shm
 from loadr.workers.pool import WorkerPool
 from loadr.workers.protocol import Done, Task
-from loadr.workers.shm import (MARKER, READ_AHEAD_ROOM_BYTES, SHM_DIR, Layout, Segment,
-                               StatusCells, owned_dir, owner_of, plan_slots, reclaim_stale,
-                               remove_owned, shm_budget)
+from loadr.workers.shm import (
+    MARKER,
+    READ_AHEAD_ROOM_BYTES,
+    SHM_DIR,
+    Layout,
+    Segment,
+    StatusCells,
+    owned_dir,
+    owner_of,
+    plan_slots,
+    reclaim_stale,
+    remove_owned,
+    shm_budget,
+)
 
 from ..faults.helpers import ROOT, children, memfds, wait_until_gone
 from ..loader_helpers import trivial

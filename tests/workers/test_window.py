@@ -17,8 +17,15 @@ from loadr.order import Order
 from loadr.workers.pool import WorkerPool
 from loadr.workers.protocol import Done, Failed, Failure, Fatal, Lost, Task
 from loadr.workers.shm import Layout
-from loadr.workers.window import (LEASED_SLOTS, BatchFailed, InlineWindow, Plan, Schedule,
-                                  Window, ramp_pieces)
+from loadr.workers.window import (
+    LEASED_SLOTS,
+    BatchFailed,
+    InlineWindow,
+    Plan,
+    Schedule,
+    Window,
+    ramp_pieces,
+)
 
 from ..loader_helpers import batch_digest, noisy, slowed, trivial
 

@@ -10,7 +10,7 @@ from ... import codecs
 from ...errors import LoadrError
 from ...storage import Storage, storage_for
 from ..base import Problem
-from .file import Bag, REFS_KEY, SPEC_NAME, parse_type
+from .file import REFS_KEY, SPEC_NAME, Bag, parse_type
 from .layout import Dataset, empty_refs_problem, list_shards, read_spec
 from .reader import BagReader
 

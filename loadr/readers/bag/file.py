@@ -13,11 +13,10 @@ import sys
 import numpy as np
 
 from ... import codecs
-from ...errors import FormatError, LoadrError, ReadError, WriterError
 from ...digests import check_record
+from ...errors import FormatError, LoadrError, ReadError, WriterError
 from ...storage import Storage, WriteFile, storage_for
 from ..base import Writer, check_index
-
 
 ENTRY_BYTES = 8                 # one uint64 table entry
 SPEC_NAME = 'spec.json'

@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import msgpack
 import numpy as np
@@ -16,8 +16,17 @@ from ... import codecs
 from ...errors import ConfigError, DecodeError, FormatError, LoadrError, ReadError
 from ...storage import Storage
 from ..base import Problem, remote
-from .file import (Bag, ENTRY_BYTES, IMAGE_TYPES, REFS_KEY, SHARD_NAME, SPEC_MAX_BYTES, SPEC_NAME,
-                   spec_problem, parse_type)
+from .file import (
+    ENTRY_BYTES,
+    IMAGE_TYPES,
+    REFS_KEY,
+    SHARD_NAME,
+    SPEC_MAX_BYTES,
+    SPEC_NAME,
+    Bag,
+    parse_type,
+    spec_problem,
+)
 
 
 def read_spec(storage: Storage, directory: str) -> tuple[list[tuple[str, str]], int]:
@@ -239,7 +248,7 @@ class Dataset:
                                   f'{sorted(self._types)}')
         refs = self.refs(local)
         out = {}
-        for (key, type_name), ref in zip(self.spec, refs):
+        for (key, _type_name), ref in zip(self.spec, refs):
             want = True if mask is None else mask.get(key, False)
             base, is_seq = self._types[key]
             bag = self.bags[key]

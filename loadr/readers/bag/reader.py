@@ -5,16 +5,15 @@ from __future__ import annotations
 import bisect
 import os
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
-from ..records import Source
 from ...errors import ConfigError, FormatError
 from ...sources import Warming
 from ...storage import netstats, storage_for
-from ..base import Reader, known_options, check_index, open_each
+from ..base import Reader, check_index, known_options, open_each
+from ..records import Source
 from .file import ENTRY_BYTES, REFS_KEY, SPEC_NAME
 from .layout import Dataset, list_shards, read_headers, read_tables
-
 
 _ahead_executor = None
 _ahead_pid = None

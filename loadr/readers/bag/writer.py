@@ -10,11 +10,18 @@ import msgpack
 import numpy as np
 
 from ... import codecs
-from ..records import Plan
 from ...errors import ConfigError, WriterError
 from ..base import Writer, known_options
-from .file import (BagFileWriter, REFS_KEY, SPEC_NAME, CONVERTIBLE_KEY, GRANULAR_NAME,
-                   spec_problem, parse_type)
+from ..records import Plan
+from .file import (
+    CONVERTIBLE_KEY,
+    GRANULAR_NAME,
+    REFS_KEY,
+    SPEC_NAME,
+    BagFileWriter,
+    parse_type,
+    spec_problem,
+)
 
 
 class BagWriter(Writer):

@@ -11,11 +11,17 @@ import numpy as np
 from ...errors import DecodeError, LoadrError
 from ...storage import Storage, storage_for
 from ..base import Problem
-from .layout import (PREAMBLE_BYTES, coalesced_runs, crc32, crc32_combine, header_bytes,
-                     list_files, read_preamble)
+from .layout import (
+    PREAMBLE_BYTES,
+    coalesced_runs,
+    crc32,
+    crc32_combine,
+    header_bytes,
+    list_files,
+    read_preamble,
+)
 from .reader import FFRecordReader
 from .samples import decode_named, detect_decode
-
 
 # check() streams samples larger than this in pieces instead of reading them whole,
 # and reads a file's table this many entries (12 bytes each) at a time.

@@ -8,14 +8,14 @@ import dataclasses
 import os
 import struct
 import warnings
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
 from ...errors import ChecksumError, FormatError, LoadrError
 from ...storage import Storage
 from ..base import check_index
-
 
 try:
     # ISA-L's CRC-32 gives zlib's values ~6x faster (4 KiB: 0.22 us against 1.4 us), and

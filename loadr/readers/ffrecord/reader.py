@@ -7,21 +7,31 @@ import itertools
 import json
 import os
 import pickle
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgpack
 import numpy as np
 
-from ..records import Source, infer_types
-from ...errors import ChecksumError, ConfigError, DecodeError, FormatError, ReadError, SpecError
 from ...digests import check_record
+from ...errors import ChecksumError, ConfigError, DecodeError, FormatError, ReadError, SpecError
 from ...sources import BatchSource
 from ...storage import storage_for
-from ..base import Reader, known_options, check_index, open_each, select_keys
-from .layout import (Header, checked_indices, describe, list_files, load_header,
-                     lone_and_adjacent, read_table, coalesced_runs, crc32, header_bytes)
+from ..base import Reader, check_index, known_options, open_each, select_keys
+from ..records import Source, infer_types
+from .layout import (
+    Header,
+    checked_indices,
+    coalesced_runs,
+    crc32,
+    describe,
+    header_bytes,
+    list_files,
+    load_header,
+    lone_and_adjacent,
+    read_table,
+)
 from .samples import detect_decode, unpack_numpy
-
 
 # Adjacent small samples asked for together share one pread: it saves a
 # syscall per sample but costs a copy, and a buffer past glibc's 128 KiB

@@ -7,9 +7,9 @@ import struct
 
 import numpy as np
 
-from ..records import Plan
 from ...errors import ConfigError, WriterError
 from ..base import Writer, known_options
+from ..records import Plan
 from .layout import SUFFIX, crc32, header_bytes
 from .samples import pack_msgpack
 

@@ -10,8 +10,15 @@ from ...codecs import decode_image
 from ...errors import DecodeError, LoadrError
 from ...storage import Storage, storage_for
 from ..base import Problem
-from .layout import (JPEG_SOI, LABEL2IDX_NAME, Chunk, list_chunks, load_gmeta, load_index,
-                     video_problems)
+from .layout import (
+    JPEG_SOI,
+    LABEL2IDX_NAME,
+    Chunk,
+    list_chunks,
+    load_gmeta,
+    load_index,
+    video_problems,
+)
 from .reader import load_label2idx
 
 

@@ -12,7 +12,8 @@ import json
 import os
 import pickle
 import re
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +21,6 @@ from ...errors import FormatError, LoadrError, UnsafeFormatError
 from ...shared import decode, encode_items
 from ...storage import Storage
 from ..base import open_each
-
 
 DATA_NAME = re.compile(r'data_(\d+)\.gulp')
 META_NAME = re.compile(r'meta_(\d+)\.gmeta')

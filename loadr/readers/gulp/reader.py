@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ...codecs import decode_image
-from ..records import Source
-from ...errors import ConfigError, DecodeError, FormatError
 from ...digests import check_record
+from ...errors import ConfigError, DecodeError, FormatError
 from ...storage import Storage, storage_for
-from ..base import Reader, known_options, check_index
-from .layout import JPEG_SOI, LABEL2IDX_NAME, SPEC, Videos, load_index, frame_positions, read_plan
+from ..base import Reader, check_index, known_options
+from ..records import Source
+from .layout import JPEG_SOI, LABEL2IDX_NAME, SPEC, Videos, frame_positions, load_index, read_plan
 
 
 class GulpReader(Reader):       # loadr.sources: the protocols of Reader, no more

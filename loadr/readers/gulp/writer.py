@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from ...codecs import JPEG_QUALITY, encode_image
-from ..records import Plan
 from ...errors import ConfigError, WriterError
 from ...storage import WriteFile, is_url
 from ..base import Writer, known_options
-from .layout import JPEG_SOI, LABEL2IDX_NAME, PAD_MULTIPLE_BYTES, SPEC, JSON_TYPES
+from ..records import Plan
+from .layout import JPEG_SOI, JSON_TYPES, LABEL2IDX_NAME, PAD_MULTIPLE_BYTES, SPEC
 
 
 class GulpWriter(Writer):

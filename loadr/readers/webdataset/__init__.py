@@ -21,8 +21,14 @@ from ...storage import settings_for, storage_for
 from ..base import Format, Problem
 from ..patterns import expand, names_files
 from .index import SIDECAR_SUFFIX, TarIndex, parse_sidecar, same_index, scan
-from .reader import (COMPRESSED_SUFFIXES, SUFFIXES, WebDatasetReader, decode_member,
-                     index_shard, list_shards)
+from .reader import (
+    COMPRESSED_SUFFIXES,
+    SUFFIXES,
+    WebDatasetReader,
+    decode_member,
+    index_shard,
+    list_shards,
+)
 from .writer import WebDatasetWriter
 
 __all__ = ['WebDatasetReader', 'WebDatasetWriter', 'FORMAT', 'check', 'detect', 'build_index',

@@ -39,19 +39,32 @@ import json
 import logging
 import os
 import pickle
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import msgpack
 import numpy as np
 
-from ..records import Source, value_type
 from ...errors import ConfigError, DecodeError, FormatError, LoadrError, SpecError
 from ...storage import StorageSettings, is_url, storage_for
-from ..base import Reader, known_options, check_index
+from ..base import Reader, check_index, known_options
 from ..patterns import dataset_files, names_files
-from .index import (BLOCK, SIDECAR_SUFFIX, TarIndex, compressed_error, compressed_kind,
-                    header_is, header_matches, header_name, header_size, load_sidecar, same_index,
-                    scan, sidecar_bytes)
+from ..records import Source, value_type
+from .index import (
+    BLOCK,
+    SIDECAR_SUFFIX,
+    TarIndex,
+    compressed_error,
+    compressed_kind,
+    header_is,
+    header_matches,
+    header_name,
+    header_size,
+    load_sidecar,
+    same_index,
+    scan,
+    sidecar_bytes,
+)
 
 __all__ = ['WebDatasetReader', 'DECODERS', 'PICKLED', 'list_shards', 'decode_member',
            'index_shard']

@@ -35,10 +35,10 @@ import tarfile
 
 import numpy as np
 
-from ..records import Plan
 from ...errors import ConfigError, WriterError
 from ...storage import WriteFile
 from ..base import Writer, known_options
+from ..records import Plan
 from .index import BLOCK, SIDECAR_SUFFIX, TarIndex, sidecar_bytes
 from .reader import DECODERS, KEY
 
