@@ -65,13 +65,14 @@ import weakref
 
 import numpy as np
 
-from .assemble import OBJECT, Assembler, infer_spec
+from .assemble import Assembler
 from .decode import fuse
 from .errors import ConfigError, LoadrError
 from . import state as state_fields
 from .state import STATE_VERSION
 from .order import ORDER_VERSION, check_seed, check_version, order_for
 from .sources import file_of, hooks_of
+from .spec import OBJECT, infer_spec
 from .stats import (TRACE_EVENTS, WORKER_RECORDS, Calibration, StageClock, Stats, Tally, Tracer,
                     cores, fn_names)
 from .workers import protocol

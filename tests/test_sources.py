@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import loadr
-from loadr.assemble import Assembler, infer_spec
+from loadr.assemble import Assembler
+from loadr.spec import infer_spec
 from loadr.mix import Mix
 from loadr.order import Order
 from loadr.readers.base import Reader

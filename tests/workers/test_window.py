@@ -12,7 +12,8 @@ import signal
 import numpy as np
 import pytest
 
-from loadr.assemble import OBJECT, Assembler, infer_spec
+from loadr.assemble import Assembler
+from loadr.spec import OBJECT, infer_spec
 from loadr.order import Order
 from loadr.workers.pool import WorkerPool
 from loadr.workers.protocol import Done, Failed, Failure, Fatal, Lost, Task
