@@ -59,7 +59,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sys
 import time
 import weakref
 
@@ -76,11 +75,13 @@ from .spec import OBJECT, infer_spec
 from .stats import (TRACE_EVENTS, WORKER_RECORDS, Calibration, StageClock, Stats, Tally, Tracer,
                     cores, fn_names)
 from .workers import protocol
+from .workers.starting import (default_start_method, first_indices, start_methods,
+                               warm_before_fork)
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
 from .workers.worker import most_tasks_held, tasks_held
 
 __all__ = ['Loader', 'STATE_VERSION', 'LEASED_SLOTS', 'MAX_BATCH', 'MAX_WORKERS', 'MAX_PREFETCH',
-           'default_start_method', 'check_whole', 'check_real']
+           'check_whole', 'check_real']
 
 log = logging.getLogger('loadr')
 
@@ -89,47 +90,9 @@ MIN_ERRORS_BEFORE_RAISE = 4
 # The error budget under on_error='skip' is counted over windows of at least this many
 # stream positions (an epoch, if longer): see Loader._count_errors.
 ERROR_WINDOW_POSITIONS = 100_000
-# The most datapoints whose records the loader reads for its workers before it forks
-# them (the first batches': see Loader._warm_before_fork).
-_FIRST_INDICES_MOST = 4096
 
 
 # -- settings ---------------------------------------------------------------
-
-def _start_methods() -> list[str]:
-    import multiprocess
-    return multiprocess.get_all_start_methods()
-
-
-def default_start_method() -> str:
-    """How workers start when ``start_method`` is not given.
-
-    ``'fork'`` where there is one, like torch's DataLoader on Linux: workers
-    start in milliseconds and need no ``__main__`` guard. Not once JAX has
-    started its backends: they run threads, a fork of a multithreaded process
-    can deadlock (JAX warns at each one), so ``'forkserver'`` (else
-    ``'spawn'``), which start workers from a process without those threads.
-    Importing JAX alone starts no thread (a library that imports it, such as
-    ``loadr.jax``, leaves fork safe).
-
-    >>> default_start_method() in ('fork', 'forkserver', 'spawn')
-    True
-    """
-    methods = _start_methods()
-    if 'fork' in methods and not _jax_threads():
-        return 'fork'
-    return 'forkserver' if 'forkserver' in methods else 'spawn'
-
-
-def _jax_threads() -> bool:
-    """Whether JAX runs in this process with its backends (and their threads) started."""
-    if sys.modules.get('jax') is None:
-        return False
-    bridge = sys.modules.get('jax._src.xla_bridge')
-    started = getattr(bridge, 'backends_are_initialized', None)
-    # A JAX without that function: assume the threads are there (the safe side).
-    return True if started is None else bool(started())
-
 
 # The largest values the Loader's whole-number settings may take: past these a
 # setting is a typo, not a plan (a slot is a batch of shared memory, a worker
@@ -302,7 +265,7 @@ class Loader:
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if start_method is None:
             start_method = default_start_method()
-        if start_method not in _start_methods():
+        if start_method not in start_methods():
             raise ConfigError(f'unknown start_method {start_method!r}')
         for fn in fns:
             if not callable(fn):
@@ -766,30 +729,8 @@ class Loader:
         warm = hooks_of(self.reader).warm
         if warm is None:
             return None
-        first = self._first_indices(epoch, drop_last)
-        import threading
-
-        def run():
-            try:
-                warm(first)
-                # The pool's modules (pyzmq: ~20 ms on a first import) while the probe
-                # still waits on the network, not after it.
-                from .workers import pool  # noqa: F401
-            except Exception as exc:
-                log.debug('loadr: warming the reader before the fork failed: %r', exc)
-        thread = threading.Thread(target=run, name='loadr-warm', daemon=True)
-        thread.start()
-        return thread
-
-    def _first_indices(self, epoch, drop_last) -> list[int]:
-        """The datapoints of the first ``workers + 1`` batches the workers will make."""
-        schedule, order, out = self._schedule(epoch, drop_last), self._order(), []
-        for j in range(self.workers + 1):
-            plan = schedule.plan(j)
-            if plan is None or len(out) + plan.count > _FIRST_INDICES_MOST:
-                break
-            out.extend(order.indices(plan.start, plan.count).tolist())
-        return out
+        return warm_before_fork(warm, first_indices(self._schedule(epoch, drop_last),
+                                                    self._order(), self.workers))
 
     @property
     def _held_slots(self) -> int:
@@ -860,9 +801,9 @@ class Loader:
         owns the slots the agents write their rows into), under one
         :class:`~loadr.workers.remote.HybridPool`. Nothing of the placement reaches the
         saved state."""
-        from .workers.agent import AgentConfig, canary
+        from .workers.agent import AgentConfig
         from .workers.pool import WorkerPool
-        from .workers.remote import HybridPool, RemotePool
+        from .workers.remote import with_agents
         from .workers.shm import Layout
 
         engine = self._remote
@@ -870,7 +811,6 @@ class Loader:
         processes = self.workers + engine.agents * engine.cpus
         if self._prefetch_given is None:
             self.prefetch = max(2, 2 * processes)
-        layout = Layout(fields, self.batch)
         warming, self._warming = self._warming, None
         if warming is not None:         # a reader warming before a fork: done first
             warming.join()
@@ -879,31 +819,28 @@ class Loader:
             self._source = share(self.reader)
         # Traced: every worker, local or an agent's, keeps a ring of task records.
         traced = WORKER_RECORDS if self._tracer is not None else 0
-        local = WorkerPool(self._source, self.fns, spec, layout, self.workers,
+        local = WorkerPool(self._source, self.fns, spec, Layout(fields, self.batch), self.workers,
                            self.prefetch + self._held_slots, self.n, self.shuffle,
                            self.on_error, self.start_method, self.timeout, self.order_version,
                            init_fn=self._worker_init_fn, trace_records=traced)
         try:
+            # A YAML pipeline's loader has a recipe: the agents rebuild it (loadr.config).
             # Every agent digests the first and the last datapoint of the first epoch at
             # start; they must be these.
-            positions = sorted({0, self.n - 1})
-            asm, order = Assembler(self.reader, self.fns, spec), self._order()
-            canaries = [canary(asm, order, p) for p in positions]
-            # A YAML pipeline's loader has a recipe: the agents rebuild it (loadr.config).
-            recipe = getattr(self, 'recipe', None)
-            make_config = functools.partial(
-                _agent_config, AgentConfig, dict(
-                    spec=spec, fields=fields, batch=self.batch, n=self.n, shuffle=self.shuffle,
-                    on_error=self.on_error, order_version=self.order_version,
-                    processes=engine.cpus, reader=None if recipe else self.reader,
-                    fns=[] if recipe else list(self.fns), recipe=recipe,
-                    rebuild=getattr(self, 'rebuild', None), seed=self.seed,
-                    canaries=positions, timeout=self.timeout, trace_records=traced))
-            remote = RemotePool(engine, make_config, local.views, layout, canaries)
+            recipe = self.recipe
+            config = AgentConfig(
+                spec=spec, fields=fields, batch=self.batch, n=self.n, shuffle=self.shuffle,
+                on_error=self.on_error, order_version=self.order_version,
+                processes=engine.cpus, server_secret=b'', allowed=[],
+                reader=None if recipe else self.reader, fns=[] if recipe else list(self.fns),
+                recipe=recipe, rebuild=self.rebuild, seed=self.seed,
+                canaries=sorted({0, self.n - 1}), timeout=self.timeout, trace_records=traced)
+            pool = with_agents(local, engine, config, Assembler(self.reader, self.fns, spec),
+                               self._order())
         except BaseException:
             local.close()
             raise
-        return HybridPool(local, remote), processes
+        return pool, processes
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -980,12 +917,6 @@ class Loader:
         return (f'Loader(n={self.n}, batch={self.batch}, shuffle={self.shuffle}, '
                 f'seed={self.seed}, workers={self.workers}, '
                 f'shard={self.shard_id}/{self.num_shards}, step={self.step})')
-
-
-def _agent_config(make, fields: dict, index: int, server_secret: bytes, client_public: bytes):
-    """Agent ``index``'s config (``make(**fields)`` and its keys): see workers.remote."""
-    return make(**fields, server_secret=server_secret, allowed=[client_public],
-                name=str(index))
 
 
 class _Batches:
