@@ -65,12 +65,13 @@ import weakref
 import numpy as np
 
 from .assemble import Assembler
+from .budget import ErrorBudget, log_replaced
 from .decode import fuse
 from .errors import ConfigError, LoadrError
 from . import state as state_fields
 from .state import STATE_VERSION
 from .order import ORDER_VERSION, check_seed, check_version, order_for
-from .sources import file_of, hooks_of
+from .sources import hooks_of
 from .spec import OBJECT, infer_spec
 from .stats import (TRACE_EVENTS, WORKER_RECORDS, Calibration, StageClock, Stats, Tally, Tracer,
                     cores, fn_names)
@@ -86,10 +87,6 @@ __all__ = ['Loader', 'STATE_VERSION', 'LEASED_SLOTS', 'MAX_BATCH', 'MAX_WORKERS'
 log = logging.getLogger('loadr')
 
 DEFAULT_TASK_TIMEOUT_S = 300.0
-MIN_ERRORS_BEFORE_RAISE = 4
-# The error budget under on_error='skip' is counted over windows of at least this many
-# stream positions (an epoch, if longer): see Loader._count_errors.
-ERROR_WINDOW_POSITIONS = 100_000
 
 
 # -- settings ---------------------------------------------------------------
@@ -176,7 +173,7 @@ class Loader:
         replaced by another one chosen deterministically and logged. The
         loader raises once at least 4 of the datapoints of this shard's
         batches that start in the current error window (an epoch, or
-        ``ERROR_WINDOW_POSITIONS`` positions if more) failed, and more than
+        ``loadr.budget.ERROR_WINDOW_POSITIONS`` positions if more) failed, and more than
         ``max_error_fraction`` of them: a pure function of the position (the
         state carries the count), so a resumed run raises where the
         uninterrupted one would have.
@@ -326,7 +323,7 @@ class Loader:
         self._source = None
         self.errors = 0                 # datapoints replaced under on_error='skip' (all told)
         self.samples = 0                # datapoints made (all told)
-        self._budget = (-1, 0, 0)       # window, errors, samples: see _count_errors
+        self._budget = ErrorBudget()    # under on_error='skip' (loadr.budget)
         self.closed = False
         self.stats_every, self.on_stats = stats_every, on_stats
         # What stats() reads besides the live pool: the caller's waits, the rows of
@@ -400,8 +397,9 @@ class Loader:
                  **self._fingerprint()}
         state['fns'] = list(state['fns'])
         state['dataset'] = dict(state['dataset'])
-        if self.on_error == 'skip' and self._budget[0] >= 0:
-            state['skipped'] = list(self._budget)
+        skipped = self._budget.as_state()
+        if self.on_error == 'skip' and skipped is not None:
+            state['skipped'] = skipped
         return state
 
     def load(self, state: dict, strict: bool = True) -> None:
@@ -455,7 +453,7 @@ class Loader:
                 self._order_switch_logged = True
             self._set_order_version(order)
         self.step, self.seed = parsed['step'], parsed['seed']
-        self._budget = tuple(parsed.get('skipped', (-1, 0, 0)))
+        self._budget = ErrorBudget(*parsed.get('skipped', (-1, 0, 0)))
         if self._window is not None:
             self._window.reset()        # every iterator goes on from the new step
 
@@ -676,40 +674,15 @@ class Loader:
         return tuple(batch.values()) if self._tuple_batches else batch
 
     def _count_errors(self, plan, replaced: list) -> None:
-        """Count a batch's replaced datapoints; raise if the window's budget is spent.
-
-        The budget is a pure function of the position: it counts this
-        shard's batches that start in the current *error window* of the
-        stream (positions ``[k*W, (k+1)*W)``, ``W`` the larger of an epoch and
-        ``ERROR_WINDOW_POSITIONS``, so a small dataset's few bad datapoints
-        still add up over several epochs), and the state carries it
-        (``'skipped'``), so a resumed run raises exactly where the
-        uninterrupted one would have.
-        """
+        """Count a batch's replaced datapoints; raise if the error budget is spent
+        (:mod:`loadr.budget`)."""
         self.samples += plan.count
         if self.on_error != 'skip':
             return
         self.errors += len(replaced)
-        for index, position, reason in replaced:
-            # Its file too, unless the error's own text names it already.
-            path = file_of(self.reader, index)
-            log.warning('loadr: datapoint %d%s failed and was replaced (on_error=skip): '
-                        'position %d, %s', index,
-                        f' of {path}' if path and path not in reason else '', position, reason)
-        size = max(self.n, ERROR_WINDOW_POSITIONS)
-        window = plan.start // size
-        was, errors, samples = self._budget
-        if window != was:
-            errors = samples = 0
-        errors, samples = errors + len(replaced), samples + plan.count
-        if replaced and errors >= MIN_ERRORS_BEFORE_RAISE \
-                and errors > self.max_error_fraction * samples:
-            raise LoadrError(f'{errors} of {samples} datapoints failed since stream position '
-                             f'{window * size}, more than max_error_fraction='
-                             f'{self.max_error_fraction}; the last, this one: '
-                             f'{replaced[-1][2]}', file_of(self.reader, replaced[-1][0]),
-                             replaced[-1][0])
-        self._budget = (window, errors, samples)
+        log_replaced(self.reader, replaced)
+        self._budget = self._budget.counted(plan.start, plan.count, replaced, self.n,
+                                            self.max_error_fraction, self.reader)
 
     # -- the window ----------------------------------------------------------
 
