@@ -30,8 +30,9 @@ import timeit
 
 import numpy as np
 
-from loadr.assemble import OBJECT, Assembler, _Fill, infer_spec
+from loadr.assemble import Assembler, _Fill
 from loadr.order import Order
+from loadr.spec import OBJECT, infer_spec
 from loadr.stats import StageClock, row_width, schedstat
 
 from . import workloads as W

@@ -3,12 +3,8 @@
 The same code runs in worker processes and, with ``workers=0``, in the
 calling process, which is why both give the very same bytes.
 
-A datapoint becomes arrays key by key: a value that numpy sees as numbers or
-booleans (an ndarray, a Python or numpy scalar, a list of equal-shape
-frames) is an *array key*, stacked into a ``(batch, *shape)`` array; any
-other value (str, bytes, dict, ragged lists) is a *list key*, handed over as
-a Python list. The spec, ``{key: (dtype, shape)}``, says which is which
-(``dtype == object`` for list keys) and every datapoint must match it.
+Every datapoint must match the batch's spec (:mod:`loadr.spec`: which keys are
+arrays, which lists); a row is written with the checks that say where one does not.
 
 Example::
 
@@ -28,14 +24,14 @@ import numpy as np
 from .decode import fuse
 from .errors import LoadrError, SampleFailure, SpecError
 from .sources import hooks_of
+from .spec import OBJECT, as_array
 from .stats import FillTimer, StageClock
 from .storage import transient
 
-__all__ = ['Assembler', 'infer_spec', 'value_spec', 'Cancelled', 'READ_RETRY_DELAYS_S']
+__all__ = ['Assembler', 'Cancelled', 'READ_RETRY_DELAYS_S']
 
 log = logging.getLogger('loadr')
 
-OBJECT = np.dtype(object)
 # List-key values that always cross processes: checked by type alone, per sample.
 _PLAIN = frozenset({str, bytes, int, float, bool, type(None)})
 # Transient read errors (EIO, a network filesystem hiccup) are retried after
@@ -48,72 +44,6 @@ READ_RETRY_DELAYS_S = (0.05, 0.25)
 # (an image) as it comes, while its data is still in the cache and the sample
 # can be freed.
 ROW_GROUP_BYTES = 1 << 20
-
-
-def value_spec(value) -> tuple[np.dtype, tuple]:
-    """``(dtype, shape)`` of one value; dtype is object for a list key.
-
-    >>> value_spec(3)
-    (dtype('int64'), ())
-    >>> value_spec('cat')
-    (dtype('O'), ())
-    """
-    if isinstance(value, np.ndarray):
-        arr = value
-    elif isinstance(value, (bool, int, float, complex, np.generic)):
-        arr = np.asarray(value)
-    elif _array_like(value):
-        try:
-            arr = as_array(value)
-        except Exception:           # e.g. a tensor on a GPU: a list key, as it always was
-            return OBJECT, ()
-    elif (isinstance(value, (list, tuple)) and value
-          and (isinstance(value[0], (np.ndarray, np.generic, bool, int, float))
-               or _array_like(value[0]))):
-        try:
-            arr = as_array(value)
-        except (ValueError, TypeError):
-            return OBJECT, ()
-    else:
-        return OBJECT, ()
-    if arr.dtype.kind not in 'biufc':
-        return OBJECT, ()
-    return arr.dtype, arr.shape
-
-
-def _array_like(value) -> bool:
-    cls = type(value)
-    return hasattr(cls, '__array__') or hasattr(cls, '__dlpack__')
-
-
-def as_array(value) -> np.ndarray:
-    """``value`` as a numpy array: a torch or jax array, or anything with ``__array__`` or
-    DLPack (``__dlpack__``), is viewed, not copied, where numpy can.
-
-    >>> as_array([1, 2]).tolist()
-    [1, 2]
-    """
-    cls = type(value)
-    if not hasattr(cls, '__array__') and hasattr(cls, '__dlpack__'):
-        return np.from_dlpack(value)
-    return np.asarray(value)
-
-
-def infer_spec(datapoint: dict | tuple) -> dict:
-    """The spec of one datapoint, keys in the datapoint's order.
-
-    A tuple datapoint ``(x, y)`` has the keys ``0, 1``; a spec whose keys
-    are ``0 .. k-1`` makes the Loader give tuple batches.
-
-    >>> infer_spec((np.zeros(3, np.float32), 7))
-    {0: (dtype('float32'), (3,)), 1: (dtype('int64'), ())}
-    """
-    if isinstance(datapoint, tuple):
-        return {key: value_spec(value) for key, value in enumerate(datapoint)}
-    if not isinstance(datapoint, dict):
-        raise SpecError(f'a datapoint must be a dict or a tuple, got '
-                        f'{type(datapoint).__name__}')
-    return {key: value_spec(value) for key, value in datapoint.items()}
 
 
 class Cancelled(Exception):

@@ -59,18 +59,19 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sys
 import time
 import weakref
 
 import numpy as np
 
 from . import state as state_fields
-from .assemble import OBJECT, Assembler, infer_spec
+from .assemble import Assembler
+from .budget import ErrorBudget, log_replaced
 from .decode import fuse
 from .errors import ConfigError, LoadrError
 from .order import ORDER_VERSION, check_seed, check_version, order_for
-from .sources import file_of, hooks_of
+from .sources import hooks_of
+from .spec import OBJECT, infer_spec
 from .state import STATE_VERSION
 from .stats import (
     TRACE_EVENTS,
@@ -84,60 +85,19 @@ from .stats import (
     fn_names,
 )
 from .workers import protocol
+from .workers.starting import default_start_method, first_indices, start_methods, warm_before_fork
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
 from .workers.worker import most_tasks_held, tasks_held
 
 __all__ = ['Loader', 'STATE_VERSION', 'LEASED_SLOTS', 'MAX_BATCH', 'MAX_WORKERS', 'MAX_PREFETCH',
-           'default_start_method', 'check_whole', 'check_real']
+           'check_whole', 'check_real']
 
 log = logging.getLogger('loadr')
 
 DEFAULT_TASK_TIMEOUT_S = 300.0
-MIN_ERRORS_BEFORE_RAISE = 4
-# The error budget under on_error='skip' is counted over windows of at least this many
-# stream positions (an epoch, if longer): see Loader._count_errors.
-ERROR_WINDOW_POSITIONS = 100_000
-# The most datapoints whose records the loader reads for its workers before it forks
-# them (the first batches': see Loader._warm_before_fork).
-_FIRST_INDICES_MOST = 4096
 
 
 # -- settings ---------------------------------------------------------------
-
-def _start_methods() -> list[str]:
-    import multiprocess
-    return multiprocess.get_all_start_methods()
-
-
-def default_start_method() -> str:
-    """How workers start when ``start_method`` is not given.
-
-    ``'fork'`` where there is one, like torch's DataLoader on Linux: workers
-    start in milliseconds and need no ``__main__`` guard. Not once JAX has
-    started its backends: they run threads, a fork of a multithreaded process
-    can deadlock (JAX warns at each one), so ``'forkserver'`` (else
-    ``'spawn'``), which start workers from a process without those threads.
-    Importing JAX alone starts no thread (a library that imports it, such as
-    ``loadr.jax``, leaves fork safe).
-
-    >>> default_start_method() in ('fork', 'forkserver', 'spawn')
-    True
-    """
-    methods = _start_methods()
-    if 'fork' in methods and not _jax_threads():
-        return 'fork'
-    return 'forkserver' if 'forkserver' in methods else 'spawn'
-
-
-def _jax_threads() -> bool:
-    """Whether JAX runs in this process with its backends (and their threads) started."""
-    if sys.modules.get('jax') is None:
-        return False
-    bridge = sys.modules.get('jax._src.xla_bridge')
-    started = getattr(bridge, 'backends_are_initialized', None)
-    # A JAX without that function: assume the threads are there (the safe side).
-    return True if started is None else bool(started())
-
 
 # The largest values the Loader's whole-number settings may take: past these a
 # setting is a typo, not a plan (a slot is a batch of shared memory, a worker
@@ -221,7 +181,7 @@ class Loader:
         replaced by another one chosen deterministically and logged. The
         loader raises once at least 4 of the datapoints of this shard's
         batches that start in the current error window (an epoch, or
-        ``ERROR_WINDOW_POSITIONS`` positions if more) failed, and more than
+        ``loadr.budget.ERROR_WINDOW_POSITIONS`` positions if more) failed, and more than
         ``max_error_fraction`` of them: a pure function of the position (the
         state carries the count), so a resumed run raises where the
         uninterrupted one would have.
@@ -310,7 +270,7 @@ class Loader:
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if start_method is None:
             start_method = default_start_method()
-        if start_method not in _start_methods():
+        if start_method not in start_methods():
             raise ConfigError(f'unknown start_method {start_method!r}')
         for fn in fns:
             if not callable(fn):
@@ -371,7 +331,7 @@ class Loader:
         self._source = None
         self.errors = 0                 # datapoints replaced under on_error='skip' (all told)
         self.samples = 0                # datapoints made (all told)
-        self._budget = (-1, 0, 0)       # window, errors, samples: see _count_errors
+        self._budget = ErrorBudget()    # under on_error='skip' (loadr.budget)
         self.closed = False
         self.stats_every, self.on_stats = stats_every, on_stats
         # What stats() reads besides the live pool: the caller's waits, the rows of
@@ -445,8 +405,9 @@ class Loader:
                  **self._fingerprint()}
         state['fns'] = list(state['fns'])
         state['dataset'] = dict(state['dataset'])
-        if self.on_error == 'skip' and self._budget[0] >= 0:
-            state['skipped'] = list(self._budget)
+        skipped = self._budget.as_state()
+        if self.on_error == 'skip' and skipped is not None:
+            state['skipped'] = skipped
         return state
 
     def load(self, state: dict, strict: bool = True) -> None:
@@ -500,7 +461,7 @@ class Loader:
                 self._order_switch_logged = True
             self._set_order_version(order)
         self.step, self.seed = parsed['step'], parsed['seed']
-        self._budget = tuple(parsed.get('skipped', (-1, 0, 0)))
+        self._budget = ErrorBudget(*parsed.get('skipped', (-1, 0, 0)))
         if self._window is not None:
             self._window.reset()        # every iterator goes on from the new step
 
@@ -721,40 +682,15 @@ class Loader:
         return tuple(batch.values()) if self._tuple_batches else batch
 
     def _count_errors(self, plan, replaced: list) -> None:
-        """Count a batch's replaced datapoints; raise if the window's budget is spent.
-
-        The budget is a pure function of the position: it counts this
-        shard's batches that start in the current *error window* of the
-        stream (positions ``[k*W, (k+1)*W)``, ``W`` the larger of an epoch and
-        ``ERROR_WINDOW_POSITIONS``, so a small dataset's few bad datapoints
-        still add up over several epochs), and the state carries it
-        (``'skipped'``), so a resumed run raises exactly where the
-        uninterrupted one would have.
-        """
+        """Count a batch's replaced datapoints; raise if the error budget is spent
+        (:mod:`loadr.budget`)."""
         self.samples += plan.count
         if self.on_error != 'skip':
             return
         self.errors += len(replaced)
-        for index, position, reason in replaced:
-            # Its file too, unless the error's own text names it already.
-            path = file_of(self.reader, index)
-            log.warning('loadr: datapoint %d%s failed and was replaced (on_error=skip): '
-                        'position %d, %s', index,
-                        f' of {path}' if path and path not in reason else '', position, reason)
-        size = max(self.n, ERROR_WINDOW_POSITIONS)
-        window = plan.start // size
-        was, errors, samples = self._budget
-        if window != was:
-            errors = samples = 0
-        errors, samples = errors + len(replaced), samples + plan.count
-        if replaced and errors >= MIN_ERRORS_BEFORE_RAISE \
-                and errors > self.max_error_fraction * samples:
-            raise LoadrError(f'{errors} of {samples} datapoints failed since stream position '
-                             f'{window * size}, more than max_error_fraction='
-                             f'{self.max_error_fraction}; the last, this one: '
-                             f'{replaced[-1][2]}', file_of(self.reader, replaced[-1][0]),
-                             replaced[-1][0])
-        self._budget = (window, errors, samples)
+        log_replaced(self.reader, replaced)
+        self._budget = self._budget.counted(plan.start, plan.count, replaced, self.n,
+                                            self.max_error_fraction, self.reader)
 
     # -- the window ----------------------------------------------------------
 
@@ -774,30 +710,8 @@ class Loader:
         warm = hooks_of(self.reader).warm
         if warm is None:
             return None
-        first = self._first_indices(epoch, drop_last)
-        import threading
-
-        def run():
-            try:
-                warm(first)
-                # The pool's modules (pyzmq: ~20 ms on a first import) while the probe
-                # still waits on the network, not after it.
-                from .workers import pool  # noqa: F401
-            except Exception as exc:
-                log.debug('loadr: warming the reader before the fork failed: %r', exc)
-        thread = threading.Thread(target=run, name='loadr-warm', daemon=True)
-        thread.start()
-        return thread
-
-    def _first_indices(self, epoch, drop_last) -> list[int]:
-        """The datapoints of the first ``workers + 1`` batches the workers will make."""
-        schedule, order, out = self._schedule(epoch, drop_last), self._order(), []
-        for j in range(self.workers + 1):
-            plan = schedule.plan(j)
-            if plan is None or len(out) + plan.count > _FIRST_INDICES_MOST:
-                break
-            out.extend(order.indices(plan.start, plan.count).tolist())
-        return out
+        return warm_before_fork(warm, first_indices(self._schedule(epoch, drop_last),
+                                                    self._order(), self.workers))
 
     @property
     def _held_slots(self) -> int:
@@ -868,9 +782,9 @@ class Loader:
         owns the slots the agents write their rows into), under one
         :class:`~loadr.workers.remote.HybridPool`. Nothing of the placement reaches the
         saved state."""
-        from .workers.agent import AgentConfig, canary
+        from .workers.agent import AgentConfig
         from .workers.pool import WorkerPool
-        from .workers.remote import HybridPool, RemotePool
+        from .workers.remote import with_agents
         from .workers.shm import Layout
 
         engine = self._remote
@@ -878,7 +792,6 @@ class Loader:
         processes = self.workers + engine.agents * engine.cpus
         if self._prefetch_given is None:
             self.prefetch = max(2, 2 * processes)
-        layout = Layout(fields, self.batch)
         warming, self._warming = self._warming, None
         if warming is not None:         # a reader warming before a fork: done first
             warming.join()
@@ -887,31 +800,28 @@ class Loader:
             self._source = share(self.reader)
         # Traced: every worker, local or an agent's, keeps a ring of task records.
         traced = WORKER_RECORDS if self._tracer is not None else 0
-        local = WorkerPool(self._source, self.fns, spec, layout, self.workers,
+        local = WorkerPool(self._source, self.fns, spec, Layout(fields, self.batch), self.workers,
                            self.prefetch + self._held_slots, self.n, self.shuffle,
                            self.on_error, self.start_method, self.timeout, self.order_version,
                            init_fn=self._worker_init_fn, trace_records=traced)
         try:
+            # A YAML pipeline's loader has a recipe: the agents rebuild it (loadr.config).
             # Every agent digests the first and the last datapoint of the first epoch at
             # start; they must be these.
-            positions = sorted({0, self.n - 1})
-            asm, order = Assembler(self.reader, self.fns, spec), self._order()
-            canaries = [canary(asm, order, p) for p in positions]
-            # A YAML pipeline's loader has a recipe: the agents rebuild it (loadr.config).
-            recipe = getattr(self, 'recipe', None)
-            make_config = functools.partial(
-                _agent_config, AgentConfig, dict(
-                    spec=spec, fields=fields, batch=self.batch, n=self.n, shuffle=self.shuffle,
-                    on_error=self.on_error, order_version=self.order_version,
-                    processes=engine.cpus, reader=None if recipe else self.reader,
-                    fns=[] if recipe else list(self.fns), recipe=recipe,
-                    rebuild=getattr(self, 'rebuild', None), seed=self.seed,
-                    canaries=positions, timeout=self.timeout, trace_records=traced))
-            remote = RemotePool(engine, make_config, local.views, layout, canaries)
+            recipe = self.recipe
+            config = AgentConfig(
+                spec=spec, fields=fields, batch=self.batch, n=self.n, shuffle=self.shuffle,
+                on_error=self.on_error, order_version=self.order_version,
+                processes=engine.cpus, server_secret=b'', allowed=[],
+                reader=None if recipe else self.reader, fns=[] if recipe else list(self.fns),
+                recipe=recipe, rebuild=self.rebuild, seed=self.seed,
+                canaries=sorted({0, self.n - 1}), timeout=self.timeout, trace_records=traced)
+            pool = with_agents(local, engine, config, Assembler(self.reader, self.fns, spec),
+                               self._order())
         except BaseException:
             local.close()
             raise
-        return HybridPool(local, remote), processes
+        return pool, processes
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -988,12 +898,6 @@ class Loader:
         return (f'Loader(n={self.n}, batch={self.batch}, shuffle={self.shuffle}, '
                 f'seed={self.seed}, workers={self.workers}, '
                 f'shard={self.shard_id}/{self.num_shards}, step={self.step})')
-
-
-def _agent_config(make, fields: dict, index: int, server_secret: bytes, client_public: bytes):
-    """Agent ``index``'s config (``make(**fields)`` and its keys): see workers.remote."""
-    return make(**fields, server_secret=server_secret, allowed=[client_public],
-                name=str(index))
 
 
 class _Batches:

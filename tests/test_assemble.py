@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 
 import loadr
-from loadr.assemble import ROW_GROUP_BYTES, Assembler, infer_spec
+from loadr.assemble import ROW_GROUP_BYTES, Assembler
 from loadr.errors import SampleFailure, SpecError
 from loadr.order import Order
+from loadr.spec import infer_spec
 from loadr.stats import StageClock, row_width
 
 pytestmark = pytest.mark.timeout(120)

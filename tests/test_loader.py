@@ -811,7 +811,7 @@ def test_the_default_start_method_is_fork_until_jax_starts_its_threads():
     import sys
     if importlib.util.find_spec('jax') is None:
         pytest.skip('jax is not installed (the adapters extra)')
-    code = ('import jax, loadr.jax; from loadr.loader import default_start_method as d; '
+    code = ('import jax, loadr.jax; from loadr.workers.starting import default_start_method as d; '
             'a = d(); jax.devices(); print(a, d())')
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                          timeout=120, env={**os.environ, 'JAX_PLATFORMS': 'cpu'})

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import loadr
-from loadr.assemble import Assembler, infer_spec
+from loadr.assemble import Assembler
 from loadr.mix import Mix
 from loadr.order import Order
 from loadr.readers.base import Reader
@@ -26,6 +26,7 @@ from loadr.sources import (
     Warming,
     hooks_of,
 )
+from loadr.spec import infer_spec
 from tests.readers.common import check_protocols
 
 pytestmark = pytest.mark.timeout(60)

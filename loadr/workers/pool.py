@@ -1,7 +1,8 @@
 """Start, watch, restart and stop the worker processes.
 
 The pool owns the ZeroMQ ROUTER socket (bound in a private 0700 directory),
-the shared-memory slots and the processes. It hands each task to one named
+the shared-memory slots and the processes, each recorded as it is taken and
+given back in one order (:mod:`~loadr.workers.held`). It hands each task to one named
 worker, so it always knows which tasks a worker holds: when a worker dies
 (SIGKILL, segfault, out of memory) or misses its deadline (a hang), the pool
 starts a replacement and reports the worker's tasks as *lost*, for the loader
@@ -36,18 +37,14 @@ Example::
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import logging
 import os
 import pickle
 import secrets
 import signal
 import tempfile
-import threading
 import time
 import weakref
-from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -56,6 +53,7 @@ import zmq
 from .. import pids
 from ..stats import record_width, ring_rows, row_width
 from . import protocol
+from .held import Held, WorkerProcess, release, release_at_exit, sigint_blocked, sigint_deferred
 from .inherited import note, open_files
 from .ledger import MAX_DEATHS_PER_POSITION, Ledger, exit_text
 from .memory import frozen_for_fork, private_bytes, resident, steady_memory_default
@@ -66,7 +64,6 @@ from .shm import (
     owned_dir,
     plan_slots,
     reclaim_stale,
-    remove_owned,
     shm_budget,
     size_text,
     use_memfd,
@@ -81,13 +78,10 @@ from .worker import (
 )
 
 __all__ = ['WorkerPool', 'MAX_TASKS_PER_WORKER', 'MAX_TASKS_READING_AHEAD',
-           'MAX_DEATHS_PER_POSITION', 'JOIN_TIMEOUT_S', 'FROZEN_AFTER_S']
+           'MAX_DEATHS_PER_POSITION', 'FROZEN_AFTER_S']
 
 log = logging.getLogger('loadr')
 
-JOIN_TIMEOUT_S = 2.0
-# How often close() asks a worker that has not connected yet to STOP.
-STOP_RETRY_S = 0.005
 # A worker seen stopped or frozen, its heartbeat still, for this long is replaced.
 # Heartbeats come every PARENT_CHECK_S (0.2 s): a live worker's moves 5 times meanwhile.
 FROZEN_AFTER_S = 1.0
@@ -97,215 +91,7 @@ LIVENESS_EVERY_S = 0.25         # how often poll() looks at the heartbeats
 # sentinel, so this only bounds the delay while replies keep coming.
 EXIT_CHECK_S = 0.05
 MEMORY_EVERY_S = 1.0            # how old the workers' USS in stats() may be
-_EVENTS, _POLLIN, _SNDMORE = zmq.EVENTS, int(zmq.POLLIN), int(zmq.SNDMORE)
-
-
-def _block_sigint(*more: int):
-    """Block SIGINT (and ``more``) in this thread; the old mask, for _restore_sigmask."""
-    if not hasattr(signal, 'pthread_sigmask'):
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, *more})
-
-
-def _restore_sigmask(old) -> None:
-    if old is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-@contextlib.contextmanager
-def _sigint_deferred():
-    """Ctrl-C during the block is held back and raised (or handled) once it ends.
-
-    For the stretches that take or give back what must not leak (segments,
-    directories, processes): a second Ctrl-C landing in close() used to stop
-    it halfway, after the workers had gone and before the memory was freed.
-    Only the main thread gets Python's signal handlers; elsewhere a Ctrl-C
-    cannot interrupt us and this does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is None:                # set outside Python: we could not put it back
-        yield
-        return
-    caught = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            if callable(previous):
-                previous(signal.SIGINT, caught[-1])     # Python's: KeyboardInterrupt
-            elif previous == signal.SIG_DFL:
-                signal.raise_signal(signal.SIGINT)
-
-
-class _Held:
-    """What a pool holds that must be given back: filled as it is taken, emptied by
-    :func:`_release`, which also runs at garbage collection or interpreter exit when
-    nobody called close() (or a Ctrl-C cut in before the Loader kept the pool)."""
-
-    def __init__(self, workers: int):
-        self.workers: list[_Worker | None] = [None] * workers
-        self.ctx: zmq.Context | None = None
-        self.sock: zmq.Socket | None = None
-        self.segments: list[Segment] = []
-        self.dirs: list[str] = []
-        self.released = False
-        # The workers' stage counters (in the status segment) ...
-        self.stats_rows: np.ndarray | None = None
-        # ... as they were when the workers had stopped.
-        self.last_stats: np.ndarray | None = None
-        # True from just before a message is sent until it is all out: a Ctrl-C
-        # between its frames leaves it cut (see protocol: MEND).
-        self.cut = False
-
-
-def _mend(held: _Held) -> None:
-    """Finish a message a Ctrl-C may have cut, so that the next one starts clean."""
-    if held.cut and held.sock is not None:
-        try:
-            held.sock.send_multipart(protocol.mend(), zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass        # nothing was cut: the lone frame named no worker
-    held.cut = False
-
-
-def _send(held: _Held, identity: bytes, frames: list, flags: int = 0) -> None:
-    """Send ``frames`` to the worker ``identity``, mending a cut message first."""
-    _mend(held)
-    held.cut = True
-    sock, more = held.sock, _SNDMORE | flags
-    assert sock is not None         # sent to only while the pool is open
-    # Frame by frame with int flags: send_multipart's checks and flag enums
-    # cost more than the sends themselves (3.7 against 1.4 us a message).
-    try:
-        sock.send(identity, more)
-    except zmq.ZMQError:
-        held.cut = False    # refused at its first frame: nothing went out
-        raise
-    for frame in frames[:-1]:
-        sock.send(frame, more)
-    sock.send(frames[-1], flags)
-    held.cut = False
-
-
-def _told_to_stop(held: _Held, w: _Worker) -> bool:
-    """Send ``w`` its STOP (non-blocking); False while it has not connected."""
-    try:
-        _send(held, w.identity, protocol.stop(), zmq.NOBLOCK)
-    except zmq.ZMQError as exc:
-        # ROUTER_MANDATORY: an identity that has not connected (yet) is unreachable.
-        return exc.errno != zmq.EHOSTUNREACH
-    return True
-
-
-def _release(held: _Held) -> None:
-    """The shutdown order, written down once; every step can be run again if an
-    earlier run was cut short:
-
-    1. ask every worker to STOP (non-blocking), so idle ones exit between tasks;
-       one still starting is asked again as soon as it has connected;
-    2. give them JOIN_TIMEOUT_S together, then SIGKILL whatever is left and reap
-       it: a hung or stopped worker cannot be asked;
-    3. close the socket with linger 0 and end the context, so nothing waits on
-       messages nobody will read;
-    4. only now, with no process mapping them, unlink the shared memory and
-       remove the owned directories (in ``finally``: whatever happened above).
-    """
-    if held.released:
-        return
-    with _sigint_deferred():
-        try:
-            live = [w for w in held.workers if w is not None]
-            deadline = time.monotonic() + JOIN_TIMEOUT_S
-            if held.sock is not None:
-                # A STOP sent before a worker connects is refused, not queued: one
-                # sent once left a worker that started late waiting for tasks until
-                # it was killed at the deadline (every close that came early).
-                starting = [w for w in live if not _told_to_stop(held, w)]
-                while starting and time.monotonic() < deadline:
-                    time.sleep(STOP_RETRY_S)
-                    starting = [w for w in starting
-                                if w.process.exitcode is None and not _told_to_stop(held, w)]
-            for w in live:
-                w.process.join(max(0.0, deadline - time.monotonic()))
-            for w in live:
-                if w.process.exitcode is None:
-                    try:
-                        os.kill(w.process.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    w.process.join(JOIN_TIMEOUT_S)
-            held.workers[:] = [None] * len(held.workers)
-            if held.stats_rows is not None:
-                held.last_stats, held.stats_rows = held.stats_rows.copy(), None
-            if held.sock is not None:
-                held.sock.close(0)
-                held.sock = None
-            if held.ctx is not None:
-                held.ctx.term()
-                held.ctx = None
-        finally:
-            while held.segments:
-                seg = held.segments.pop()
-                seg.close()
-                seg.unlink()
-            while held.dirs:
-                remove_owned(held.dirs.pop())
-            held.released = True
-
-
-_OPEN_POOLS: weakref.WeakSet = weakref.WeakSet()
-
-
-def _at_exit(pool: WorkerPool) -> None:
-    """Have ``pool`` released when the interpreter exits, before multiprocess's exit hook.
-
-    That hook SIGTERMs every daemonic child and joins it with no limit: a worker
-    that is stopped (SIGSTOP, a frozen cgroup) or that swallowed the SIGTERM never
-    ends, and neither does the exit. Weakref finalisers (ours) run after it when
-    their atexit hook was registered first, as it usually is. Registered after
-    multiprocess's hook, this one runs before it (atexit is last in, first out)
-    and releases each open pool in :func:`_release`'s bounded order, so the hook
-    finds no child left.
-    """
-    if not _EXIT_HOOK.registered:
-        import multiprocess.util  # noqa: F401 - registers its exit hook on import: first
-        atexit.register(_release_open_pools)
-        _EXIT_HOOK.registered = True
-    _OPEN_POOLS.add(pool)
-
-
-@dataclass
-class _ExitHook:
-    """Whether :func:`_release_open_pools` is registered with atexit (once a process)."""
-
-    registered: bool = False
-
-
-_EXIT_HOOK = _ExitHook()
-
-
-def _release_open_pools() -> None:
-    for pool in list(_OPEN_POOLS):
-        pool._finalizer()
-
-
-class _Worker:
-    """One worker process as the pool sees it."""
-
-    def __init__(self, wid: int, incarnation: int, process, identity: bytes):
-        self.wid, self.incarnation = wid, incarnation
-        self.process, self.identity = process, identity
-        self.ready = False                  # said hello and can take tasks
-        self.started = False                # said hello once (ready drops when unreachable)
-        self.tasks: list[int] = []          # task ids in the order sent
-        self.head_since: float | None = None    # when the first task in hand was started
-        self.beat = -1                          # its heartbeat when last looked at
-        self.frozen_since: float | None = None  # when first seen frozen, its beat unmoved
+_EVENTS, _POLLIN = zmq.EVENTS, int(zmq.POLLIN)
 
 
 class WorkerPool:
@@ -322,10 +108,10 @@ class WorkerPool:
         self.closed = False
         # Everything taken is recorded in held at once, and given back by close(),
         # or by this finaliser if the pool is dropped (or the interpreter exits) first.
-        self._held = held = _Held(workers)
-        self._finalizer = weakref.finalize(self, _release, held)
-        _at_exit(self)
-        self.workers: list[_Worker | None] = held.workers
+        self._held = held = Held(workers)
+        self._finalizer = weakref.finalize(self, release, held)
+        release_at_exit(held)
+        self.workers: list[WorkerProcess | None] = held.workers
         self._segments = held.segments
         self._dir: str | None = None
         self._shm_dir: str | None = None
@@ -349,7 +135,7 @@ class WorkerPool:
         # loader's warm-up of a remote reader ends there, beside the allocation.
         self._before_fork = before_fork
         try:
-            with _sigint_deferred():
+            with sigint_deferred():
                 self._open(reader, fns, spec, layout, workers, slots, n, shuffle, on_error,
                            multiprocess.get_context(start_method), task_timeout_s,
                            order_version, steady_memory, shm_bytes, needed_slots)
@@ -380,12 +166,9 @@ class WorkerPool:
         self.endpoint = f'ipc://{self._dir}/tasks'
         # Ctrl-C inside Socket() would leave a socket that nothing closes,
         # and close() would then wait forever in Context.term().
-        blocked = _block_sigint()
-        try:
+        with sigint_blocked():
             self._ctx = held.ctx = zmq.Context(1)
             self._sock = held.sock = self._ctx.socket(zmq.ROUTER)
-        finally:
-            _restore_sigmask(blocked)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.bind(self.endpoint)
@@ -485,22 +268,19 @@ class WorkerPool:
         # child runs the parent's Python handler until then (Lightning's does not
         # exit), and a SIGTERM it swallowed at start-up left a worker that never
         # ends (multiprocess's exit hook waits for it with no limit).
-        blocked = _block_sigint(signal.SIGTERM)
-        try:
+        with sigint_blocked(signal.SIGTERM):
             # A forked worker's collector must not visit the objects it inherits (memory.py).
             with frozen_for_fork(self._mp.get_start_method() == 'fork'):
                 proc.start()
-            self.workers[wid] = _Worker(wid, self._incarnations, proc, identity)
-        finally:
-            _restore_sigmask(blocked)
+            self.workers[wid] = WorkerProcess(wid, self._incarnations, proc, identity)
 
-    def _by_identity(self, identity: bytes) -> _Worker | None:
+    def _by_identity(self, identity: bytes) -> WorkerProcess | None:
         for w in self.workers:
             if w is not None and w.identity == identity:
                 return w
         return None
 
-    def _bury(self, w: _Worker, why: str) -> list:
+    def _bury(self, w: WorkerProcess, why: str) -> list:
         """Reap a dead (or killed) worker, start its replacement, return events."""
         w.process.join(0.5)
         if w.started:
@@ -529,7 +309,7 @@ class WorkerPool:
         cannot run. A still heartbeat alone is no reason: C code holding the
         GIL stills it too, and that is a slow fn, for the task deadline.
         """
-        found: list[tuple[_Worker, str]] = []
+        found: list[tuple[WorkerProcess, str]] = []
         beats = self._beats
         assert beats is not None                    # the pool is open: it has workers
         for w in self.workers:
@@ -580,7 +360,7 @@ class WorkerPool:
 
     # -- tasks -------------------------------------------------------------
 
-    def _room(self, w: _Worker) -> bool:
+    def _room(self, w: WorkerProcess) -> bool:
         """Whether ``w`` takes another task now: fewer than it asks to hold (its status
         cell, at most ``depth``)."""
         wants = self._wants
@@ -599,7 +379,7 @@ class WorkerPool:
         task = self.ledger.prepare(task)
         frames = protocol.task(task)
         try:
-            _send(self._held, w.identity, frames)
+            self._held.send(w.identity, frames)
         except zmq.ZMQError:
             # Its connection is gone: it is dying; _check_workers will bury it.
             w.ready = False
@@ -758,10 +538,11 @@ class WorkerPool:
     # -- shutdown ----------------------------------------------------------
 
     def close(self) -> None:
-        """Stop everything and free everything (in the order of :func:`_release`); safe
-        to call twice, and a Ctrl-C meanwhile waits until it is done."""
+        """Stop everything and free everything (in the order of
+        :func:`~loadr.workers.held.release`); safe to call twice, and a Ctrl-C meanwhile
+        waits until it is done."""
         self.closed = True
         self.views = []
         self.progress = self._cancelled = self._beats = self._wants = self._stats_rows = None
         self.trace_rings = None
-        _release(self._held)
+        release(self._held)

@@ -28,6 +28,7 @@ agents' task records with it and shows them on the trainer's clock.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -51,6 +52,7 @@ from .agent import (
     PONG,
     TRACE,
     AgentConfig,
+    canary,
     failure_from_wire,
     parse_wire,
     wire_header,
@@ -60,7 +62,7 @@ from .pools import Event
 if TYPE_CHECKING:
     from .pool import WorkerPool
 
-__all__ = ['RemotePool', 'HybridPool', 'Engine', 'AgentHandle', 'AgentError',
+__all__ = ['RemotePool', 'HybridPool', 'with_agents', 'Engine', 'AgentHandle', 'AgentError',
            'MAX_HOST_DEATHS', 'MAX_RESTARTS', 'DEPTH_PER_PROCESS', 'START_TIMEOUT_S',
            'HEARTBEAT_IVL_MS', 'HEARTBEAT_TIMEOUT_MS', 'PINGS']
 
@@ -144,16 +146,16 @@ class _Link:
 class RemotePool:
     """Agents started by ``engine``, writing into ``views`` (see the module docstring).
 
-    ``make_config(index, server_secret, client_public)`` gives each agent its
-    :class:`~loadr.workers.agent.AgentConfig`; ``canaries`` are the digests the
-    agents' must match (in the config's order). Raises :class:`AgentError`
+    ``config`` is what every agent is given (:class:`~loadr.workers.agent.AgentConfig`),
+    but for its keys and its name (:meth:`config_for`); ``canaries`` are the digests the
+    agents' must match (in the order of ``config.canaries``). Raises :class:`AgentError`
     naming the host when an agent cannot start or differs.
     """
 
-    def __init__(self, engine: Engine, make_config, views: list, layout, canaries: list,
-                 start_timeout_s: float = START_TIMEOUT_S):
+    def __init__(self, engine: Engine, config: AgentConfig, views: list, layout,
+                 canaries: list, start_timeout_s: float = START_TIMEOUT_S):
         self.engine = engine
-        self.make_config = make_config
+        self.config = config
         self.views = views
         self.layout = layout
         self.slot_count = len(views)
@@ -195,10 +197,15 @@ class RemotePool:
 
     # -- agents ------------------------------------------------------------------
 
+    def config_for(self, index: int, server_secret: bytes) -> AgentConfig:
+        """Agent ``index``'s config: :attr:`config` with its CURVE secret key, this
+        trainer's public key as the one admitted, and its name."""
+        return dataclasses.replace(self.config, server_secret=server_secret,
+                                   allowed=[self.client_public], name=str(index))
+
     def _launch(self, index: int) -> None:
         server_public, server_secret = zmq.curve_keypair()
-        config: AgentConfig = self.make_config(index, server_secret, self.client_public)
-        handle = self.engine.launch(index, config)
+        handle = self.engine.launch(index, self.config_for(index, server_secret))
         self.starting[index] = (handle, server_public, time.monotonic())
 
     def _check_starting(self, strict: bool) -> None:
@@ -507,6 +514,22 @@ class RemotePool:
             self.engine.stop_all(handles)
         finally:
             self.ctx.term()
+
+
+def with_agents(local: WorkerPool, engine: Engine, config: AgentConfig, asm,
+                order) -> HybridPool:
+    """``local`` and the agents ``engine`` starts (each given ``config``, see
+    :meth:`RemotePool.config_for`), writing into ``local``'s slots, under one
+    :class:`HybridPool`.
+
+    Every agent digests the datapoints at the stream positions ``config.canaries``
+    at start, and must find what ``asm`` (an :class:`~loadr.assemble.Assembler` of
+    the same reader, fns and spec) makes of them here in ``order``: else it is
+    refused (:class:`AgentError`, naming its host). ``local`` stays the caller's
+    to close if this raises.
+    """
+    canaries = [canary(asm, order, p) for p in config.canaries]
+    return HybridPool(local, RemotePool(engine, config, local.views, local.layout, canaries))
 
 
 class _BadReply(Exception):

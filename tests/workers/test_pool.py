@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 import loadr
-from loadr.workers import pool as pool_module
+from loadr.workers import held as held_module
 from loadr.workers import protocol
 from loadr.workers.pool import WorkerPool
 from loadr.workers.shm import Layout
@@ -96,7 +96,7 @@ def test_close_stops_a_worker_that_connects_late_instead_of_waiting_it_out(
     # EHOSTUNREACH): close used to send it once, and wait JOIN_TIMEOUT_S for a worker
     # that, connected meanwhile, waited for tasks. A join timeout longer than this test
     # may run makes such a wait a hang.
-    monkeypatch.setattr(pool_module, 'JOIN_TIMEOUT_S', 600.0)
+    monkeypatch.setattr(held_module, 'JOIN_TIMEOUT_S', 600.0)
     # Every STOP close() sends is made by protocol.stop(), counted here (and sent as ever).
     stops, made = [], protocol.stop
     monkeypatch.setattr(protocol, 'stop', lambda: stops.append(1) or made())

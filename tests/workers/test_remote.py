@@ -290,7 +290,7 @@ def test_a_yaml_pipeline_runs_on_agents_that_rebuild_it(tmp_path):
         assert loader.recipe is not None
         got = epochs(loader)
         # What the agents were given: the recipe, none of the reader's or fns' objects.
-        config = loader._pool.remote.make_config(0, b'', b'')
+        config = loader._pool.remote.config_for(0, b'')
         assert config.reader is None and config.fns == [] and config.recipe is not None
     assert got == want and len(want) == 12
     with pytest.raises(ConfigError, match="loader.remote.engine must be 'ray' or"):

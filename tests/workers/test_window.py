@@ -12,8 +12,9 @@ import signal
 import numpy as np
 import pytest
 
-from loadr.assemble import OBJECT, Assembler, infer_spec
+from loadr.assemble import Assembler
 from loadr.order import Order
+from loadr.spec import OBJECT, infer_spec
 from loadr.workers.pool import WorkerPool
 from loadr.workers.protocol import Done, Failed, Failure, Fatal, Lost, Task
 from loadr.workers.shm import Layout

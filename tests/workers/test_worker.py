@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import zmq
 
-from loadr.assemble import OBJECT, Assembler, infer_spec
+from loadr.assemble import Assembler
 from loadr.order import Order
+from loadr.spec import OBJECT, infer_spec
 from loadr.stats import row_width
 from loadr.workers import memory, protocol
 from loadr.workers.protocol import Task
