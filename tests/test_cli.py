@@ -43,16 +43,27 @@ def jpeg(h=24, w=32, seed=0) -> bytes:
     return buf.getvalue()
 
 
-def bag_pipeline(tmp_path, data, workers=0, batch=2, name='p.yaml') -> pathlib.Path:
-    """A pipeline over ``data / 'bag'`` (12 datapoints with an ``image`` and an ``idx``)."""
+def bag_pipeline(tmp_path, data, workers=0, batch=2, name='p.yaml',
+                 slow: bool = False) -> pathlib.Path:
+    """A pipeline over ``data / 'bag'`` (12 datapoints with an ``image`` and an ``idx``).
+
+    ``slow``: each datapoint also takes 40 ms (a fn in ``slowed.py`` beside the
+    pipeline), so that a run signalled after its first lines is still running when the
+    signal comes, however busy the machine (a run of 18 batches takes over a second).
+    """
     rel = os.path.relpath(data / 'bag', tmp_path)
     path = tmp_path / name
+    if slow:
+        (tmp_path / 'slowed.py').write_text(
+            'import time\n\n\ndef slowed(dp, seed=None):\n    time.sleep(0.04)\n'
+            '    return dp\n')
     path.write_text(f'reader: {{path: {rel}, decode_images: false}}\n'
                     f'fns:\n'
                     f'  - decode_jpeg: {{size: [32, 32]}}\n'
                     f'  - flip\n'
                     f'  - select: [image, idx]\n'
-                    f'loader: {{batch: {batch}, workers: {workers}, seed: 1}}\n')
+                    + ('  - slowed:slowed\n' if slow else '')
+                    + f'loader: {{batch: {batch}, workers: {workers}, seed: 1}}\n')
     return path
 
 
@@ -308,7 +319,7 @@ def digests(stdout) -> list:
 
 def test_the_resume_hint_goes_on_with_the_overrides_to_the_same_end(tmp_path, local_data):
     # README's pattern: the dataset given as an override relative to the current directory.
-    path = bag_pipeline(tmp_path, tmp_path / 'nowhere', workers=1)
+    path = bag_pipeline(tmp_path, tmp_path / 'nowhere', workers=1, slow=True)
     args = [path, '-o', 'reader.path=bag', '-o', 'loader.batch=3', '-o', 'fns.0.size=[16, 24]',
             '--steps', 7, '--digest']
     whole = loadr_cmd('run', *args, cwd=local_data)
@@ -361,7 +372,7 @@ def resume_hint(err: str) -> list[str]:
 
 
 def test_the_ctrl_c_hint_followed_literally_saves_again_at_the_next_ctrl_c(tmp_path, local_data):
-    path = bag_pipeline(tmp_path, local_data, workers=1, batch=2)
+    path = bag_pipeline(tmp_path, local_data, workers=1, batch=2, slow=True)
     whole = loadr_cmd('run', path, '--steps', 18, '--digest')
     assert whole.returncode == 0, whole.stderr
     expected = digests(whole.stdout)

@@ -165,6 +165,11 @@ def _run(args, loader, record: dict, pipeline_path: str) -> int:
             bar.update(1, samples=batch_size(batch))
             processed = loader.step
         bar.close()
+        # Saved here, inside the try: a Ctrl-C that lands just after the last batch
+        # still finds the state written (by the handler below, if not yet here).
+        state = loader.save()
+        if args.save_state:
+            write_state(args.save_state, {**record, 'loader': state})
     except KeyboardInterrupt as exc:
         # A second Ctrl-C while the state is written must not cut it short.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -188,9 +193,6 @@ def _run(args, loader, record: dict, pipeline_path: str) -> int:
         return EXIT_INTERRUPTED if not isinstance(exc, _Terminated) else 128 + signal.SIGTERM
     finally:
         signal.signal(signal.SIGTERM, previous)
-    state = loader.save()
-    if args.save_state:
-        write_state(args.save_state, {**record, 'loader': state})
     stats_table = _stats_end(args, loader, export)
     loader.close()
     rate, sample_rate = bar.rates()
