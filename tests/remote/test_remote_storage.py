@@ -372,7 +372,10 @@ def test_a_grouped_request_that_times_out_is_not_asked_again_range_by_range(ngin
             with pytest.raises(ReadError, match='timeout_s=0.3') as info:
                 storage.read(*r)
             assert info.value.index == r[3]
-        assert proxy.stats['requests'] == 2
+        # The read-ahead's one request, not one more per range (that would be 5 or more).
+        # On a busy machine a read may start before the read-ahead's request is under
+        # way and ask once itself: at most one more.
+        assert 2 <= proxy.stats['requests'] <= 3
 
 
 def test_server_gone_is_a_clear_error(nginx):
