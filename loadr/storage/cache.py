@@ -1,75 +1,56 @@
 """A local disk cache of record byte ranges, evicting the range whose next use lies furthest ahead.
 
-Remote storage (:mod:`loadr.storage.remote`) reads byte ranges ``(path, offset,
-length, index)`` of records. A :class:`RangeCache` keeps some of them in a
-local directory (``cache_dir``), at most ``max_bytes`` of them, for the next
-time the same record is read: a later epoch, or a run resumed from a state.
-When full it drops the range whose next use lies furthest ahead, or with
-``policy='lru'`` the least recently used (:mod:`loadr.storage.policy`); an
-offered range whose next use is further than everything kept is not written.
-The directory's layout: :mod:`loadr.storage.cachedir`.
+Remote storage (:mod:`loadr.storage.remote`) reads byte ranges ``(path, offset, length,
+index)`` of records. A :class:`RangeCache` keeps some of them in a local directory
+(``cache_dir``), at most ``max_bytes`` of them, for the next time the same record is read: a
+later epoch, or a run resumed from a state. When full it drops the range whose next use lies
+furthest ahead, or with ``policy='lru'`` the least recently used
+(:mod:`loadr.storage.policy`); an offered range whose next use is further than everything
+kept is not written. The directory's layout: :mod:`loadr.storage.cachedir`.
 
-What one can expect from it (benchmarks/cache_policy.py): with a fresh
-random permutation per epoch no record is read twice inside an epoch, so
-every hit of epoch ``e + 1`` is a range that sat in the cache across the
-boundary between the epochs. The bytes hit per epoch can therefore not exceed
-``max_bytes``, under any policy: a cache of 5% of the dataset saves at most
-5% of an epoch's bytes. The furthest-next-use policy gets almost all of it
-(it keeps, at the boundary, the ranges read first in the next epoch); LRU
-gets about ``c**2 / 2`` of the bytes for a cache of fraction ``c`` (0.1% at
-5%), since what it holds at the boundary (the end of the epoch) comes back
-at a uniformly random place in the next one and is mostly pushed out before.
+What one can expect from it: with a fresh random permutation per epoch every hit is a range
+kept across the boundary between two epochs, so no policy saves more of an epoch's bytes
+than ``max_bytes``; furthest-next-use reaches that bound, LRU about ``c**2 / 2`` of it for a
+cache of fraction ``c`` (BENCHMARKS.md, "Local cache of remote ranges").
 
+Checksums: :meth:`RangeCache.get` serves an entry only if its length and CRC-32 are those in
+its name (ISA-L's CRC-32 where isal is installed, zlib's elsewhere: the same values); a
+damaged one (a flipped bit on disk, a cut or grown file) is a miss and is deleted, so the
+range is fetched and cached again (the check's cost: BENCHMARKS.md). A version-1 directory
+(entries without checksums) is upgraded when first adopted: its entries and journal are
+deleted, under the lock.
 
-Checksums: :meth:`RangeCache.get` serves an entry only if its length and
-CRC-32 are those in its name (ISA-L's CRC-32 where isal is installed, zlib's
-elsewhere: the same values); a damaged one (a flipped bit on disk, a cut or
-grown file) is a miss and is deleted, so the range is fetched and cached
-again. The check adds about 0.3 us to a get of 4 KiB and 2 us to one of
-100 KiB (9 and 15 us in all; isal's CRC-32 runs at about 60 GB/s on the
-machine of BENCHMARKS.md, zlib's, the fallback, at 7). A version-1
-directory (entries without checksums) is upgraded when first adopted: its
-entries and journal are deleted, under the lock.
-
-A full or read-only disk: a cache that cannot write only means "not cached".
-Where the directory cannot be created, or the lock file, the journal or an
-entry cannot be written, the process logs one warning naming the directory
-(once per run, whichever process meets it first) and stops offering; entries
-already there are still served where their checksums verify. The batches
-are the same either way.
+A full or read-only disk: a cache that cannot write only means "not cached". Where the
+directory cannot be created, or the lock file, the journal or an entry cannot be written,
+the process logs one warning naming the directory (once per run, whichever process meets it
+first) and stops offering; entries already there are still served where their checksums
+verify. The batches are the same either way.
 
 Concurrency: several processes (the loader's workers) share a directory.
-:meth:`RangeCache.offer` decides and changes the content under an exclusive
-``flock``; an entry is written to a temporary file and renamed into place, so
-:meth:`RangeCache.get` (which takes no lock) reads a whole entry or none: a
-``get`` racing the eviction of its entry still reads the whole file it
-opened, or finds it gone (a miss).
+:meth:`RangeCache.offer` decides and changes the content under an exclusive ``flock``; an
+entry is written to a temporary file and renamed into place, so :meth:`RangeCache.get`
+(which takes no lock) reads a whole entry or none: a ``get`` racing the eviction of its
+entry still reads the whole file it opened, or finds it gone (a miss).
 
-Cost: a listing of a directory of 64k entries and the parsing of its names
-take about 0.1 s of Python, too much to pay on every batch. Each process
-therefore keeps a view of the entries (name, index, length in numpy arrays),
-built once from the directory, and follows the changes of the others
-through the journal, an append-only file of ``+name`` / ``-name`` lines
-written under the lock (rewritten from the view when it grows past a few
-times the entries). An offer costs O(entries) numpy work (next uses of every
-entry) and O(changes) Python and file work: on the 2-core machine of
-BENCHMARKS.md, with 64k entries, 10 ms for an offer that evicts 64 entries
-and writes 64 (mostly those 128 file operations), 0.02 ms for a get, and
-0.2 s once per process to read the journal. ``max_bytes`` counts the
-ranges' bytes; the filesystem adds its blocks (up to 4 KB an entry) and the
-journal (a few MB at most). Changes are ordered so that
-the journal never misses a file that is on disk: an eviction is unlinked
-before its ``-`` line, an admission gets its ``+`` line before it is
-renamed into place; a process killed in between leaves the journal listing
-a file that is gone (counted, never read), never an uncounted file, so the
-directory never holds more than ``max_bytes`` of entries.
+Cost: listing a directory of 64k entries and parsing the names takes ~0.1 s of Python, too
+much for every batch. Each process keeps a view of the entries (name, index, length in numpy
+arrays), built once, and follows the others' changes through the journal, an append-only
+file of ``+name`` / ``-name`` lines written under the lock (rewritten from the view when it
+grows past a few times the entries). An offer costs O(entries) numpy work and O(changes)
+Python and file work (10 ms for one that evicts and writes 64 of 64k entries; a get 0.02
+ms). ``max_bytes`` counts the ranges' bytes; the filesystem adds its blocks and the journal
+a few MB at most. Changes are ordered so that the journal never misses a file that is on
+disk: an eviction is unlinked before its ``-`` line, an admission gets its ``+`` line before
+it is renamed into place; a process killed in between leaves the journal listing a file that
+is gone (counted, never read), never an uncounted file, so the directory never holds more
+than ``max_bytes`` of entries.
 
-loadr deletes only what it provably created: entries (of this version or
-version 1), temporary files and its three own files, all recognised by their
-names, inside a directory that carries the marker. Anything else in the directory is left alone.
+loadr deletes only what it provably created: entries (of this version or version 1),
+temporary files and its three own files, all recognised by their names, inside a directory
+that carries the marker. Anything else in the directory is left alone.
 
-Example (``n=4`` records read in order, two of them just fetched at
-positions 0 and 1; the cache has room for 10 bytes)::
+Example (``n=4`` records read in order, two of them just fetched at positions 0 and 1; the
+cache has room for 10 bytes)::
 
     >>> import functools, os, tempfile
     >>> from loadr.order import Order
