@@ -465,8 +465,16 @@ static inline __attribute__((always_inline)) void horizontal_block(
 typedef void (*vertical_fn)(unsigned char *, const unsigned char *, size_t, unsigned char *,
                             long long, const short *);
 
+/* The passes are integer arithmetic: a build of them for AVX2, chosen when the module loads
+ * on a CPU that has it (an ifunc: GCC and glibc only), gives the bytes of the SSE2 one. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__)
+#define WIDE __attribute__((target_clones("avx2", "default")))
+#else
+#define WIDE
+#endif
+
 #define VERTICAL(CH, K) \
-    static void vertical_##CH##_##K(unsigned char *t, const unsigned char *src, \
+    WIDE static void vertical_##CH##_##K(unsigned char *t, const unsigned char *src, \
             size_t stride, unsigned char *line, long long w, const short *k) { \
         vertical_row(t, src, stride, line, w, CH, k, K); \
     }
@@ -479,7 +487,7 @@ typedef void (*horizontal_fn)(const unsigned char *, unsigned char *, size_t, in
                               const int *, const short *, int);
 
 #define HORIZONTAL(CH, K) \
-    static void horizontal_##CH##_##K(const unsigned char *t, unsigned char *dst, \
+    WIDE static void horizontal_##CH##_##K(const unsigned char *t, unsigned char *dst, \
             size_t dst_stride, int rows, long long out_w, const int *starts, \
             const short *weights, int flip) { \
         horizontal_block(t, dst, dst_stride, rows, out_w, CH, starts, weights, K, flip); \
@@ -529,13 +537,13 @@ static inline __attribute__((always_inline)) void resize_blocks(
     }
 }
 
-static void blocks_3(const unsigned char *src, size_t stride, long long w, unsigned char *t,
+WIDE static void blocks_3(const unsigned char *src, size_t stride, long long w, unsigned char *t,
                      unsigned char *line, const plan *py, const plan *px, int flip,
                      unsigned char *dst) {
     resize_blocks(src, stride, w, 3, t, line, py, px, flip, dst);
 }
 
-static void blocks_1(const unsigned char *src, size_t stride, long long w, unsigned char *t,
+WIDE static void blocks_1(const unsigned char *src, size_t stride, long long w, unsigned char *t,
                      unsigned char *line, const plan *py, const plan *px, int flip,
                      unsigned char *dst) {
     resize_blocks(src, stride, w, 1, t, line, py, px, flip, dst);
