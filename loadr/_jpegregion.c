@@ -19,8 +19,10 @@
  * resample(src, h, w, channels, (y0, y1), (x0, x1), (out_h, out_w)) -> bytes
  *   An antialiased bilinear resize of the box (Pillow's filter and fixed point, vertical
  *   pass first), mirrored by loadr.decode's numpy twin: the same bytes without this module.
- * decode_resize(data, denom, top, height, left, width, channels, ybox, xbox, out) -> bytes
- *   The two in one call, on the region as decoded.
+ * decode_resize(data, denom, top, height, left, width, channels, ybox, xbox, out[, flip])
+ *   -> bytes
+ *   The two in one call, on the region as decoded; flip: mirrored left-right (the columns
+ *   written in reverse order: a flip after the resize without a copy of its own).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -265,18 +267,18 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
 
 static int resize(const unsigned char *src, long long h, long long w, size_t stride, int ch,
                   double y0, double y1, double x0, double x1, long long out_h,
-                  long long out_w, long long plan_w, int xoff, unsigned char *dst);
+                  long long out_w, long long plan_w, int xoff, int flip, unsigned char *dst);
 
 static PyObject *decode_resize(PyObject *self, PyObject *args) {
     Py_buffer buf;
-    int denom, channels;
+    int denom, channels, flip = 0;
     long long top, height, left, width, out_h, out_w;
     double y0, y1, x0, x1;
     PyObject *pixels, *out = NULL;
     job *j;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*iLLLLi(dd)(dd)(LL)", &buf, &denom, &top, &height, &left,
-                          &width, &channels, &y0, &y1, &x0, &x1, &out_h, &out_w))
+    if (!PyArg_ParseTuple(args, "y*iLLLLi(dd)(dd)(LL)|p", &buf, &denom, &top, &height, &left,
+                          &width, &channels, &y0, &y1, &x0, &x1, &out_h, &out_w, &flip))
         return NULL;
     if (out_h <= 0 || out_w <= 0 || out_h > (1LL << 28) || out_w > (1LL << 28)) {
         PyBuffer_Release(&buf);
@@ -292,7 +294,8 @@ static PyObject *decode_resize(PyObject *self, PyObject *args) {
     if (out != NULL
             && resize((const unsigned char *)PyBytes_AS_STRING(pixels), j->height, j->width,
                       (size_t)j->width * channels, channels, y0, y1, x0, x1, out_h, out_w,
-                      width, (int)(left - j->left), (unsigned char *)PyBytes_AS_STRING(out))
+                      width, (int)(left - j->left), flip,
+                      (unsigned char *)PyBytes_AS_STRING(out))
                < 0)
         Py_CLEAR(out);
     Py_DECREF(pixels);
@@ -433,13 +436,14 @@ static inline __attribute__((always_inline)) void vertical_row(
     }
 }
 
-/* The horizontal pass of one block (rows <= ROWS valid rows of t) into dst. */
+/* The horizontal pass of one block (rows <= ROWS valid rows of t) into dst; flip: output
+ * pixel xx into column out_w - 1 - xx. */
 static inline __attribute__((always_inline)) void horizontal_block(
         const unsigned char *restrict t, unsigned char *restrict dst, size_t dst_stride,
         int rows, long long out_w, int ch, const int *restrict starts,
-        const short *restrict weights, int k) {
+        const short *restrict weights, int k, int flip) {
     const int rc = ROWS * ch;
-    int acc[ROWS * 3];
+    int acc[ROWS * 3] = {0};    /* set below; zeroed once for gcc's uninitialised-use check */
     for (long long xx = 0; xx < out_w; xx++) {
         const short *restrict kk = weights + (size_t)xx * k;
         const unsigned char *restrict p = t + (size_t)starts[xx] * COLUMN(ch);
@@ -451,17 +455,26 @@ static inline __attribute__((always_inline)) void horizontal_block(
             for (int j = 0; j < rc; j++)
                 acc[j] += (short)q[j] * kt;
         }
+        const size_t col = (size_t)(flip ? out_w - 1 - xx : xx) * ch;
         for (int r = 0; r < rows; r++)
             for (int c = 0; c < ch; c++)
-                dst[(size_t)r * dst_stride + (size_t)xx * ch + c] = clip8(acc[r * ch + c]);
+                dst[(size_t)r * dst_stride + col + c] = clip8(acc[r * ch + c]);
     }
 }
 
 typedef void (*vertical_fn)(unsigned char *, const unsigned char *, size_t, unsigned char *,
                             long long, const short *);
 
+/* The passes are integer arithmetic: a build of them for AVX2, chosen when the module loads
+ * on a CPU that has it (an ifunc: GCC and glibc only), gives the bytes of the SSE2 one. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__)
+#define WIDE __attribute__((target_clones("avx2", "default")))
+#else
+#define WIDE
+#endif
+
 #define VERTICAL(CH, K) \
-    static void vertical_##CH##_##K(unsigned char *t, const unsigned char *src, \
+    WIDE static void vertical_##CH##_##K(unsigned char *t, const unsigned char *src, \
             size_t stride, unsigned char *line, long long w, const short *k) { \
         vertical_row(t, src, stride, line, w, CH, k, K); \
     }
@@ -471,13 +484,13 @@ VERTICAL(1, 1) VERTICAL(1, 2) VERTICAL(1, 3) VERTICAL(1, 4) VERTICAL(1, 5) VERTI
 VERTICAL(1, 7) VERTICAL(1, 8)
 
 typedef void (*horizontal_fn)(const unsigned char *, unsigned char *, size_t, int, long long,
-                              const int *, const short *);
+                              const int *, const short *, int);
 
 #define HORIZONTAL(CH, K) \
-    static void horizontal_##CH##_##K(const unsigned char *t, unsigned char *dst, \
+    WIDE static void horizontal_##CH##_##K(const unsigned char *t, unsigned char *dst, \
             size_t dst_stride, int rows, long long out_w, const int *starts, \
-            const short *weights) { \
-        horizontal_block(t, dst, dst_stride, rows, out_w, CH, starts, weights, K); \
+            const short *weights, int flip) { \
+        horizontal_block(t, dst, dst_stride, rows, out_w, CH, starts, weights, K, flip); \
     }
 HORIZONTAL(3, 1) HORIZONTAL(3, 2) HORIZONTAL(3, 3) HORIZONTAL(3, 4) HORIZONTAL(3, 5)
 HORIZONTAL(3, 6) HORIZONTAL(3, 7) HORIZONTAL(3, 8)
@@ -487,7 +500,7 @@ HORIZONTAL(1, 6) HORIZONTAL(1, 7) HORIZONTAL(1, 8)
 /* The block loop, for ch 1 or 3 as a constant (the two instances below). */
 static inline __attribute__((always_inline)) void resize_blocks(
         const unsigned char *src, size_t stride, long long w, int ch, unsigned char *t,
-        unsigned char *line, const plan *py, const plan *px, unsigned char *dst) {
+        unsigned char *line, const plan *py, const plan *px, int flip, unsigned char *dst) {
     static const vertical_fn rgb[] = {vertical_3_1, vertical_3_2, vertical_3_3, vertical_3_4,
                                       vertical_3_5, vertical_3_6, vertical_3_7, vertical_3_8};
     static const vertical_fn gray[] = {vertical_1_1, vertical_1_2, vertical_1_3,
@@ -517,29 +530,31 @@ static inline __attribute__((always_inline)) void resize_blocks(
         }
         if (hfixed != NULL)
             hfixed(t, dst + (size_t)y0 * dst_stride, dst_stride, rows, px->out, px->starts,
-                   px->weights);
+                   px->weights, flip);
         else
             horizontal_block(t, dst + (size_t)y0 * dst_stride, dst_stride, rows, px->out, ch,
-                             px->starts, px->weights, px->k);
+                             px->starts, px->weights, px->k, flip);
     }
 }
 
-static void blocks_3(const unsigned char *src, size_t stride, long long w, unsigned char *t,
-                     unsigned char *line, const plan *py, const plan *px, unsigned char *dst) {
-    resize_blocks(src, stride, w, 3, t, line, py, px, dst);
+WIDE static void blocks_3(const unsigned char *src, size_t stride, long long w, unsigned char *t,
+                     unsigned char *line, const plan *py, const plan *px, int flip,
+                     unsigned char *dst) {
+    resize_blocks(src, stride, w, 3, t, line, py, px, flip, dst);
 }
 
-static void blocks_1(const unsigned char *src, size_t stride, long long w, unsigned char *t,
-                     unsigned char *line, const plan *py, const plan *px, unsigned char *dst) {
-    resize_blocks(src, stride, w, 1, t, line, py, px, dst);
+WIDE static void blocks_1(const unsigned char *src, size_t stride, long long w, unsigned char *t,
+                     unsigned char *line, const plan *py, const plan *px, int flip,
+                     unsigned char *dst) {
+    resize_blocks(src, stride, w, 1, t, line, py, px, flip, dst);
 }
 
 /* [y0, y1) x [x0, x1) of an h x w x ch image (rows stride bytes apart) resized to out_h x
- * out_w into dst, vertical pass first; the x box is in the coordinates of plan_w columns
- * from column xoff. 0, or -1 with a Python exception. */
+ * out_w into dst (mirrored left-right if flip), vertical pass first; the x box is in the
+ * coordinates of plan_w columns from column xoff. 0, or -1 with a Python exception. */
 static int resize(const unsigned char *src, long long h, long long w, size_t stride, int ch,
                   double y0, double y1, double x0, double x1, long long out_h,
-                  long long out_w, long long plan_w, int xoff, unsigned char *dst) {
+                  long long out_w, long long plan_w, int xoff, int flip, unsigned char *dst) {
     plan py, px;
     if (xoff < 0 || (long long)xoff + plan_w > w) {
         PyErr_SetString(PyExc_ValueError, "resample: columns outside the image");
@@ -563,7 +578,7 @@ static int resize(const unsigned char *src, long long h, long long w, size_t str
      * left, to an iMCU boundary). */
     Py_BEGIN_ALLOW_THREADS
     (ch == 3 ? blocks_3 : blocks_1)(src + (size_t)xoff * ch, stride, plan_w, t, line, &py,
-                                    &px, dst);
+                                    &px, flip, dst);
     Py_END_ALLOW_THREADS
     PyMem_Free(t), PyMem_Free(line), plan_free(&py), plan_free(&px);
     return 0;
@@ -588,7 +603,7 @@ static PyObject *resample(PyObject *self, PyObject *args) {
     out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(out_h * out_w * ch));
     if (out == NULL)
         goto release;
-    if (resize(src.buf, h, w, (size_t)w * ch, ch, y0, y1, x0, x1, out_h, out_w, w, 0,
+    if (resize(src.buf, h, w, (size_t)w * ch, ch, y0, y1, x0, x1, out_h, out_w, w, 0, 0,
                (unsigned char *)PyBytes_AS_STRING(out)) < 0)
         Py_CLEAR(out);
 release:
@@ -619,9 +634,10 @@ static PyMethodDef methods[] = {
      "to iMCU boundaries) of a JPEG decoded at 1/denom, as L or RGB (channels 1 or 3)."},
     {"decode_resize", decode_resize, METH_VARARGS,
      "decode_resize(data, denom, top, height, left, width, channels, (y0, y1), (x0, x1),\n"
-     "              (out_h, out_w)) -> bytes\n\n"
+     "              (out_h, out_w)[, flip]) -> bytes\n\n"
      "decode_region, then resample of its [y0, y1) x [x0, x1) (in the coordinates of the\n"
-     "region top..top+height, left..left+width) to out_h x out_w."},
+     "region top..top+height, left..left+width) to out_h x out_w, mirrored left-right\n"
+     "if flip."},
     {"resample", resample, METH_VARARGS,
      "resample(src, h, w, channels, (y0, y1), (x0, x1), (out_h, out_w)) -> bytes\n\n"
      "[y0, y1) x [x0, x1) of an h x w x channels uint8 image, antialiased bilinear, resized\n"

@@ -24,6 +24,9 @@ It is a pure function of (bytes, seed), so a batch is the same for any worker
 count and across a resume. The list keeps its length: the geometric fns' places
 hold pass-throughs, and the stage names (``loader.stats()``) say what ran
 there, e.g. ``decode_jpeg+random_resized_crop`` then ``random_resized_crop(fused)``.
+A ``flip`` of the same key right after the run is fused too (the resize writes
+the columns mirrored instead of the flip copying the image again:
+``decode_jpeg+random_resized_crop+flip``, then ``flip(fused)``).
 
 The same bytes on every install. Where loadr's extension ``loadr._jpegregion``
 was built (``setup.py``, against the system libjpeg-turbo) it decodes only the
@@ -57,7 +60,7 @@ Example::
     import loadr.fns as F
     fns = fuse([F.decode_jpeg(), F.random_resized_crop(size=224), F.flip()])
     [getattr(f, 'stats_name', None) for f in fns]
-    # ['decode_jpeg+random_resized_crop', 'random_resized_crop(fused)', None]
+    # ['decode_jpeg+random_resized_crop+flip', 'random_resized_crop(fused)', 'flip(fused)']
 """
 
 from __future__ import annotations
@@ -343,12 +346,13 @@ def _rect(scaled: tuple[int, int], box: tuple, full: tuple[int, int], out: tuple
 
 
 def decode_region(data: bytes, k: int, mode: str, box: tuple, full: tuple[int, int],
-                  out: tuple[int, int]) -> np.ndarray | None:
+                  out: tuple[int, int], flip: bool = False) -> np.ndarray | None:
     """The region ``box`` (y, x, h, w in the coordinates of the ``full`` (h, w) image) of a
     JPEG decoded at 1/``k`` in ``mode`` ('RGB' or 'L') and resized to ``out`` (h, w),
     decoding only the rows and columns the resize reads (the rows below them are
     Huffman-decoded and checked, not converted); the same bytes as :func:`resize_region`
-    on :func:`decode_scaled`. None where the extension ``loadr._jpegregion`` is not built.
+    on :func:`decode_scaled`, mirrored left-right if ``flip`` (as the resize writes it). None
+    where the extension ``loadr._jpegregion`` is not built.
     Raises :class:`DecodeError` on data libjpeg finds corrupt anywhere in the file.
 
     >>> from loadr.codecs import encode_image
@@ -365,24 +369,25 @@ def decode_region(data: bytes, k: int, mode: str, box: tuple, full: tuple[int, i
     channels = 1 if mode == 'L' else 3
     try:
         res = ext.decode_resize(data, k, top, bottom - top, left, right - left, channels,
-                                ybox, xbox, tuple(out))
+                                ybox, xbox, tuple(out), flip)
     except ValueError as exc:
         raise DecodeError(str(exc)) from exc
     return np.frombuffer(res, np.uint8).reshape(out if channels == 1 else (*out, 3))
 
 
-def resize_region(arr: np.ndarray, box: tuple, full: tuple[int, int], out: tuple[int, int]
-                  ) -> np.ndarray:
+def resize_region(arr: np.ndarray, box: tuple, full: tuple[int, int], out: tuple[int, int],
+                  flip: bool = False) -> np.ndarray:
     """The region ``box`` (y, x, h, w in the coordinates of a ``full`` (h, w) image) of
     ``arr`` (that image decoded at some scale), resized to ``out`` (h, w) by
     :func:`resample` (Pillow's antialiased bilinear), reading the rows and columns
-    :func:`decode_region` decodes: the same bytes.
+    :func:`decode_region` decodes, mirrored left-right if ``flip``: the same bytes.
 
     >>> resize_region(np.zeros((10, 20), np.uint8), (0, 0, 20, 40), (20, 40), (5, 5)).shape
     (5, 5)
     """
     top, bottom, left, right, ybox, xbox = _rect(arr.shape[:2], box, full, out)
-    return resample(arr[top:bottom, left:right], ybox, xbox, out)
+    res = resample(arr[top:bottom, left:right], ybox, xbox, out)
+    return np.ascontiguousarray(res[:, ::-1]) if flip else res
 
 
 # ---------------------------------------------------------------------------
@@ -396,20 +401,23 @@ class Fused:
     has the shapes theirs has.
     """
 
-    def __init__(self, decode, ops):
+    def __init__(self, decode, ops, flip=None):
         self.decode = decode
         self.ops = list(ops)
+        self.flip = flip
         self.key = decode.key
-        self.stats_name = '+'.join(['decode_jpeg'] + [type(op).__name__ for op in self.ops])
+        self.stats_name = '+'.join(['decode_jpeg'] + [type(op).__name__ for op in self.ops]
+                                   + ([] if flip is None else ['flip']))
 
     def __repr__(self) -> str:
-        return f'Fused({self.decode!r}, {self.ops!r})'
+        flip = '' if self.flip is None else f', {self.flip!r}'
+        return f'Fused({self.decode!r}, {self.ops!r}{flip})'
 
     def _slow(self, dp: dict, seed):
         dp = self.decode(dp, seed=seed)
         for op in self.ops:
             dp = op(dp, seed=seed)
-        return dp
+        return dp if self.flip is None else self.flip(dp, seed=seed)
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         value = dp.get(self.key) if isinstance(dp, dict) else None
@@ -434,6 +442,7 @@ class Fused:
                 region.resize(*_target(full, self.decode.size))
             for op in self.ops:
                 op.plan(region, seed)
+            flip = self.flip is not None and self.flip.flips(seed)
         except LoadrError:
             # A crop that does not fit, a bad seed: the unfused fns raise their own error.
             return self._slow(dp, seed)
@@ -442,7 +451,7 @@ class Fused:
         pixels = []
         for data in frames:
             try:
-                pixels.append(decode_region(data, k, mode, region.box, full, out))
+                pixels.append(decode_region(data, k, mode, region.box, full, out, flip))
             except DecodeError:
                 pixels.append(None)     # a file libjpeg refuses: simplejpeg's or Pillow's turn
             if pixels[-1] is None:
@@ -450,7 +459,7 @@ class Fused:
                     arr = decode_scaled(data, k, mode)
                 except DecodeError:
                     return self._slow(dp, seed)     # names the frame and the fn, as always
-                pixels[-1] = resize_region(arr, region.box, full, out)
+                pixels[-1] = resize_region(arr, region.box, full, out, flip)
         return {**dp, self.key: pixels if isinstance(value, (list, tuple)) else pixels[0]}
 
 
@@ -486,14 +495,15 @@ class Done:
 
 def fuse(fns) -> list:
     """``fns`` with each ``decode_jpeg → resize | center_crop | random_crop |
-    random_resized_crop ...`` run (one key) fused; the same length, the same outputs' shapes.
+    random_resized_crop ...`` run (one key) fused, with a ``flip`` of that key right after
+    it; the same length, the same outputs' shapes.
 
     Returns the list unchanged (a copy) when ``LOADR_FUSE=0``. A decode_jpeg
     with ``fuse=False`` is never fused.
 
     >>> import loadr.fns as F
     >>> [type(f).__name__ for f in fuse([F.decode_jpeg(), F.center_crop(size=8), F.flip()])]
-    ['Fused', 'Done', 'flip']
+    ['Fused', 'Done', 'Done']
     """
     from . import fns as F
     fns = list(fns)
@@ -512,8 +522,15 @@ def fuse(fns) -> list:
                 ops.append(fns[j])
                 j += 1
             if ops:
-                out.append(Fused(fn, ops))
+                # A flip of the same key right after: the resize writes its columns mirrored
+                # rather than the flip copying the output once more (the same bytes).
+                flip = fns[j] if j < len(fns) and type(fns[j]) is F.flip and \
+                    fns[j].key == fn.key else None
+                out.append(Fused(fn, ops, flip))
                 out.extend(Done(type(op).__name__) for op in ops)
+                if flip is not None:
+                    out.append(Done('flip'))
+                    j += 1
                 i = j
                 continue
         out.append(fn)

@@ -275,9 +275,9 @@ EQUAL_PIPELINES = [
     [F.decode_jpeg(), F.random_resized_crop(size=224), F.flip()],
     [F.decode_jpeg(), F.resize(size=256), F.center_crop(size=224)],
     [F.decode_jpeg(size=256), F.random_resized_crop(size=(160, 192))],
-    [F.decode_jpeg(mode='L'), F.random_crop(size=(20, 30))],
+    [F.decode_jpeg(mode='L'), F.random_crop(size=(20, 30)), F.flip()],
     [F.decode_jpeg(), F.random_resized_crop(size=(48, 40), scale=(0.01, 0.05))],
-    [F.decode_jpeg(), F.resize(size=(31, 500))],
+    [F.decode_jpeg(), F.resize(size=(31, 500)), F.flip(p=1.0)],
 ]
 
 
@@ -610,6 +610,33 @@ def test_video_frames_get_one_crop():
         assert psnr(g, w) >= 35
 
 
+@pytest.mark.parametrize('region', [True, False], ids=['extension', 'fallback'])
+@pytest.mark.parametrize('mode', ['RGB', 'L'])
+def test_a_flip_right_after_the_crop_is_fused_and_flips_as_the_flip_fn(region, mode,
+                                                                        without_extension):
+    """The resize writes its columns mirrored: the bytes of the flip fn on the fused output,
+    flipped on the seeds the flip fn draws, and the flip's place a pass-through."""
+    if region and extension() is None:
+        pytest.skip('loadr._jpegregion is not built (setup.py, libjpeg)')
+    if not region:
+        without_extension()
+    data = jpeg(natural(97, 131, seed=4))
+    crop = [F.decode_jpeg(mode=mode), F.random_resized_crop(size=(24, 40))]
+    flip = F.flip(stream='pair')
+    fused = fuse([*crop, flip])
+    assert fn_names(fused) == ['decode_jpeg+random_resized_crop+flip',
+                               'random_resized_crop(fused)', 'flip(fused)']
+    flipped = 0
+    for seed in range(12):
+        want = run([*fuse(crop), flip], {'image': data}, seed)['image']
+        got = run(fused, {'image': data}, seed)['image']
+        assert got.flags.c_contiguous and np.array_equal(got, want), seed
+        flipped += flip.flips(seed)
+    assert 0 < flipped < 12
+    # Another key's flip stays a fn of its own.
+    assert fn_names(fuse([*crop, F.flip(key='mask')]))[2] == 'flip'
+
+
 def test_fusion_takes_only_adjacent_fns_of_the_same_key_and_can_be_turned_off(monkeypatch):
     names = lambda fns: [type(f).__name__ for f in fuse(fns)]   # noqa: E731
     assert names([F.decode_jpeg(), F.flip(), F.center_crop(size=8)]) == \
@@ -629,12 +656,12 @@ def test_fusion_takes_only_adjacent_fns_of_the_same_key_and_can_be_turned_off(mo
 def test_stage_names_say_the_fused_path_ran(monkeypatch):
     fns = [F.decode_jpeg(), F.random_resized_crop(size=16), F.flip()]
     # Named as they run: the Loader names fuse(fns).
-    assert fn_names(fuse(fns)) == ['decode_jpeg+random_resized_crop',
-                                   'random_resized_crop(fused)', 'flip']
+    assert fn_names(fuse(fns)) == ['decode_jpeg+random_resized_crop+flip',
+                                   'random_resized_crop(fused)', 'flip(fused)']
     data = [{'image': jpeg(natural(40, 50, seed=i))} for i in range(8)]
     with loadr.Loader(data, batch=4, fns=fns, seed=0, workers=0) as loader:
         next(iter(loader))
-        assert 'decode_jpeg+random_resized_crop' in loader.stats().stages()
+        assert 'decode_jpeg+random_resized_crop+flip' in loader.stats().stages()
     monkeypatch.setenv('LOADR_FUSE', '0')
     assert fn_names(fuse(fns)) == ['decode_jpeg', 'random_resized_crop', 'flip']
     assert isinstance(Done('x')({'a': 1}), dict)
@@ -692,7 +719,7 @@ def test_gulp_video_frames_are_decoded_fused_and_deterministically(local_data):
             digests.append(stream_digests(loader, 6))
             batch = next(iter(loader))
             assert batch['frames'].shape == (2, 3, 24, 24, 3)
-            assert 'decode_jpeg+random_resized_crop' in loader.stats().stages()
+            assert 'decode_jpeg+random_resized_crop+flip' in loader.stats().stages()
     assert digests[0] == digests[1]
     # The fixture's frames are noise (the quality contract is test_video_frames_get_one_crop's,
     # on natural frames): here the clips have the unfused pipeline's shapes.

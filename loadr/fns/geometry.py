@@ -219,6 +219,15 @@ class flip(Fn):  # noqa: N801
             return dict(dp)
         return {**dp, self.key: rebuild([_flip_lr(f) for f in frames])}
 
+    def flips(self, seed: int | None) -> bool:
+        """Whether the datapoint of ``seed`` is flipped: the draw ``__call__`` makes (the
+        fused decode, :mod:`loadr.decode`, flips as it resizes).
+
+        >>> flip(p=1.0).flips(0), flip(p=0.0).flips(0)
+        (True, False)
+        """
+        return bool(self._rng(seed).random() < self.p)
+
 
 def _flip_lr(frame: np.ndarray) -> np.ndarray:
     if frame.ndim == 3 and frame.flags.c_contiguous:
