@@ -134,9 +134,14 @@ static int rows(job *j, unsigned char *out) {
             return -1;
         }
     }
+    /* Several rows a call: libjpeg hands out a row group at a time (up to 16 rows). */
     while (c->output_scanline < j->top + j->height) {
-        JSAMPROW row = out + (size_t)(c->output_scanline - j->top) * stride;
-        if (jpeg_read_scanlines(c, &row, 1) != 1) {
+        JSAMPROW many[16];
+        JDIMENSION want = j->top + j->height - c->output_scanline;
+        want = want < 16 ? want : 16;
+        for (JDIMENSION r = 0; r < want; r++)
+            many[r] = out + (size_t)(c->output_scanline + r - j->top) * stride;
+        if (jpeg_read_scanlines(c, many, want) == 0) {
             snprintf(j->err.message, JMSG_LENGTH_MAX, "truncated at row %u",
                      c->output_scanline);
             return -1;
@@ -442,8 +447,10 @@ static inline __attribute__((always_inline)) void horizontal_block(
         const unsigned char *restrict t, unsigned char *restrict dst, size_t dst_stride,
         int rows, long long out_w, int ch, const int *restrict starts,
         const short *restrict weights, int k, int flip) {
-    const int rc = ROWS * ch;
-    int acc[ROWS * 3] = {0};    /* set below; zeroed once for gcc's uninitialised-use check */
+    /* Every byte of a column, the padding too: whole vectors, no scalar remainder (the
+     * padding's sums are never written). */
+    const int rc = COLUMN(ch);
+    int acc[COLUMN(3)] = {0};   /* set below; zeroed once for gcc's uninitialised-use check */
     for (long long xx = 0; xx < out_w; xx++) {
         const short *restrict kk = weights + (size_t)xx * k;
         const unsigned char *restrict p = t + (size_t)starts[xx] * COLUMN(ch);
@@ -465,13 +472,9 @@ static inline __attribute__((always_inline)) void horizontal_block(
 typedef void (*vertical_fn)(unsigned char *, const unsigned char *, size_t, unsigned char *,
                             long long, const short *);
 
-/* The passes are integer arithmetic: a build of them for AVX2, chosen when the module loads
- * on a CPU that has it (an ifunc: GCC and glibc only), gives the bytes of the SSE2 one. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__)
-#define WIDE __attribute__((target_clones("avx2", "default")))
-#else
+/* The portable passes: plain C the compiler vectorises for the baseline ISA (SSE2 on
+ * x86-64). Where the CPU has AVX2, the passes below them run instead. */
 #define WIDE
-#endif
 
 #define VERTICAL(CH, K) \
     WIDE static void vertical_##CH##_##K(unsigned char *t, const unsigned char *src, \
@@ -549,6 +552,162 @@ WIDE static void blocks_1(const unsigned char *src, size_t stride, long long w, 
     resize_blocks(src, stride, w, 1, t, line, py, px, flip, dst);
 }
 
+
+/* ------------------------------------------------------------------------------------ */
+/* The same passes in AVX2 (x86-64, GCC or clang): two taps a multiply-add (vpmaddwd sums
+ * byte pairs times weight pairs into 32 bits), 32 bytes an iteration. The integer sums
+ * are the portable passes' exactly (no sum can overflow: 255 times weights that sum to
+ * about 1 << 14), so the bytes are the same; tests run both (simd(False)). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_AVX2 1
+
+#define AVX2 __attribute__((target("avx2")))
+
+/* acc (4 x 8 int32, interleaved as unpack leaves them) += a * w0 + b * w1 for 32 bytes. */
+AVX2 static inline void madd32(__m256i acc[4], __m256i a, __m256i b, __m256i w) {
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i lo = _mm256_unpacklo_epi8(a, b), hi = _mm256_unpackhi_epi8(a, b);
+    acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), w));
+    acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), w));
+    acc[2] = _mm256_add_epi32(acc[2], _mm256_madd_epi16(_mm256_unpacklo_epi8(hi, zero), w));
+    acc[3] = _mm256_add_epi32(acc[3], _mm256_madd_epi16(_mm256_unpackhi_epi8(hi, zero), w));
+}
+
+/* The 32 bytes of madd32's sums, shifted and clipped as clip8, in their original order
+ * (the two packs undo the unpacks' interleaving lane by lane). */
+AVX2 static inline __m256i pack32(__m256i acc[4]) {
+    for (int i = 0; i < 4; i++)
+        acc[i] = _mm256_srai_epi32(acc[i], PRECISION_BITS);
+    return _mm256_packus_epi16(_mm256_packs_epi32(acc[0], acc[1]),
+                               _mm256_packs_epi32(acc[2], acc[3]));
+}
+
+AVX2 static inline __m256i pair(short w0, short w1) {
+    return _mm256_set1_epi32((int)(unsigned short)w0 | (int)((unsigned)(unsigned short)w1 << 16));
+}
+
+/* vertical_row: 32 bytes of the row at a time, the rest one by one. */
+AVX2 static void vertical_avx2(unsigned char *restrict t, const unsigned char *restrict src,
+                               size_t stride, unsigned char *restrict line, long long w, int ch,
+                               const short *restrict k, int ky) {
+    const size_t row = (size_t)w * ch;
+    const __m256i half = _mm256_set1_epi32(HALF), zero = _mm256_setzero_si256();
+    size_t i = 0;
+    /* The weight pairs, made once a row (up to 32 pairs; more taps are rare: a reduction
+     * past 32x after the DCT scale's 8x). */
+    __m256i pairs[32];
+    const int np = (ky + 1) / 2;
+    if (np <= 32)
+        for (int q = 0; q < np; q++)
+            pairs[q] = pair(k[2 * q], 2 * q + 1 < ky ? k[2 * q + 1] : 0);
+    for (; i + 32 <= row; i += 32) {
+        __m256i acc[4] = {half, half, half, half};
+        int tap = 0;
+        for (; tap + 1 < ky; tap += 2)
+            madd32(acc, _mm256_loadu_si256((const __m256i *)(src + (size_t)tap * stride + i)),
+                   _mm256_loadu_si256((const __m256i *)(src + (size_t)(tap + 1) * stride + i)),
+                   np <= 32 ? pairs[tap / 2] : pair(k[tap], k[tap + 1]));
+        if (tap < ky)
+            madd32(acc, _mm256_loadu_si256((const __m256i *)(src + (size_t)tap * stride + i)),
+                   zero, np <= 32 ? pairs[tap / 2] : pair(k[tap], 0));
+        _mm256_storeu_si256((__m256i *)(line + i), pack32(acc));
+    }
+    for (; i < row; i++) {
+        int s = HALF;
+        for (int tap = 0; tap < ky; tap++)
+            s += (short)src[(size_t)tap * stride + i] * k[tap];
+        line[i] = clip8(s);
+    }
+    if (ch == 3) {
+        for (long long x = 0; x < w; x++) {
+            unsigned int v;
+            memcpy(&v, line + (size_t)x * 3, 4);
+            memcpy(t + (size_t)x * COLUMN(3), &v, 4);
+        }
+    } else {
+        for (long long x = 0; x < w; x++)
+            t[(size_t)x * COLUMN(1)] = line[x];
+    }
+}
+
+/* horizontal_block for RGB: a column of the transposed block is 32 bytes (8 rows of 3, and
+ * padding), one madd32 per pair of taps. */
+AVX2 static void horizontal_avx2_3(const unsigned char *restrict t, unsigned char *restrict dst,
+                                   size_t dst_stride, int rows, long long out_w,
+                                   const int *restrict starts, const short *restrict weights,
+                                   int k, int flip) {
+    const __m256i half = _mm256_set1_epi32(HALF), zero = _mm256_setzero_si256();
+    unsigned char o[32];
+    for (long long xx = 0; xx < out_w; xx++) {
+        const short *kk = weights + (size_t)xx * k;
+        const unsigned char *p = t + (size_t)starts[xx] * COLUMN(3);
+        __m256i acc[4] = {half, half, half, half};
+        int tap = 0;
+        for (; tap + 1 < k; tap += 2)
+            madd32(acc, _mm256_loadu_si256((const __m256i *)(p + (size_t)tap * COLUMN(3))),
+                   _mm256_loadu_si256((const __m256i *)(p + (size_t)(tap + 1) * COLUMN(3))),
+                   pair(kk[tap], kk[tap + 1]));
+        if (tap < k)
+            madd32(acc, _mm256_loadu_si256((const __m256i *)(p + (size_t)tap * COLUMN(3))),
+                   zero, pair(kk[tap], 0));
+        _mm256_storeu_si256((__m256i *)o, pack32(acc));
+        unsigned char *d = dst + (size_t)(flip ? out_w - 1 - xx : xx) * 3;
+        for (int r = 0; r < rows; r++)
+            memcpy(d + (size_t)r * dst_stride, o + r * 3, 3);
+    }
+}
+
+/* horizontal_block for L: a column is 8 bytes; a pair of taps is one 16-lane multiply-add. */
+AVX2 static void horizontal_avx2_1(const unsigned char *restrict t, unsigned char *restrict dst,
+                                   size_t dst_stride, int rows, long long out_w,
+                                   const int *restrict starts, const short *restrict weights,
+                                   int k, int flip) {
+    const __m256i half = _mm256_set1_epi32(HALF);
+    const __m128i zero = _mm_setzero_si128();
+    unsigned char o[16];
+    for (long long xx = 0; xx < out_w; xx++) {
+        const short *kk = weights + (size_t)xx * k;
+        const unsigned char *p = t + (size_t)starts[xx] * COLUMN(1);
+        __m256i acc = half;
+        for (int tap = 0; tap < k; tap += 2) {
+            __m128i a = _mm_loadl_epi64((const __m128i *)(p + (size_t)tap * COLUMN(1)));
+            __m128i b = tap + 1 < k
+                ? _mm_loadl_epi64((const __m128i *)(p + (size_t)(tap + 1) * COLUMN(1))) : zero;
+            __m256i ab = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(
+                ab, pair(kk[tap], tap + 1 < k ? kk[tap + 1] : 0)));
+        }
+        acc = _mm256_srai_epi32(acc, PRECISION_BITS);
+        __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(acc),
+                                      _mm256_extracti128_si256(acc, 1));
+        _mm_storeu_si128((__m128i *)o, _mm_packus_epi16(w16, w16));
+        unsigned char *d = dst + (size_t)(flip ? out_w - 1 - xx : xx);
+        for (int r = 0; r < rows; r++)
+            d[(size_t)r * dst_stride] = o[r];
+    }
+}
+
+AVX2 static void blocks_avx2(const unsigned char *src, size_t stride, long long w, int ch,
+                             unsigned char *t, unsigned char *line, const plan *py,
+                             const plan *px, int flip, unsigned char *dst) {
+    size_t dst_stride = (size_t)px->out * ch;
+    for (int y0 = 0; y0 < py->out; y0 += ROWS) {
+        int rows = py->out - y0 < ROWS ? py->out - y0 : ROWS;
+        for (int r = 0; r < rows; r++)
+            vertical_avx2(t + (size_t)r * ch, src + (size_t)py->starts[y0 + r] * stride,
+                          stride, line, w, ch, py->weights + (size_t)(y0 + r) * py->k, py->k);
+        (ch == 3 ? horizontal_avx2_3 : horizontal_avx2_1)(
+            t, dst + (size_t)y0 * dst_stride, dst_stride, rows, px->out, px->starts,
+            px->weights, px->k, flip);
+    }
+}
+#endif
+
+/* Whether the AVX2 passes run: set when the module loads (the CPU has AVX2), and by
+ * simd(False) in tests, which then run the portable ones on the same machine. */
+static int use_avx2 = 0;
+
 /* [y0, y1) x [x0, x1) of an h x w x ch image (rows stride bytes apart) resized to out_h x
  * out_w into dst (mirrored left-right if flip), vertical pass first; the x box is in the
  * coordinates of plan_w columns from column xoff. 0, or -1 with a Python exception. */
@@ -577,6 +736,11 @@ static int resize(const unsigned char *src, long long h, long long w, size_t str
     /* Only the plan's columns go through the passes (not the ones libjpeg decoded to its
      * left, to an iMCU boundary). */
     Py_BEGIN_ALLOW_THREADS
+#ifdef HAVE_AVX2
+    if (use_avx2)
+        blocks_avx2(src + (size_t)xoff * ch, stride, plan_w, ch, t, line, &py, &px, flip, dst);
+    else
+#endif
     (ch == 3 ? blocks_3 : blocks_1)(src + (size_t)xoff * ch, stride, plan_w, t, line, &py,
                                     &px, flip, dst);
     Py_END_ALLOW_THREADS
@@ -627,6 +791,23 @@ static PyObject *weights(PyObject *self, PyObject *args) {
     return r;
 }
 
+static PyObject *simd(PyObject *self, PyObject *args) {
+    PyObject *on = Py_None;
+    int was = use_avx2;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "|O", &on))
+        return NULL;
+    if (on != Py_None) {
+        int want = PyObject_IsTrue(on);
+        if (want < 0)
+            return NULL;
+#ifdef HAVE_AVX2
+        use_avx2 = want && __builtin_cpu_supports("avx2");
+#endif
+    }
+    return PyBool_FromLong(was);
+}
+
 static PyMethodDef methods[] = {
     {"decode_region", decode_region, METH_VARARGS,
      "decode_region(data, denom, top, height, left, width, channels) -> (bytes, h, w, x)\n\n"
@@ -642,6 +823,9 @@ static PyMethodDef methods[] = {
      "resample(src, h, w, channels, (y0, y1), (x0, x1), (out_h, out_w)) -> bytes\n\n"
      "[y0, y1) x [x0, x1) of an h x w x channels uint8 image, antialiased bilinear, resized\n"
      "to out_h x out_w (loadr.decode.resample, whose numpy twin gives the same bytes)."},
+    {"simd", simd, METH_VARARGS,
+     "simd([on]) -> bool: whether the resize runs its AVX2 passes (the bytes are the same);\n"
+     "on: use them where the CPU has AVX2 (the default), or not (the portable passes)."},
     {"weights", weights, METH_VARARGS,
      "weights(size, in0, in1, out) -> (starts, weights, k): resample's int32 plan."},
     {NULL, NULL, 0, NULL}
@@ -655,6 +839,10 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__jpegregion(void) {
     PyObject *m = PyModule_Create(&module);
+#ifdef HAVE_AVX2
+    __builtin_cpu_init();
+    use_avx2 = __builtin_cpu_supports("avx2");
+#endif
     if (m != NULL && PyModule_AddStringConstant(m, "LIBJPEG_TURBO_VERSION",
                                                  Py_STRINGIFY(LIBJPEG_TURBO_VERSION)) < 0) {
         Py_DECREF(m);

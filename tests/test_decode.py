@@ -151,13 +151,31 @@ def test_the_fused_output_is_as_close_to_the_unfused_as_readme_says(picture):
         assert psnr(got, want) >= PSNR_BOUNDS[picture], (hw, box, out, psnr(got, want))
 
 
-def test_the_resize_is_the_same_in_c_and_numpy_and_close_to_pillows(without_extension):
-    """loadr.decode.resample: the extension's C and its numpy twin give the same bytes (the
-    weights are the same integers), for any box, scale, channel count and image edge; and
-    they are Pillow's antialiased bilinear but for rounding."""
+@pytest.fixture(params=['avx2', 'portable'])
+def passes(request):
+    """The extension's resize passes: its AVX2 ones (where this CPU has AVX2) or its portable
+    C ones; the same bytes either way."""
+    ext = extension()
+    if ext is None:
+        yield None
+        return
+    was = ext.simd(request.param == 'avx2')
+    if request.param == 'avx2' and not ext.simd():
+        ext.simd(was)
+        pytest.skip('this CPU has no AVX2')
+    yield request.param
+    ext.simd(was)
+
+
+def test_the_resize_is_the_same_in_c_and_numpy_and_close_to_pillows(without_extension, passes):
+    """loadr.decode.resample: the extension's C (its AVX2 passes and its portable ones) and
+    its numpy twin give the same bytes (the weights are the same integers), for any box,
+    scale, channel count and image edge; and they are Pillow's antialiased bilinear but for
+    rounding."""
     rng = np.random.default_rng(0)
     cases = []
     for trial in range(150):
+        # Widths past 32 bytes a row and up to many taps: the vector loops and their tails.
         h, w = int(rng.integers(1, 200)), int(rng.integers(1, 200))
         shape = (h, w, 3) if trial % 2 else (h, w)
         arr = rng.integers(0, 256, shape, dtype=np.uint8)
