@@ -10,6 +10,10 @@ clock, on the same in-memory JPEGs (distinct q90 pictures, cycled):
 - ``plain loop ×W``: W processes each running the plain Pillow loop (full
   decode, crop, resize, flip) on the same crop boxes, nothing returned: the
   ceiling of a user's own fn, with no loader around it;
+- ``torch + Pillow fn``: torch's DataLoader, ``num_workers=W``, whose
+  dataset runs the plain Pillow loop (the same boxes) and returns the array:
+  the same pipeline written with Pillow, as a user without loadr writes it
+  (where torch imports);
 - ``torch + torchvision``: torch's DataLoader, ``num_workers=W``, with
   torchvision's ``RandomResizedCrop`` (or ``Resize``, ``CenterCrop``) and
   ``RandomHorizontalFlip`` on PIL images (where torchvision imports).
@@ -110,18 +114,41 @@ class _TorchSet:
         return {'image': np.asarray(self.ops(img)), 'label': dp['label']}
 
 
-def _torch(data, kind: str, workers: int, batches: int) -> float | None:
+class _PillowSet:
+    """The plain Pillow loop as a map-style dataset: sample i gets box i of the plans."""
+
+    def __init__(self, data, plans, kind):
+        self.data, self.plans, self.kind = data, plans, kind
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        dp = self.data[int(i)]
+        arr = D.plain_loop(dp['image'], self.plans[int(i) % len(self.plans)], self.kind)
+        return {'image': arr, 'label': dp['label']}
+
+
+def _torch(data, kind: str, workers: int, batches: int, hw: tuple | None = None
+           ) -> float | None:
+    """torch's DataLoader over the plain Pillow loop (``hw`` given) or torchvision's
+    transforms; None where torch (or torchvision) does not import."""
     try:
         import torch
-        import torchvision.transforms as T
+        if hw is None:
+            import torchvision.transforms as T
     except Exception:               # not installed, or a torchvision that cannot load its torch
         return None
     from torch.utils.data import DataLoader
-    if kind == 'center':
-        ops = T.Compose([T.Resize(256), T.CenterCrop(D.OUT), T.RandomHorizontalFlip()])
+    if hw is not None:
+        dataset = _PillowSet(data, D._plans(kind, hw, range(256)), kind)
+    elif kind == 'center':
+        dataset = _TorchSet(data, T.Compose([T.Resize(256), T.CenterCrop(D.OUT),
+                                             T.RandomHorizontalFlip()]))
     else:
-        ops = T.Compose([T.RandomResizedCrop(D.OUT), T.RandomHorizontalFlip()])
-    dl = DataLoader(_TorchSet(data, ops), batch_size=BATCH, shuffle=True, num_workers=workers,
+        dataset = _TorchSet(data, T.Compose([T.RandomResizedCrop(D.OUT),
+                                             T.RandomHorizontalFlip()]))
+    dl = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers,
                     drop_last=True, persistent_workers=True,
                     generator=torch.Generator().manual_seed(0))
 
@@ -147,31 +174,34 @@ def run(workers: int, batches: int, runs: int, only: str | None = None,
         if only and only not in name:
             continue
         data = _data(hw, distinct, BATCH * (batches + WARM) * 2)
-        figs: dict[str, list] = {'loadr fused': [], 'loadr unfused': [], 'plain loop': [],
-                                 'torch + torchvision': []}
+        figs: dict[str, list] = {c: [] for c in COLUMNS}
         for _ in range(runs):       # interleaved, so that a busy moment hits every row
             figs['loadr fused'].append(_loadr(data, kind, workers, batches, True))
             figs['loadr unfused'].append(_loadr(data, kind, workers, batches, False))
             figs['plain loop'].append(_plain(data, kind, hw, workers, batches))
-            t = _torch(data, kind, workers, batches)
-            if t is not None:
-                figs['torch + torchvision'].append(t)
+            for col, t in (('torch + Pillow fn', _torch(data, kind, workers, batches, hw)),
+                           ('torch + torchvision', _torch(data, kind, workers, batches))):
+                if t is not None:
+                    figs[col].append(t)
         med = {k: statistics.median(v) for k, v in figs.items() if v}
         rows.append({'case': name, 'workers': workers, **med})
     return rows
 
 
+COLUMNS = ('loadr fused', 'loadr unfused', 'plain loop', 'torch + Pillow fn',
+           'torch + torchvision')
+PEERS = ('plain loop', 'torch + Pillow fn', 'torch + torchvision')
+
+
 def markdown(rows: list[dict]) -> str:
-    """The rows as a table: samples/s, and loadr fused ÷ each."""
-    cols = ['loadr fused', 'loadr unfused', 'plain loop', 'torch + torchvision']
-    out = ['| case | workers | ' + ' | '.join(cols) + ' | fused ÷ plain | fused ÷ torch |',
-           '|---|---:|' + '---:|' * (len(cols) + 2)]
+    """The rows as a table: samples/s, and loadr fused ÷ each peer."""
+    out = ['| case | workers | ' + ' | '.join(COLUMNS) + ' | '
+           + ' | '.join(f'fused ÷ {p}' for p in PEERS) + ' |',
+           '|---|---:|' + '---:|' * (len(COLUMNS) + len(PEERS))]
     for r in rows:
-        cells = [f'{r[c]:,.0f}' if c in r else '—' for c in cols]
-        ratios = [f'{r["loadr fused"] / r[c]:.2f}×' if c in r else '—'
-                  for c in ('plain loop', 'torch + torchvision')]
-        out.append(f'| {r["case"]} | {r["workers"]} | ' + ' | '.join(cells)
-                   + f' | {ratios[0]} | {ratios[1]} |')
+        cells = [f'{r[c]:,.0f}' if c in r else '—' for c in COLUMNS]
+        ratios = [f'{r["loadr fused"] / r[c]:.2f}×' if c in r else '—' for c in PEERS]
+        out.append(f'| {r["case"]} | {r["workers"]} | ' + ' | '.join(cells + ratios) + ' |')
     return '\n'.join(out)
 
 

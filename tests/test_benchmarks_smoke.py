@@ -222,7 +222,7 @@ def test_decode_loaders_prints_its_table():
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = [line for line in proc.stdout.splitlines() if line.startswith('| resize256')]
-    assert len(row) == 1 and row[0].count('|') == 9, proc.stdout
+    assert len(row) == 1 and row[0].count('|') == 11, proc.stdout
     loadr_fused, unfused, plain = (float(c.replace(',', '')) for c in row[0].split('|')[3:6])
     assert loadr_fused > 0 and unfused > 0 and plain > 0
 
