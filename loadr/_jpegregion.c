@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <jpeglib.h>
+#include <jpegint.h>   /* the entropy decoder's decode_mcu and the crop's iMCU columns */
 #include <math.h>
 
 /* Partial decompression is libjpeg-turbo's, not IJG libjpeg's: with another libjpeg the
@@ -66,7 +67,30 @@ typedef struct {
     int denom, channels, to_end;
     JDIMENSION top, height, left, width;   /* requested; left/width: as libjpeg widened them */
     unsigned char *scratch;                /* one row, for the last row when to_end */
+    boolean (*decode_mcu)(j_decompress_ptr, JBLOCKROW *);   /* libjpeg's, when wrapped */
+    unsigned long long mcus;               /* MCUs decoded so far (wrapped) */
 } job;
+
+/* libjpeg's decode_mcu, wrapped: an MCU outside the crop's columns is Huffman-decoded with
+ * nowhere to store its coefficients (NULL, as jpeg_skip_scanlines decodes whole rows),
+ * where libjpeg would store them and then skip their inverse DCT: the same condition as
+ * its one-pass coefficient controller's, on the same MCU column. decode_mcu is called once
+ * an MCU in raster order in a single-scan file (the only kind wrapped), which is how the
+ * column is known. The stores cost about 5% of the Huffman decoding of the crop's rows. */
+static boolean decode_mcu_cropped(j_decompress_ptr c, JBLOCKROW *data) {
+    job *j = (job *)c;     /* the cinfo is the job's first member */
+    JDIMENSION col = (JDIMENSION)(j->mcus % c->MCUs_per_row);
+    if (j->mcus / c->MCUs_per_row != c->input_iMCU_row) {
+        /* Not where the count says (no libjpeg known to do this): store everything from
+         * here on, as libjpeg alone does. */
+        c->entropy->decode_mcu = j->decode_mcu;
+        return j->decode_mcu(c, data);
+    }
+    j->mcus++;
+    if (col < c->master->first_iMCU_col || col > c->master->last_iMCU_col)
+        data = NULL;
+    return j->decode_mcu(c, data);
+}
 
 /* Phase 1 (no GIL): header, scale, start, horizontal crop. Each phase has its own setjmp,
  * so that a longjmp never crosses the GIL's release and reacquisition. */
@@ -113,10 +137,18 @@ static int start(job *j) {
         return -1;
     }
     /* Cropping the full width is a no-op that libjpeg may refuse; skip the call then. */
-    if (j->width < c->output_width)
+    if (j->width < c->output_width) {
         jpeg_crop_scanline(c, &j->left, &j->width);
-    else
+        /* One scan, one MCU row an iMCU row (interleaved, or one component sampled 1x1):
+         * the count of decode_mcu calls gives the MCU's column and row. */
+        if (!c->progressive_mode && !c->inputctl->has_multiple_scans
+                && (c->comps_in_scan > 1 || c->cur_comp_info[0]->v_samp_factor == 1)) {
+            j->decode_mcu = c->entropy->decode_mcu;
+            c->entropy->decode_mcu = decode_mcu_cropped;
+        }
+    } else {
         j->left = 0, j->width = c->output_width;
+    }
     return 0;
 }
 

@@ -216,16 +216,28 @@ def test_the_extensions_weights_are_the_numpy_twins():
         assert np.array_equal(np.frombuffer(weights, np.int16).reshape(out, k), want_weights)
 
 
-KINDS = ['444', '422', '420', '440', '411', '441', 'gray']
+# rst: 4:2:0 with restart markers every 5 MCUs; gray22: one component sampled 2x2 (an iMCU
+# row of two MCU rows: the region decoder then stores every MCU's coefficients).
+KINDS = ['444', '422', '420', '440', '411', '441', 'gray', 'rst', 'gray22']
 
 
 def region_jpeg(hw: tuple, kind: str, progressive: bool, seed: int) -> bytes:
     """A JPEG of ``natural(*hw)`` with chroma subsampling ``kind``."""
     import simplejpeg
     arr = natural(*hw, seed=seed)
-    if kind == 'gray':
+    if kind in ('gray', 'gray22'):
         buf = io.BytesIO()
         Image.fromarray(arr).convert('L').save(buf, 'JPEG', quality=90, progressive=progressive)
+        data = bytearray(buf.getvalue())
+        if kind == 'gray22':    # the same blocks in the same order: the same pixels
+            at = data.index(b'\xff\xc2' if progressive else b'\xff\xc0')
+            assert data[at + 9] == 1 and data[at + 11] == 0x11
+            data[at + 11] = 0x22
+        return bytes(data)
+    if kind == 'rst':
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, 'JPEG', quality=90, subsampling=2,
+                                  progressive=progressive, restart_marker_blocks=5)
         return buf.getvalue()
     if kind == '441':
         return jpeg_441(hw, seed)
@@ -279,7 +291,7 @@ def test_a_region_decode_has_the_full_decodes_pixels(kind, progressive):
                     assert rh == h and x <= left and left + w <= x + rw <= W
                     got = np.frombuffer(buf, np.uint8).reshape(full[:rh, :rw].shape)
                     want = full[top:top + h, x:x + rw]
-                    if kind not in ('444', 'gray') and mode == 'RGB':
+                    if kind not in ('444', 'gray', 'gray22') and mode == 'RGB':
                         # Fancy upsampling of subsampled chroma has no neighbour beyond a
                         # cut: its outermost row/column (not an image edge) may differ.
                         # decode_region keeps 2 pixels more than the resize reads.
