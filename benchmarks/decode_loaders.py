@@ -126,7 +126,9 @@ class _PillowSet:
     def __getitem__(self, i):
         dp = self.data[int(i)]
         arr = D.plain_loop(dp['image'], self.plans[int(i) % len(self.plans)], self.kind)
-        return {'image': arr, 'label': dp['label']}
+        # Writable, as torch's collate wants (np.asarray of a PIL image is read-only): the
+        # copy a user's own np.array(img) makes.
+        return {'image': np.require(arr, requirements='W'), 'label': dp['label']}
 
 
 def _torch(data, kind: str, workers: int, batches: int, hw: tuple | None = None
