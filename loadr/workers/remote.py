@@ -29,6 +29,7 @@ agents' task records with it and shows them on the trainer's clock.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import sys
 import time
@@ -75,6 +76,7 @@ HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 3000
 MAX_RESTARTS = 8            # per agent slot, a run
 PINGS = 4                   # a link's clock pings: the shortest round trip is kept
+_MONITORS = itertools.count()     # the links' monitor endpoints, one name each
 _DISCONNECTS = (zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
                 zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
@@ -262,10 +264,14 @@ class RemotePool:
         sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
         # A lost link is dropped, never reconnected: a new agent comes as a new link.
         sock.setsockopt(zmq.RECONNECT_IVL, -1)
+        # A name of its own: pyzmq's default (inproc://monitor.s-<fd>) is taken again by a
+        # new link whose socket got a lost link's fd before that monitor's endpoint was
+        # released ("Address already in use").
         monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
                                           | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                                           | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                                          | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+                                          | zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+                                          addr=f'inproc://loadr.link-monitor.{next(_MONITORS)}')
         sock.connect(f"tcp://{info['address']}:{info['port']}")
         depth = DEPTH_PER_PROCESS * max(1, int(self.engine.cpus))
         link = _Link(index, handle, info, sock, monitor, depth, server_public)

@@ -212,7 +212,9 @@ def test_a_stranger_at_an_agent_s_socket_gets_nothing():
                 if curve:       # a well-formed client that knows the server's key
                     sock.curve_serverkey = link.server_public
                     sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
-                monitor = sock.get_monitor_socket()
+                # A name of its own: the default (by the socket's fd) can be the closed
+                # first socket's, still bound ("Address already in use").
+                monitor = sock.get_monitor_socket(addr=f'inproc://stranger-monitor-{curve}')
                 sock.connect(address)
                 sock.send(task(Task(10**6, 0, 0, SEED, 0, BATCH))[0])
                 failed = None
