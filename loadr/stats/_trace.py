@@ -303,10 +303,10 @@ class Tracer:
         if rows.ndim != 2 or rows.shape[1] != 1 + record_width(len(self.fn_names)):
             self.lost += len(rows)          # another pipeline's records: not ours to show
             return
-        records = rows[:, 1:].copy()
-        offset = float(source.get('clock_offset_s') or 0.0)
-        records[:, BEGIN] -= offset
-        records[:, END] -= offset
+        # Kept in the agent's clock: the offset is applied when the trace is written, the
+        # link's last (best) one to every record, so that pings that improve it mid-run
+        # never move one span of a track against the next (they would overlap).
+        records = rows[:, 1:]
         wids, pids = rows[:, 0], records[:, PID]
         for wid, pid in {(int(w), int(p)) for w, p in zip(wids.tolist(), pids.tolist())}:
             track = (*key, pid)
@@ -396,7 +396,8 @@ class Tracer:
                              _AGENT_SORT * (agent + 1) + wid, key='sort_index'),
                        _meta(shown, shown, 'thread_name',
                              f'worker {wid} (pid {pid} on {host}, agent pid {agent_pid})')]
-            events += _task_events(records, shown, shown, stages)
+            offset = float(self.agents[(agent, agent_pid)].get('clock_offset_s') or 0.0)
+            events += _task_events(records, shown, shown, stages, offset)
         return events
 
     def write(self, path=None) -> str:
@@ -426,8 +427,10 @@ class Tracer:
         return path
 
 
-def _task_events(records: Rows, pid: int, tid: int, stages: list) -> list[dict]:
-    """A span per task record, its stages laid end to end inside it.
+def _task_events(records: Rows, pid: int, tid: int, stages: list,
+                 offset_s: float = 0.0) -> list[dict]:
+    """A span per task record, its stages laid end to end inside it; ``offset_s``: the
+    records' clock minus ours (an agent's), taken off every time.
 
     Every boundary is a whole nanosecond, and each stage starts exactly where the one
     before it ended: summed float seconds put a stage's end a hair past the next one's
@@ -435,8 +438,8 @@ def _task_events(records: Rows, pid: int, tid: int, stages: list) -> list[dict]:
     """
     events = []
     for row in records.rows().tolist():
-        begin = round(row[BEGIN] * 1e9)
-        end = max(begin, round(row[END] * 1e9))
+        begin = round((row[BEGIN] - offset_s) * 1e9)
+        end = max(begin, round((row[END] - offset_s) * 1e9))
         events.append({'name': 'task', 'cat': 'worker', 'ph': 'X', 'ts': begin / 1e3,
                        'dur': (end - begin) / 1e3, 'pid': pid, 'tid': tid,
                        'args': {'task': int(row[TASK]), 'position': int(row[POSITION]),
