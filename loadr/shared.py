@@ -448,6 +448,13 @@ class SharedList(collections.abc.Sequence):
     >>> shared.close()
     """
 
+    # None once closed, or (the descriptor, the finalizer) in a process that only maps it.
+    _fd: int | None
+    _path: str | None
+    _offsets: memoryview | None
+    _blob: memoryview | None
+    _finalizer: weakref.finalize | None
+
     def __init__(self, items, max_bytes: int | None = None):
         try:
             n = len(items)
@@ -510,10 +517,11 @@ class SharedList(collections.abc.Sequence):
         return self._n
 
     def __getitem__(self, index):
-        offsets = self._offsets
-        if type(index) is int and 0 <= index < self._n and offsets is not None:
+        offsets, blob = self._offsets, self._blob
+        if type(index) is int and 0 <= index < self._n and offsets is not None \
+                and blob is not None:
             # The workers' path, kept short: a read is ~1 us, and a batch has hundreds.
-            data = self._blob[offsets[index]:offsets[index + 1]]
+            data = blob[offsets[index]:offsets[index + 1]]
             if data[0] != _PICKLE_FIRST or len(data) == 1:
                 return msgpack.unpackb(data, strict_map_key=False, ext_hook=_ext)
             return decode(data)     # the one place that unpickles (SECURITY.md)
@@ -529,8 +537,10 @@ class SharedList(collections.abc.Sequence):
             raise IndexError(f'SharedList index {index} out of range (len {self._n})')
         if self._blob is None:
             self._attach()
-        offsets = self._offsets
-        return decode(self._blob[offsets[i]:offsets[i + 1]])
+        offsets, blob = self._offsets, self._blob
+        if offsets is None or blob is None:
+            raise LoadrError('this SharedList is closed')
+        return decode(blob[offsets[i]:offsets[i + 1]])
 
     def identity(self) -> dict:
         """What a loader state records of it: the wrapped sequence's type and length."""
@@ -554,6 +564,8 @@ class SharedList(collections.abc.Sequence):
 
     def _attach(self) -> None:
         """Map the owner's buffer (a spawned worker), by ``/proc/<pid>/fd/<n>`` and inode."""
+        if self._path is None:
+            raise LoadrError('this SharedList is closed')
         try:
             fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:

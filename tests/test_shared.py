@@ -136,6 +136,9 @@ def test_a_pickled_shared_list_maps_the_same_buffer_and_fails_clearly_once_close
     assert copy[3] == boxes(4)[3]           # mapped already: it keeps the memory
     with pytest.raises(loadr.LoadrError, match='SharedList is gone'):
         late[0]
+    # The closed one itself says so (it read None as a path: a TypeError).
+    with pytest.raises(loadr.LoadrError, match='this SharedList is closed'):
+        shared[0]
 
 
 def test_under_loadr_shm_devshm_the_buffer_has_no_name_in_dev_shm(monkeypatch):
