@@ -173,10 +173,10 @@ class Assembler:
                     return self._read_once(index, seed)
                 except Exception as exc:
                     failed = exc
-            exc, failed = failed, None
-            if retries == len(READ_RETRY_DELAYS_S) or not _transient(exc):
-                raise exc
-            log.warning('loadr: transient read error at index %d (%s); retrying', index, exc)
+            err, failed = failed, None
+            if retries == len(READ_RETRY_DELAYS_S) or not _transient(err):
+                raise err
+            log.warning('loadr: transient read error at index %d (%s); retrying', index, err)
             time.sleep(READ_RETRY_DELAYS_S[retries])
             retries += 1
 
@@ -186,7 +186,7 @@ class Assembler:
         ``raw`` is the datapoint as already read (by a batch read), if it was.
         The one row of :meth:`_read_rows`, which reads every row.
         """
-        job = _Fill(None, 0, [index], [seed], [raw], None, None, None, _NEVER)
+        job = _Fill(None, 0, [index], [seed], [raw], {}, {}, None, _NEVER)     # (no rows written)
         job.countdown = 1 << 62
         self._read_rows(job, 0, 1)
         return job.pending[0]
@@ -490,8 +490,8 @@ class Assembler:
             lists = []
             for key in self.list_keys:
                 values = [dp[key] for dp in dps]
-                for kind in set(map(type, values)) - _PLAIN:
-                    if not all(_crosses(v) for v in values if type(v) is kind):
+                for other in set(map(type, values)) - _PLAIN:
+                    if not all(_crosses(v) for v in values if type(v) is other):
                         return False
                 lists.append(values)
         except KeyError:
@@ -522,8 +522,9 @@ class Assembler:
         if type(dp) is not dict and isinstance(dp, tuple):
             dp = dict(enumerate(dp))
         if dp.keys() != self._keys:
-            missing = sorted(set(self.spec) - set(dp), key=str)
-            extra = sorted(set(dp) - set(self.spec), key=str)
+            spec = self.spec or {}      # (this writer runs with a spec)
+            missing = sorted(set(spec) - set(dp), key=str)
+            extra = sorted(set(dp) - set(spec), key=str)
             raise SpecError(f'keys differ from the spec: missing {missing}, unexpected {extra}',
                             index=index)
         for key, dtype, shape in self._array_specs:

@@ -78,7 +78,7 @@ def decode_image(data: bytes, mode: str | None = None, draft: tuple[int, int] | 
             if draft is not None and img.format == 'JPEG':
                 img.draft(img.mode if mode is None else mode, draft)
             if mode is not None and img.mode != mode:
-                img = img.convert(mode)
+                return np.asarray(img.convert(mode))
             return np.asarray(img)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise DecodeError(f'cannot decode image: {image_problem(data, exc)}') from exc

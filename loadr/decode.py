@@ -421,10 +421,13 @@ class Fused:
 
     def __call__(self, dp: dict, seed: int | None = None) -> dict:
         value = dp.get(self.key) if isinstance(dp, dict) else None
-        frames = value if isinstance(value, (list, tuple)) else [value]
-        if not frames or not all(isinstance(f, (bytes, bytearray, memoryview)) for f in frames):
+        frames: list[bytes] = []
+        for f in value if isinstance(value, (list, tuple)) else [value]:
+            if not isinstance(f, (bytes, bytearray, memoryview)):
+                return self._slow(dp, seed)
+            frames.append(bytes(f))
+        if not frames:
             return self._slow(dp, seed)
-        frames = [bytes(f) for f in frames]
         heads = [jpeg_size(f) for f in frames]
         first = heads[0]
         if first is None or any(h != first for h in heads):
@@ -509,7 +512,7 @@ def fuse(fns) -> list:
     fns = list(fns)
     if not fusion_enabled():
         return fns
-    out = []
+    out: list = []
     i = 0
     while i < len(fns):
         fn = fns[i]

@@ -33,6 +33,8 @@ Save and restore it with Orbax's checkpoint manager beside the model::
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import jax
 import numpy as np
 
@@ -49,7 +51,7 @@ def local_rows(sharding, global_shape: tuple) -> tuple[int, int]:
     >>> local_rows(NamedSharding(Mesh(jax.devices(), ('d',)), P('d')), (8, 3))
     (0, 8)
     """
-    rows = set()
+    rows: set[int] = set()
     for index in sharding.addressable_devices_indices_map(tuple(global_shape)).values():
         first = index[0] if index else slice(None)
         rows.update(range(*first.indices(global_shape[0])))
@@ -68,15 +70,16 @@ class GlobalBatches:
 
     def __init__(self, loader: Loader, sharding, global_batch: int):
         self.loader, self.sharding, self.global_batch = loader, sharding, global_batch
-        self._it = None
+        self._it: Iterator[dict] | None = None
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict:
-        if self._it is None:
-            self._it = iter(self.loader)
-        local = next(self._it)
+        it = self._it
+        if it is None:
+            it = self._it = iter(self.loader)
+        local = next(it)
         out = {}
         for key, value in local.items():
             if isinstance(value, np.ndarray):

@@ -61,6 +61,8 @@ import logging
 import os
 import time
 import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -88,6 +90,10 @@ from .workers import protocol
 from .workers.starting import default_start_method, first_indices, start_methods, warm_before_fork
 from .workers.window import LEASED_SLOTS, BatchFailed, InlineWindow, Schedule, Window
 from .workers.worker import most_tasks_held, tasks_held
+
+if TYPE_CHECKING:
+    from .workers.pools import Pool
+    from .workers.remote import HybridPool
 
 __all__ = ['Loader', 'STATE_VERSION', 'LEASED_SLOTS', 'MAX_BATCH', 'MAX_WORKERS', 'MAX_PREFETCH',
            'check_whole', 'check_real']
@@ -229,7 +235,7 @@ class Loader:
     # Set by loadr.config on a YAML pipeline's loader with remote workers: the agents
     # rebuild its reader and fns with rebuild(*recipe) instead of unpickling the user's.
     recipe: tuple | None = None
-    rebuild: object = None
+    rebuild: Callable[..., Any] | None = None
 
     def __init__(self, reader, batch: int, fns=(), shuffle: bool = True, seed: int = 0,
                  workers: int | None = None, prefetch: int | None = None, shard_id: int = 0,
@@ -308,16 +314,16 @@ class Loader:
         self.timeout = timeout
         self.start_method = start_method
         self.step = 0
-        self._orders = {}
-        self._fingerprint_cache = None
+        self._orders: dict = {}
+        self._fingerprint_cache: dict | None = None
         self._order_switch_logged = False
         self.n = self._order().n        # positions per epoch (a Mix may differ from len)
         self._spec = _normalize_spec(spec) if spec is not None else None
-        self._tuple_batches = None
-        self._pool = None
-        self._window = None
+        self._tuple_batches: bool | None = None
+        self._pool: Pool | None = None
+        self._window: Window | InlineWindow | None = None
         self._warming = None            # the reader warming before the fork (a thread)
-        self._finalizer = None
+        self._finalizer: weakref.finalize | None = None
         # Called with no argument just before a worker pool is closed (a restart:
         # workers='auto' settling, a load with another order version; close()):
         # what refers to its slots' memory (page-locked registrations) lets go first.
@@ -337,11 +343,11 @@ class Loader:
         # What stats() reads besides the live pool: the caller's waits, the rows of
         # pools closed before, the inline row (workers=0).
         self._tally = Tally(len(self.fns))
-        self._calibration = None        # workers='auto' / prefetch='auto' measuring
-        self.settled = None
+        self._calibration: Calibration | None = None    # workers='auto' / prefetch='auto'
+        self.settled: dict | None = None
         if (auto_workers or auto_prefetch) and self.workers > 0 and remote is None:
             self._calibration = Calibration(auto_workers, auto_prefetch)
-        self._tracer = None
+        self._tracer: Tracer | None = None
         if trace is not None:
             self.trace(trace)
 
@@ -516,14 +522,16 @@ class Loader:
         self._warming = self._warm_before_fork(epoch, drop_last)    # joined before the fork
         spec = self.spec
         _ = self._tuples                # known before the first batch: _batch_from reads it
-        window = gen = None
+        window: Window | InlineWindow | None = None
+        gen: int | None = None
         try:
             while True:
                 if self.closed:
                     raise LoadrError('this loader is closed')
                 asked = time.perf_counter()     # the caller waits from here
                 self._tally.asked(asked)
-                if gen is None or window is not self._window or not window.live(gen):
+                if window is None or gen is None or not window.live(gen) \
+                        or window is not self._window:
                     # The first batch, or another iterator or load() moved the
                     # stream: go on from the loader's step, in a generation of our own.
                     window = self._ensure_window(spec)
@@ -538,7 +546,7 @@ class Loader:
                         # goes on at the next epoch.
                         self.step = max(self.step, (epoch + 1) * self.n)
                     return
-                batch = self._batch_from(done.arrays, done.extras)
+                batch = self._batch_from(done.arrays or {}, done.extras)   # (next() set arrays)
                 plan, replaced = done.plan, done.replaced
                 del done
                 mark = (self.step, self._budget, self.samples, self.errors, self._tally.batches)
@@ -560,7 +568,7 @@ class Loader:
                 # Only the caller may keep a lent batch alive.
                 del batch
         finally:
-            if window is not None:
+            if window is not None and gen is not None:
                 window.end(gen)
 
     # -- trace ---------------------------------------------------------------
@@ -593,27 +601,30 @@ class Loader:
             check_whole('batches', batches, 1)
         if self._tracer is not None:
             self._tracer.write()
-        self._tracer = Tracer(path, fn_names(fuse(self.fns)), batches,
-                              check_whole('events', events, 1))
+        tracer = self._tracer = Tracer(path, fn_names(fuse(self.fns)), batches,
+                                       check_whole('events', events, 1))
         if self._pool is not None and getattr(self._pool, 'trace_rings', None) is None:
             self._close_window()        # its workers have no ring: they start again
         elif self._pool is not None:
-            self._tracer.attach(self._pool)
-        elif self._window is not None:
-            self._window.asm.clock.trace = self._tracer.inline_ring()
+            tracer.attach(self._pool)
+        elif isinstance(self._window, InlineWindow):    # (no pool: the window is inline)
+            self._window.asm.clock.trace = tracer.inline_ring()
 
     def _traced(self, asked: float, handed: float, step: int, plan) -> None:
         """A batch went out while tracing: record it; write the file after the last one."""
         tracer, window = self._tracer, self._window
+        if tracer is None:
+            return
         if self._pool is None and tracer.inline is not None:
             tracer.inline.label_last(self._tally.batches - 1, plan.start, plan.count)
+        # (A pool drives a Window; without one the window is inline.)
         tracer.handed(asked, handed, step, self.step, plan.count,
-                      *((len(window.tasks), len(window.finished)) if self._pool is not None
+                      *((len(window.tasks), len(window.finished)) if isinstance(window, Window)
                         else (None, None)))
         if tracer.done:
             self._tracer = None
-            if self._pool is None and self._window is not None:
-                self._window.asm.clock.trace = None
+            if isinstance(window, InlineWindow):
+                window.asm.clock.trace = None
             tracer.write()
 
     # -- stats ---------------------------------------------------------------
@@ -632,17 +643,17 @@ class Loader:
         >>> _ = next(iter(loader)); loader.stats().batches
         1
         """
-        live = self._pool is not None and not self._pool.closed
-        stats = self._tally.stats(self._pool.stats_rows() if live else None,
+        pool = self._pool if self._pool is not None and not self._pool.closed else None
+        stats = self._tally.stats(pool.stats_rows() if pool is not None else None,
                                   fn_names(fuse(self.fns)), self.samples,
                                   inline=self.workers == 0 and self._remote is None)
-        if live:
+        if pool is not None:
             # Each live worker's private memory (USS), at most a second old: growth shows.
-            for wid, uss in self._pool.private_memory().items():
+            for wid, uss in pool.private_memory().items():
                 if wid < len(stats.workers):
                     stats.workers[wid]['uss_bytes'] = uss
             if self._remote is not None:
-                stats.agents = self._pool.agent_rows()
+                stats.agents = cast('HybridPool', pool).agent_rows()   # (remote: a HybridPool)
         return stats
 
     def _handed(self, waited: float) -> None:
@@ -656,10 +667,13 @@ class Loader:
 
     def _calibrate(self) -> None:
         """workers='auto' / prefetch='auto': measure, then settle (see the class docstring)."""
-        seen = self._calibration.measured(self.stats(), self.worker_pids)
+        calibration = self._calibration
+        if calibration is None:
+            return
+        seen = calibration.measured(self.stats(), self.worker_pids)
         if seen is None:
             return
-        calibration, self._calibration = self._calibration, None
+        self._calibration = None
         max_prefetch = None
         if self._pool is not None:
             from .workers.shm import StatusCells, shm_budget, use_memfd
@@ -669,7 +683,7 @@ class Loader:
                                                     self.prefetch, max_prefetch)
         self.settled = {'workers': workers, 'prefetch': prefetch, 'why': why,
                         'after_batches': self._tally.batches,
-                        'after_s': time.perf_counter() - self._tally.t_start}
+                        'after_s': time.perf_counter() - (self._tally.t_start or 0.0)}
         log.info('loadr: settled on workers=%d prefetch=%d after %d batches: %s',
                  workers, prefetch, self._tally.batches, why)
         if (workers, prefetch) != (self.workers, self.prefetch):
@@ -678,7 +692,10 @@ class Loader:
             self.workers, self.prefetch = workers, prefetch
 
     def _batch_from(self, arrays: dict, extras: dict) -> dict | tuple:
-        batch = {key: arrays[key] if key in arrays else extras[key] for key in self._spec}
+        spec = self._spec
+        if spec is None:        # (never: _stream reads self.spec before the first batch)
+            raise LoadrError('no spec to make a batch with')
+        batch = {key: arrays[key] if key in arrays else extras[key] for key in spec}
         return tuple(batch.values()) if self._tuple_batches else batch
 
     def _count_errors(self, plan, replaced: list) -> None:
@@ -718,7 +735,7 @@ class Loader:
         """Slots the caller may hold besides the prefetch: its view (ring), or lent batches."""
         return 1 if self.ring else LEASED_SLOTS
 
-    def _ensure_window(self, spec: dict):
+    def _ensure_window(self, spec: dict) -> Window | InlineWindow:
         """The window that makes the batches, made at the first one (and after a restart):
         in this process (``workers=0``), or over this host's worker processes, with
         agents on other hosts beside them (``remote``)."""
@@ -919,12 +936,13 @@ class _Batches:
         return self
 
     def __next__(self):
-        if self._gen is None:
+        gen = self._gen
+        if gen is None:
             if self._over:
                 raise StopIteration
-            self._gen = self._loader._stream(self._epoch, self._drop_last)
+            gen = self._gen = self._loader._stream(self._epoch, self._drop_last)
         try:
-            return next(self._gen)
+            return next(gen)
         except StopIteration:
             self._gen, self._over = None, True
             raise

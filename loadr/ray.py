@@ -29,8 +29,12 @@ import logging
 import os
 import socket
 import threading
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .workers.agent import Agent
 
 __all__ = ['Workers', 'START_TIMEOUT_S']
 
@@ -68,7 +72,7 @@ class Workers:
         self.runtime_env = runtime_env
         self.start_timeout_s = start_timeout_s
         self.agents = nodes or 0
-        self.group = None
+        self.group: Any = None      # Ray's PlacementGroup, once open
 
     def open(self) -> None:
         """Join Ray (as the program set it up), count the nodes, reserve one bundle a node."""
@@ -137,7 +141,7 @@ class _Actor:
     def __init__(self, index: int, actor):
         self.index, self.actor = index, actor
         self.started = actor.start.remote()
-        self.info = None
+        self.info: dict | None = None
 
     def ready(self) -> dict | None:
         ray = _ray()
@@ -166,9 +170,9 @@ class AgentActor:
 
     def __init__(self, config):
         self.config = config
-        self.agent = None
+        self.agent: Agent | None = None
         self.stopping = threading.Event()
-        self.thread = None
+        self.thread: threading.Thread | None = None
 
     def start(self) -> dict:
         """Listen on this node's address; the agent's report (or its error, naming the host)."""
@@ -196,10 +200,13 @@ class AgentActor:
         return info
 
     def _serve(self) -> None:
+        agent = self.agent
+        if agent is None:       # (start() made it before this thread)
+            return
         try:
-            self.agent.serve(self.stopping)
+            agent.serve(self.stopping)
         finally:
-            self.agent.close()
+            agent.close()
 
     def stop(self) -> None:
         """Stop the agent's pool and socket before the actor goes."""

@@ -35,6 +35,7 @@ import struct
 import subprocess
 import sys
 import threading
+from typing import IO
 
 from .errors import ConfigError
 
@@ -53,13 +54,16 @@ class _Process:
         # not the agent's __main__).
         blob = dill.dumps(config, recurse=True)
         self.index = index
-        self.info = None
+        self.info: dict | None = None
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
             [sys.executable, '-m', 'loadr.workers.agent'], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env=env, start_new_session=True)
-        self.proc.stdin.write(struct.pack('<Q', len(blob)) + blob)
-        self.proc.stdin.flush()
+        assert self.proc.stdin is not None and self.proc.stdout is not None     # both PIPE
+        self.stdin: IO[bytes] = self.proc.stdin
+        self.stdout: IO[bytes] = self.proc.stdout
+        self.stdin.write(struct.pack('<Q', len(blob)) + blob)
+        self.stdin.flush()
         self.done = threading.Event()
         threading.Thread(target=self._read, name=f'loadr-agent-{index}-out',
                          daemon=True).start()
@@ -68,7 +72,7 @@ class _Process:
         from .workers.agent import READY_MARK
 
         try:
-            for raw in self.proc.stdout:
+            for raw in self.stdout:
                 line = raw.decode(errors='replace')
                 if self.info is None and line.startswith(READY_MARK):
                     self.info = json.loads(line[len(READY_MARK):])
@@ -105,12 +109,12 @@ class _Process:
     def stop(self) -> None:
         """Close stdin: the agent stops its pool, then leaves."""
         try:
-            self.proc.stdin.close()
+            self.stdin.close()
         except OSError:
             pass
 
     def _close_pipes(self) -> None:
-        for f in (self.proc.stdin, self.proc.stdout):
+        for f in (self.stdin, self.stdout):
             try:
                 f.close()
             except (OSError, ValueError):

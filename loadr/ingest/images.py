@@ -122,9 +122,11 @@ def image_bytes(data: bytes, target: str = 'jpg', short_side: int | None = None,
     from PIL import Image, ImageOps
     if target not in _KEEP_MODES:
         raise ConfigError(f"image type must be 'jpg' or 'png', got {target!r}")
-    changes, notes = [], []
+    changes: list[str] = []
+    notes: list[str] = []
     try:
-        with Image.open(io.BytesIO(data), formats=_ingest_formats()) as img:
+        with Image.open(io.BytesIO(data), formats=_ingest_formats()) as opened:
+            img: Image.Image = opened       # replaced below by each step's new image
             fmt, mode = img.format, img.mode
             w, h = img.size
             orientation = img.getexif().get(EXIF_ORIENTATION, 1) if fmt in (
@@ -138,7 +140,7 @@ def image_bytes(data: bytes, target: str = 'jpg', short_side: int | None = None,
             if same and not needs_resize and not rotate:
                 img.load()               # proves the whole file decodes
                 return bytes(data), changes, notes
-            if needs_resize and fmt == 'JPEG' and not rotate:
+            if scale is not None and fmt == 'JPEG' and not rotate:
                 img.draft('RGB', (max(1, int(w * scale)), max(1, int(h * scale))))
             new_mode = _target_mode(img, target)
             if rotate:

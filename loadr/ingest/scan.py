@@ -51,7 +51,11 @@ def scan_images(root: str) -> ImageScan:
     """
     if not os.path.isdir(root):
         raise ConfigError('not a directory', root)
-    items, loose, ignored, labels, empty = [], [], [], [], []
+    items: list = []
+    loose: list[str] = []
+    ignored: list[str] = []
+    labels: list = []
+    empty: list = []
     for name in sorted(os.listdir(root)):
         top = os.path.join(root, name)
         if name.startswith('.') and not os.path.isdir(top):

@@ -57,6 +57,8 @@ def _frames_pyav(path: str, fps: float | None, short_side: int | None) -> list[b
 
 def _frames_ffmpeg(path: str, fps: float | None, short_side: int | None) -> list[bytes]:
     ffmpeg = shutil.which('ffmpeg')
+    if ffmpeg is None:      # (video_backend chose it because it was there)
+        raise ConfigError(NO_VIDEO_BACKEND, path)
     with tempfile.TemporaryDirectory(prefix='loadr-frames-') as tmp:
         cmd = [ffmpeg, '-nostdin', '-v', 'error', '-i', path]
         if fps:

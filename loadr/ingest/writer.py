@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 from ..errors import ConfigError, DecodeError, WriterError
 
@@ -53,6 +54,7 @@ def write_records(out, fmt, jobs, task, workers, entries, label2idx, progress, s
     file for the summary.
     """
     from ..writers import BagWriter, GulpWriter
+    writer: Any     # a BagWriter or a GulpWriter: their append methods differ, as used below
     if fmt == 'bag':
         spec = ({'id': 'utf8', 'frames': 'jpg[]', 'label': 'int', 'meta': 'msgpack'} if video
                 else {'image': image_type, 'label': 'int', 'label_name': 'utf8', 'path': 'utf8'})

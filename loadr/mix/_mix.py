@@ -40,7 +40,7 @@ def _name_source(exc: BaseException, name: str, i: int) -> None:
     else:
         exc.add_note(f'loadr: in source {name!r}, index {i} of that source')
     try:
-        exc.source = name
+        exc.source = name  # type: ignore[attr-defined]  # any exception: an attribute of ours
     except AttributeError:          # an exception type with __slots__: the message says it
         pass
 
@@ -94,7 +94,7 @@ class Mix(SeededSource, ErrorNaming, Prefetching, Caching, Ordering, Identified,
         # Mix with them) uses these.
         self._plans = [build_schedule(w, self.names, f'weights at position {p}')
                        for p, w in self.schedule]
-        self._shifts = None
+        self._shifts: list | None = None
         fns = {} if fns is None else fns
         if not isinstance(fns, dict):
             raise ConfigError(f'fns must map source names to lists of fns, got {fns!r}')
@@ -111,7 +111,7 @@ class Mix(SeededSource, ErrorNaming, Prefetching, Caching, Ordering, Identified,
         self.source_key = source_key
         self.offsets = np.cumsum([0] + self.sizes)[:-1].astype(np.int64)
         self._offsets_list = self.offsets.tolist()
-        self._hooks_cache = None
+        self._hooks_cache: dict | None = None
 
     @property
     def _hooks(self) -> dict:

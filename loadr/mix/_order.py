@@ -87,7 +87,8 @@ class MixOrder:
         self._orders: list = [None] * len(self.names)       # each source's Order, when used
         self._seeder = Order(1, self.seed)
         self._block_counts: dict = {}
-        self._table = (None, None)                          # (seg, k) -> the block's table
+        # (seg, k) -> the block's table
+        self._table: tuple[tuple | None, tuple | None] = (None, None)
         self._tables: collections.OrderedDict = collections.OrderedDict()   # _epoch_table
         self._table_bytes = 0
 
@@ -138,9 +139,11 @@ class MixOrder:
 
     def _block(self, seg: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The source and rank of each position of block ``k`` (kept for the last block)."""
-        if self._table[0] != (seg, k):
-            self._table = ((seg, k), block_table(self._plans[seg].quotas(k)))
-        return self._table[1]
+        key, table = self._table
+        if key != (seg, k) or table is None:
+            table = block_table(self._plans[seg].quotas(k))
+            self._table = ((seg, k), table)
+        return table
 
     def _pieces(self, start: int, count: int):
         """``(lo, hi, sources, local)`` for runs of positions inside one block and segment."""

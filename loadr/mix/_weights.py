@@ -108,6 +108,8 @@ def rotation(q: int) -> int:
                     best = score
         if best is not None and best[0] <= 3 and d >= 64:
             break
+    if best is None:    # no g coprime to q near the centre (never seen): 1 always is
+        return 1
     return best[2]
 
 

@@ -11,8 +11,7 @@ the conversion's package would import every reader through it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sized
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:     # the writers' base imports these records: only mypy reads this
     from .base import Writer
@@ -135,6 +134,14 @@ def _holds_array(value, np, depth: int = 0) -> bool:
     return any(_holds_array(v, np, depth + 1) for v in value)
 
 
+class CopiedReader(Protocol):
+    """What a :class:`Source` copies from: its length, and datapoints read in batches."""
+
+    def __len__(self) -> int: ...
+
+    def read_batch(self, indices) -> list: ...
+
+
 @dataclasses.dataclass
 class Source:
     """A dataset opened for copying (:meth:`Reader.source`): images stay encoded bytes.
@@ -146,7 +153,7 @@ class Source:
 
     path: str
     format: str
-    reader: Sized
+    reader: CopiedReader
     types: dict
     raw: bool = False
     extras: dict = dataclasses.field(default_factory=dict)

@@ -90,13 +90,13 @@ class StageClock:
         self._sched_seen = sched() if sched is not None else (0.0, 0.0)
         self._sched_at = time.perf_counter()
         self._unsampled = 0.0           # busy seconds since the last read of sched
-        self._idle_since = None
-        self._busy_since = None
+        self._idle_since: float | None = None
+        self._busy_since: float | None = None
         self._cpu_since = 0.0
         # A worker's fill is kept here until its task's busy time is known, and
         # both go into the row together: a snapshot taken in between would
         # see stages without the time that holds them.
-        self._pending = None
+        self._pending: tuple | None = None
         self._open = False              # a task is in hand and finish() not yet called
         # A TaskRing (loadr.stats.Tracer) takes each task's span and stages; None: no trace.
         self.trace: TaskRing | None = None
@@ -105,7 +105,7 @@ class StageClock:
     def finish(self) -> None:
         """The task in hand is done but for its reply: count it before the reply goes, so
         that the main process, once it has the reply, sees the task in the row."""
-        if self._open:
+        if self._open and self._busy_since is not None:     # (working() sets both)
             self._open = False
             now = time.perf_counter()
             busy = now - self._busy_since
@@ -313,7 +313,7 @@ class _Lap:
 def worker_dict(row, fns: int) -> dict:
     """One worker's row as ``{field: value, 'fns': [...]}`` (plain floats)."""
     values = [float(v) for v in row]
-    out = dict(zip(WORKER_FIELDS, values))
+    out: dict = dict(zip(WORKER_FIELDS, values))
     out['fns'] = values[len(WORKER_FIELDS):len(WORKER_FIELDS) + fns]
     return out
 

@@ -224,7 +224,7 @@ class Tracer:
         self._levels_seen = False
         self._levels_at = 0.0
         self._seen: list[int] = []              # records read so far, per worker id
-        self._inline = None                     # workers=0: the ring of this process
+        self._inline: TaskRing | None = None    # workers=0: the ring of this process
         self._inline_seen = 0
         # Remote workers: (agent, agent pid, worker pid) -> its task records; -> (agent,
         # host, worker id); (agent, agent pid) -> what its link says (clock offset, ...).
@@ -245,9 +245,9 @@ class Tracer:
 
     def inline_ring(self) -> TaskRing:
         """A ring for the pipeline run in this process (``workers=0``)."""
-        self._inline = TaskRing(np.zeros((ring_rows(), record_width(len(self.fn_names)))))
+        ring = self._inline = TaskRing(np.zeros((ring_rows(), record_width(len(self.fn_names)))))
         self._inline_seen = 0
-        return self._inline
+        return ring
 
     @property
     def inline(self) -> TaskRing | None:

@@ -64,7 +64,7 @@ class _Epoch:
     def __init__(self, dl: DataLoader, token: int):
         self.dl, self.token = dl, token
         self._gen = None
-        self._loads = None                  # dl._loads when the generator was made
+        self._loads: int | None = None      # dl._loads when the generator was made
         self._over = False
         self._cut = False                   # an exception ended the generator
 
@@ -233,7 +233,7 @@ class DataLoader:
         # goes on from there (a fresh loader, load_state_dict, a finished
         # epoch) or starts the next epoch (torch's rule for a new iter()).
         self._epoch, self._step, self._resume = 0, 0, True
-        self._current = None              # the _Epoch being iterated
+        self._current: _Epoch | None = None   # the _Epoch being iterated
         self._latest = 0                  # the newest iter(): only it may start
         self._fetched = 0                 # batches taken from the Loader in this epoch
         self._unstarted = False           # it has not yielded yet
