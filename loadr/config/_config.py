@@ -130,7 +130,7 @@ class Config:
         if kwargs.get('remote') is not None:
             # Agents rebuild the reader and fns from the pipeline itself: nothing of the
             # user's is pickled for them.
-            loader.recipe = self.remote_section.recipe()
+            loader.recipe = self.remote_section.recipe(self.reader_section.storage_options)
             loader.rebuild = rebuild
         return loader
 

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from ..ray import Workers
     from ..remote import Subprocesses
 
-# What an agent is given to rebuild a pipeline: (its mapping, its folder, its overrides).
-Recipe = tuple[dict, str, dict]
+# What an agent is given to rebuild a pipeline: (its mapping, its folder, its overrides, the
+# command's storage options: the CLI's --storage-option, which no mapping holds).
+Recipe = tuple[dict, str, dict, dict]
 
 
 class RemoteSection:
@@ -45,17 +46,20 @@ class RemoteSection:
         raise self.doc.error(f"loader.remote.engine must be 'ray' or 'subprocesses', got "
                              f"{kind!r}", ('loader', 'remote', 'engine'))
 
-    def recipe(self) -> Recipe:
+    def recipe(self, storage_options: dict | None = None) -> Recipe:
         """What :func:`rebuild` makes the same reader and fns from, on an agent's host: the
-        mapping as plain dicts and lists (its line numbers left behind), its folder, and
-        where its overrides were given."""
-        return plain(self.doc.data), self.doc.base_dir, dict(self.doc.overridden)
+        mapping as plain dicts and lists (its line numbers left behind), its folder, where
+        its overrides were given, and the command's ``storage_options`` (an endpoint, a
+        profile: what the agents need to read the same URLs)."""
+        return (plain(self.doc.data), self.doc.base_dir, dict(self.doc.overridden),
+                dict(storage_options or {}))
 
 
-def rebuild(data: dict, base_dir: str, overridden: dict) -> tuple[Any, list]:
+def rebuild(data: dict, base_dir: str, overridden: dict,
+            storage_options: dict | None = None) -> tuple[Any, list]:
     """``(reader, fns)`` of a pipeline's mapping: what a remote agent runs, rebuilt on its
     host from the same recipe (``loader.recipe``)."""
     document = Document(data, None, base_dir)
     document.overridden = dict(overridden)
     fns = FnsSection(document)
-    return ReaderSection(document, fns).build(), fns.build()
+    return ReaderSection(document, fns, storage_options or None).build(), fns.build()

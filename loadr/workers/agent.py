@@ -174,7 +174,7 @@ class AgentConfig:
     allowed: list               # the trainers' CURVE public keys (z85) admitted
     reader: object = None
     fns: list = field(default_factory=list)
-    recipe: tuple | None = None  # (the YAML's mapping, its folder): rebuilt here, by
+    recipe: tuple | None = None  # (the YAML's mapping, its folder, ...): rebuilt here, by
     rebuild: Callable[..., Any] | None = None   # loadr.config._remote_section.rebuild
     seed: int = 0
     canaries: list = field(default_factory=list)

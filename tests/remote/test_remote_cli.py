@@ -167,3 +167,22 @@ def test_an_unreachable_server_is_not_reported_as_missing(moto, capsys):
     assert main(['inspect', f'{dead}/bag', '--storage-option', 'loadr.retries=0']) == 1
     line = capsys.readouterr().err.strip()
     assert 'no such' not in line and 'Connect' in line, line
+
+
+def test_agents_read_a_bucket_with_the_command_s_storage_options(moto, served_root):
+    """`loadr run pipeline.yaml --storage-option endpoint_url=...` with remote agents: the
+    option is the command's, in no mapping, and the agents rebuild the reader with it too
+    (they read the bucket at moto's endpoint, as the trainer does)."""
+    local = loadr.pipeline({**PIPELINE, 'reader': {'path': str(served_root / 'bag_sharded'),
+                                                   'decode_images': False}})
+    with local:
+        expected = stream_digests(local, 3)
+    remote = {**PIPELINE['loader'], 'remote': {'engine': 'subprocesses', 'agents': 1}}
+    config = loadr.config.load_config(
+        {**PIPELINE, 'loader': remote,
+         'reader': {'path': 's3://fixtures/bag_sharded', 'decode_images': False}},
+        storage_options={'endpoint_url': moto.url, 'loadr': {'retries': 1}})
+    with config.build() as loader:
+        assert loader.recipe[3] == {'endpoint_url': moto.url, 'loadr': {'retries': 1}}
+        assert stream_digests(loader, 3) == expected
+        assert loader.stats().agents, 'the batches came from no agent'
