@@ -24,6 +24,15 @@ def _natural(name: str):
     return [int(part) if part.isdigit() else part for part in re.split(r'(\d+)', name)]
 
 
+def _real_dir(path: str) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of the folder ``path`` leads to (links followed)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def visible(names):
     """The names not hidden (no leading dot), in natural order (``2`` before ``10``)."""
     return sorted((n for n in names if not n.startswith('.')), key=_natural)
@@ -66,13 +75,29 @@ def scan_images(root: str) -> ImageScan:
                 ignored[-1] += ' (not in a class folder)'
         else:
             labels.append(name)
+    # Links to folders are followed, as the folder reader (loadr.readers.folder.scan) and
+    # torchvision follow them, but one that leads back to a folder the walk is inside
+    # (the root, or a folder on the way down) is not: a loop would list images for ever.
+    root_dir = _real_dir(root)
+    inside: dict[str, tuple] = {os.path.join(root, label): () if root_dir is None else (root_dir,)
+                                for label in labels}
     for label in sorted(labels, key=_natural):
         found = 0
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, label)):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, label),
+                                                    followlinks=True):
             rel_dir = os.path.relpath(dirpath, root).replace(os.sep, '/')
+            real = _real_dir(dirpath)
+            if real is not None and real in inside[dirpath]:
+                ignored.append(f'{rel_dir}/ (a link back into a folder it lies in: a loop, '
+                               f'not followed)')
+                dirnames[:] = []
+                continue
             ignored.extend(f'{rel_dir}/{d}/ (hidden)' for d in sorted(dirnames)
                            if d.startswith('.'))
             dirnames[:] = visible(dirnames)
+            for d in dirnames:
+                inside[os.path.join(dirpath, d)] = inside[dirpath] + (
+                    (real,) if real is not None else ())
             for name in sorted(filenames, key=_natural):
                 rel = f'{rel_dir}/{name}'
                 if name.startswith('.'):

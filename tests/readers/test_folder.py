@@ -110,6 +110,12 @@ def test_a_folder_link_that_loops_lists_each_image_once(photos, tmp_path, caplog
     assert r[8]['image'] == (outside / 'o.jpg').read_bytes()
     assert 'cat/up' in caplog.text and 'dog/deep/again' in caplog.text and 'loop' in caplog.text
     assert check(photos) == []
+    # ingest lists the same images (it did not follow the link out of the folder).
+    ingest_images(str(photos), str(tmp_path / 'bag'), workers=1)
+    bag = loadr.open(tmp_path / 'bag', decode_images=False)
+    assert [bag[i]['path'] for i in range(len(bag))] == r.paths
+    for i in range(len(r)):
+        assert_equal(r[i], bag[i], f'datapoint {i}')
 
 
 def torchvision_numbering(root) -> tuple[list, dict]:
