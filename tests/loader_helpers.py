@@ -21,6 +21,14 @@ def noisy(dp, seed):
             'seed': np.uint64(seed)}
 
 
+def salted(dp, seed):
+    """``noisy`` plus ``LOADR_TEST_SALT`` from the environment: a datapoint that tells whether
+    the process that made it had the variable (a Ray ``runtime_env`` sets it on agents)."""
+    out = noisy(dp, seed)
+    out['vec'] = out['vec'] + np.float32(float(os.environ.get('LOADR_TEST_SALT', '0')))
+    return out
+
+
 def slowed(delay_s: float):
     """``noisy`` after a sleep of ``delay_s``: batches that take long enough to be caught
     in flight (killed, stopped, interrupted)."""

@@ -12,8 +12,10 @@ import pytest
 
 import loadr
 import loadr.ray
+from loadr.workers.remote import AgentError
 
-from ..loader_helpers import alive, batch_digest, noisy, slowed, trivial
+from ..loader_helpers import alive, batch_digest, noisy, salted, slowed, trivial
+from .conftest import NODE
 
 pytest.importorskip('ray')
 
@@ -76,7 +78,7 @@ def a_node_removed_mid_epoch_changes_no_batch(cluster):
         got += [batch_digest(b) for b in it]
         got += [batch_digest(b) for b in loader.epoch(1)]
     assert got == reference, after_loss_s
-    nodes[1] = c.add_node(num_cpus=1)
+    nodes[1] = c.add_node(**NODE)
     c.wait_for_nodes()
 
 
@@ -164,8 +166,36 @@ def a_killed_trainer_leaves_no_agent(cluster):
     assert not [n for n in os.listdir('/dev/shm') for p in gone if f'-{p}-' in n]
 
 
+def resources_and_runtime_env_reach_the_agents(cluster):
+    import os
+    # The fn reads LOADR_TEST_SALT: the agents have it only through the runtime_env (Ray's
+    # workers do not inherit the driver's environment), and the canary check at start
+    # refuses agents whose datapoints differ from this process's.
+    os.environ['LOADR_TEST_SALT'] = '7'
+    try:
+        reference = digests(fns=[salted], workers=0)
+        with loadr.Loader(trivial(N), batch=BATCH, fns=[salted], seed=SEED, workers=0,
+                          remote=loadr.ray.Workers(
+                              nodes=2, resources={'loadr_node': 1},
+                              runtime_env={'env_vars': {'LOADR_TEST_SALT': '7'}})) as loader:
+            assert epochs(loader) == reference
+        with pytest.raises(AgentError, match='canary digests differ'):
+            with loadr.Loader(trivial(N), batch=BATCH, fns=[salted], seed=SEED, workers=0,
+                              remote=loadr.ray.Workers(nodes=1)) as loader:
+                next(iter(loader))
+    finally:
+        del os.environ['LOADR_TEST_SALT']
+    # A resource no node has enough of: no placement, said within the start timeout.
+    with pytest.raises(loadr.errors.ConfigError, match='could not place'):
+        with loadr.Loader(trivial(N), batch=BATCH, fns=[noisy], seed=SEED, workers=0,
+                          remote=loadr.ray.Workers(nodes=1, resources={'loadr_node': 2},
+                                                   start_timeout_s=2)) as loader:
+            next(iter(loader))
+
+
 @pytest.mark.timeout(300)
 def test_remote_workers_on_a_ray_cluster(cluster):
+    resources_and_runtime_env_reach_the_agents(cluster)
     agents_on_ray_nodes_make_the_same_batches(cluster)
     a_node_removed_mid_epoch_changes_no_batch(cluster)
     an_agent_killed_through_ray_changes_no_batch_and_leaves_nothing(cluster)
