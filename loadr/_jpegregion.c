@@ -462,20 +462,24 @@ static inline unsigned char clip8(int v) {
  * row's slot, written after it, or in the padding). */
 #define COLUMN(ch) ((ch) == 3 ? 32 : ROWS)
 
-/* One output row of the vertical pass into row r of the transposed block t (t points at
- * that row's slot): each value sums its k taps in a register (k a constant in the
- * instances below, so the loop over the row vectorises without an accumulator in memory),
- * then the row is stored transposed. line has 4 bytes to spare. */
-static inline __attribute__((always_inline)) void vertical_row(
-        unsigned char *restrict t, const unsigned char *restrict src, size_t stride,
-        unsigned char *restrict line, long long w, int ch, const short *restrict k, int ky) {
-    const size_t row = (size_t)w * ch;
-    for (size_t i = 0; i < row; i++) {
+/* Bytes from..to of one output row of the vertical pass into line: each value sums its k
+ * taps in a register (k a constant in the instances below, so the loop over the row
+ * vectorises without an accumulator in memory). */
+static inline __attribute__((always_inline)) void vertical_sums(
+        unsigned char *restrict line, const unsigned char *restrict src, size_t stride,
+        size_t from, size_t to, const short *restrict k, int ky) {
+    for (size_t i = from; i < to; i++) {
         int s = HALF;
         for (int tap = 0; tap < ky; tap++)
             s += (short)src[(size_t)tap * stride + i] * k[tap];
         line[i] = clip8(s);
     }
+}
+
+/* A row of the vertical pass (line, w pixels; 4 bytes to spare) into its slot t of the
+ * transposed block. */
+static inline __attribute__((always_inline)) void store_transposed(
+        unsigned char *restrict t, const unsigned char *restrict line, long long w, int ch) {
     if (ch == 3) {
         for (long long x = 0; x < w; x++) {
             unsigned int v;
@@ -486,6 +490,15 @@ static inline __attribute__((always_inline)) void vertical_row(
         for (long long x = 0; x < w; x++)
             t[(size_t)x * COLUMN(1)] = line[x];
     }
+}
+
+/* One output row of the vertical pass into row r of the transposed block t (t points at
+ * that row's slot). */
+static inline __attribute__((always_inline)) void vertical_row(
+        unsigned char *restrict t, const unsigned char *restrict src, size_t stride,
+        unsigned char *restrict line, long long w, int ch, const short *restrict k, int ky) {
+    vertical_sums(line, src, stride, 0, (size_t)w * ch, k, ky);
+    store_transposed(t, line, w, ch);
 }
 
 /* The horizontal pass of one block (rows <= ROWS valid rows of t) into dst; flip: output
@@ -634,48 +647,27 @@ AVX2 static inline __m256i pair(short w0, short w1) {
     return _mm256_set1_epi32((int)(unsigned short)w0 | (int)((unsigned)(unsigned short)w1 << 16));
 }
 
-/* vertical_row: 32 bytes of the row at a time, the rest one by one. */
+/* vertical_row: 32 bytes of the row at a time, the rest as vertical_row sums them. */
 AVX2 static void vertical_avx2(unsigned char *restrict t, const unsigned char *restrict src,
                                size_t stride, unsigned char *restrict line, long long w, int ch,
                                const short *restrict k, int ky) {
     const size_t row = (size_t)w * ch;
     const __m256i half = _mm256_set1_epi32(HALF), zero = _mm256_setzero_si256();
     size_t i = 0;
-    /* The weight pairs, made once a row (up to 32 pairs; more taps are rare: a reduction
-     * past 32x after the DCT scale's 8x). */
-    __m256i pairs[32];
-    const int np = (ky + 1) / 2;
-    if (np <= 32)
-        for (int q = 0; q < np; q++)
-            pairs[q] = pair(k[2 * q], 2 * q + 1 < ky ? k[2 * q + 1] : 0);
     for (; i + 32 <= row; i += 32) {
         __m256i acc[4] = {half, half, half, half};
         int tap = 0;
         for (; tap + 1 < ky; tap += 2)
             madd32(acc, _mm256_loadu_si256((const __m256i *)(src + (size_t)tap * stride + i)),
                    _mm256_loadu_si256((const __m256i *)(src + (size_t)(tap + 1) * stride + i)),
-                   np <= 32 ? pairs[tap / 2] : pair(k[tap], k[tap + 1]));
+                   pair(k[tap], k[tap + 1]));
         if (tap < ky)
             madd32(acc, _mm256_loadu_si256((const __m256i *)(src + (size_t)tap * stride + i)),
-                   zero, np <= 32 ? pairs[tap / 2] : pair(k[tap], 0));
+                   zero, pair(k[tap], 0));
         _mm256_storeu_si256((__m256i *)(line + i), pack32(acc));
     }
-    for (; i < row; i++) {
-        int s = HALF;
-        for (int tap = 0; tap < ky; tap++)
-            s += (short)src[(size_t)tap * stride + i] * k[tap];
-        line[i] = clip8(s);
-    }
-    if (ch == 3) {
-        for (long long x = 0; x < w; x++) {
-            unsigned int v;
-            memcpy(&v, line + (size_t)x * 3, 4);
-            memcpy(t + (size_t)x * COLUMN(3), &v, 4);
-        }
-    } else {
-        for (long long x = 0; x < w; x++)
-            t[(size_t)x * COLUMN(1)] = line[x];
-    }
+    vertical_sums(line, src, stride, i, row, k, ky);     /* the rest of the row */
+    store_transposed(t, line, w, ch);
 }
 
 /* horizontal_block for RGB: a column of the transposed block is 32 bytes (8 rows of 3, and
