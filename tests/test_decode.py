@@ -391,13 +391,13 @@ def damaged(good: bytes, rng) -> bytes:
 
 
 @needs_region
-@pytest.mark.parametrize('kind', ['420', '444', 'gray', '440'])
+@pytest.mark.parametrize('kind', ['420', '444', 'gray', '440', 'rst'])
 def test_a_damaged_file_has_the_same_outcome_with_and_without_the_extension(
         kind, without_extension):
     """Fuzzed files (damage anywhere: headers, tables, entropy data above, inside and below
     the crop): pixels, the same, on both paths, or the same error. The region path reads
     the rows below its crop too, so damage there fails it as it fails a whole decode."""
-    rng = np.random.default_rng({'420': 1, '444': 2, 'gray': 3, '440': 4}[kind])
+    rng = np.random.default_rng({'420': 1, '444': 2, 'gray': 3, '440': 4, 'rst': 5}[kind])
     goods = [region_jpeg((120, 160), kind, progressive, seed=i)
              for i, progressive in enumerate((False, True))]
     datas = [damaged(goods[i % 2], rng) for i in range(150)]
@@ -827,7 +827,8 @@ def test_a_progressive_file_without_its_last_scans_gives_the_same_bytes(kind, wi
 
 
 @needs_region
-def test_under_skip_the_same_samples_come_with_and_without_the_extension(monkeypatch):
+@pytest.mark.parametrize('workers', [0, 2])
+def test_under_skip_the_same_samples_come_with_and_without_the_extension(monkeypatch, workers):
     """Files cut short low down. With an EOI put back, crops above the cut were decoded by
     the region path, while without it the unfused (lenient) Pillow decode made other
     pixels: now both paths leave such files to the unfused fns. Without an EOI, Pillow
@@ -840,7 +841,14 @@ def test_under_skip_the_same_samples_come_with_and_without_the_extension(monkeyp
     runs = []
     for region in ('1', '0'):
         monkeypatch.setenv('LOADR_JPEGREGION', region)
-        with loadr.Loader(data, batch=4, fns=fns, seed=3, workers=0, on_error='skip',
+        with loadr.Loader(data, batch=4, fns=fns, seed=3, workers=workers, on_error='skip',
                           max_error_fraction=0.5) as loader:
             runs.append((stream_digests(loader, 8), loader.errors))
     assert runs[0] == runs[1] and runs[0][1] >= 1, runs
+    # The same samples for any worker count (the skip test's other half, workers=0, is
+    # the reference both runs are held to).
+    if workers:
+        monkeypatch.setenv('LOADR_JPEGREGION', '1')
+        with loadr.Loader(data, batch=4, fns=fns, seed=3, workers=0, on_error='skip',
+                          max_error_fraction=0.5) as loader:
+            assert (stream_digests(loader, 8), loader.errors) == runs[0]
